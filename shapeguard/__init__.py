@@ -1,0 +1,49 @@
+"""shapeguard: shape bugs in PyTorch attention code, caught and explained.
+
+Importing this package imports neither torch nor click nor flash_attn; the
+names that need torch load on first use.
+"""
+
+from importlib import metadata as _metadata
+
+from ._config import disable as disable
+from ._config import enable as enable
+from ._config import is_enabled as is_enabled
+from ._errors import ContractError as ContractError
+from ._errors import Finding as Finding
+from ._errors import ShapeError as ShapeError
+from ._errors import ShapeWarning as ShapeWarning
+from ._guard import guard as guard
+from ._guard import is_guarded as is_guarded
+from ._guard import last_trace as last_trace
+from ._guard import unguard as unguard
+from ._record import Event as Event
+from ._record import TensorRecord as TensorRecord
+from ._record import Trace as Trace
+from ._trace import trace as trace
+
+try:
+    __version__ = _metadata.version("shapeguard-attn")
+except _metadata.PackageNotFoundError:  # running from a source tree
+    from ._version import __version__
+
+__all__ = sorted(
+    [
+        "ContractError",
+        "Event",
+        "Finding",
+        "ShapeError",
+        "ShapeWarning",
+        "TensorRecord",
+        "Trace",
+        "__version__",
+        "disable",
+        "enable",
+        "guard",
+        "is_enabled",
+        "is_guarded",
+        "last_trace",
+        "trace",
+        "unguard",
+    ]
+)

@@ -1,0 +1,218 @@
+"""Named axes: what each axis of a traced tensor means (batch, heads, seq_q, d_k, ...).
+
+Names come from three places, strongest first: propagation through the op that
+made the tensor (a transpose swaps names, a view that splits d_model into
+heads x d_k names both parts), the sizes the module declares in its attributes,
+and the leading dims of the input. Pure Python: shapes are tuples of ints.
+"""
+
+from collections.abc import Iterable, Sequence
+from math import prod
+
+Axes = tuple[str | None, ...]
+
+# Attribute names that declare a size, per axis name. Order matters: first hit wins.
+ATTRIBUTE_AXES: dict[str, tuple[str, ...]] = {
+    "d_model": ("d_model", "embed_dim", "hidden_size", "n_embd", "dim", "d_embed", "model_dim"),
+    "heads": ("n_heads", "num_heads", "num_attention_heads", "n_head", "nhead", "heads"),
+    "kv_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head"),
+    "d_k": ("d_k", "head_dim", "d_head", "head_size", "dim_head", "attention_head_size"),
+}
+
+
+def _int_attr(obj: object, names: Iterable[str]) -> tuple[str, int] | None:
+    for name in names:
+        value = getattr(obj, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return name, value
+    return None
+
+
+def declared_sizes(module: object) -> dict[str, tuple[str, int]]:
+    """Sizes a module declares, as {axis: (attribute, size)}; also reads `module.config`."""
+    found: dict[str, tuple[str, int]] = {}
+    sources = [module]
+    config = getattr(module, "config", None)
+    if config is not None:
+        sources.append(config)
+    for axis, names in ATTRIBUTE_AXES.items():
+        for source in sources:
+            hit = _int_attr(source, names)
+            if hit is not None:
+                found[axis] = hit
+                break
+    if "d_k" not in found and "d_model" in found and "heads" in found:
+        d_model, heads = found["d_model"][1], found["heads"][1]
+        if d_model % heads == 0:
+            found["d_k"] = ("d_model // heads", d_model // heads)
+    return found
+
+
+class Vocabulary:
+    """Sizes known in a trace and their names; a size claimed by two names is ambiguous."""
+
+    __slots__ = ("_by_size",)
+
+    def __init__(self) -> None:
+        self._by_size: dict[int, str | None] = {}
+
+    def add(self, name: str, size: int) -> None:
+        if size <= 1:
+            return
+        known = self._by_size.get(size, name)
+        self._by_size[size] = name if known == name else None
+
+    def add_module(self, module: object) -> None:
+        for axis, (_, size) in declared_sizes(module).items():
+            self.add(axis, size)
+
+    def name_of(self, size: int) -> str | None:
+        return self._by_size.get(size)
+
+    def guess(self, shape: Sequence[int]) -> Axes:
+        return tuple(self._by_size.get(s) for s in shape)
+
+
+def format_shape(shape: Sequence[int], axes: Axes | None = None) -> str:
+    """`[batch=2, heads=8, seq=16, d_k=64]`; unnamed axes show their size alone."""
+    if axes is None or len(axes) != len(shape):
+        axes = (None,) * len(shape)
+    parts = [f"{name}={size}" if name else str(size) for name, size in zip(axes, shape, strict=True)]
+    return "[" + ", ".join(parts) + "]"
+
+
+def axis_name(axes: Axes | None, dim: int, ndim: int) -> str:
+    """The name of axis `dim`, or `dim N` when it has none."""
+    dim = dim % ndim if ndim else dim
+    if axes and len(axes) == ndim and axes[dim]:
+        return axes[dim]  # type: ignore[return-value]
+    return f"dim {dim - ndim}"
+
+
+def permute(axes: Axes, order: Sequence[int]) -> Axes:
+    return tuple(axes[i] for i in order)
+
+
+def transpose(axes: Axes, d0: int, d1: int) -> Axes:
+    n = len(axes)
+    if not n:
+        return axes
+    d0, d1 = d0 % n, d1 % n
+    out = list(axes)
+    out[d0], out[d1] = out[d1], out[d0]
+    return tuple(out)
+
+
+def resolve_view_shape(numel: int, target: Sequence[int]) -> tuple[int, ...] | None:
+    """The target shape with -1 filled in, or None when it cannot hold `numel` elements."""
+    known = prod(s for s in target if s != -1)
+    if list(target).count(-1) > 1:
+        return None
+    if -1 in target:
+        if known == 0 or numel % known:
+            return None
+        return tuple(numel // known if s == -1 else s for s in target)
+    return tuple(target) if known == numel else None
+
+
+def view_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]] | None:
+    """Pair runs of source axes with runs of target axes of equal product.
+
+    `[2, 5, 33] -> [2, 5, 3, 11]` gives `[([0], [0]), ([1], [1]), ([2], [2, 3])]`.
+    Size-1 axes join the neighbouring group. None when the shapes do not line up.
+    """
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        gi: list[int] = []
+        gj: list[int] = []
+        pi = pj = 1
+        if i < len(src):
+            gi.append(i)
+            pi *= src[i]
+            i += 1
+        if j < len(dst):
+            gj.append(j)
+            pj *= dst[j]
+            j += 1
+        while pi != pj:
+            if pi < pj and i < len(src):
+                gi.append(i)
+                pi *= src[i]
+                i += 1
+            elif j < len(dst):
+                gj.append(j)
+                pj *= dst[j]
+                j += 1
+            else:
+                return None
+        # Fold trailing size-1 axes into this group so the next group starts clean.
+        while i < len(src) and src[i] == 1 and (j >= len(dst) or dst[j] != 1):
+            gi.append(i)
+            i += 1
+        while j < len(dst) and dst[j] == 1 and (i >= len(src) or src[i] != 1):
+            gj.append(j)
+            j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+def view_axes(src_shape: Sequence[int], src_axes: Axes, dst_shape: Sequence[int], vocab: Vocabulary) -> Axes:
+    """Names for a view/reshape result: kept axes keep their names, split and merged ones
+    are named from the vocabulary (a split of d_model into 8 x 64 gives heads, d_k)."""
+    groups = view_groups(src_shape, dst_shape)
+    out: list[str | None] = [None] * len(dst_shape)
+    if groups is None:
+        return vocab.guess(dst_shape)
+    for gi, gj in groups:
+        real_i = [i for i in gi if src_shape[i] != 1]
+        real_j = [j for j in gj if dst_shape[j] != 1]
+        if len(real_i) == 1 and len(real_j) == 1:
+            out[real_j[0]] = src_axes[real_i[0]] if src_axes else None
+            if out[real_j[0]] is None:
+                out[real_j[0]] = vocab.name_of(dst_shape[real_j[0]])
+        else:
+            for j in real_j:
+                out[j] = vocab.name_of(dst_shape[j])
+    return tuple(out)
+
+
+def matmul_axes(a_shape: Sequence[int], a_axes: Axes, b_shape: Sequence[int], b_axes: Axes) -> Axes:
+    """Names for `a @ b`: the batch axes of the longer operand, then a's rows and b's columns."""
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        return ()
+    batch_src = a_axes if len(a_shape) >= len(b_shape) else b_axes
+    batch = tuple(batch_src[:-2]) if batch_src else ()
+    rows = a_axes[-2] if a_axes else None
+    cols = b_axes[-1] if b_axes else None
+    if rows == cols and rows == "seq":
+        rows, cols = "seq_q", "seq_k"
+    return (*batch, rows, cols)
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...] | None:
+    """NumPy broadcasting of shapes, or None when they do not broadcast."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for k, size in enumerate(shape):
+            pos = ndim - len(shape) + k
+            if size == 1:
+                continue
+            if out[pos] not in (1, size):
+                return None
+            out[pos] = size
+    return tuple(out)
+
+
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first axis (negative index) at which a and b fail to broadcast."""
+    for k in range(1, min(len(a), len(b)) + 1):
+        x, y = a[-k], b[-k]
+        if x != y and x != 1 and y != 1:
+            return -k
+    return None
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,0 +1,253 @@
+"""`guard` and `unguard`: checks on every forward of a module, with two hooks.
+
+A guarded module gets one forward pre-hook (with kwargs) and one forward hook
+(`always_call=True`). The pre-hook opens a session when none is open, and the
+hook closes it, also when forward raises. Nothing else of the module changes:
+outputs are returned as they are, and `unguard` removes exactly those hooks.
+"""
+
+import functools
+import inspect
+import weakref
+from dataclasses import dataclass, field
+
+from . import _config
+from ._errors import ContractError, ShapeError
+
+
+@dataclass(slots=True)
+class GuardOptions:
+    mode: str = "raise"
+    strict: bool = False
+    check: str = "every"
+
+
+@dataclass(slots=True)
+class _GuardState:
+    options: GuardOptions
+    handles: list = field(default_factory=list)
+
+
+_guarded: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_last_traces: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def guard(target=None, *, mode: str = "raise", strict: bool = False, check: str = "every"):
+    """Check every forward of a module class or instance.
+
+    Args:
+        target: an `nn.Module` subclass (used as `@guard`) or instance (guarded in place
+            and returned). Omit it to get a decorator: `@guard(mode="warn")`.
+        mode: "raise" (a `ShapeError` before torch fails) or "warn" (a `ShapeWarning`).
+        strict: turn ShapeWarnings (legal but suspicious code) into errors.
+        check: "every" call, or "first" call per distinct input-shape signature.
+
+    Returns:
+        The class or the instance, guarded.
+
+    Example:
+        >>> import torch, shapeguard
+        >>> layer = shapeguard.guard(torch.nn.Linear(3, 4))
+        >>> layer(torch.zeros(2, 5)).shape
+        Traceback (most recent call last):
+        ...
+        shapeguard.ShapeError: Linear = Linear(in_features=3) got input with 5 features
+        ...
+    """
+    options = GuardOptions(_config.validate_mode(mode), bool(strict), _validate_check(check))
+    if target is None:
+        return functools.partial(_apply, options=options)
+    return _apply(target, options=options)
+
+
+def _validate_check(check: str) -> str:
+    if check not in ("every", "first"):
+        raise ContractError(f"check={check!r} is not supported; use 'every' or 'first'")
+    return check
+
+
+def _apply(target, *, options: GuardOptions):
+    import torch
+
+    if inspect.isclass(target):
+        if not issubclass(target, torch.nn.Module):
+            raise ContractError(
+                f"@shapeguard.guard decorates nn.Module subclasses; {target.__name__} is not one"
+            )
+        return _guard_class(target, options)
+    if isinstance(target, torch.nn.Module):
+        _check_config(target)
+        _install(target, options)
+        return target
+    raise ContractError(
+        f"shapeguard.guard takes an nn.Module class or instance, not {type(target).__name__}"
+    )
+
+
+def _guard_class(cls, options: GuardOptions):
+    original_init = cls.__init__
+    if getattr(original_init, "__shapeguard_wrapped__", False):
+        original_init = original_init.__wrapped__
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        __tracebackhide__ = True
+        if _config.is_enabled():
+            _precheck_arguments(cls, original_init, args, kwargs)
+        original_init(self, *args, **kwargs)
+        if type(self) is cls or not _has_guarded_base_below(type(self), cls):
+            if _config.is_enabled():
+                _check_config(self)
+            _install(self, options)
+
+    __init__.__shapeguard_wrapped__ = True
+    cls.__init__ = __init__
+    cls.__shapeguard_options__ = options
+    return cls
+
+
+def _has_guarded_base_below(actual: type, cls: type) -> bool:
+    """Whether a guarded subclass of `cls` will install the hooks itself."""
+    for base in actual.__mro__:
+        if base is cls:
+            return False
+        if "__shapeguard_options__" in vars(base):
+            return True
+    return False
+
+
+def _precheck_arguments(cls, init, args, kwargs) -> None:
+    """Check head counts from the constructor's arguments, before `__init__` runs, so
+    the user sees the fix instead of the AssertionError their own check would raise."""
+    __tracebackhide__ = True
+    from . import _axes
+    from .checks.config import check_sizes
+
+    try:
+        bound = inspect.signature(init).bind(None, *args, **kwargs)
+    except TypeError:
+        return  # the call itself is wrong; let Python say so
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    values.pop(next(iter(values)), None)  # self
+
+    class _Args:
+        pass
+
+    holder = _Args()
+    for name, value in values.items():
+        setattr(holder, name, value)
+    for violation in check_sizes(_axes.declared_sizes(holder), f" in {cls.__name__}(...)"):
+        raise ShapeError(
+            violation.relation,
+            kind=violation.kind,
+            op="__init__",
+            module=cls.__name__,
+            location=_caller_location(),
+            source=_caller_source(),
+            hint=violation.hint,
+        )
+
+
+def _caller_location() -> str:
+    from . import _source
+
+    site = _source.user_site()
+    return site.location if site else ""
+
+
+def _caller_source() -> str:
+    from . import _source
+
+    site = _source.user_site()
+    return site.source if site else ""
+
+
+def _check_config(module) -> None:
+    __tracebackhide__ = True
+    from .checks.config import check_tree
+
+    for violation in check_tree(module):
+        raise ShapeError(
+            violation.relation,
+            kind=violation.kind,
+            op="config",
+            module=type(module).__name__,
+            location=_caller_location(),
+            source=_caller_source(),
+            hint=violation.hint,
+        )
+
+
+def _install(module, options: GuardOptions) -> None:
+    if module in _guarded:
+        _guarded[module].options = options
+        return
+    state = _GuardState(options)
+    state.handles = [
+        module.register_forward_pre_hook(_pre_hook, with_kwargs=True),
+        module.register_forward_hook(_post_hook, with_kwargs=True, always_call=True),
+    ]
+    _guarded[module] = state
+
+
+def unguard(module):
+    """Remove the hooks `guard` put on `module` (an instance); return it."""
+    state = _guarded.pop(module, None)
+    if state is not None:
+        for handle in state.handles:
+            handle.remove()
+    return module
+
+
+def is_guarded(module) -> bool:
+    return module in _guarded
+
+
+def last_trace(module):
+    """The Trace of the last forward of a guarded module that opened its own trace."""
+    return _last_traces.get(module)
+
+
+def _compiling() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
+def _pre_hook(module, args, kwargs):
+    __tracebackhide__ = True
+    if _compiling() or not _config.is_enabled():
+        return None
+    from ._record import Trace
+    from ._session import current_session, open_session
+
+    state = _guarded.get(module)
+    if state is None:
+        return None
+    session = current_session()
+    if session is None:
+        trace = Trace(mode=state.options.mode, strict=state.options.strict)
+        session = open_session(trace, root=module)
+        session.owner = module
+        session.owner_depth = 1
+        _last_traces[module] = trace
+        session.enter_module(module, args, kwargs)
+    elif session.owner is module:
+        session.owner_depth += 1
+    return None
+
+
+def _post_hook(module, args, kwargs, output):
+    if _compiling():
+        return None
+    from ._session import close_session, current_session
+
+    session = current_session()
+    if session is None or session.owner is not module:
+        return None
+    session.owner_depth -= 1
+    if session.owner_depth <= 0:
+        session.exit_module(module)
+        close_session(session)
+    return None

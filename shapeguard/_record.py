@@ -1,0 +1,158 @@
+"""The trace as a record: events and findings, shapes only, never tensors."""
+
+import json
+from dataclasses import dataclass, field
+
+from ._axes import Axes, format_shape
+from ._errors import Finding
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRecord:
+    """One tensor as the trace saw it: name, role, shape, axis names, dtype, bytes."""
+
+    label: str | None
+    role: str | None
+    shape: tuple[int, ...]
+    axes: Axes
+    dtype: str
+    nbytes: int
+    device: str = "cpu"
+
+    @property
+    def named_shape(self) -> str:
+        return format_shape(self.shape, self.axes)
+
+    def to_dict(self) -> dict:
+        return {
+            "label": self.label,
+            "role": self.role,
+            "shape": list(self.shape),
+            "axes": list(self.axes),
+            "dtype": self.dtype,
+            "bytes": self.nbytes,
+            "device": self.device,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One torch call: the op, where it ran, and the shapes that went in and came out."""
+
+    index: int
+    op: str
+    module: str  # module path, "" for the root or for code outside any module
+    module_type: str
+    location: str  # file:line of the user's code
+    source: str
+    inputs: tuple[TensorRecord, ...]
+    outputs: tuple[TensorRecord, ...]
+
+    @property
+    def role(self) -> str | None:
+        return self.outputs[0].role if self.outputs else None
+
+    @property
+    def label(self) -> str | None:
+        return self.outputs[0].label if self.outputs else None
+
+    def to_dict(self) -> dict:
+        return {
+            "index": self.index,
+            "op": self.op,
+            "module": self.module,
+            "module_type": self.module_type,
+            "location": self.location,
+            "source": self.source,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
+
+
+@dataclass(eq=False)
+class Trace:
+    """What a shapeguard trace saw.
+
+    Use it as a context manager to check every tensor op inside the block::
+
+        with shapeguard.trace() as t:
+            model(x)
+        print(t.table())
+
+    or get one from `shapeguard.trace(model, x)`, which runs one forward.
+    """
+
+    mode: str = "raise"
+    strict: bool = False
+    max_events: int = 100_000
+    events: list[Event] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    modules_seen: int = 0
+    dropped_events: int = 0
+    _session: object = field(default=None, repr=False)
+
+    # -- context manager ---------------------------------------------------
+    def __enter__(self) -> "Trace":
+        from ._session import open_session
+
+        self._session = open_session(self, root=None)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        from ._session import close_session
+
+        session, self._session = self._session, None
+        if session is not None:
+            close_session(session)
+
+    # -- queries -------------------------------------------------------------
+    def records(self, name: str) -> list[TensorRecord]:
+        """Every output record whose label or role is `name`, in order."""
+        return [
+            record
+            for event in self.events
+            for record in event.outputs
+            if name in (record.label, record.role)
+        ]
+
+    def shape_of(self, name: str) -> tuple[int, ...] | None:
+        """The shape of the last tensor labeled or playing the role `name` (`"scores"`, `"Q"`)."""
+        found = self.records(name)
+        return found[-1].shape if found else None
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    # -- rendering -------------------------------------------------------------
+    def table(self, *, width: int | None = 150, color: bool = False, all_ops: bool = False) -> str:
+        """The attention tensors (or every op, with `all_ops=True`) as a text table."""
+        from .report.text import render_table
+
+        return render_table(self, width=width, color=color, all_ops=all_ops)
+
+    def to_dict(self) -> dict:
+        from ._version import __version__
+
+        return {
+            "schema": "shapeguard.trace",
+            "schema_version": SCHEMA_VERSION,
+            "shapeguard_version": __version__,
+            "mode": self.mode,
+            "events": [e.to_dict() for e in self.events],
+            "findings": [f.to_dict() for f in self.findings],
+            "dropped_events": self.dropped_events,
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """The trace in the versioned JSON schema documented in docs/json-schema.md."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def __str__(self) -> str:
+        return self.table()

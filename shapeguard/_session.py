@@ -1,0 +1,525 @@
+"""The interceptor: one TorchFunctionMode plus global module hooks, for one trace.
+
+A session is opened by `trace()` or by the first guarded module to run, and is
+closed, whatever happens, by the same party. While it is open every torch
+function, Tensor method and operator call in this thread goes through
+`Session.dispatch`: the op's checker runs first (so shape bugs are reported
+before torch raises), then the op, then its output is named and recorded.
+"""
+
+import inspect
+import threading
+import warnings
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from . import _axes, _meta, _source
+from ._axes import Axes, Vocabulary, format_shape
+from ._errors import Context, Finding, Operand, ShapeError, ShapeWarning, Violation
+from ._meta import TensorMeta
+from ._record import Event, TensorRecord, Trace
+from .checks import checker_for
+
+_local = threading.local()
+
+
+def current_session() -> "Session | None":
+    return getattr(_local, "session", None)
+
+
+# Attribute reads and queries that make no tensor: passed straight through.
+_PASS_THROUGH_NAMES = frozenset(
+    {
+        "size", "dim", "stride", "numel", "is_contiguous", "element_size", "data_ptr",
+        "__len__", "__bool__", "item", "tolist", "__format__", "__repr__", "__index__",
+        "__int__", "__float__", "__hash__", "is_floating_point", "is_complex", "nelement",
+        "_set_grad_enabled", "storage_offset", "untyped_storage", "get_device", "__reduce_ex__",
+    }
+)
+_PASS_THROUGH_ATTRS = frozenset(
+    {
+        "shape", "dtype", "device", "ndim", "requires_grad", "is_nested", "is_cuda", "is_meta",
+        "grad_fn", "grad", "layout", "is_sparse", "is_quantized", "names", "_version", "data",
+        "is_leaf", "output_nr", "_base", "is_mkldnn", "is_mps", "is_xpu", "itemsize", "nbytes",
+    }
+)
+
+# Source-level spellings of ops, for matching a call to the expression that made it.
+_SYMBOL_OPS = {
+    "@": ("matmul", "__matmul__", "__rmatmul__"),
+    "+": ("add", "__add__", "__radd__", "__iadd__"),
+    "-": ("sub", "__sub__", "__rsub__", "__isub__"),
+    "*": ("mul", "__mul__", "__rmul__", "__imul__"),
+    "/": ("div", "__truediv__", "__rtruediv__", "__itruediv__"),
+    "compare": ("eq", "ne", "lt", "le", "gt", "ge", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),
+}
+
+
+def op_name(func) -> str:
+    name = getattr(func, "__name__", None) or repr(func)
+    if name == "__get__":
+        owner = getattr(func, "__self__", None)
+        return getattr(owner, "__name__", name)
+    return name
+
+
+def _is_tensor_method(func) -> bool:
+    qualname = getattr(func, "__qualname__", "") or ""
+    if qualname.startswith(("TensorBase.", "Tensor.")):
+        return True
+    return getattr(func, "__name__", "") == "__get__"
+
+
+class OpCall:
+    """One intercepted call, with helpers that name its tensors for messages."""
+
+    __slots__ = ("func", "op", "args", "kwargs", "site", "session", "is_method")
+
+    def __init__(self, session: "Session", func, op: str, args: tuple, kwargs: dict, site) -> None:
+        self.session = session
+        self.func = func
+        self.op = op
+        self.args = args
+        self.kwargs = kwargs
+        self.site = site
+        self.is_method = _is_tensor_method(func)
+
+    # -- naming ------------------------------------------------------------------
+    def _site_matches(self) -> bool:
+        site = self.site
+        if site is None or site.in_module or not site.callee:
+            return False
+        return site.callee == self.op or self.op in _SYMBOL_OPS.get(site.callee, ())
+
+    def source_text(self, index: int) -> str | None:
+        """The user's expression for positional argument `index`, when the user wrote the call."""
+        if not self._site_matches():
+            return None
+        site = self.site
+        texts = (site.receiver, *site.args) if self.is_method and site.receiver else site.args
+        return texts[index] if index < len(texts) else None
+
+    def meta(self, tensor) -> TensorMeta | None:
+        return self.session.metas.get(tensor) if isinstance(tensor, torch.Tensor) else None
+
+    def label(self, index: int, default: str) -> str:
+        """A name for positional argument `index`: the user's expression, else the name
+        the tensor got when it was made, else `default`."""
+        text = self.source_text(index)
+        if text:
+            return _source.short_label(text)
+        tensor = self.args[index] if index < len(self.args) else None
+        meta = self.meta(tensor)
+        if meta is not None and meta.label:
+            return meta.label
+        return default
+
+    def label_of(self, tensor, default: str) -> str:
+        meta = self.meta(tensor)
+        return meta.label if meta is not None and meta.label else default
+
+    def axes(self, tensor) -> Axes:
+        meta = self.meta(tensor)
+        if meta is not None and len(meta.axes) == tensor.dim():
+            return meta.axes
+        return self.session.vocab.guess(tuple(tensor.shape))
+
+    def role(self, tensor, label: str | None = None) -> str | None:
+        meta = self.meta(tensor)
+        if meta is not None and meta.role:
+            return meta.role
+        from ._roles import canonical_role
+
+        return canonical_role(label)
+
+    def operand(self, name: str, tensor) -> Operand:
+        shape = tuple(tensor.shape)
+        return Operand(name, f"{format_shape(shape, self.axes(tensor))} {_dtype_name(tensor.dtype)}")
+
+    def axis(self, tensor, dim: int) -> str:
+        return _axes.axis_name(self.axes(tensor), dim, tensor.dim())
+
+    # -- module context ----------------------------------------------------------
+    @property
+    def module(self):
+        stack = self.session.module_stack
+        return stack[-1] if stack else None
+
+    def declared(self) -> dict[str, tuple[str, int]]:
+        """Sizes declared by the innermost module that declares any (d_model, heads, d_k)."""
+        for module in reversed(self.session.module_stack):
+            found = _axes.declared_sizes(module)
+            if found:
+                return found
+        return {}
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _record(tensor, meta: TensorMeta | None, vocab: Vocabulary) -> TensorRecord:
+    shape = tuple(int(s) for s in tensor.shape)
+    axes = meta.axes if meta is not None and len(meta.axes) == len(shape) else vocab.guess(shape)
+    return TensorRecord(
+        label=meta.label if meta else None,
+        role=meta.role if meta else None,
+        shape=shape,
+        axes=axes,
+        dtype=_dtype_name(tensor.dtype),
+        nbytes=tensor.numel() * tensor.element_size(),
+        device=tensor.device.type,
+    )
+
+
+class _Interceptor(TorchFunctionMode):
+    def __init__(self, session: "Session") -> None:
+        super().__init__()
+        self.session = session
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        __tracebackhide__ = True
+        kwargs = kwargs or {}
+        return self.session.dispatch(func, args, kwargs)
+
+
+class Session:
+    """The live side of a Trace: mode, hooks, module stack and tensor names."""
+
+    def __init__(self, trace: Trace, root) -> None:
+        self.trace = trace
+        self.root = root
+        self.owner = None  # the guarded module that opened this session, if any
+        self.owner_depth = 0
+        self.metas: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.vocab = Vocabulary()
+        self.module_stack: list = []
+        self._paths: dict[int, str] | None = None
+        self._seen_modules: set[int] = set()
+        self._warned: set[tuple[str, str]] = set()
+        self._mode = _Interceptor(self)
+        self._handles: list = []
+        self._dispatching = False
+        self._previous: Session | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+    def open(self) -> None:
+        hooks = torch.nn.modules.module
+        self._handles = [
+            hooks.register_module_forward_pre_hook(self._on_module_enter),
+            hooks.register_module_forward_hook(self._on_module_exit, always_call=True),
+        ]
+        try:
+            self._mode.__enter__()
+        except BaseException:
+            self._remove_hooks()
+            raise
+        self._previous = current_session()
+        _local.session = self
+
+    def close(self) -> None:
+        try:
+            self._mode.__exit__(None, None, None)
+        finally:
+            self._remove_hooks()
+            if getattr(_local, "session", None) is self:
+                _local.session = self._previous
+            self.metas = WeakTensorKeyDictionary()
+            self.module_stack.clear()
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    # -- modules -----------------------------------------------------------------
+    def _on_module_enter(self, module, args) -> None:
+        if self.root is None:
+            self.root = module
+        self.enter_module(module, args, {})
+
+    def _on_module_exit(self, module, args, output) -> None:
+        self.exit_module(module)
+
+    def enter_module(self, module, args: tuple, kwargs: dict) -> None:
+        if torch.compiler.is_compiling():
+            return
+        first = not self.module_stack
+        self.module_stack.append(module)
+        key = id(module)
+        if key not in self._seen_modules:
+            self._seen_modules.add(key)
+            self.trace.modules_seen += 1
+            self.vocab.add_module(module)
+        if first:
+            self._name_inputs(module, args, kwargs)
+
+    def exit_module(self, module) -> None:
+        stack = self.module_stack
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i] is module:
+                del stack[i:]
+                return
+
+    def _name_inputs(self, module, args: tuple, kwargs: dict) -> None:
+        """Name the root's inputs: parameter names as labels, the leading dims of the
+        first 3-D tensor as batch and seq."""
+        names = _parameter_names(type(module))
+        tensors = [(names[i] if i < len(names) else f"arg{i}", a) for i, a in enumerate(args)]
+        tensors += list(kwargs.items())
+        tensors = [(n, t) for n, t in tensors if isinstance(t, torch.Tensor)]
+        seqs: list[int] = []
+        for _, tensor in tensors:
+            if tensor.dim() == 3 and tensor.is_floating_point():
+                if not seqs:
+                    self.vocab.add("batch", int(tensor.shape[0]))
+                if int(tensor.shape[1]) not in seqs:
+                    seqs.append(int(tensor.shape[1]))
+        if len(seqs) == 1:
+            self.vocab.add("seq", seqs[0])
+        elif len(seqs) > 1:
+            self.vocab.add("seq_q", seqs[0])
+            self.vocab.add("seq_k", seqs[1])
+        for name, tensor in tensors:
+            if tensor not in self.metas:
+                label = name
+                self.metas[tensor] = TensorMeta(
+                    label=label,
+                    role=_meta.role_for(label, "", ()),
+                    axes=self.vocab.guess(tuple(tensor.shape)),
+                )
+
+    def module_path(self, module) -> str:
+        if self._paths is None:
+            root = self.root
+            self._paths = (
+                {id(m): name for name, m in root.named_modules()} if root is not None else {}
+            )
+        return self._paths.get(id(module), "")
+
+    def module_description(self) -> tuple[str, str, str]:
+        """(path, class name, "path (Class)") of the innermost module."""
+        if not self.module_stack:
+            return "", "", ""
+        module = self.module_stack[-1]
+        path = self.module_path(module)
+        cls = type(module).__name__
+        return path, cls, f"{path} ({cls})" if path else cls
+
+    # -- ops ---------------------------------------------------------------------
+    def dispatch(self, func, args: tuple, kwargs: dict):
+        __tracebackhide__ = True
+        op = op_name(func)
+        if (
+            op in _PASS_THROUGH_NAMES
+            or op in _PASS_THROUGH_ATTRS
+            or self._dispatching
+            or torch.compiler.is_compiling()
+        ):
+            return func(*args, **kwargs)
+        self._dispatching = True
+        try:
+            return self._dispatch(func, op, args, kwargs)
+        finally:
+            self._dispatching = False
+
+    def _dispatch(self, func, op: str, args: tuple, kwargs: dict):
+        __tracebackhide__ = True
+        site = _source.user_site()
+        call = OpCall(self, func, op, args, kwargs, site)
+        checker = checker_for(op)
+        if checker is not None:
+            for violation in checker(call):
+                self.report(violation, call)
+        try:
+            out = func(*args, **kwargs)
+        except ShapeError:
+            raise
+        except RuntimeError as error:
+            raise self._torch_error(error, call) from error
+        self._record(call, out)
+        return out
+
+    def _context(self, call: OpCall) -> Context:
+        _, _, module = self.module_description()
+        site = call.site
+        return Context(
+            module=module,
+            location=site.location if site else "",
+            source=site.source if site else "",
+        )
+
+    def report(self, violation: Violation, call: OpCall) -> None:
+        """Raise or warn for one violation, and record it as a finding."""
+        __tracebackhide__ = True
+        violation.op = violation.op or call.op
+        context = self._context(call)
+        error = ShapeError.from_violation(violation, context)
+        message = error.render()
+        self.trace.findings.append(
+            Finding(
+                kind=violation.kind,
+                severity=violation.severity,
+                message=message,
+                op=violation.op,
+                module=context.module,
+                location=context.location,
+                hint=violation.hint,
+                event_index=len(self.trace.events),
+            )
+        )
+        is_error = violation.severity == "error" or self.trace.strict
+        if is_error and self.trace.mode == "raise":
+            raise error
+        key = (violation.kind, context.location)
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        site = call.site
+        warnings.warn_explicit(
+            ShapeWarning(message, kind=violation.kind, hint=violation.hint),
+            ShapeWarning,
+            site.filename if site else "<shapeguard>",
+            site.lineno if site else 0,
+        )
+
+    def _torch_error(self, error: RuntimeError, call: OpCall) -> ShapeError:
+        operands = [
+            call.operand(call.label(i, f"arg{i}"), a)
+            for i, a in enumerate(call.args)
+            if isinstance(a, torch.Tensor)
+        ]
+        operands += [
+            call.operand(name, value)
+            for name, value in call.kwargs.items()
+            if isinstance(value, torch.Tensor)
+        ]
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        context = self._context(call)
+        shape_error = ShapeError(
+            f"{call.op} failed in torch: {first_line}",
+            kind="torch_error",
+            op=call.op,
+            module=context.module,
+            location=context.location,
+            source=context.source,
+            operands=operands,
+            hint="shapeguard has no rule for this failure yet; the operand shapes above are "
+            "what torch was given",
+        )
+        self.trace.findings.append(
+            Finding(
+                kind="torch_error",
+                severity="error",
+                message=shape_error.render(),
+                op=call.op,
+                module=context.module,
+                location=context.location,
+                hint=shape_error.hint,
+                event_index=len(self.trace.events),
+            )
+        )
+        return shape_error
+
+    def _record(self, call: OpCall, out) -> None:
+        outputs = _tensors_of(out)
+        if not outputs:
+            return
+        args = call.args
+        in_tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        in_tensors += [v for v in call.kwargs.values() if isinstance(v, torch.Tensor)]
+        in_metas = [self.metas.get(t) for t in in_tensors]
+        in_shapes = [tuple(t.shape) for t in in_tensors]
+        in_axes = [
+            m.axes if m is not None and len(m.axes) == len(s) else self.vocab.guess(s)
+            for m, s in zip(in_metas, in_shapes, strict=True)
+        ]
+        in_roles = tuple(m.role if m else None for m in in_metas)
+        labels = self._output_labels(call, len(outputs))
+        first_label = in_metas[0].label if in_metas and in_metas[0] else None
+        for k, tensor in enumerate(outputs):
+            label = labels[k] if k < len(labels) else None
+            if label is None and call.op in _meta.SHAPE_PRESERVING and k == 0:
+                label = first_label
+            if label is None and call.op in ("transpose", "mT") and first_label:
+                label = first_label + "^T"
+            axes = _meta.output_axes(
+                call.op, args, call.kwargs, in_shapes, in_axes, tuple(tensor.shape), self.vocab
+            ) if k == 0 else self.vocab.guess(tuple(tensor.shape))
+            self.metas[tensor] = TensorMeta(
+                label=label,
+                role=_meta.role_for(label, call.op, in_roles),
+                axes=axes,
+                op=call.op,
+                transposed=call.op in ("transpose", "permute", "mT", "T", "swapaxes"),
+            )
+        trace = self.trace
+        if len(trace.events) >= trace.max_events:
+            trace.dropped_events += 1
+            return
+        path, cls, _ = self.module_description()
+        site = call.site
+        trace.events.append(
+            Event(
+                index=len(trace.events),
+                op=call.op,
+                module=path,
+                module_type=cls,
+                location=site.location if site else "",
+                source=site.source if site else "",
+                inputs=tuple(_record(t, m, self.vocab) for t, m in zip(in_tensors, in_metas, strict=True)),
+                outputs=tuple(_record(t, self.metas.get(t), self.vocab) for t in outputs),
+            )
+        )
+
+    def _output_labels(self, call: OpCall, count: int) -> tuple[str | None, ...]:
+        site = call.site
+        if site is None or not site.targets:
+            return ()
+        if site.in_module:
+            # Inside a module called from this line: only a leaf module (Linear,
+            # Dropout, LayerNorm) is one op, so only its output takes the target name.
+            module = call.module
+            if module is None or next(module.children(), None) is not None:
+                return ()
+        elif not call._site_matches():
+            return ()
+        if len(site.targets) == count:
+            return site.targets
+        return (site.targets[0],) if len(site.targets) == 1 else ()
+
+
+def _tensors_of(out) -> list:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, tuple | list):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return []
+
+
+_param_cache: "weakref.WeakKeyDictionary[type, tuple[str, ...]]" = weakref.WeakKeyDictionary()
+
+
+def _parameter_names(cls: type) -> tuple[str, ...]:
+    names = _param_cache.get(cls)
+    if names is None:
+        try:
+            params = list(inspect.signature(cls.forward).parameters)
+        except (TypeError, ValueError):
+            params = []
+        names = tuple(p for p in params if p != "self")
+        _param_cache[cls] = names
+    return names
+
+
+def open_session(trace: Trace, root) -> Session:
+    session = Session(trace, root)
+    session.open()
+    return session
+
+
+def close_session(session: Session) -> None:
+    session.close()

@@ -1,0 +1,241 @@
+"""Where in the user's code an op was called, and what the user called its operands.
+
+The user's frame is the first one outside torch and shapeguard. Its exact
+expression comes from the code positions of the instruction being executed
+(`co_positions`), not from `f_lineno`, which on Python 3.11 points at the start
+of a multi-line statement and misled other tools. The file is parsed once and
+every expression site is cached, so the cost after the first call is a lookup.
+"""
+
+import ast
+import linecache
+import os
+import sys
+from dataclasses import dataclass
+from types import CodeType, FrameType
+
+import shapeguard
+
+_SKIP_DIRS: tuple[str, ...] = ()
+
+
+def _skip_dirs() -> tuple[str, ...]:
+    global _SKIP_DIRS
+    if not _SKIP_DIRS:
+        dirs = [os.path.dirname(shapeguard.__file__)]
+        for name in ("torch", "jaxtyping", "beartype", "typing_extensions"):
+            mod = sys.modules.get(name)
+            if mod is not None and getattr(mod, "__file__", None):
+                dirs.append(os.path.dirname(mod.__file__))
+        _SKIP_DIRS = tuple(d + os.sep for d in dirs)
+    return _SKIP_DIRS
+
+
+def _is_internal(filename: str) -> bool:
+    return filename.startswith(_skip_dirs()) or filename.startswith("<frozen")
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One expression in the user's source, as far as shapeguard needs it."""
+
+    filename: str
+    lineno: int
+    source: str  # the stripped source line
+    targets: tuple[str, ...] = ()  # assignment targets when this expression is the value
+    callee: str = ""  # "matmul", "view", "W_q", "@", "+"
+    receiver: str = ""  # "K" in K.transpose(-2, -1); "" for plain function calls
+    args: tuple[str, ...] = ()  # operand expressions, left to right
+    in_module: bool = False  # the op ran inside a module's forward called from this line
+
+    @property
+    def location(self) -> str:
+        return f"{display_path(self.filename)}:{self.lineno}"
+
+
+def display_path(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+def user_site() -> Site | None:
+    """The site of the innermost user frame on the current stack."""
+    frame: FrameType | None = sys._getframe(1)
+    in_module = False
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_internal(filename):
+            return _site_for(frame.f_code, frame.f_lasti, in_module)
+        if not in_module and os.sep + "modules" + os.sep in filename and "nn" in filename:
+            in_module = True
+        frame = frame.f_back
+    return None
+
+
+_site_cache: dict[tuple[CodeType, int, bool], Site] = {}
+
+
+def _site_for(code: CodeType, lasti: int, in_module: bool) -> Site:
+    key = (code, lasti, in_module)
+    site = _site_cache.get(key)
+    if site is None:
+        site = _build_site(code, lasti, in_module)
+        if len(_site_cache) > 50_000:  # notebooks re-create code objects; keep the cache bounded
+            _site_cache.clear()
+        _site_cache[key] = site
+    return site
+
+
+def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
+    filename = code.co_filename
+    positions = list(code.co_positions())
+    index = lasti // 2
+    lineno, end_lineno, col, end_col = (
+        positions[index] if 0 <= index < len(positions) else (None, None, None, None)
+    )
+    if lineno is None:
+        lineno = code.co_firstlineno
+    source = linecache.getline(filename, lineno).strip()
+    node_index = _file_index(filename)
+    if node_index is None or col is None:
+        return Site(filename, lineno, source, in_module=in_module)
+    found = node_index.get((lineno, col, end_lineno, end_col))
+    if found is None:
+        return Site(filename, lineno, source, in_module=in_module)
+    node, targets = found
+    callee, receiver, args = _describe(node)
+    return Site(filename, lineno, source, targets, callee, receiver, args, in_module)
+
+
+_NodeIndex = dict[tuple[int, int, int, int], tuple[ast.AST, tuple[str, ...]]]
+_file_cache: dict[str, _NodeIndex | None] = {}
+
+
+def _file_index(filename: str) -> _NodeIndex | None:
+    if filename in _file_cache:
+        return _file_cache[filename]
+    lines = linecache.getlines(filename)
+    index: _NodeIndex | None
+    try:
+        tree = ast.parse("".join(lines)) if lines else None
+    except (SyntaxError, ValueError):
+        tree = None
+    if tree is None:
+        index = None
+    else:
+        index = {}
+        _index_tree(tree, index)
+    _file_cache[filename] = index
+    return index
+
+
+_OP_NODES = (ast.Call, ast.BinOp, ast.Compare, ast.Subscript, ast.UnaryOp, ast.Attribute)
+
+
+def _index_tree(tree: ast.AST, index: _NodeIndex) -> None:
+    spine_targets: dict[int, tuple[str, ...]] = {}
+    for stmt in ast.walk(tree):
+        value, targets = _statement_value(stmt)
+        if value is not None:
+            for node in _spine(value):
+                spine_targets[id(node)] = targets
+    for node in ast.walk(tree):
+        if isinstance(node, _OP_NODES) and getattr(node, "end_lineno", None) is not None:
+            key = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
+            index.setdefault(key, (node, spine_targets.get(id(node), ())))
+
+
+def _statement_value(stmt: ast.AST) -> tuple[ast.AST | None, tuple[str, ...]]:
+    if isinstance(stmt, ast.Assign):
+        target = stmt.targets[-1]
+        if isinstance(target, ast.Tuple | ast.List):
+            return stmt.value, tuple(_label(t) for t in target.elts)
+        return stmt.value, (_label(target),)
+    if isinstance(stmt, ast.AnnAssign | ast.AugAssign) and stmt.value is not None:
+        return stmt.value, (_label(stmt.target),)
+    if isinstance(stmt, ast.Return) and stmt.value is not None:
+        return stmt.value, ("output",)
+    return None, ()
+
+
+def _spine(value: ast.AST):
+    """The expressions whose result becomes the assigned value: a method chain, the
+    first argument of a wrapping call, the left side of a scaling."""
+    node: ast.AST | None = value
+    while node is not None:
+        yield node
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute) and not _is_namespace(node.func.value):
+                node = node.func.value
+            elif node.args:
+                node = node.args[0]
+            else:
+                node = None
+        elif isinstance(node, ast.BinOp):
+            node = node.left
+        elif isinstance(node, ast.Subscript | ast.Attribute):
+            node = node.value
+        else:
+            node = None
+
+
+_NAMESPACES = {"torch", "F", "nn", "functional", "math", "np", "einops"}
+
+
+def _is_namespace(node: ast.AST) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in _NAMESPACES
+    if isinstance(node, ast.Attribute):
+        return _is_namespace(node.value)
+    return False
+
+
+_BINOP_SYMBOLS = {
+    ast.MatMult: "@",
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.Div: "/",
+}
+
+
+def _describe(node: ast.AST) -> tuple[str, str, tuple[str, ...]]:
+    if isinstance(node, ast.Call):
+        args = tuple(ast.unparse(a) for a in node.args)
+        if isinstance(node.func, ast.Attribute):
+            receiver = "" if _is_namespace(node.func.value) else ast.unparse(node.func.value)
+            return node.func.attr, receiver, args
+        return ast.unparse(node.func), "", args
+    if isinstance(node, ast.BinOp):
+        symbol = _BINOP_SYMBOLS.get(type(node.op), type(node.op).__name__)
+        return symbol, "", (ast.unparse(node.left), ast.unparse(node.right))
+    if isinstance(node, ast.Compare):
+        return "compare", "", (ast.unparse(node.left), *map(ast.unparse, node.comparators))
+    if isinstance(node, ast.Attribute):
+        return node.attr, ast.unparse(node.value), ()
+    if isinstance(node, ast.Subscript):
+        return "__getitem__", ast.unparse(node.value), (ast.unparse(node.slice),)
+    return "", "", ()
+
+
+def _label(node: ast.AST) -> str:
+    return short_label(ast.unparse(node))
+
+
+_TRANSPOSE_SUFFIXES = (".transpose(-2, -1)", ".transpose(-1, -2)", ".mT", ".T", ".t()")
+
+
+def short_label(expr: str) -> str:
+    """A readable name for an operand expression: `self.mask` -> `mask`, `K.transpose(-2, -1)` -> `K^T`."""
+    expr = expr.strip()
+    for suffix in _TRANSPOSE_SUFFIXES:
+        if expr.endswith(suffix):
+            return short_label(expr[: -len(suffix)]) + "^T"
+    if expr.startswith("self."):
+        expr = expr[len("self.") :]
+    if expr.replace(".", "").replace("_", "").isalnum() and "." in expr:
+        expr = expr.rsplit(".", 1)[1]
+    return expr if len(expr) <= 40 else expr[:37] + "..."

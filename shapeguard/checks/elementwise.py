@@ -1,0 +1,158 @@
+"""Masks and broadcasting: masked_fill, where, and masks added to scores."""
+
+from .. import _axes
+from .._errors import Violation
+
+_ARITHMETIC = {
+    "add": "+", "__add__": "+", "__radd__": "+", "__iadd__": "+", "add_": "+",
+    "sub": "-", "__sub__": "-", "__rsub__": "-", "__isub__": "-", "sub_": "-",
+    "mul": "*", "__mul__": "*", "__rmul__": "*", "__imul__": "*", "mul_": "*",
+    "div": "/", "__truediv__": "/", "__rtruediv__": "/", "__itruediv__": "/", "div_": "/",
+}
+OPS = (*_ARITHMETIC, "masked_fill", "masked_fill_", "where")
+
+
+def _is_tensor(value) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def check(call):
+    if call.op in ("masked_fill", "masked_fill_"):
+        yield from _check_masked_fill(call)
+    elif call.op == "where":
+        yield from _check_where(call)
+    else:
+        yield from _check_arithmetic(call)
+
+
+def mask_hint(call, mask, mask_label: str, target_shape: tuple[int, ...]) -> str | None:
+    """The usual fix for a mask that does not line up with [batch, heads, seq_q, seq_k]."""
+    m = tuple(mask.shape)
+    if len(target_shape) != 4:
+        return None
+    b, _, _, sk = target_shape
+    if len(m) == 2 and m == (b, sk):
+        return (
+            f"{mask_label} is a [batch, seq_k] padding mask: use {mask_label}[:, None, None, :] "
+            f"(or .unsqueeze(1).unsqueeze(2)) to get [batch, 1, 1, seq_k] = [{b}, 1, 1, {sk}]"
+        )
+    if len(m) == 3 and m[0] == b and m[-1] == sk:
+        return f"{mask_label} is [batch, seq_q, seq_k]: use {mask_label}.unsqueeze(1) to get [batch, 1, seq_q, seq_k]"
+    if len(m) == 2 and m[-1] == sk:
+        return f"a [seq_q, seq_k] mask broadcasts as is; {mask_label} is {list(m)}: slice it to the sequence, e.g. {mask_label}[:T, :T]"
+    return None
+
+
+def _broadcast_violation(call, kind, relation_prefix, pairs, target=None, mask=None):
+    """Check that the (label, tensor) pairs broadcast together (to `target` when given)."""
+    shapes = [tuple(t.shape) for _, t in pairs]
+    operands = tuple(call.operand(label, t) for label, t in pairs)
+    result = _axes.broadcast_shapes(*shapes)
+    if result is not None and (target is None or result == target):
+        return None
+    (la, ta), (lb, tb) = pairs[0], pairs[1]
+    bad = _axes.first_mismatch(tuple(ta.shape), tuple(tb.shape))
+    if bad is not None:
+        x, y = ta.shape[bad], tb.shape[bad]
+        relation = (
+            f"{relation_prefix}: {la}.{call.axis(ta, bad)} ({x}) and {lb}.{call.axis(tb, bad)} ({y}) "
+            f"do not broadcast"
+        )
+    else:
+        relation = (
+            f"{relation_prefix}: {lb} {list(tb.shape)} would grow {la} {list(ta.shape)} "
+            f"to {list(result or ())}"
+        )
+    hint = None
+    if mask is not None:
+        mask_label, mask_tensor = mask
+        hint = mask_hint(call, mask_tensor, mask_label, tuple(pairs[0][1].shape))
+    if hint is None:
+        hint = "aligned from the right, each pair of sizes must be equal or one of them 1"
+    return Violation(kind, relation, operands, hint)
+
+
+def _check_masked_fill(call):
+    args = call.args
+    if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
+        return
+    x, mask = args[0], args[1]
+    x_label, mask_label = call.label(0, "input"), call.label(1, "mask")
+    prefix = f"{x_label}.{call.op}({mask_label}, ...)"
+    if str(mask.dtype) != "torch.bool":
+        yield Violation(
+            "mask_dtype",
+            f"{prefix}: {mask_label} is {str(mask.dtype).removeprefix('torch.')}, masked_fill wants bool",
+            (call.operand(mask_label, mask),),
+            f"pass a bool mask that is True where {x_label} is filled, e.g. "
+            f"{x_label}.masked_fill({mask_label} == 0, float('-inf')) when {mask_label} is 1 where "
+            "attention is allowed",
+        )
+        return
+    target = tuple(x.shape)
+    violation = _broadcast_violation(
+        call, "mask_broadcast", prefix, [(x_label, x), (mask_label, mask)], target, (mask_label, mask)
+    )
+    if violation is not None:
+        yield violation
+
+
+def _check_where(call):
+    args = call.args
+    if len(args) < 3 or not _is_tensor(args[0]):
+        return
+    cond = args[0]
+    cond_label = call.label(0, "condition")
+    tensors = [(call.label(i, f"arg{i}"), a) for i, a in enumerate(args[1:3], start=1) if _is_tensor(a)]
+    if not tensors:
+        return
+    value_label, value = max(tensors, key=lambda p: p[1].dim())
+    prefix = f"torch.where({cond_label}, ...)"
+    if str(cond.dtype) != "torch.bool":
+        yield Violation(
+            "mask_dtype",
+            f"{prefix}: {cond_label} is {str(cond.dtype).removeprefix('torch.')}, where wants bool",
+            (call.operand(cond_label, cond),),
+            f"compare it first, e.g. torch.where({cond_label} == 0, ...) or {cond_label}.bool()",
+        )
+        return
+    pairs = [(value_label, value), (cond_label, cond)] + [p for p in tensors if p[1] is not value]
+    violation = _broadcast_violation(call, "mask_broadcast", prefix, pairs, None, (cond_label, cond))
+    if violation is not None:
+        yield violation
+
+
+def _check_arithmetic(call):
+    args = call.args
+    if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
+        return
+    a, b = args[0], args[1]
+    la, lb = call.label(0, "a"), call.label(1, "b")
+    symbol = _ARITHMETIC.get(call.op, call.op)
+    if call.op.startswith("__r"):
+        a, b, la, lb = b, a, lb, la
+    roles = (call.role(a, la), call.role(b, lb))
+    mask = (lb, b) if roles[1] == "mask" else (la, a) if roles[0] == "mask" else None
+    kind = "mask_broadcast" if mask is not None else "broadcast"
+    target = tuple(a.shape) if call.op.endswith("_") or call.op.startswith("__i") else None
+    prefix = f"{la} {symbol} {lb}"
+    violation = _broadcast_violation(call, kind, prefix, [(la, a), (lb, b)], target, mask)
+    if violation is not None:
+        yield violation
+        return
+    if symbol in "+-":
+        for label, tensor, other in ((la, a, b), (lb, b, a)):
+            if not other.is_floating_point() or tensor.is_floating_point():
+                continue
+            role = call.role(tensor, label)
+            if str(tensor.dtype) == "torch.bool" or role == "mask":
+                yield Violation(
+                    "mask_dtype",
+                    f"{prefix}: {label} is a {str(tensor.dtype).removeprefix('torch.')} mask added "
+                    f"to {call.label_of(other, 'floats')}: it adds 0/1 and masks nothing",
+                    (call.operand(label, tensor),),
+                    f"use masked_fill(~{label}, float('-inf')) for a bool keep-mask, or an additive "
+                    f"float mask that is 0 where allowed and -inf where hidden",
+                    severity="warning",
+                )
+                return

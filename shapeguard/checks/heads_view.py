@@ -1,0 +1,132 @@
+"""view / reshape: element count (which axis cannot split, into what), head
+divisibility at the head split, and `view` of a tensor that transpose left
+non-contiguous."""
+
+from math import prod
+
+from .. import _axes
+from .._errors import Violation
+from .config import divisibility_violation
+
+OPS = ("view", "reshape")
+
+
+def _target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
+    raw = args[1:] if len(args) > 1 else (kwargs.get("shape") or kwargs.get("size") or ())
+    if len(raw) == 1 and isinstance(raw[0], tuple | list):  # torch.Size is a tuple
+        raw = tuple(raw[0])
+    if not raw or not all(isinstance(s, int) for s in raw):
+        return None  # view(dtype), or symbolic sizes: not a shape we can reason about
+    return tuple(int(s) for s in raw)
+
+
+def check(call):
+    args = call.args
+    if not args or not hasattr(args[0], "shape"):
+        return
+    x = args[0]
+    target = _target_shape(args, call.kwargs)
+    if target is None:
+        return
+    shape = tuple(int(s) for s in x.shape)
+    numel = prod(shape)
+    label = call.label(0, "input")
+    spelled = ", ".join(str(s) for s in target)
+    expr = f"{label}.{call.op}({spelled})"
+    resolved = _axes.resolve_view_shape(numel, target)
+    if resolved is None:
+        yield _numel_violation(call, x, label, expr, shape, target)
+        return
+    if call.op == "view" and not x.is_contiguous() and not view_compatible(shape, tuple(x.stride()), resolved):
+        yield _noncontiguous_violation(call, x, label, expr, shape, resolved)
+
+
+def _numel_violation(call, x, label: str, expr: str, shape, target) -> Violation:
+    numel = prod(shape)
+    axes = call.axes(x)
+    operands = (call.operand(label, x),)
+    declared = call.declared()
+    if "d_model" in declared and "heads" in declared:
+        d_attr, d_model = declared["d_model"]
+        h_attr, heads = declared["heads"]
+        if d_model % heads and heads in target and d_model in shape:
+            base = divisibility_violation(d_attr, d_model, h_attr, heads)
+            return Violation(
+                "head_divisibility",
+                f"{expr}: cannot split {d_attr}={d_model} into {h_attr}={heads} heads: {base.relation}",
+                operands,
+                base.hint,
+            )
+    # Strip the axes that stay as they are, to name the part that cannot be regrouped.
+    lo = 0
+    while lo < min(len(shape), len(target)) and shape[lo] == target[lo]:
+        lo += 1
+    hi_s, hi_t = len(shape), len(target)
+    while hi_s > lo and hi_t > lo and shape[hi_s - 1] == target[hi_t - 1]:
+        hi_s -= 1
+        hi_t -= 1
+    src_part = [
+        f"{axes[i]}={shape[i]}" if axes and axes[i] else str(shape[i]) for i in range(lo, hi_s)
+    ]
+    dst_part = [str(s) for s in target[lo:hi_t]]
+    known = prod(s for s in target if s != -1)
+    if -1 in target:
+        why = f"the other sizes multiply to {known}, which does not divide {numel}"
+    else:
+        why = f"{' * '.join(map(str, target))} = {prod(target)} elements, not {numel}"
+    relation = (
+        f"{expr}: {label} has {numel} elements; cannot regroup "
+        f"[{', '.join(src_part) or '-'}] as [{', '.join(dst_part) or '-'}] ({why})"
+    )
+    hint = "the sizes must multiply to the same count; check the head count and head size"
+    if -1 in target and len(target) >= 2:
+        hint = (
+            f"with -1 inferred, the remaining sizes must divide {numel}; "
+            "torch would say: shape '[" + ", ".join(map(str, target)) + f"]' is invalid for input of size {numel}"
+        )
+    return Violation("view_numel", relation, operands, hint)
+
+
+def _noncontiguous_violation(call, x, label: str, expr: str, shape, resolved) -> Violation:
+    axes = call.axes(x)
+    meta = call.meta(x)
+    made_by = f" (it comes from {meta.op})" if meta is not None and meta.op else ""
+    merged: list[str] = []
+    groups = _axes.view_groups(shape, resolved) or []
+    for src, dst in groups:
+        real = [i for i in src if shape[i] != 1]
+        if len(real) > 1 and len(dst) >= 1:
+            merged = [f"{axes[i]}" if axes and axes[i] else f"dim {i}" for i in real]
+            break
+    what = f" and view cannot merge {' and '.join(merged)}" if merged else ""
+    return Violation(
+        "noncontiguous_view",
+        f"{expr}: {label} is not contiguous{made_by}{what}",
+        (call.operand(label, x),),
+        f"use {label}.contiguous().view(...) or {label}.reshape(...)",
+    )
+
+
+def view_compatible(shape: tuple[int, ...], stride: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether `view` can give `target` without copying: each run of target axes must
+    come from source axes that are laid out one after the other in memory."""
+    if prod(shape) == 0 or not shape:
+        return True
+    view_d = len(target) - 1
+    chunk_stride = stride[-1]
+    tensor_numel = 1
+    view_numel = 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        chunk_ends = d == 0 or (shape[d - 1] != 1 and stride[d - 1] != tensor_numel * chunk_stride)
+        if chunk_ends:
+            while view_d >= 0 and (view_numel < tensor_numel or target[view_d] == 1):
+                view_numel *= target[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return False
+            if d > 0:
+                chunk_stride = stride[d - 1]
+                tensor_numel = 1
+                view_numel = 1
+    return view_d == -1

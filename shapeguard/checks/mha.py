@@ -1,0 +1,153 @@
+"""nn.MultiheadAttention / F.multi_head_attention_forward.
+
+torch checks these with `assert` (gone under `python -O`) and names no layout;
+here the shapes are given in the layout the user passed (batch_first or not).
+"""
+
+from .._errors import Operand, Violation
+from .config import divisibility_violation
+
+OPS = ("multi_head_attention_forward",)
+
+_PARAMS = (
+    "query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias",
+    "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias",
+    "training", "key_padding_mask", "need_weights", "attn_mask", "use_separate_proj_weight",
+    "q_proj_weight", "k_proj_weight", "v_proj_weight", "static_k", "static_v",
+    "average_attn_weights", "is_causal",
+)
+
+
+def _bind(call) -> dict:
+    bound = dict(zip(_PARAMS, call.args, strict=False))
+    bound.update(call.kwargs)
+    return bound
+
+
+def _user_shape(t, batch_first: bool, names=("seq", "batch", "embed_dim")) -> str:
+    """Shape of a (L, N, E) tensor as the user passed it."""
+    shape = list(t.shape)
+    if t.dim() != 3:
+        return str(shape)
+    (l_name, n_name, e_name), (l, n, e) = names, shape
+    if batch_first:
+        return f"[{n_name}={n}, {l_name}={l}, {e_name}={e}]"
+    return f"[{l_name}={l}, {n_name}={n}, {e_name}={e}]"
+
+
+def check(call):
+    p = _bind(call)
+    query, key, value = p.get("query"), p.get("key"), p.get("value")
+    embed_dim, num_heads = p.get("embed_dim_to_check"), p.get("num_heads")
+    if query is None or key is None or value is None or not isinstance(num_heads, int):
+        return
+    module = call.module
+    batch_first = bool(getattr(module, "batch_first", False))
+    layout = "batch_first=True" if batch_first else "batch_first=False"
+    if isinstance(embed_dim, int) and embed_dim % num_heads:
+        base = divisibility_violation("embed_dim", embed_dim, "num_heads", num_heads)
+        yield Violation("head_divisibility", f"MultiheadAttention: {base.relation}", (), base.hint)
+        return
+    q_names = ("seq_q", "batch", "embed_dim")
+    k_names = ("seq_k", "batch", "embed_dim")
+    operands = (
+        Operand("query", _user_shape(query, batch_first, q_names)),
+        Operand("key", _user_shape(key, batch_first, k_names)),
+        Operand("value", _user_shape(value, batch_first, k_names)),
+    )
+    if isinstance(embed_dim, int) and query.shape[-1] != embed_dim:
+        yield Violation(
+            "mha_embed",
+            f"MultiheadAttention: query.embed_dim ({query.shape[-1]}) != embed_dim ({embed_dim})",
+            operands,
+            f"the module was built with embed_dim={embed_dim}; project the input to {embed_dim} "
+            f"features or build MultiheadAttention({query.shape[-1]}, num_heads)",
+        )
+        return
+    batched = query.dim() == 3
+    if batched and (key.dim() != 3 or value.dim() != 3):
+        return
+    if batched:
+        if key.shape[1] != query.shape[1] or value.shape[1] != query.shape[1]:
+            yield Violation(
+                "mha_batch",
+                f"MultiheadAttention ({layout}): query.batch ({query.shape[1]}) != "
+                f"key.batch ({key.shape[1]})",
+                operands,
+                _layout_hint(batch_first),
+            )
+            return
+        if key.shape[0] != value.shape[0]:
+            yield Violation(
+                "mha_kv_seq",
+                f"MultiheadAttention: key.seq_k ({key.shape[0]}) != value.seq_k ({value.shape[0]})",
+                operands,
+                "every key needs a value: key and value must have the same sequence length",
+            )
+            return
+    bsz = query.shape[1] if batched else None
+    src_len = key.shape[0]
+    tgt_len = query.shape[0]
+    yield from _check_key_padding_mask(p.get("key_padding_mask"), bsz, src_len, operands, batch_first, layout)
+    yield from _check_attn_mask(p.get("attn_mask"), bsz, num_heads, tgt_len, src_len, operands)
+
+
+def _layout_hint(batch_first: bool) -> str:
+    if batch_first:
+        return "with batch_first=True pass [batch, seq, embed_dim]; were the inputs [seq, batch, embed_dim]?"
+    return (
+        "batch_first=False reads inputs as [seq, batch, embed_dim]; if yours are "
+        "[batch, seq, embed_dim], build MultiheadAttention(..., batch_first=True)"
+    )
+
+
+def _check_key_padding_mask(mask, bsz, src_len, operands, batch_first, layout):
+    if mask is None:
+        return
+    expected = (bsz, src_len) if bsz is not None else (src_len,)
+    actual = tuple(mask.shape)
+    if actual == expected:
+        return
+    hint = "key_padding_mask is [batch, seq_k], True where a key is padding"
+    if bsz is not None and actual == (src_len, bsz):
+        hint = (
+            f"key_padding_mask is {list(actual)}, the transpose of [batch={bsz}, seq_k={src_len}]. "
+            + _layout_hint(batch_first)
+        )
+    spelled = f"[batch={bsz}, seq_k={src_len}]" if bsz is not None else f"[seq_k={src_len}]"
+    yield Violation(
+        "mha_key_padding_mask",
+        f"MultiheadAttention ({layout}): key_padding_mask {list(actual)} != {spelled}",
+        (*operands, Operand("key_padding_mask", str(list(actual)))),
+        hint,
+    )
+
+
+def _check_attn_mask(mask, bsz, num_heads, tgt_len, src_len, operands):
+    if mask is None:
+        return
+    actual = tuple(mask.shape)
+    if mask.dim() == 2 and actual == (tgt_len, src_len):
+        return
+    if mask.dim() == 3 and bsz is not None and actual == (bsz * num_heads, tgt_len, src_len):
+        return
+    if mask.dim() == 3 and bsz is None and actual == (num_heads, tgt_len, src_len):
+        return
+    hint = (
+        f"attn_mask is [seq_q, seq_k] = [{tgt_len}, {src_len}] or [batch * num_heads, seq_q, seq_k] "
+        f"= [{(bsz or 1) * num_heads}, {tgt_len}, {src_len}]"
+    )
+    if mask.dim() == 3 and bsz is not None and actual == (bsz, tgt_len, src_len):
+        hint = f"a per-batch mask needs one copy per head: mask.repeat_interleave({num_heads}, dim=0)"
+    elif mask.dim() == 4:
+        hint = (
+            "MultiheadAttention takes no 4-D mask; for padding pass key_padding_mask [batch, seq_k], "
+            "for per-head masks reshape to [batch * num_heads, seq_q, seq_k]"
+        )
+    yield Violation(
+        "mha_attn_mask",
+        f"MultiheadAttention: attn_mask {list(actual)} is neither [seq_q={tgt_len}, seq_k={src_len}] "
+        f"nor [batch*heads={(bsz or 1) * num_heads}, seq_q={tgt_len}, seq_k={src_len}]",
+        (*operands, Operand("attn_mask", str(list(actual)))),
+        hint,
+    )

@@ -1,0 +1,1 @@
+"""Renderers: pure functions from a Trace to text, JSON or HTML."""

@@ -25,9 +25,23 @@ def check(call):
         yield from _check_arithmetic(call)
 
 
+def ref(label: str) -> str:
+    """`mask` stays `mask`; `mask == 0` becomes `(mask == 0)`, so `.batch` can follow it."""
+    return label if label.replace("_", "").replace(".", "").replace("^", "").isalnum() else f"({label})"
+
+
+def _base_name(label: str) -> str:
+    """The variable a hint should fix: `mask` in `mask == 0`."""
+    for sep in (" == ", " != ", " > ", " < ", " >= ", " <= "):
+        if sep in label:
+            return label.split(sep, 1)[0].strip("() ")
+    return ref(label)
+
+
 def mask_hint(call, mask, mask_label: str, target_shape: tuple[int, ...]) -> str | None:
     """The usual fix for a mask that does not line up with [batch, heads, seq_q, seq_k]."""
     m = tuple(mask.shape)
+    mask_label = _base_name(mask_label)
     if len(target_shape) != 4:
         return None
     b, _, _, sk = target_shape
@@ -55,8 +69,8 @@ def _broadcast_violation(call, kind, relation_prefix, pairs, target=None, mask=N
     if bad is not None:
         x, y = ta.shape[bad], tb.shape[bad]
         relation = (
-            f"{relation_prefix}: {la}.{call.axis(ta, bad)} ({x}) and {lb}.{call.axis(tb, bad)} ({y}) "
-            f"do not broadcast"
+            f"{relation_prefix}: {ref(la)}.{call.axis(ta, bad)} ({x}) and "
+            f"{ref(lb)}.{call.axis(tb, bad)} ({y}) do not broadcast"
         )
     else:
         relation = (

@@ -39,6 +39,68 @@ def check(call):
         return
     if call.op == "view" and not x.is_contiguous() and not view_compatible(shape, tuple(x.stride()), resolved):
         yield _noncontiguous_violation(call, x, label, expr, shape, resolved)
+        return
+    mixing = _mixing_violation(call, x, label, expr, shape, resolved)
+    if mixing is not None:
+        yield mixing
+
+
+# Axes whose elements are separate tokens or examples: regrouping them with
+# another axis moves data between tokens.
+_TOKEN_AXES = ("batch", "seq", "seq_q", "seq_k")
+
+
+def _mixing_violation(call, x, label: str, expr: str, shape, resolved) -> Violation | None:
+    """A view that merges a token axis with another axis and splits the result again:
+    legal, and almost always a head split or merge done in the wrong order."""
+    axes = call.axes(x)
+    if not axes:
+        return None
+    for gi, gj in _axes.view_groups(shape, resolved) or []:
+        real_i = [i for i in gi if shape[i] != 1]
+        real_j = [j for j in gj if resolved[j] != 1]
+        if len(real_i) < 2 or len(real_j) < 2:
+            continue
+        names = [axes[i] or f"dim {i}" for i in real_i]
+        if not any(n in _TOKEN_AXES for n in names):
+            continue
+        src = ", ".join(f"{n}={shape[i]}" for n, i in zip(names, real_i, strict=True))
+        dst = ", ".join(str(resolved[j]) for j in real_j)
+        return Violation(
+            "view_mixes_axes",
+            f"{expr}: regroups [{src}] as [{dst}], moving data across the {_token(names)} axis",
+            (call.operand(label, x),),
+            _mixing_hint(call, label, names, shape, real_i),
+            severity="warning",
+        )
+    return None
+
+
+def _token(names: list[str]) -> str:
+    return next(n for n in names if n in _TOKEN_AXES)
+
+
+def _mixing_hint(call, label: str, names: list[str], shape, real_i: list[int]) -> str:
+    declared = call.declared()
+    heads = declared.get("heads")
+    d_k = declared.get("d_k")
+    features = shape[real_i[-1]]
+    if "heads" in names:
+        return (
+            f"merge heads back after moving them next to d_k: "
+            f"{label}.transpose(1, 2).contiguous().view(batch, seq, heads * d_k)"
+        )
+    if heads is not None and d_k is not None and features != heads[1] * d_k[1]:
+        # `W_k(x)` was made by the layer W_k: name the layer to fix.
+        maker = label.split("(", 1)[0] if label.endswith(")") and "(" in label else f"what made {label}"
+        return (
+            f"{label} has {features} features but {heads[0]} * {d_k[0]} = {heads[1] * d_k[1]}: "
+            f"the -1 absorbed the difference into the sequence axis; check {maker}"
+        )
+    return (
+        f"split heads out of the feature axis, then move them: "
+        f"{label}.view(batch, seq, heads, d_k).transpose(1, 2)"
+    )
 
 
 def _numel_violation(call, x, label: str, expr: str, shape, target) -> Violation:

@@ -98,6 +98,12 @@ def check_product(call, a, b, a_label: str, b_label: str, *, batched: bool = Tru
 def _inner_hint(call, a, b, a_label: str, b_label: str) -> str:
     a_shape, b_shape = tuple(a.shape), tuple(b.shape)
     base = b_label.removesuffix("^T")
+    if call.role(a, a_label) == "attn" and call.role(b, b_label) == "V" and b.dim() >= 2:
+        return (
+            f"{a_label} weighs {a_shape[-1]} keys but {b_label} has {b_shape[-2]} values: K and V "
+            "must have the same sequence length; look at the view or projection that made K "
+            "(an earlier shapeguard warning may name it)"
+        )
     if b.dim() >= 2 and a_shape[-1] == b_shape[-1]:
         if b_label.endswith("^T"):
             return f"{b_label} is already [..., {call.axis(b, -2)}, {call.axis(b, -1)}]; drop the transpose"

@@ -137,6 +137,12 @@ class Trace:
 
         return render_table(self, width=width, color=color, all_ops=all_ops)
 
+    def to_html(self) -> str:
+        """One self-contained HTML report (no network): see `shapeguard.report.html`."""
+        from .report.html import render_html
+
+        return render_html(self)
+
     def to_dict(self) -> dict:
         from ._version import __version__
 

@@ -21,7 +21,7 @@ from ._axes import Axes, Vocabulary, format_shape
 from ._errors import Context, Finding, Operand, ShapeError, ShapeWarning, Violation
 from ._meta import TensorMeta
 from ._record import Event, TensorRecord, Trace
-from .checks import checker_for
+from .checks import checkers_for
 
 _local = threading.local()
 
@@ -330,8 +330,7 @@ class Session:
         __tracebackhide__ = True
         site = _source.user_site()
         call = OpCall(self, func, op, args, kwargs, site)
-        checker = checker_for(op)
-        if checker is not None:
+        for checker in checkers_for(op):
             for violation in checker(call):
                 self.report(violation, call)
         try:

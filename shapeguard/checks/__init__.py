@@ -1,31 +1,36 @@
-"""The checks registry: op name -> checker for its op family.
+"""The checks registry: op name -> the checkers of the op families that apply to it.
 
 A checker takes an `OpCall` and yields `Violation`s; it never raises them
 itself, so the session decides (raise, warn, record) with the user's context.
-Keyed by op name, so `torch.matmul`, `Tensor.matmul` and `@` share one checker.
+Keyed by op name, so `torch.matmul`, `Tensor.matmul` and `@` share checkers.
+Each family module lists its op names in `OPS` and defines `check(call)`;
+add a family by naming its module in `FAMILIES`.
 """
 
+import importlib
 from collections.abc import Callable, Iterator
 
 from .._errors import Violation
 
 Checker = Callable[..., Iterator[Violation]]
 
-_REGISTRY: dict[str, Checker] | None = None
+FAMILIES = ("matmul", "heads_view", "elementwise", "softmax", "sdpa", "mha")
+
+_REGISTRY: dict[str, tuple[Checker, ...]] | None = None
 
 
-def _build() -> dict[str, Checker]:
-    from . import elementwise, heads_view, matmul, mha, sdpa, softmax
+def _build() -> dict[str, tuple[Checker, ...]]:
+    registry: dict[str, list[Checker]] = {}
+    for name in FAMILIES:
+        family = importlib.import_module(f"{__name__}.{name}")
+        for op in family.OPS:
+            registry.setdefault(op, []).append(family.check)
+    return {op: tuple(checkers) for op, checkers in registry.items()}
 
-    registry: dict[str, Checker] = {}
-    for family in (matmul, heads_view, elementwise, softmax, sdpa, mha):
-        for name in family.OPS:
-            registry[name] = family.check
-    return registry
 
-
-def checker_for(op: str) -> Checker | None:
+def checkers_for(op: str) -> tuple[Checker, ...]:
+    """The checkers to run before `op`, in family order (empty when none)."""
     global _REGISTRY
     if _REGISTRY is None:
         _REGISTRY = _build()
-    return _REGISTRY.get(op)
+    return _REGISTRY.get(op, ())

@@ -386,11 +386,18 @@ class Session:
         )
 
     def _torch_error(self, error: RuntimeError, call: OpCall) -> ShapeError:
-        operands = [
-            call.operand(call.label(i, f"arg{i}"), a)
-            for i, a in enumerate(call.args)
-            if isinstance(a, torch.Tensor)
-        ]
+        operands = []
+        for i, arg in enumerate(call.args):
+            if isinstance(arg, torch.Tensor):
+                operands.append(call.operand(call.label(i, f"arg{i}"), arg))
+            elif isinstance(arg, list | tuple):  # torch.cat([a, b]), torch.stack(...)
+                base = call.label(i, f"arg{i}")
+                items = _source.sequence_items(call.source_text(i) or "") or []
+                operands += [
+                    call.operand(items[j] if j < len(items) else f"{base}[{j}]", t)
+                    for j, t in enumerate(arg)
+                    if isinstance(t, torch.Tensor)
+                ]
         operands += [
             call.operand(name, value)
             for name, value in call.kwargs.items()

@@ -239,3 +239,14 @@ def short_label(expr: str) -> str:
     if expr.replace(".", "").replace("_", "").isalnum() and "." in expr:
         expr = expr.rsplit(".", 1)[1]
     return expr if len(expr) <= 40 else expr[:37] + "..."
+
+
+def sequence_items(expr: str) -> list[str] | None:
+    """The element expressions of a list or tuple literal: `[a, b[:, :1]]` -> `a`, `b[:, :1]`."""
+    try:
+        node = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return None
+    if isinstance(node, ast.List | ast.Tuple):
+        return [short_label(ast.unparse(e)) for e in node.elts]
+    return None

@@ -155,7 +155,7 @@ def _check_arithmetic(call):
         yield violation
         return
     if symbol in "+-":
-        for label, tensor, other in ((la, a, b), (lb, b, a)):
+        for label, tensor, other_label, other in ((la, a, lb, b), (lb, b, la, a)):
             if not other.is_floating_point() or tensor.is_floating_point():
                 continue
             role = call.role(tensor, label)
@@ -163,7 +163,7 @@ def _check_arithmetic(call):
                 yield Violation(
                     "mask_dtype",
                     f"{prefix}: {label} is a {str(tensor.dtype).removeprefix('torch.')} mask added "
-                    f"to {call.label_of(other, 'floats')}: it adds 0/1 and masks nothing",
+                    f"to {other_label}: it adds 0/1 and masks nothing",
                     (call.operand(label, tensor),),
                     f"use masked_fill(~{label}, float('-inf')) for a bool keep-mask, or an additive "
                     f"float mask that is 0 where allowed and -inf where hidden",

@@ -1,0 +1,322 @@
+"""guard / unguard / trace: correct modules stay silent, outputs are untouched, and nothing
+(hooks, modes, tensors) is left behind."""
+
+import gc
+import os
+import sys
+import weakref
+
+import torch
+import torch.nn.functional as F
+from attention_models import (
+    B,
+    D,
+    H,
+    SK,
+    SQ,
+    CausalSelfAttention,
+    CrossAttention,
+    GQAttention,
+    HandAttention,
+    SDPAGQA,
+)
+from torch import nn
+
+import pytest
+import shapeguard
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import seed_mha  # noqa: E402
+
+
+def _correct_cases():
+    x = torch.randn(B, SQ, D)
+    memory = torch.randn(B, SK, D)
+    mask = torch.tril(torch.ones(SQ, SQ, dtype=torch.bool)).expand(B, 1, SQ, SQ)
+    return [
+        ("seed_mha", lambda: seed_mha.MultiHeadAttention(d_model=D, n_heads=H), (x,), {"mask": mask}),
+        ("hand", HandAttention, (x,), {}),
+        ("nanogpt_causal", CausalSelfAttention, (x,), {}),
+        ("cross_attention", CrossAttention, (x, memory), {}),
+        (
+            "cross_attention_padding",
+            CrossAttention,
+            (x, memory, torch.ones(B, SK, dtype=torch.bool)),
+            {},
+        ),
+        ("gqa_repeat_kv", GQAttention, (torch.randn(B, SQ, 66),), {}),
+        ("gqa_sdpa", SDPAGQA, (torch.randn(B, SQ, 66),), {}),
+        (
+            "torch_mha_batch_first",
+            lambda: nn.MultiheadAttention(D, H, batch_first=True),
+            (x, memory, memory),
+            {"key_padding_mask": torch.zeros(B, SK, dtype=torch.bool)},
+        ),
+        (
+            "torch_mha_seq_first",
+            lambda: nn.MultiheadAttention(D, H),
+            (x.transpose(0, 1), memory.transpose(0, 1), memory.transpose(0, 1)),
+            {"attn_mask": torch.zeros(SQ, SK, dtype=torch.bool)},
+        ),
+        (
+            "transformer_encoder_layer",
+            lambda: nn.TransformerEncoderLayer(D, H, dim_feedforward=17, batch_first=True),
+            (x,),
+            {},
+        ),
+    ]
+
+
+CORRECT = _correct_cases()
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize(("build", "args", "kwargs"), [c[1:] for c in CORRECT], ids=[c[0] for c in CORRECT])
+def test_correct_modules_give_zero_findings(build, args, kwargs, device):
+    torch.manual_seed(0)
+    model = build().to(device)
+    args = tuple(a.to(device) for a in args)
+    kwargs = {k: v.to(device) for k, v in kwargs.items()}
+    trace = shapeguard.trace(model, *args, **kwargs)
+    assert trace.findings == []
+    assert trace.events, "the trace saw no op"
+
+
+@pytest.mark.parametrize(("build", "args", "kwargs"), [c[1:] for c in CORRECT], ids=[c[0] for c in CORRECT])
+def test_guarded_output_is_bitwise_identical(build, args, kwargs):
+    torch.manual_seed(0)
+    model = build().eval()
+    expected = model(*args, **kwargs)
+    shapeguard.guard(model)
+    try:
+        actual = model(*args, **kwargs)
+    finally:
+        shapeguard.unguard(model)
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    actual = actual[0] if isinstance(actual, tuple) else actual
+    assert torch.equal(actual, expected)
+
+
+def _hook_counts(module):
+    return [
+        (len(m._forward_pre_hooks), len(m._forward_hooks), len(m._forward_hooks_always_called))
+        for m in module.modules()
+    ]
+
+
+def _global_hook_counts():
+    hooks = torch.nn.modules.module
+    return (len(hooks._global_forward_pre_hooks), len(hooks._global_forward_hooks))
+
+
+def test_unguard_restores_exactly_the_hooks_the_module_had():
+    model = HandAttention()
+    user_handle = model.register_forward_hook(lambda m, a, o: None)
+    before = _hook_counts(model)
+    shapeguard.guard(model)
+    assert shapeguard.is_guarded(model)
+    assert _hook_counts(model) != before
+    shapeguard.unguard(model)
+    assert _hook_counts(model) == before
+    assert not shapeguard.is_guarded(model)
+    user_handle.remove()
+
+
+def test_exception_inside_guarded_forward_leaves_no_hook_and_no_mode():
+    model = shapeguard.guard(HandAttention(bug="k_not_transposed"))
+    before_module, before_global = _hook_counts(model), _global_hook_counts()
+    for _ in range(2):
+        with pytest.raises(shapeguard.ShapeError):
+            model(torch.randn(B, SQ, D))
+        assert _hook_counts(model) == before_module
+        assert _global_hook_counts() == before_global
+        assert not torch.overrides._is_torch_function_mode_enabled()
+    from shapeguard._session import current_session
+
+    assert current_session() is None
+
+
+def test_trace_context_manager_removes_everything_on_exception():
+    before = _global_hook_counts()
+    with pytest.raises(ZeroDivisionError), shapeguard.trace():
+        assert torch.overrides._is_torch_function_mode_enabled()
+        raise ZeroDivisionError
+    assert _global_hook_counts() == before
+    assert not torch.overrides._is_torch_function_mode_enabled()
+
+
+def test_class_decorator_forms():
+    @shapeguard.guard
+    class Plain(HandAttention):
+        pass
+
+    @shapeguard.guard(mode="warn")
+    class Warned(HandAttention):
+        pass
+
+    plain, warned = Plain(bug="k_not_transposed"), Warned(bug="softmax_axis")
+    assert shapeguard.is_guarded(plain) and shapeguard.is_guarded(warned)
+    with pytest.raises(shapeguard.ShapeError, match="K was not transposed"):
+        plain(torch.randn(B, SQ, D))
+    with pytest.warns(shapeguard.ShapeWarning, match="softmax over seq_q"):
+        warned(torch.randn(B, SQ, D))
+
+
+def test_guard_rejects_bad_use_with_a_clear_message():
+    with pytest.raises(shapeguard.ContractError, match="nn.Module class or instance, not int"):
+        shapeguard.guard(3)
+    with pytest.raises(shapeguard.ContractError, match=r"mode='loud' is not a shapeguard mode"):
+        shapeguard.guard(HandAttention(), mode="loud")
+    with pytest.raises(shapeguard.ContractError, match="decorates nn.Module subclasses; str is not one"):
+        shapeguard.guard(str)
+
+
+def test_trace_context_checks_any_code_and_records_roles():
+    model = HandAttention()  # not guarded
+    with shapeguard.trace() as trace:
+        model(torch.randn(B, SQ, D))
+    assert trace.shape_of("scores") == (B, H, SQ, SQ)
+    assert trace.shape_of("Q") == (B, H, SQ, D // H)
+    assert trace.shape_of("context") == (B, SQ, D)
+    scores = trace.records("scores")[0]
+    assert scores.axes == ("batch", "heads", "seq_q", "seq_k")
+    assert scores.named_shape == "[batch=2, heads=3, seq_q=5, seq_k=5]"
+    table = trace.table(width=160)
+    assert "[batch=2, heads=3, seq_q=5, seq_k=5]" in table
+    assert "scores" in table and "context" in table
+    assert "0 errors, 0 warnings" in table
+
+
+def test_module_paths_in_events_and_messages():
+    class Block(nn.Module):
+        def __init__(self, bug=None):
+            super().__init__()
+            self.attn = HandAttention(bug=bug)
+
+        def forward(self, x):
+            return x + self.attn(x)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block(), Block(bug="k_not_transposed")])
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    with pytest.raises(shapeguard.ShapeError) as info:
+        shapeguard.trace(Model(), torch.randn(B, SQ, D))
+    assert "in  blocks.1.attn (HandAttention) at tests/attention_models.py:" in str(info.value)
+    assert info.value.module == "blocks.1.attn (HandAttention)"
+    trace = shapeguard.trace(Model().blocks[0], torch.randn(B, SQ, D))
+    assert {e.module for e in trace.events} >= {"attn", "attn.W_q", "attn.out"}
+
+
+def test_disable_and_env_switch_make_guard_a_pass_through(monkeypatch):
+    model = shapeguard.guard(HandAttention(bug="k_not_transposed"))
+    x = torch.randn(B, SQ, D)
+    shapeguard.disable()
+    try:
+        assert not shapeguard.is_enabled()
+        with pytest.raises(RuntimeError) as info:
+            model(x)
+        assert not isinstance(info.value, shapeguard.ShapeError)  # torch's own error
+    finally:
+        shapeguard.enable()
+    monkeypatch.setenv("SHAPEGUARD", "0")  # read at call time
+    with pytest.raises(RuntimeError) as info:
+        model(x)
+    assert not isinstance(info.value, shapeguard.ShapeError)
+    monkeypatch.setenv("SHAPEGUARD", "1")
+    with pytest.raises(shapeguard.ShapeError):
+        model(x)
+
+
+def test_long_trace_keeps_no_tensor_alive():
+    model = HandAttention()
+    refs = []
+    with shapeguard.trace() as trace:
+        for _ in range(30):
+            x = torch.randn(B, SQ, D)
+            refs.append(weakref.ref(x))
+            out = model(x)
+            refs.append(weakref.ref(out))
+            del x, out
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert len(trace.events) == 30 * 19  # randn + the 18 ops of a forward
+    for event in trace.events:
+        for record in (*event.inputs, *event.outputs):
+            assert all(isinstance(s, int) for s in record.shape)
+            assert not any(isinstance(v, torch.Tensor) for v in vars(type(record)).values())
+
+
+def test_to_json_is_versioned_and_holds_shapes():
+    import json
+
+    trace = shapeguard.trace(HandAttention(), torch.randn(B, SQ, D))
+    data = json.loads(trace.to_json())
+    assert data["schema"] == "shapeguard.trace" and data["schema_version"] == 1
+    assert data["events"][0]["outputs"][0]["shape"] == [B, SQ, D]
+    assert data["events"][0]["op"] == "linear"
+    assert data["findings"] == []
+
+
+def test_guarded_nested_modules_share_one_trace():
+    @shapeguard.guard
+    class Inner(HandAttention):
+        pass
+
+    @shapeguard.guard
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return self.inner(x) * 2
+
+    outer = Outer()
+    outer(torch.randn(B, SQ, D))
+    trace = shapeguard.last_trace(outer)
+    assert trace is not None and trace.findings == []
+    assert trace.events[-1].op == "mul"
+    assert shapeguard.last_trace(outer.inner) is None  # it ran inside the outer trace
+
+
+def test_compile_of_guarded_model_matches_eager():
+    torch.manual_seed(0)
+    model = shapeguard.guard(HandAttention().eval())
+    x = torch.randn(B, SQ, D)
+    eager = model(x)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x), eager)
+    torch._dynamo.reset()
+
+
+def test_sdpa_users_are_checked_inside_guarded_module():
+    class SDPAUser(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n_heads = H
+            self.qkv = nn.Linear(D, 3 * D)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(x).view(b, s, 3, self.n_heads, D // H).unbind(2)
+            # forgot .transpose(1, 2): SDPA reads [batch, seq, heads, d_k] as
+            # [batch, heads, seq, d_k], so dropping the last token of v drops a "head"
+            return F.scaled_dot_product_attention(q, k, v[:, :-1])
+
+    with pytest.raises(shapeguard.ShapeError) as info:
+        shapeguard.guard(SDPAUser())(torch.randn(B, SQ, D))
+    assert info.value.kind == "sdpa_heads"
+    assert str(info.value).splitlines()[0] == (
+        "scaled_dot_product_attention: k.heads (5) != v[:, :-1].heads (4)"
+    )
+    assert info.value.hint == (
+        "q looks like [batch, seq, heads, d_k] (heads=3 on axis 2); SDPA wants "
+        "[batch, heads, seq, d_k]: pass q.transpose(1, 2) (and the same for k and v)"
+    )

@@ -25,7 +25,7 @@ from ._trace import trace as trace
 try:
     __version__ = _metadata.version("shapeguard-attn")
 except _metadata.PackageNotFoundError:  # running from a source tree
-    from ._version import __version__
+    from ._version import __version__ as __version__
 
 __all__ = sorted(
     [

@@ -77,7 +77,9 @@ def format_shape(shape: Sequence[int], axes: Axes | None = None) -> str:
     """`[batch=2, heads=8, seq=16, d_k=64]`; unnamed axes show their size alone."""
     if axes is None or len(axes) != len(shape):
         axes = (None,) * len(shape)
-    parts = [f"{name}={size}" if name else str(size) for name, size in zip(axes, shape, strict=True)]
+    parts = [
+        f"{name}={size}" if name else str(size) for name, size in zip(axes, shape, strict=True)
+    ]
     return "[" + ", ".join(parts) + "]"
 
 
@@ -157,7 +159,9 @@ def view_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int],
     return groups
 
 
-def view_axes(src_shape: Sequence[int], src_axes: Axes, dst_shape: Sequence[int], vocab: Vocabulary) -> Axes:
+def view_axes(
+    src_shape: Sequence[int], src_axes: Axes, dst_shape: Sequence[int], vocab: Vocabulary
+) -> Axes:
     """Names for a view/reshape result: kept axes keep their names, split and merged ones
     are named from the vocabulary (a split of d_model into 8 x 64 gives heads, d_k)."""
     groups = view_groups(src_shape, dst_shape)

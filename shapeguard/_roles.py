@@ -11,7 +11,10 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     for role, pattern in (
         ("mask", r"(^|_)mask(s|ed)?($|_)|^(bias|causal|padding|pad)$"),
         ("scores", r"score|logit|^qk$|^dots?$|^sim$|^energy$"),
-        ("attn", r"^(attn|attention|p_attn|probs?|attn_probs|attn_weights|attention_probs|weights|alpha|a)$"),
+        (
+            "attn",
+            r"^(attn|attention|p_attn|probs?|attn_probs|attn_weights|attention_probs|weights|alpha|a)$",
+        ),
         ("context", r"^(context|ctx|context_layer|attn_output|attn_out|heads_out)$"),
         ("out", r"^(out|output|outputs|o|result|y_out)$"),
         ("Q", r"^(q|query|queries|xq|q_s|q_proj|q_states|query_states|query_layer)$|^q_?\d+$"),

@@ -75,11 +75,13 @@ def user_site() -> Site | None:
     return None
 
 
-_site_cache: dict[tuple[CodeType, int, bool], Site] = {}
+_site_cache: dict[tuple[str, CodeType, int, bool], Site] = {}
 
 
 def _site_for(code: CodeType, lasti: int, in_module: bool) -> Site:
-    key = (code, lasti, in_module)
+    # Code objects compare equal across files (co_filename is not compared), so the
+    # same function in two files would share a site: the filename is part of the key.
+    key = (code.co_filename, code, lasti, in_module)
     site = _site_cache.get(key)
     if site is None:
         site = _build_site(code, lasti, in_module)

@@ -86,7 +86,10 @@ class CausalSelfAttention(nn.Module):
         self.n_head = n_head
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
         self.c_proj = nn.Linear(n_embd, n_embd)
-        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+        self.register_buffer(
+            "bias",
+            torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size),
+        )
 
     def forward(self, x):
         B_, T, C = x.size()
@@ -119,9 +122,21 @@ class GQAttention(nn.Module):
 
     def forward(self, hidden_states):
         bsz, q_len, _ = hidden_states.shape
-        query_states = self.q_proj(hidden_states).view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
-        key_states = self.k_proj(hidden_states).view(bsz, q_len, self.num_key_value_heads, self.head_dim).transpose(1, 2)
-        value_states = self.v_proj(hidden_states).view(bsz, q_len, self.num_key_value_heads, self.head_dim).transpose(1, 2)
+        query_states = (
+            self.q_proj(hidden_states)
+            .view(bsz, q_len, self.num_heads, self.head_dim)
+            .transpose(1, 2)
+        )
+        key_states = (
+            self.k_proj(hidden_states)
+            .view(bsz, q_len, self.num_key_value_heads, self.head_dim)
+            .transpose(1, 2)
+        )
+        value_states = (
+            self.v_proj(hidden_states)
+            .view(bsz, q_len, self.num_key_value_heads, self.head_dim)
+            .transpose(1, 2)
+        )
         groups = self.num_heads // self.num_key_value_heads
         if self.bug != "no_repeat_kv":
             key_states = key_states.repeat_interleave(groups, dim=1)
@@ -149,6 +164,11 @@ class SDPAGQA(nn.Module):
     def forward(self, x):
         bsz, seq, _ = x.shape
         q = self.q_proj(x).view(bsz, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv_proj(x).view(bsz, seq, 2 * self.num_key_value_heads, self.head_dim).transpose(1, 2).chunk(2, dim=1)
+        k, v = (
+            self.kv_proj(x)
+            .view(bsz, seq, 2 * self.num_key_value_heads, self.head_dim)
+            .transpose(1, 2)
+            .chunk(2, dim=1)
+        )
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(bsz, seq, self.hidden_size))

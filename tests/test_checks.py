@@ -1,12 +1,12 @@
 """Each pre-flight check catches its bug before torch raises, on CPU and on the meta device,
 and names it in the user's terms."""
 
+import pytest
 import torch
 import torch.nn.functional as F
-from attention_models import B, D, DK, H, SK, SQ, CrossAttention, GQAttention, HandAttention
+from attention_models import DK, SK, SQ, B, CrossAttention, D, GQAttention, H, HandAttention
 from torch import nn
 
-import pytest
 import shapeguard
 
 # TODO(lead): pytestmark = pytest.mark.no_shapeguard once the plugin lands
@@ -65,7 +65,11 @@ CASES = [
     ),
     (
         "wrong_linear_width",
-        lambda dev: (CrossAttention(bug="wrong_linear_width").to(dev), (_x(dev), _x(dev, seq=SK)), {}),
+        lambda dev: (
+            CrossAttention(bug="wrong_linear_width").to(dev),
+            (_x(dev), _x(dev, seq=SK)),
+            {},
+        ),
         "linear_in_features",
         [
             "k_proj = Linear(in_features=37) got memory with d_model=33",
@@ -87,7 +91,11 @@ CASES = [
     ),
     (
         "bmm_batch",
-        lambda dev: (torch.bmm, (torch.randn(6, SQ, DK, device=dev), torch.randn(4, DK, SK, device=dev)), {}),
+        lambda dev: (
+            torch.bmm,
+            (torch.randn(6, SQ, DK, device=dev), torch.randn(4, DK, SK, device=dev)),
+            {},
+        ),
         "matmul_batch",
         ["(6) != ", "(4)", "bmm does not broadcast its batch axis"],
     ),
@@ -126,13 +134,17 @@ CASES = [
         lambda dev: (CrossAttention(bug="kv_seq").to(dev), (_x(dev), _x(dev, seq=SK)), {}),
         "sdpa_kv_seq",
         [
-            "scaled_dot_product_attention: k.seq_k (7) != v.dim -2 (6)",
+            "scaled_dot_product_attention: k.seq_k (7) != v.seq_k (6)",
             "accepts this silently",
         ],
     ),
     (
         "sdpa_head_dim",
-        lambda dev: (sdpa, (qkv(dev)[0], torch.randn(B, H, SK, DK + 1, device=dev), qkv(dev)[2]), {}),
+        lambda dev: (
+            sdpa,
+            (qkv(dev)[0], torch.randn(B, H, SK, DK + 1, device=dev), qkv(dev)[2]),
+            {},
+        ),
         "sdpa_head_dim",
         ["scaled_dot_product_attention: q.dim -1 (11) != k.dim -1 (12)"],
     ),
@@ -146,7 +158,11 @@ CASES = [
         "sdpa_gqa",
         lambda dev: (
             sdpa,
-            (torch.randn(B, 5, SQ, DK, device=dev), torch.randn(B, 3, SK, DK, device=dev), torch.randn(B, 3, SK, DK, device=dev)),
+            (
+                torch.randn(B, 5, SQ, DK, device=dev),
+                torch.randn(B, 3, SK, DK, device=dev),
+                torch.randn(B, 3, SK, DK, device=dev),
+            ),
             {"enable_gqa": True},
         ),
         "sdpa_gqa",
@@ -160,13 +176,21 @@ CASES = [
     ),
     (
         "sdpa_mask_and_causal",
-        lambda dev: (sdpa, qkv(dev), {"attn_mask": torch.ones(SQ, SK, dtype=torch.bool, device=dev), "is_causal": True}),
+        lambda dev: (
+            sdpa,
+            qkv(dev),
+            {"attn_mask": torch.ones(SQ, SK, dtype=torch.bool, device=dev), "is_causal": True},
+        ),
         "sdpa_mask_causal",
         ["attn_mask and is_causal=True are both set"],
     ),
     (
         "sdpa_int_mask",
-        lambda dev: (sdpa, qkv(dev), {"attn_mask": torch.ones(B, 1, SQ, SK, dtype=torch.long, device=dev)}),
+        lambda dev: (
+            sdpa,
+            qkv(dev),
+            {"attn_mask": torch.ones(B, 1, SQ, SK, dtype=torch.long, device=dev)},
+        ),
         "mask_dtype",
         ["attn_mask is int64; SDPA wants bool (True = attend) or float32", "attn_mask.bool()"],
     ),
@@ -229,7 +253,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("make", "kind", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("make", "kind", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_check_catches_bug_before_torch(make, kind, expected, device):
     fn, args, kwargs = make(device)
     with pytest.raises(shapeguard.ShapeError) as info:
@@ -298,7 +324,10 @@ def test_head_divisibility_at_construction_of_guarded_class():
     error = info.value
     assert error.kind == "head_divisibility"
     lines = str(error).splitlines()
-    assert lines[0] == "d_model=512 is not divisible by n_heads=6 (512 = 6 * 85 + 2) in TutorialMHA(...)"
+    assert (
+        lines[0]
+        == "d_model=512 is not divisible by n_heads=6 (512 = 6 * 85 + 2) in TutorialMHA(...)"
+    )
     assert "TutorialMHA(d_model=512, n_heads=6)" in lines[2]
     assert lines[-1] == (
         "  hint: head counts that work for d_model=512: 1, 2, 4, 8, 16, 32, 64, 128, 256; "
@@ -343,7 +372,19 @@ def test_mha_divisibility_in_functional_call():
 
     def call(q):
         return F.multi_head_attention_forward(
-            q, q, q, 34, 3, w, None, None, None, False, 0.0, torch.randn(34, 34), None,
+            q,
+            q,
+            q,
+            34,
+            3,
+            w,
+            None,
+            None,
+            None,
+            False,
+            0.0,
+            torch.randn(34, 34),
+            None,
             need_weights=False,
         )
 
@@ -375,15 +416,20 @@ def test_bool_mask_added_to_scores_warns():
     def add_mask(scores, mask):
         return scores + mask
 
-    with pytest.warns(shapeguard.ShapeWarning, match="mask is a bool mask added to scores: it adds 0/1"):
-        shapeguard.trace(add_mask, torch.randn(B, H, SQ, SK), torch.ones(B, 1, 1, SK, dtype=torch.bool))
+    with pytest.warns(
+        shapeguard.ShapeWarning, match="mask is a bool mask added to scores: it adds 0/1"
+    ):
+        shapeguard.trace(
+            add_mask, torch.randn(B, H, SQ, SK), torch.ones(B, 1, 1, SK, dtype=torch.bool)
+        )
 
 
 def test_warn_mode_warns_instead_of_raising_then_torch_error_is_wrapped():
     module = shapeguard.guard(HandAttention(bug="k_not_transposed"), mode="warn")
-    with pytest.warns(shapeguard.ShapeWarning, match=r"scores = Q @ K: Q.d_k \(11\) != K.seq \(5\)"):
-        with pytest.raises(shapeguard.ShapeError) as info:
-            module(torch.randn(B, SQ, D))
+    with pytest.warns(
+        shapeguard.ShapeWarning, match=r"scores = Q @ K: Q.d_k \(11\) != K.seq \(5\)"
+    ), pytest.raises(shapeguard.ShapeError) as info:
+        module(torch.randn(B, SQ, D))
     assert info.value.kind == "torch_error"
     kinds = [f.kind for f in shapeguard.last_trace(module).findings]
     assert kinds == ["matmul_inner", "torch_error"]

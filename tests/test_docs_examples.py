@@ -39,7 +39,9 @@ def test_readme_example_runs_and_says_what_the_readme_says(tmp_path):
     shapeguard, torch = namespace["shapeguard"], namespace["torch"]
     with pytest.raises(shapeguard.ShapeError) as info:
         namespace["MultiHeadAttention"](d_model=512, n_heads=6)
-    assert str(info.value).startswith("d_model=512 is not divisible by n_heads=6 (512 = 6 * 85 + 2)")
+    assert str(info.value).startswith(
+        "d_model=512 is not divisible by n_heads=6 (512 = 6 * 85 + 2)"
+    )
     assert "head counts that work for d_model=512: 1, 2, 4, 8, 16, 32, 64, 128, 256" in text
     model = namespace["MultiHeadAttention"]()
     with pytest.raises(shapeguard.ShapeError) as info:
@@ -48,6 +50,9 @@ def test_readme_example_runs_and_says_what_the_readme_says(tmp_path):
     assert first == (
         "scores.masked_fill(mask == 0, ...): scores.seq_q (16) and (mask == 0).batch (2) do not broadcast"
     )
-    assert "scores.masked_fill(mask == 0, ...): scores.seq_q (16) and\n#   (mask == 0).batch (2)" in text
+    assert (
+        "scores.masked_fill(mask == 0, ...): scores.seq_q (16) and\n#   (mask == 0).batch (2)"
+        in text
+    )
     trace = shapeguard.trace(model, torch.randn(2, 16, 512))
     assert trace.shape_of("scores") == (2, 8, 16, 16)

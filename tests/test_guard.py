@@ -6,23 +6,23 @@ import os
 import sys
 import weakref
 
+import pytest
 import torch
 import torch.nn.functional as F
 from attention_models import (
-    B,
-    D,
-    H,
+    SDPAGQA,
     SK,
     SQ,
+    B,
     CausalSelfAttention,
     CrossAttention,
+    D,
     GQAttention,
+    H,
     HandAttention,
-    SDPAGQA,
 )
 from torch import nn
 
-import pytest
 import shapeguard
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
@@ -34,7 +34,12 @@ def _correct_cases():
     memory = torch.randn(B, SK, D)
     mask = torch.tril(torch.ones(SQ, SQ, dtype=torch.bool)).expand(B, 1, SQ, SQ)
     return [
-        ("seed_mha", lambda: seed_mha.MultiHeadAttention(d_model=D, n_heads=H), (x,), {"mask": mask}),
+        (
+            "seed_mha",
+            lambda: seed_mha.MultiHeadAttention(d_model=D, n_heads=H),
+            (x,),
+            {"mask": mask},
+        ),
         ("hand", HandAttention, (x,), {}),
         ("nanogpt_causal", CausalSelfAttention, (x,), {}),
         ("cross_attention", CrossAttention, (x, memory), {}),
@@ -71,7 +76,9 @@ CORRECT = _correct_cases()
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
-@pytest.mark.parametrize(("build", "args", "kwargs"), [c[1:] for c in CORRECT], ids=[c[0] for c in CORRECT])
+@pytest.mark.parametrize(
+    ("build", "args", "kwargs"), [c[1:] for c in CORRECT], ids=[c[0] for c in CORRECT]
+)
 def test_correct_modules_give_zero_findings(build, args, kwargs, device):
     torch.manual_seed(0)
     model = build().to(device)
@@ -82,7 +89,9 @@ def test_correct_modules_give_zero_findings(build, args, kwargs, device):
     assert trace.events, "the trace saw no op"
 
 
-@pytest.mark.parametrize(("build", "args", "kwargs"), [c[1:] for c in CORRECT], ids=[c[0] for c in CORRECT])
+@pytest.mark.parametrize(
+    ("build", "args", "kwargs"), [c[1:] for c in CORRECT], ids=[c[0] for c in CORRECT]
+)
 def test_guarded_output_is_bitwise_identical(build, args, kwargs):
     torch.manual_seed(0)
     model = build().eval()
@@ -167,7 +176,9 @@ def test_guard_rejects_bad_use_with_a_clear_message():
         shapeguard.guard(3)
     with pytest.raises(shapeguard.ContractError, match=r"mode='loud' is not a shapeguard mode"):
         shapeguard.guard(HandAttention(), mode="loud")
-    with pytest.raises(shapeguard.ContractError, match="decorates nn.Module subclasses; str is not one"):
+    with pytest.raises(
+        shapeguard.ContractError, match="decorates nn.Module subclasses; str is not one"
+    ):
         shapeguard.guard(str)
 
 

@@ -3,13 +3,13 @@ mutation of one gives a ShapeError of the expected kind, never a bare torch erro
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import pytest
 import shapeguard
 
 
@@ -89,7 +89,9 @@ def test_each_single_axis_mutation_gives_its_kind(mutation, config):
     if mutation == "mask_shape":
         mask = torch.ones(batch, seq, dtype=torch.bool, device="meta")  # [batch, seq] not expanded
     with torch.device("meta"):
-        model = Attention(d_model, heads, mutation=None if mutation in ("head_count", "mask_shape") else mutation)
+        model = Attention(
+            d_model, heads, mutation=None if mutation in ("head_count", "mask_shape") else mutation
+        )
     with pytest.raises(shapeguard.ShapeError) as info:
         shapeguard.trace(model, x, mask)
     assert info.value.kind == MUTATIONS[mutation], str(info.value)

@@ -9,7 +9,9 @@ def head_counts_that_work(d_model: int, limit: int = 12) -> str:
     return ", ".join(str(c) for c in counts)
 
 
-def divisibility_violation(d_attr: str, d_model: int, h_attr: str, heads: int, where: str = "") -> Violation:
+def divisibility_violation(
+    d_attr: str, d_model: int, h_attr: str, heads: int, where: str = ""
+) -> Violation:
     remainder = d_model % heads
     return Violation(
         "head_divisibility",

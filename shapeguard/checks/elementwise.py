@@ -4,10 +4,26 @@ from .. import _axes
 from .._errors import Violation
 
 _ARITHMETIC = {
-    "add": "+", "__add__": "+", "__radd__": "+", "__iadd__": "+", "add_": "+",
-    "sub": "-", "__sub__": "-", "__rsub__": "-", "__isub__": "-", "sub_": "-",
-    "mul": "*", "__mul__": "*", "__rmul__": "*", "__imul__": "*", "mul_": "*",
-    "div": "/", "__truediv__": "/", "__rtruediv__": "/", "__itruediv__": "/", "div_": "/",
+    "add": "+",
+    "__add__": "+",
+    "__radd__": "+",
+    "__iadd__": "+",
+    "add_": "+",
+    "sub": "-",
+    "__sub__": "-",
+    "__rsub__": "-",
+    "__isub__": "-",
+    "sub_": "-",
+    "mul": "*",
+    "__mul__": "*",
+    "__rmul__": "*",
+    "__imul__": "*",
+    "mul_": "*",
+    "div": "/",
+    "__truediv__": "/",
+    "__rtruediv__": "/",
+    "__itruediv__": "/",
+    "div_": "/",
 }
 OPS = (*_ARITHMETIC, "masked_fill", "masked_fill_", "where")
 
@@ -27,7 +43,11 @@ def check(call):
 
 def ref(label: str) -> str:
     """`mask` stays `mask`; `mask == 0` becomes `(mask == 0)`, so `.batch` can follow it."""
-    return label if label.replace("_", "").replace(".", "").replace("^", "").isalnum() else f"({label})"
+    return (
+        label
+        if label.replace("_", "").replace(".", "").replace("^", "").isalnum()
+        else f"({label})"
+    )
 
 
 def _base_name(label: str) -> str:
@@ -105,7 +125,12 @@ def _check_masked_fill(call):
         return
     target = tuple(x.shape)
     violation = _broadcast_violation(
-        call, "mask_broadcast", prefix, [(x_label, x), (mask_label, mask)], target, (mask_label, mask)
+        call,
+        "mask_broadcast",
+        prefix,
+        [(x_label, x), (mask_label, mask)],
+        target,
+        (mask_label, mask),
     )
     if violation is not None:
         yield violation
@@ -117,7 +142,9 @@ def _check_where(call):
         return
     cond = args[0]
     cond_label = call.label(0, "condition")
-    tensors = [(call.label(i, f"arg{i}"), a) for i, a in enumerate(args[1:3], start=1) if _is_tensor(a)]
+    tensors = [
+        (call.label(i, f"arg{i}"), a) for i, a in enumerate(args[1:3], start=1) if _is_tensor(a)
+    ]
     if not tensors:
         return
     value_label, value = max(tensors, key=lambda p: p[1].dim())
@@ -131,7 +158,9 @@ def _check_where(call):
         )
         return
     pairs = [(value_label, value), (cond_label, cond)] + [p for p in tensors if p[1] is not value]
-    violation = _broadcast_violation(call, "mask_broadcast", prefix, pairs, None, (cond_label, cond))
+    violation = _broadcast_violation(
+        call, "mask_broadcast", prefix, pairs, None, (cond_label, cond)
+    )
     if violation is not None:
         yield violation
 

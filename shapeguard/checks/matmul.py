@@ -41,7 +41,9 @@ def _out_prefix(call) -> str:
     return f"{labels[0]} = " if labels and labels[0] else ""
 
 
-def check_product(call, a, b, a_label: str, b_label: str, *, batched: bool = True, symbol: str = "@"):
+def check_product(
+    call, a, b, a_label: str, b_label: str, *, batched: bool = True, symbol: str = "@"
+):
     """Inner dim of `a @ b`, then its batch axes."""
     if a.dim() == 0 or b.dim() == 0:
         return
@@ -107,8 +109,10 @@ def _inner_hint(call, a, b, a_label: str, b_label: str) -> str:
     if b.dim() >= 2 and a_shape[-1] == b_shape[-1]:
         if b_label.endswith("^T"):
             return f"{b_label} is already [..., {call.axis(b, -2)}, {call.axis(b, -1)}]; drop the transpose"
-        what = f"{base} was not transposed" if call.role(b, b_label) == "K" else (
-            f"{b_label}'s last axis matches {a_label}'s"
+        what = (
+            f"{base} was not transposed"
+            if call.role(b, b_label) == "K"
+            else (f"{b_label}'s last axis matches {a_label}'s")
         )
         return f"{what}: use {a_label} @ {base}.transpose(-2, -1)"
     if a.dim() >= 2 and b.dim() >= 2 and a_shape[-2] == b_shape[-2]:
@@ -117,7 +121,10 @@ def _inner_hint(call, a, b, a_label: str, b_label: str) -> str:
     d_k = declared.get("d_k")
     if d_k is not None:
         attr, size = d_k
-        for label, value in ((a_label, a_shape[-1]), (b_label, b_shape[-2] if b.dim() >= 2 else b_shape[-1])):
+        for label, value in (
+            (a_label, a_shape[-1]),
+            (b_label, b_shape[-2] if b.dim() >= 2 else b_shape[-1]),
+        ):
             if value != size:
                 return (
                     f"{label} has {value} on the shared axis but the module declares "
@@ -130,7 +137,12 @@ def _linear_label(call) -> tuple[str, str]:
     """(layer label, input label) for F.linear, in the user's names."""
     site = call.site
     module = call.module
-    if site is not None and site.in_module and module is not None and type(module).__name__.endswith("Linear"):
+    if (
+        site is not None
+        and site.in_module
+        and module is not None
+        and type(module).__name__.endswith("Linear")
+    ):
         path = call.session.module_path(module)
         layer = path.rsplit(".", 1)[-1] if path else site.callee or "linear"
         x = _source.short_label(site.args[0]) if site.args and site.callee else "input"
@@ -227,7 +239,9 @@ def _check_einsum(call):
     if not args or not isinstance(args[0], str):
         return
     equation = args[0]
-    tensors = list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else list(args[1:])
+    tensors = (
+        list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else list(args[1:])
+    )
     if not all(_is_tensor(t) for t in tensors):
         return
     specs, _ = _parse_einsum(equation)

@@ -10,11 +10,31 @@ from .config import divisibility_violation
 OPS = ("multi_head_attention_forward",)
 
 _PARAMS = (
-    "query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias",
-    "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias",
-    "training", "key_padding_mask", "need_weights", "attn_mask", "use_separate_proj_weight",
-    "q_proj_weight", "k_proj_weight", "v_proj_weight", "static_k", "static_v",
-    "average_attn_weights", "is_causal",
+    "query",
+    "key",
+    "value",
+    "embed_dim_to_check",
+    "num_heads",
+    "in_proj_weight",
+    "in_proj_bias",
+    "bias_k",
+    "bias_v",
+    "add_zero_attn",
+    "dropout_p",
+    "out_proj_weight",
+    "out_proj_bias",
+    "training",
+    "key_padding_mask",
+    "need_weights",
+    "attn_mask",
+    "use_separate_proj_weight",
+    "q_proj_weight",
+    "k_proj_weight",
+    "v_proj_weight",
+    "static_k",
+    "static_v",
+    "average_attn_weights",
+    "is_causal",
 )
 
 
@@ -29,10 +49,10 @@ def _user_shape(t, batch_first: bool, names=("seq", "batch", "embed_dim")) -> st
     shape = list(t.shape)
     if t.dim() != 3:
         return str(shape)
-    (l_name, n_name, e_name), (l, n, e) = names, shape
+    (l_name, n_name, e_name), (length, n, e) = names, shape
     if batch_first:
-        return f"[{n_name}={n}, {l_name}={l}, {e_name}={e}]"
-    return f"[{l_name}={l}, {n_name}={n}, {e_name}={e}]"
+        return f"[{n_name}={n}, {l_name}={length}, {e_name}={e}]"
+    return f"[{l_name}={length}, {n_name}={n}, {e_name}={e}]"
 
 
 def check(call):
@@ -88,7 +108,9 @@ def check(call):
     bsz = query.shape[1] if batched else None
     src_len = key.shape[0]
     tgt_len = query.shape[0]
-    yield from _check_key_padding_mask(p.get("key_padding_mask"), bsz, src_len, operands, batch_first, layout)
+    yield from _check_key_padding_mask(
+        p.get("key_padding_mask"), bsz, src_len, operands, batch_first, layout
+    )
     yield from _check_attn_mask(p.get("attn_mask"), bsz, num_heads, tgt_len, src_len, operands)
 
 
@@ -138,7 +160,9 @@ def _check_attn_mask(mask, bsz, num_heads, tgt_len, src_len, operands):
         f"= [{(bsz or 1) * num_heads}, {tgt_len}, {src_len}]"
     )
     if mask.dim() == 3 and bsz is not None and actual == (bsz, tgt_len, src_len):
-        hint = f"a per-batch mask needs one copy per head: mask.repeat_interleave({num_heads}, dim=0)"
+        hint = (
+            f"a per-batch mask needs one copy per head: mask.repeat_interleave({num_heads}, dim=0)"
+        )
     elif mask.dim() == 4:
         hint = (
             "MultiheadAttention takes no 4-D mask; for padding pass key_padding_mask [batch, seq_k], "

@@ -48,7 +48,8 @@ def check(call):
             f"scaled_dot_product_attention: {lq}.{call.axis(q, -1)} ({q.shape[-1]}) != "
             f"{lk}.{call.axis(k, -1)} ({k.shape[-1]})",
             operands,
-            layout or f"{lq} and {lk} must share their head size (the last axis); check the projections",
+            layout
+            or f"{lq} and {lk} must share their head size (the last axis); check the projections",
         )
         return
     if k.shape[-2] != v.shape[-2]:
@@ -159,7 +160,7 @@ def _check_mask(call, p, q, k, lq):
     target = (*q.shape[:-1], k.shape[-2])
     result = _axes.broadcast_shapes(tuple(mask.shape), target)
     if result != target:
-        names = ("batch", "heads", "seq_q", "seq_k")[-len(target):] if len(target) <= 4 else None
+        names = ("batch", "heads", "seq_q", "seq_k")[-len(target) :] if len(target) <= 4 else None
         spelled = (
             ", ".join(f"{n}={s}" for n, s in zip(names, target, strict=True))
             if names

@@ -21,7 +21,9 @@ def check(call):
     label = call.label(0, "input")
     role = call.role(x, label)
     name = axes[dim] if axes else None
-    keys_axis = next((i for i, n in enumerate(axes) if n == "seq_k"), ndim - 1) if axes else ndim - 1
+    keys_axis = (
+        next((i for i, n in enumerate(axes) if n == "seq_k"), ndim - 1) if axes else ndim - 1
+    )
     looks_like_scores = role == "scores" or (axes and "seq_k" in axes and "seq_q" in axes)
     wrong = (name in _WRONG_AXES and looks_like_scores) or (
         name is None and role == "scores" and dim != ndim - 1

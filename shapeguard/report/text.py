@@ -8,8 +8,16 @@ from .._roles import ROLES
 # Ops that make or combine attention tensors, shown even when no role was found.
 ATTENTION_OPS = frozenset(
     {
-        "matmul", "bmm", "baddbmm", "einsum", "softmax", "masked_fill", "masked_fill_",
-        "scaled_dot_product_attention", "multi_head_attention_forward", "where",
+        "matmul",
+        "bmm",
+        "baddbmm",
+        "einsum",
+        "softmax",
+        "masked_fill",
+        "masked_fill_",
+        "scaled_dot_product_attention",
+        "multi_head_attention_forward",
+        "where",
     }
 )
 
@@ -47,7 +55,9 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def render_table(trace, *, width: int | None = 150, color: bool = False, all_ops: bool = False) -> str:
+def render_table(
+    trace, *, width: int | None = 150, color: bool = False, all_ops: bool = False
+) -> str:
     """The trace as a table, then its findings; plain text unless `color`."""
     from rich.console import Console
     from rich.table import Table
@@ -55,9 +65,14 @@ def render_table(trace, *, width: int | None = 150, color: bool = False, all_ops
 
     table = Table(title="shapeguard trace", title_justify="left", show_lines=False)
     for header, style, wrap in (
-        ("#", "dim", False), ("module", "cyan", False), ("op", "", False),
-        ("tensor", "bold", False), ("shape", "green", False), ("dtype", "dim", False),
-        ("bytes", "dim", False), ("line", "dim", True),
+        ("#", "dim", False),
+        ("module", "cyan", False),
+        ("op", "", False),
+        ("tensor", "bold", False),
+        ("shape", "green", False),
+        ("dtype", "dim", False),
+        ("bytes", "dim", False),
+        ("line", "dim", True),
     ):
         # The shape column never wraps: it is the point of the table.
         table.add_column(
@@ -71,8 +86,12 @@ def render_table(trace, *, width: int | None = 150, color: bool = False, all_ops
         table.add_row(*(Text(cell) for cell in row))
     buffer = io.StringIO()
     console = Console(
-        file=buffer, width=width, color_system="auto" if color else None, force_terminal=color,
-        no_color=not color, legacy_windows=False,
+        file=buffer,
+        width=width,
+        color_system="auto" if color else None,
+        force_terminal=color,
+        no_color=not color,
+        legacy_windows=False,
     )
     console.print(table)
     summary = (

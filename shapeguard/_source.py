@@ -8,27 +8,33 @@ every expression site is cached, so the cost after the first call is a lookup.
 """
 
 import ast
+import functools
+import importlib.util
 import linecache
 import os
 import sys
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
-import shapeguard
 
-_SKIP_DIRS: tuple[str, ...] = ()
+_SKIP_PACKAGES = ("torch", "jaxtyping", "beartype", "typing_extensions", "shapeguard")
 
 
+@functools.lru_cache(maxsize=1)
 def _skip_dirs() -> tuple[str, ...]:
-    global _SKIP_DIRS
-    if not _SKIP_DIRS:
-        dirs = [os.path.dirname(shapeguard.__file__)]
-        for name in ("torch", "jaxtyping", "beartype", "typing_extensions"):
-            mod = sys.modules.get(name)
-            if mod is not None and getattr(mod, "__file__", None):
-                dirs.append(os.path.dirname(mod.__file__))
-        _SKIP_DIRS = tuple(d + os.sep for d in dirs)
-    return _SKIP_DIRS
+    """Folders of the packages whose frames are never the user's: found without importing them."""
+    dirs = []
+    for name in _SKIP_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.origin:
+            continue
+        # A package is skipped by folder; a single-module distribution by its own file.
+        is_package = bool(spec.submodule_search_locations)
+        dirs.append(os.path.dirname(spec.origin) + os.sep if is_package else spec.origin)
+    return tuple(dirs)
 
 
 def _is_internal(filename: str) -> bool:
@@ -53,12 +59,18 @@ class Site:
         return f"{display_path(self.filename)}:{self.lineno}"
 
 
+@functools.lru_cache(maxsize=1024)
 def display_path(filename: str) -> str:
+    """The path relative to the working directory when it is below it, else as it is."""
     try:
         rel = os.path.relpath(filename)
     except ValueError:
         return filename
     return filename if rel.startswith("..") else rel
+
+
+# Frames of torch's own nn.Module forwards: an op there ran inside a module the user called.
+_TORCH_MODULES = os.sep + os.path.join("torch", "nn", "modules") + os.sep
 
 
 def user_site() -> Site | None:
@@ -69,7 +81,7 @@ def user_site() -> Site | None:
         filename = frame.f_code.co_filename
         if not _is_internal(filename):
             return _site_for(frame.f_code, frame.f_lasti, in_module)
-        if not in_module and os.sep + "modules" + os.sep in filename and "nn" in filename:
+        if not in_module and _TORCH_MODULES in filename:
             in_module = True
         frame = frame.f_back
     return None

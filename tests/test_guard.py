@@ -331,3 +331,20 @@ def test_sdpa_users_are_checked_inside_guarded_module():
         "q looks like [batch, seq, heads, d_k] (heads=3 on axis 2); SDPA wants "
         "[batch, heads, seq, d_k]: pass q.transpose(1, 2) (and the same for k and v)"
     )
+
+
+def test_guard_changes_no_user_state_rng_mode_or_weights():
+    layer = nn.TransformerEncoderLayer(D, H, dim_feedforward=17, dropout=0.25, batch_first=True)
+    x = torch.randn(B, SQ, D)
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    torch.manual_seed(7)
+    expected = layer(x)
+    rng_after_plain = torch.get_rng_state()
+    shapeguard.guard(layer)
+    torch.manual_seed(7)
+    actual = layer(x)  # train mode: dropout draws from the RNG
+    assert torch.equal(actual, expected)
+    assert torch.equal(torch.get_rng_state(), rng_after_plain)
+    assert layer.training
+    assert all(torch.equal(v, state[k]) for k, v in layer.state_dict().items())
+    shapeguard.unguard(layer)

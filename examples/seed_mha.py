@@ -11,7 +11,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from jaxtyping import Bool, Float
+from torch import Tensor, nn
 
 import shapeguard
 
@@ -30,7 +31,11 @@ class MultiHeadAttention(nn.Module):
         self.W_v = nn.Linear(d_model, d_model)
         self.out = nn.Linear(d_model, d_model)
 
-    def forward(self, x, mask=None):
+    def forward(
+        self,
+        x: Float[Tensor, "batch seq d_model"],
+        mask: Bool[Tensor, "batch 1 seq seq"] | None = None,
+    ) -> Float[Tensor, "batch seq d_model"]:
         batch_size = x.size(0)
         # [batch, seq, d_model] -> [batch, heads, seq, d_k]
         Q = self.W_q(x).view(batch_size, -1, self.n_heads, self.d_k).transpose(1, 2)

@@ -1,9 +1,11 @@
 """`guard` and `unguard`: checks on every forward of a module, with two hooks.
 
 A guarded module gets one forward pre-hook (with kwargs) and one forward hook
-(`always_call=True`). The pre-hook opens a session when none is open, and the
-hook closes it, also when forward raises. Nothing else of the module changes:
-outputs are returned as they are, and `unguard` removes exactly those hooks.
+(`always_call=True`). The pre-hook checks the forward's shape contract (its
+jaxtyping annotations, see `_contracts`) and opens a session when none is open;
+the hook checks the return value and closes the session, also when forward
+raises. Nothing else of the module changes: outputs are returned as they are,
+and `unguard` removes exactly those hooks.
 """
 
 import functools
@@ -20,27 +22,49 @@ class GuardOptions:
     mode: str = "raise"
     strict: bool = False
     check: str = "every"
+    ops: bool = True
 
 
 @dataclass(slots=True)
 class _GuardState:
     options: GuardOptions
     handles: list = field(default_factory=list)
+    contract: object = None  # the forward's compiled contract, or None
+    bound: object = None  # dims the module's attributes bind (`_contracts.Bindings`)
+    # check="first": input signatures already checked. Per instance, not per class,
+    # because attribute-bound dims (d_model, n_heads) differ between instances.
+    seen: dict = field(default_factory=dict)
 
 
 _guarded: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _last_traces: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def guard(target=None, *, mode: str = "raise", strict: bool = False, check: str = "every"):
+def guard(
+    target=None,
+    *,
+    mode: str = "raise",
+    strict: bool = False,
+    check: str = "every",
+    ops: bool = True,
+):
     """Check every forward of a module class or instance.
+
+    A forward annotated with jaxtyping (`x: Float[Tensor, "batch seq d_model"]`) is held
+    to those annotations on each call: arguments, keyword arguments and the return
+    value, with dims named like a module attribute (`d_model`, `n_heads`, `d_k`, ...)
+    bound to that attribute. A malformed annotation is a `ContractError` here.
 
     Args:
         target: an `nn.Module` subclass (used as `@guard`) or instance (guarded in place
             and returned). Omit it to get a decorator: `@guard(mode="warn")`.
         mode: "raise" (a `ShapeError` before torch fails) or "warn" (a `ShapeWarning`).
         strict: turn ShapeWarnings (legal but suspicious code) into errors.
-        check: "every" call, or "first" call per distinct input-shape signature.
+        check: "every" call, or "first" call per distinct input-shape signature (shapes
+            and dtypes of the tensor arguments, per instance); later calls with a seen
+            signature cost one dictionary lookup and run unchecked.
+        ops: also check every tensor op inside forward (the default). `ops=False` keeps
+            only the contract on the forward's boundary: the cheap setting for training.
 
     Returns:
         The class or the instance, guarded.
@@ -54,7 +78,9 @@ def guard(target=None, *, mode: str = "raise", strict: bool = False, check: str 
         shapeguard.ShapeError: Linear = Linear(in_features=3) got input with 5 features
         ...
     """
-    options = GuardOptions(_config.validate_mode(mode), bool(strict), _validate_check(check))
+    options = GuardOptions(
+        _config.validate_mode(mode), bool(strict), _validate_check(check), bool(ops)
+    )
     if target is None:
         return functools.partial(_apply, options=options)
     return _apply(target, options=options)
@@ -77,14 +103,25 @@ def _apply(target, *, options: GuardOptions):
         return _guard_class(target, options)
     if isinstance(target, torch.nn.Module):
         _check_config(target)
-        _install(target, options)
+        _install(target, options, _compile_forward(type(target)))
         return target
     raise ContractError(
         f"shapeguard.guard takes an nn.Module class or instance, not {type(target).__name__}"
     )
 
 
+def _compile_forward(cls):
+    """The contract of `cls.forward`, compiled now so a malformed annotation fails here."""
+    from . import _contracts
+
+    forward = getattr(cls, "forward", None)
+    if forward is None or not callable(forward):
+        return None
+    return _contracts.compile_contract(forward, method=True)
+
+
 def _guard_class(cls, options: GuardOptions):
+    _compile_forward(cls)
     original_init = cls.__init__
     if getattr(original_init, "__shapeguard_wrapped__", False):
         original_init = original_init.__wrapped__
@@ -98,7 +135,7 @@ def _guard_class(cls, options: GuardOptions):
         if type(self) is cls or not _has_guarded_base_below(type(self), cls):
             if _config.is_enabled():
                 _check_config(self)
-            _install(self, options)
+            _install(self, options, _compile_forward(type(self)))
 
     __init__.__shapeguard_wrapped__ = True
     cls.__init__ = __init__
@@ -179,11 +216,16 @@ def _check_config(module) -> None:
         )
 
 
-def _install(module, options: GuardOptions) -> None:
+def _install(module, options: GuardOptions, contract=None) -> None:
     if module in _guarded:
         _guarded[module].options = options
         return
     state = _GuardState(options)
+    if contract is not None:
+        from . import _contracts
+
+        state.contract = contract
+        state.bound = _contracts.bind_attributes(contract, module)
     state.handles = [
         module.register_forward_pre_hook(_pre_hook, with_kwargs=True),
         module.register_forward_hook(_post_hook, with_kwargs=True, always_call=True),
@@ -209,45 +251,121 @@ def last_trace(module):
     return _last_traces.get(module)
 
 
-def _compiling() -> bool:
-    import torch
+_runtime = None
 
-    return torch.compiler.is_compiling()
+
+def _load_runtime():
+    """The torch-side helpers, imported on the first hook call (`import shapeguard` stays
+    free of torch) and kept in a global so each later call pays no import."""
+    global _runtime
+    if _runtime is None:
+        from . import _contracts
+
+        _runtime = _contracts
+    return _runtime
+
+
+def _compiling() -> bool:
+    return (_runtime or _load_runtime()).is_compiling()
 
 
 def _pre_hook(module, args, kwargs):
     __tracebackhide__ = True
-    if _compiling() or not _config.is_enabled():
+    rt = _runtime or _load_runtime()
+    # Under torch.compile everything steps aside: jaxtyping + beartype give false
+    # positives there, and the session's mode would break the graph.
+    if rt.is_compiling() or not _config.is_enabled():
         return None
-    from ._record import Trace
-    from ._session import current_session, open_session
-
     state = _guarded.get(module)
     if state is None:
         return None
+    options = state.options
+    key = None
+    if options.check == "first":
+        key = rt.signature_key(args, kwargs)
+        if key in state.seen:
+            return None
+    from ._session import current_session, open_session
+
+    contract = state.contract
+    call = None
+    if key is not None or (contract is not None and contract.returns is not None):
+        # Popped by _post_hook, which runs also when this hook or forward raises.
+        call = rt.push_call(module, key)
     session = current_session()
-    if session is None:
-        trace = Trace(mode=state.options.mode, strict=state.options.strict)
-        session = open_session(trace, root=module)
-        session.owner = module
-        session.owner_depth = 1
-        _last_traces[module] = trace
-        session.enter_module(module, args, kwargs)
-    elif session.owner is module:
-        session.owner_depth += 1
+    if options.ops:
+        if session is None:
+            from ._record import Trace
+
+            trace = Trace(mode=options.mode, strict=options.strict)
+            session = open_session(trace, root=module)
+            session.owner = module
+            session.owner_depth = 1
+            _last_traces[module] = trace
+            session.enter_module(module, args, kwargs)
+        elif session.owner is module:
+            session.owner_depth += 1
+    if contract is None:
+        return None
+    mode = session.trace.mode if session is not None else options.mode
+    single, variadic = rt.check_arguments(
+        contract,
+        state.bound,
+        module,
+        args,
+        kwargs,
+        mode=mode,
+        session=session,
+        where=rt.module_description(module, session),
+    )
+    if call is not None:
+        call.single, call.variadic = single, variadic
+    if session is not None:
+        rt.name_inputs(session, contract, single, args, kwargs)
     return None
 
 
 def _post_hook(module, args, kwargs, output):
-    if _compiling():
+    __tracebackhide__ = True
+    rt = _runtime or _load_runtime()
+    if rt.is_compiling():
         return None
     from ._session import close_session, current_session
 
-    session = current_session()
-    if session is None or session.owner is not module:
-        return None
-    session.owner_depth -= 1
-    if session.owner_depth <= 0:
-        session.exit_module(module)
-        close_session(session)
+    try:
+        call = rt.pop_call(module)
+        if call is not None and not rt.forward_raised(call, output):
+            _finish_call(rt, module, call, output)
+    finally:
+        session = current_session()
+        if session is not None and session.owner is module:
+            session.owner_depth -= 1
+            if session.owner_depth <= 0:
+                session.exit_module(module)
+                close_session(session)
     return None
+
+
+def _finish_call(rt, module, call, output) -> None:
+    """Check the return value, then remember the signature for check="first"."""
+    __tracebackhide__ = True
+    from ._session import current_session
+
+    state = _guarded.get(module)
+    if state is None:
+        return
+    contract = state.contract
+    if contract is not None and contract.returns is not None and call.single is not None:
+        session = current_session()
+        mode = session.trace.mode if session is not None else state.options.mode
+        rt.check_return(
+            contract,
+            module,
+            call,
+            output,
+            mode=mode,
+            session=session,
+            where=rt.module_description(module, session),
+        )
+    if call.key is not None:
+        rt.remember(state.seen, call.key)

@@ -435,7 +435,7 @@ class Session:
         if not outputs:
             return
         args = call.args
-        in_tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        in_tensors = _tensors_of_args(args)  # cat/stack take a list of tensors
         in_tensors += [v for v in call.kwargs.values() if isinstance(v, torch.Tensor)]
         in_metas = [self.metas.get(t) for t in in_tensors]
         in_shapes = [tuple(t.shape) for t in in_tensors]
@@ -453,14 +453,24 @@ class Session:
             if label is None and call.op in ("transpose", "mT") and first_label:
                 label = first_label + "^T"
             axes = _meta.output_axes(
-                call.op, args, call.kwargs, in_shapes, in_axes, tuple(tensor.shape), self.vocab
-            ) if k == 0 else self.vocab.guess(tuple(tensor.shape))
+                call.op,
+                args,
+                call.kwargs,
+                in_shapes,
+                in_axes,
+                tuple(tensor.shape),
+                self.vocab,
+                call.declared,
+            )
+            buffer, sliced = _meta.buffer_origin(call.op, in_tensors, in_metas, self.module_stack)
             self.metas[tensor] = TensorMeta(
                 label=label,
                 role=_meta.role_for(label, call.op, in_roles),
                 axes=axes,
                 op=call.op,
                 transposed=call.op in ("transpose", "permute", "mT", "T", "swapaxes"),
+                buffer=buffer,
+                sliced=sliced,
             )
         trace = self.trace
         if len(trace.events) >= trace.max_events:
@@ -496,6 +506,17 @@ class Session:
         if len(site.targets) == count:
             return site.targets
         return (site.targets[0],) if len(site.targets) == 1 else ()
+
+
+def _tensors_of_args(args: tuple) -> list:
+    """Tensor arguments, and the tensors of a list argument (torch.cat((a, b)))."""
+    found = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, tuple | list):
+            found.extend(t for t in a if isinstance(t, torch.Tensor))
+    return found
 
 
 def _tensors_of(out) -> list:

@@ -14,7 +14,10 @@ from .._errors import Violation
 
 Checker = Callable[..., Iterator[Violation]]
 
-FAMILIES = ("matmul", "heads_view", "elementwise", "softmax", "sdpa", "mha")
+FAMILIES = (
+    "matmul", "heads_view", "elementwise", "softmax", "sdpa", "mha",
+    "layout", "mask_semantics",
+)
 
 _REGISTRY: dict[str, tuple[Checker, ...]] | None = None
 

@@ -1,0 +1,509 @@
+"""Masks that broadcast and still hide the wrong positions.
+
+Every way of masking scores (masked_fill with a large negative value, where with
+one, an additive float mask, SDPA's attn_mask, nn.MultiheadAttention's attn_mask
+and key_padding_mask) is reduced to one boolean tensor, `hidden`, True where a
+key is hidden from a query, aligned to the scores `[..., seq_q, seq_k]`. The
+rules read that tensor's pattern:
+
+- polarity: the inverse of a causal triangle, or a padding mask that hides the
+  real tokens (some row hides every key) -- True meant "keep" where the op reads
+  "hide", or the reverse;
+- direction: a triangle that hides the past instead of the future;
+- role: a `[batch, seq]` padding mask that lines up with `[seq_q, seq_k]` only
+  because batch == seq_q, or a mask that varies along the queries only;
+- rows that hide every key (NaN in nn.MultiheadAttention and after softmax of
+  -inf, zeros from SDPA);
+- a causal buffer used whole, which fits only one sequence length;
+- SDPA's is_causal with seq_q != seq_k, which aligns the triangle top-left.
+
+Values are read only from small CPU tensors (never on meta), and messages give
+positions and counts, never values.
+"""
+
+from dataclasses import dataclass
+
+from .. import _axes
+from .._errors import Violation
+from .elementwise import ref
+
+OPS = (
+    "masked_fill", "masked_fill_", "where", "add", "__add__", "__radd__", "add_", "__iadd__",
+    "scaled_dot_product_attention", "multi_head_attention_forward",
+)
+
+# A fill value at or below this hides a key (−1e9, finfo.min and −inf all do).
+_HIDING = -1e4
+_MAX_VALUES = 1 << 24
+_ADDS = ("add", "__add__", "__radd__", "add_", "__iadd__")
+
+
+@dataclass(slots=True)
+class _Use:
+    """One mask as an op applies it."""
+
+    op: str  # how the message names the op
+    label: str  # the user's name for the mask
+    mask: object  # the mask tensor as given
+    hidden: object  # bool tensor, True = hidden, right-aligned to len(target) axes
+    target: tuple[int, ...]  # the scores' shape [..., seq_q, seq_k]
+    kind: str  # "keep" (True attends: SDPA), "hide" (True hides), "fill", "where", "add"
+    effect: str  # what a row that hides every key gives
+
+
+def check(call):
+    import torch
+
+    with torch.no_grad():
+        found = False
+        for use in _uses(call):
+            if use.kind == "combined" and found:
+                break  # the rows are empty because of what was reported already
+            for violation in _findings(call, use):
+                found = True
+                yield violation
+        if call.op == "scaled_dot_product_attention":
+            yield from _check_is_causal(call)
+
+
+# -- reading values ------------------------------------------------------------------
+def _readable(t) -> bool:
+    """A plain CPU tensor small enough to read: never meta, fake or on an accelerator."""
+    return (
+        hasattr(t, "device")
+        and type(t).__name__ in ("Tensor", "Parameter", "Buffer")
+        and t.device.type == "cpu"
+        and t.numel() <= _MAX_VALUES
+    )
+
+
+def _scalar(value) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hasattr(value, "numel") and value.numel() == 1 and _readable(value):
+        return float(value.detach().reshape(()).item())
+    return None
+
+
+def _aligned(hidden, ndim: int):
+    """`hidden` with leading size-1 axes, so it lines up with a target of `ndim` axes."""
+    while hidden.dim() < ndim:
+        hidden = hidden.unsqueeze(0)
+    return hidden
+
+
+def _fits(shape, target) -> bool:
+    return len(shape) <= len(target) and _axes.broadcast_shapes(tuple(shape), target) == target
+
+
+# -- the mask of each op -------------------------------------------------------------------
+def _uses(call):
+    op = call.op
+    args = call.args
+    if op in ("masked_fill", "masked_fill_"):
+        if len(args) < 3 or not hasattr(args[1], "dtype"):
+            return
+        x, mask = args[0], args[1]
+        fill = _scalar(args[2])
+        if fill is None or fill > _HIDING or mask.dtype.is_floating_point or x.dim() < 2:
+            return
+        if str(mask.dtype) != "torch.bool" or not _fits(mask.shape, tuple(x.shape)):
+            return
+        if _builds_a_mask(call, x):
+            return
+        if _readable(mask):
+            effect = "softmax gives NaN there" if fill == float("-inf") else (
+                "softmax spreads those rows evenly over every key, hidden ones included"
+            )
+            yield _Use("masked_fill", call.label(1, "mask"), mask, mask, tuple(x.shape), "fill", effect)
+    elif op == "where":
+        yield from _where_use(call)
+    elif op in _ADDS:
+        yield from _additive_use(call)
+    elif op == "scaled_dot_product_attention":
+        yield from _sdpa_use(call)
+    elif op == "multi_head_attention_forward":
+        yield from _mha_uses(call)
+
+
+_FACTORIES = frozenset(
+    {"zeros", "zeros_like", "new_zeros", "full", "full_like", "new_full", "ones", "ones_like",
+     "empty", "empty_like", "new_empty", "to", "float", "type_as"}
+)
+
+
+def _builds_a_mask(call, x) -> bool:
+    """masked_fill on a fresh tensor builds a float mask (torch's own _canonical_mask does
+    this inside nn.MultiheadAttention); the mask is checked where it is applied."""
+    meta = call.meta(x)
+    if meta is None and call.module is not None:
+        return type(call.module).__module__.startswith("torch.nn")
+    return meta is not None and meta.op in _FACTORIES and meta.role in (None, "mask")
+
+
+def _where_use(call):
+    args = call.args
+    if len(args) < 3 or not hasattr(args[0], "dtype") or str(args[0].dtype) != "torch.bool":
+        return
+    cond, a, b = args[0], args[1], args[2]
+    values = [(a, _scalar(a)), (b, _scalar(b))]
+    scores = [v for v, s in values if hasattr(v, "shape") and s is None]
+    if len(scores) != 1 or scores[0].dim() < 2 or not _readable(cond):
+        return
+    target = tuple(scores[0].shape)
+    if not _fits(cond.shape, target):
+        return
+    if values[1][1] is not None and values[1][1] <= _HIDING:
+        hidden = ~cond
+    elif values[0][1] is not None and values[0][1] <= _HIDING:
+        hidden = cond
+    else:
+        return
+    yield _Use("torch.where", call.label(0, "mask"), cond, hidden, target, "where", "softmax gives NaN there")
+
+
+def _additive_use(call):
+    args = call.args
+    if len(args) < 2 or not (hasattr(args[0], "dtype") and hasattr(args[1], "dtype")):
+        return
+    pairs = ((args[0], args[1], 1), (args[1], args[0], 0))
+    for scores, mask, index in pairs:
+        label = call.label(index, "mask")
+        roles = (call.role(mask, label), call.role(scores, call.label(1 - index, "scores")))
+        if roles[0] != "mask" and roles[1] not in ("scores", "attn"):
+            continue
+        if not mask.is_floating_point() or scores.dim() < 2 or not _readable(mask):
+            continue
+        target = tuple(scores.shape)
+        if mask.dim() < 2 or not _fits(mask.shape, target):
+            continue
+        hidden = mask <= _HIDING
+        # An additive mask is 0 where a key is kept; anything else is a bias (ALiBi, ...).
+        if not bool(((mask == 0) | hidden).all()):
+            continue
+        yield _Use("scores + mask", label, mask, hidden, target, "add", "softmax gives NaN there")
+        return
+
+
+def _sdpa_use(call):
+    names = ("query", "key", "value", "attn_mask")
+    p = dict(zip(names, call.args, strict=False))
+    p.update({k: v for k, v in call.kwargs.items() if k in names})
+    q, k, mask = p.get("query"), p.get("key"), p.get("attn_mask")
+    if not all(hasattr(t, "shape") for t in (q, k, mask)) or q.dim() < 2 or not _readable(mask):
+        return
+    target = (*q.shape[:-1], k.shape[-2])
+    if not _fits(mask.shape, target) or call.kwargs.get("is_causal"):
+        return
+    label = call.label(3, "attn_mask") if len(call.args) > 3 else "attn_mask"
+    if str(mask.dtype) == "torch.bool":
+        yield _Use("scaled_dot_product_attention", label, mask, ~mask, target, "keep",
+                   "SDPA returns zeros for them")
+    elif mask.is_floating_point():
+        yield _Use("scaled_dot_product_attention", label, mask, mask <= _HIDING, target, "add",
+                   "SDPA returns NaN or zeros for them")
+
+
+_MHA_PARAMS = (
+    "query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias",
+    "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias",
+    "training", "key_padding_mask", "need_weights", "attn_mask",
+)
+
+
+def _mha_uses(call):
+    p = dict(zip(_MHA_PARAMS, call.args, strict=False))
+    p.update(call.kwargs)
+    query, key, heads = p.get("query"), p.get("key"), p.get("num_heads")
+    if not (hasattr(query, "shape") and hasattr(key, "shape") and isinstance(heads, int)):
+        return
+    if query.dim() != 3 or key.dim() != 3 or p.get("bias_k") is not None or p.get("add_zero_attn"):
+        return
+    tgt, batch, src = int(query.shape[0]), int(query.shape[1]), int(key.shape[0])
+    target = (batch, heads, tgt, src)
+    effect = "nn.MultiheadAttention returns NaN for them"
+    hidden = None
+    am, kpm = p.get("attn_mask"), p.get("key_padding_mask")
+    if hasattr(am, "shape") and _readable(am):
+        h = am if str(am.dtype) == "torch.bool" else am <= _HIDING
+        if am.dim() == 3 and tuple(am.shape) == (batch * heads, tgt, src):
+            h = h.reshape(batch, heads, tgt, src)
+        elif tuple(am.shape) != (tgt, src):
+            return  # the mha family reports the shape
+        yield _Use("MultiheadAttention", "attn_mask", am, _aligned(h, 4), target, "hide", effect)
+        hidden = _aligned(h, 4)
+    if hasattr(kpm, "shape") and _readable(kpm):
+        if tuple(kpm.shape) != (batch, src):
+            return
+        h = (kpm if str(kpm.dtype) == "torch.bool" else kpm <= _HIDING)[:, None, None, :]
+        yield _Use("MultiheadAttention", "key_padding_mask", kpm, h, target, "hide", effect)
+        hidden = h if hidden is None else hidden | h
+    if hidden is not None:
+        # Rows the two masks hide together.
+        yield _Use("MultiheadAttention", "attn_mask | key_padding_mask", None, hidden, target,
+                   "combined", effect)
+
+
+# -- the rules -------------------------------------------------------------------------
+def _findings(call, use: _Use):
+    hidden = _aligned(use.hidden, len(use.target))
+    if hidden.dim() != len(use.target) or len(use.target) < 2:
+        return
+    if use.kind == "combined":
+        violation = _fully_masked(call, use, hidden)
+        if violation is not None:
+            yield violation
+        return
+    sq, sk = use.target[-2:]
+    hq, hk = hidden.shape[-2:]
+    triangle = _triangle(hidden) if (hq, hk) == (sq, sk) and sq > 1 and sk > 1 else None
+    buffer = _unsliced_buffer(call, use, triangle)
+    if buffer is not None:
+        yield buffer
+    if triangle in ("inverse", "past"):
+        yield _triangle_violation(call, use, triangle)
+        return
+    if triangle == "causal":
+        return
+    for rule in (_padding_polarity, _batch_as_query, _query_axis):
+        violation = rule(call, use, hidden)
+        if violation is not None:
+            yield violation
+            return
+    if use.kind in ("hide", "keep") and use.op == "MultiheadAttention":
+        return  # the combined use reports rows of nn.MultiheadAttention
+    violation = _fully_masked(call, use, hidden)
+    if violation is not None:
+        yield violation
+
+
+def _triangle(hidden) -> str | None:
+    """"causal" (j > i), "inverse" (j <= i) or "past" (j < i), for every slice alike;
+    the diagonal is offset by seq_k - seq_q too (queries at the end, as with a cache)."""
+    import torch
+
+    sq, sk = hidden.shape[-2:]
+    slices = hidden.reshape(-1, sq, sk)
+    step = torch.arange(sk)[None, :] - torch.arange(sq)[:, None]
+    for offset in sorted({0, sk - sq}):
+        for name, pattern in (
+            ("causal", step > offset),
+            ("inverse", step <= offset),
+            ("past", step < offset),
+        ):
+            if bool((slices == pattern).all()):
+                return name
+    return None
+
+
+def _operands(call, use: _Use):
+    return (call.operand(use.label, use.mask),) if use.mask is not None else ()
+
+
+def _inverse(label: str) -> str:
+    """The spelling of a mask's negation: `mask == 0` for `mask == 1`, `~mask` for `mask`."""
+    for a, b in ((" == 0", " != 0"), (" != 0", " == 0"), (" == 1", " == 0"), (" > 0", " == 0")):
+        if label.endswith(a):
+            return label[: -len(a)] + b
+    return label[1:] if label.startswith("~") else f"~{ref(label)}"
+
+
+def _triangle_violation(call, use: _Use, triangle: str) -> Violation:
+    if triangle == "inverse":
+        what = "hides each query's own position and every earlier one, and keeps the future"
+        reads = {
+            "keep": "SDPA keeps the keys where a bool attn_mask is True",
+            "hide": "nn.MultiheadAttention hides the keys where attn_mask is True (or -inf)",
+            "fill": "masked_fill fills (hides) where the mask is True",
+            "where": "torch.where keeps the scores where the condition is True",
+            "add": "the additive mask is -inf where keys are hidden",
+        }[use.kind]
+        fix = (
+            f"pass {_inverse(use.label)}"
+            if use.kind != "add"
+            else "use torch.full((seq, seq), float('-inf')).triu(1), -inf above the diagonal"
+        )
+        return Violation(
+            "mask_polarity",
+            f"{use.op}: {use.label} {what}: it is the inverse of a causal mask",
+            _operands(call, use),
+            f"{reads}; a causal mask hides the keys after each query: {fix}",
+            severity="warning",
+        )
+    return Violation(
+        "mask_direction",
+        f"{use.op}: {use.label} hides the past instead of the future: each query sees "
+        "itself and later keys only",
+        _operands(call, use),
+        "tril and triu are swapped: a causal mask hides key j from query i when j > i, "
+        "e.g. torch.ones(seq, seq, dtype=torch.bool).triu(1) marks the positions to hide",
+        severity="warning",
+    )
+
+
+def _rows(hidden):
+    """Rows along the key axis, one per (batch, head, query) slice the mask holds."""
+    return hidden.reshape(-1, hidden.shape[-1])
+
+
+def _monotone(rows) -> bool:
+    """Each row hides a prefix or each row hides a suffix (the shape of padding)."""
+    as_int = rows.to("cpu").int()
+    if rows.shape[-1] < 2:
+        return False
+    steps = as_int[:, 1:] - as_int[:, :-1]
+    return bool((steps <= 0).all()) or bool((steps >= 0).all())
+
+
+def _padding_polarity(call, use: _Use, hidden) -> Violation | None:
+    """A padding mask (varies along keys only) that hides every key of some example:
+    it hides the real tokens and keeps the padding."""
+    if hidden.shape[-2] != 1 or use.target[-1] < 2 or hidden.shape[-1] != use.target[-1]:
+        return None
+    rows = _rows(hidden)
+    full = rows.all(-1)
+    varied = rows.any(-1) & ~full
+    # Right padding is the usual layout: a mask that hides a prefix of every padded row
+    # and every key of some unpadded row has its polarity inverted. (A correct mask that
+    # hides all of an empty sequence hides a suffix of the others.)
+    steps = rows.int()[:, 1:] - rows.int()[:, :-1]
+    if not (bool(full.any()) and bool(varied.any()) and bool((steps <= 0).all())):
+        return None
+    reads = {
+        "keep": "SDPA keeps the keys where a bool attn_mask is True (the opposite of "
+        "nn.MultiheadAttention's key_padding_mask)",
+        "hide": "key_padding_mask is True where a key is padding",
+        "fill": "masked_fill hides where the mask is True",
+        "where": "torch.where keeps the scores where the condition is True",
+        "add": "an additive mask is -inf where a key is padding",
+    }[use.kind]
+    marks = {
+        "keep": "its True marks padding",
+        "where": "its True marks padding",
+        "add": "its -inf marks the real tokens",
+    }.get(use.kind, "its True marks the real tokens")
+    return Violation(
+        "mask_polarity",
+        f"{use.op}: {use.label} hides every key of {int(full.sum())} example(s) and keeps the "
+        f"padding of the others: {marks}",
+        _operands(call, use),
+        f"{reads}: pass {_inverse(use.label)}",
+        severity="warning",
+    )
+
+
+def _batch_as_query(call, use: _Use, hidden) -> Violation | None:
+    """A [batch, seq_k] padding mask read as [seq_q, seq_k] because batch == seq_q."""
+    target = use.target
+    if use.mask is None or len(target) < 3 or use.mask.dim() != 2:
+        return None
+    batch, sq = target[0], target[-2]
+    if batch < 2 or tuple(use.mask.shape)[0] != batch or batch != sq:
+        return None
+    rows = _rows(hidden)
+    if not _monotone(rows) or bool((rows == rows[:1]).all()):
+        return None
+    visible = (~rows).sum(-1)
+    if bool((visible[1:] >= visible[:-1]).all()):
+        return None  # widening rows: a prefix-LM or block-causal mask, not padding
+    return Violation(
+        "mask_axis",
+        f"{use.op}: {use.label} {list(use.mask.shape)} lines up with [seq_q, seq_k] only because "
+        f"batch == seq_q == {batch}: its rows are the examples' padding, so example i's padding "
+        "hides keys from query i of every example",
+        (call.operand(use.label, use.mask),),
+        f"a [batch, seq_k] padding mask goes on [batch, 1, 1, seq_k]: use {ref(use.label)}[:, None, None, :]",
+        severity="warning",
+    )
+
+
+def _query_axis(call, use: _Use, hidden) -> Violation | None:
+    """A mask that varies along the queries and is broadcast along the keys."""
+    sq, sk = use.target[-2:]
+    if hidden.shape[-1] != 1 or sk < 2 or hidden.shape[-2] != sq or sq < 2:
+        return None
+    columns = hidden[..., 0]
+    if not bool((columns.any(-1) & ~columns.all(-1)).any()):
+        return None
+    shape = list(use.mask.shape) if use.mask is not None else list(hidden.shape)
+    return Violation(
+        "mask_axis",
+        f"{use.op}: {use.label} {shape} varies along seq_q and is broadcast along seq_k: "
+        "it hides whole queries, and every query still sees the padded keys",
+        _operands(call, use),
+        "a padding mask belongs on the key axis, [batch, 1, 1, seq_k]: build it from the "
+        "[batch, seq] mask as mask[:, None, None, :], not mask[:, None, :, None]",
+        severity="warning",
+    )
+
+
+def _fully_masked(call, use: _Use, hidden) -> Violation | None:
+    rows = hidden.all(-1)
+    if not bool(rows.any()):
+        return None
+    full = rows.expand(*use.target[:-1])
+    count, total = int(full.sum()), full.numel()
+    first = [int(i) for i in full.nonzero()[0]]
+    names = ("batch", "heads", "query")[-len(first):] if len(first) <= 3 else None
+    at = (
+        ", ".join(f"{n} {i}" for n, i in zip(names, first, strict=True))
+        if names
+        else str(first)
+    )
+    return Violation(
+        "mask_fully_masked",
+        f"{use.op}: {use.label} hides every key from {count} of {total} query rows "
+        f"(first at {at}): {use.effect}",
+        _operands(call, use),
+        "each query must see at least one key: check the mask's polarity and that no "
+        "sequence is all padding; for padded queries, keep one key visible or drop their outputs",
+        severity="warning",
+    )
+
+
+def _unsliced_buffer(call, use: _Use, triangle: str | None) -> Violation | None:
+    """A causal mask buffer used whole: right only when seq == the buffer's size."""
+    if use.mask is None or triangle is None:
+        return None
+    meta = call.meta(use.mask)
+    if meta is None or not meta.buffer or meta.sliced:
+        return None
+    n = use.mask.dim()
+    cut = ", ".join([":"] * (n - 2) + [":T", ":T"])
+    return Violation(
+        "causal_buffer_unsliced",
+        f"{use.op}: {use.label} is the whole buffer {meta.buffer} {list(use.mask.shape)}; it "
+        f"fits the scores [.., seq_q={use.target[-2]}, seq_k={use.target[-1]}] only because "
+        "the sequence is as long as the buffer",
+        _operands(call, use),
+        f"slice it to the sequence, self.{meta.buffer}[{cut}] with T the current length, "
+        "or any shorter input fails and a longer one cannot be masked",
+        severity="warning",
+    )
+
+
+def _check_is_causal(call):
+    """is_causal=True aligns the triangle top-left: with a cache (seq_q < seq_k) the new
+    queries, which are the last positions, see only the first keys."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    p = dict(zip(names, call.args, strict=False))
+    p.update({k: v for k, v in call.kwargs.items() if k in names})
+    q, k = p.get("query"), p.get("key")
+    if p.get("is_causal") is not True or p.get("attn_mask") is not None:
+        return
+    if not (hasattr(q, "shape") and hasattr(k, "shape")) or q.dim() < 2:
+        return
+    sq, sk = int(q.shape[-2]), int(k.shape[-2])
+    if sq >= sk:
+        return
+    lq = call.label(0, "q")
+    yield Violation(
+        "causal_alignment",
+        f"scaled_dot_product_attention(is_causal=True) with seq_q={sq} < seq_k={sk}: the "
+        f"causal triangle is aligned top-left, so query i sees keys 0..i only, not the "
+        f"{sk - sq} cached keys before it",
+        (call.operand(lq, q), call.operand(call.label(1, "k"), k)),
+        f"pass an explicit mask aligned bottom-right, attn_mask=torch.ones({sq}, {sk}, "
+        f"dtype=torch.bool).tril({sk - sq}), and is_causal=False",
+        severity="warning",
+    )

@@ -1,0 +1,150 @@
+"""Smoke test of the benchmarks: `bench/run.py --quick` runs every piece, and each table
+has the rows and columns it should. No timing value is asserted: no timed tests."""
+
+import importlib.util
+import os
+import re
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+RATIO = re.compile(r"^\d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d\)$")
+
+
+@pytest.fixture(scope="module")
+def report():
+    import run
+
+    return run.run_all(quick=True)
+
+
+def _outcome(report, name):
+    return next(o for o in report.outcomes if o.name == name)
+
+
+def _table(section, title_start):
+    return next(t for t in section.tables if t.title.startswith(title_start))
+
+
+def test_every_piece_that_exists_runs(report):
+    import run
+
+    assert [o.name for o in report.outcomes] == list(run.PIECES)
+    for outcome in report.outcomes:
+        exists = os.path.exists(os.path.join(BENCH, f"{outcome.name}.py"))
+        expected = "ok" if exists else "missing"
+        assert outcome.status == expected, f"{outcome.name}: {outcome.error}"
+        if not exists:
+            assert "not available yet" in outcome.section.markdown()
+
+
+def test_overhead_table_has_a_ratio_per_variant(report):
+    import overhead
+
+    table = _table(_outcome(report, "overhead").section, "Overhead per forward")
+    assert table.headers == ["model", "size", "unguarded", *overhead.VARIANTS[1:]]
+    assert len(table.rows) == 3  # three models, tiny size only in quick mode
+    assert [r[0] for r in table.rows] == [name for name, _, _ in overhead._models()]
+    for row in table.rows:
+        assert row[1] == "tiny (B=2, S=16, D=64)"
+        assert re.fullmatch(r"\d+(\.\d)? (us|ms|s)", row[2]), row[2]
+        for cell in row[3:]:
+            assert RATIO.match(cell), cell
+
+
+def test_scale_table_has_one_row_per_depth(report):
+    import scale
+
+    section = _outcome(report, "scale").section
+    table = _table(section, "Trace time by depth")
+    assert [r[0] for r in table.rows] == [str(n) for n in scale.QUICK_LAYERS]
+    assert len(table.headers) == 8
+    events = [int(r[6]) for r in table.rows]
+    assert events == sorted(events) and events[0] > 0
+    assert len(section.targets) == 1 and "linearly" in section.targets[0].what
+
+
+def test_side_by_side_runs_every_bug_through_every_tool(report):
+    section = _outcome(report, "side_by_side").section
+    bugs = _table(section, "The same eight bugs")
+    assert bugs.headers == ["bug", "plain torch", "jaxtyping + beartype", "torchinfo", "shapeguard"]
+    assert len(bugs.rows) == 8
+    cell = re.compile(
+        r"^(no|(error|warning), (before|at the op|after) \((own check|torch's error)\); "
+        r"names (neither|tensor|axis|tensor and axis))$"
+    )
+    torchinfo = importlib.util.find_spec("torchinfo") is not None
+    for row in bugs.rows:
+        for tool, value in zip(bugs.headers[1:], row[1:], strict=True):
+            if tool == "torchinfo" and not torchinfo:
+                assert value == "not installed (`pip install torchinfo`)"
+            else:
+                assert cell.match(value), value
+    by_bug = {row[0]: row for row in bugs.rows}
+    # Torch's own error is classified as torch's, at the op, naming none of the user's names.
+    assert by_bug["K not transposed"][1] == "error, at the op (torch's error); names neither"
+    summary = _table(section, "Bugs flagged, per tool")
+    ran = [t for t in bugs.headers[1:] if torchinfo or t != "torchinfo"]
+    assert [r[0] for r in summary.rows] == ran
+    assert all(re.fullmatch(r"\d/8", c) for r in summary.rows for c in r[1:])
+    cost = _table(section, "Per-call cost on the same module")
+    assert len(cost.rows) == 5
+    assert all(RATIO.match(r[3]) for r in cost.rows)
+
+
+def test_meta_scale_reports_time_and_memory(report):
+    outcome = _outcome(report, "meta_scale")
+    if outcome.status == "missing":
+        pytest.skip("bench/meta_scale.py is not there")
+    figures = {row[0]: row[1] for t in outcome.section.tables for row in t.rows}
+    assert re.fullmatch(r"\d+\.\d\d s", figures["wall time"])
+    assert figures["peak RSS"].endswith("MiB")
+
+
+def test_report_markdown_has_machine_and_every_section(report):
+    text = report.markdown()
+    assert text.startswith("# shapeguard benchmarks\n")
+    assert "Quick mode" in text
+    for key in ("CPU", "cores", "python", "torch"):
+        assert f"| {key} |" in text
+    for outcome in report.outcomes:
+        assert f"## {outcome.section.title}" in text
+
+
+def test_main_writes_the_file_and_rejects_unknown_pieces(tmp_path, capsys):
+    import run
+
+    output = tmp_path / "bench.md"
+    assert run.main(["--quick", "--only", "scale", "--output", str(output)]) == 0
+    written = output.read_text(encoding="utf-8")
+    assert "## Scale: growth with layers" in written and "| layers |" in written
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(["--only", "nonsense"])
+    assert exit_info.value.code == 2
+    assert "unknown piece(s) nonsense" in capsys.readouterr().err
+
+
+def test_compare_interleaves_and_pairs_the_ratios():
+    from _timing import Variant, compare
+
+    calls = []
+    variants = [Variant(name, lambda n=name: calls.append(n)) for name in "abc"]
+    timings = compare(variants, repeats=4, warmup=1, min_sample_s=0.0)
+    assert calls[:3] == ["a", "b", "c"]  # warm-up, in order
+    assert calls[3:] == list("abc") + list("bca") + list("cab") + list(
+        "abc"
+    )  # the order rotates each round
+    assert list(timings) == ["a", "b", "c"]
+    assert timings["a"].ratio == 1.0 and timings["a"].ratio_q1 == timings["a"].ratio_q3 == 1.0
+    assert all(len(t.samples) == 4 for t in timings.values())
+
+
+def test_line_fit_is_exact_on_a_line():
+    import scale
+
+    a, b, r2 = scale._fit([10.0, 20.0, 40.0, 80.0], [3.0 + 0.5 * n for n in (10, 20, 40, 80)])
+    assert (round(a, 9), round(b, 9), round(r2, 9)) == (3.0, 0.5, 1.0)

@@ -112,6 +112,11 @@ def compare(
     return timings
 
 
+def paired_ratio(mine: Timing, base: Timing) -> float:
+    """Median of the per-round ratios of two variants timed in the same `compare` call."""
+    return statistics.median(m / b for m, b in zip(mine.samples, base.samples, strict=True))
+
+
 @contextlib.contextmanager
 def environ(name: str, value: str):
     """Set one environment variable for the duration of the block."""

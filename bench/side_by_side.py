@@ -26,7 +26,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
-from _timing import MIN_REPEATS, Section, Table, Variant, compare, fmt_seconds
+from _timing import MIN_REPEATS, Section, Table, Variant, compare, fmt_seconds, paired_ratio
 
 B, T, S_MEM, D, H = 2, 7, 9, 48, 4
 
@@ -473,7 +473,7 @@ def overhead_table(quick: bool = False) -> Table:
                     name,
                     fmt_seconds(timing.seconds),
                     f"{timing.ratio_text()} ({timing.spread_text()})",
-                    f"{timing.seconds / jax.seconds:.2f}x",
+                    f"{paired_ratio(timing, jax):.2f}x",
                 ]
             )
     return Table(

@@ -1,8 +1,8 @@
 """Shared benchmark helpers: side-by-side timing, markdown tables, machine details.
 
 Every timed figure in `bench/` comes from `compare`: the variants run in one
-process on one thread, interleaved round by round (the order rotates each round,
-so drift and position effects fall on every variant alike), and each variant's
+process on one thread, interleaved round by round (in a new shuffled order each
+round, so drift and position effects fall on every variant alike), and each variant's
 time is the median of at least 20 rounds after warm-up. Ratios are the median
 of the per-round ratios to the baseline of the same round, so a slow stretch of
 a shared machine hits the numerator and the denominator together.
@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -95,10 +96,14 @@ def compare(
             last = _run(variant, 1)
         inner[variant.name] = max(1, math.ceil(min_sample_s / max(last, 1e-9)))
     samples: dict[str, list[float]] = {v.name: [] for v in variants}
-    n = len(variants)
-    for round_ in range(repeats):
-        shift = round_ % n
-        for variant in variants[shift:] + variants[:shift]:
+    # A fresh order each round, seeded so runs are repeatable. Not a rotation: a rotation
+    # keeps neighbors together, and a variant that always follows the same call finds
+    # that call's data still in cache.
+    shuffle = random.Random(0).shuffle
+    for _ in range(repeats):
+        order = list(variants)
+        shuffle(order)
+        for variant in order:
             samples[variant.name].append(_run(variant, inner[variant.name]))
     base = samples[variants[0].name]
     timings: dict[str, Timing] = {}
@@ -132,10 +137,11 @@ def environ(name: str, value: str):
 
 
 def fmt_seconds(seconds: float) -> str:
-    """Seconds in the unit that reads best: 83 us, 4.2 ms, 1.31 s."""
-    if seconds < 1e-3:
+    """Seconds in the unit that reads best: 83 us, 4.2 ms, 1.31 s (a sign when negative)."""
+    size = abs(seconds)
+    if size < 1e-3:
         return f"{seconds * 1e6:.0f} us"
-    if seconds < 1.0:
+    if size < 1.0:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds:.2f} s"
 

@@ -152,6 +152,27 @@ def _variants(build, inputs, size) -> list[Variant]:
     ]
 
 
+def _ops_per_forward(build, inputs, size) -> int:
+    """How many torch calls one forward makes, as a trace records them."""
+    import torch
+
+    import shapeguard
+
+    _, b, s, d = size
+    torch.manual_seed(0)
+    model = build(d).eval()
+    args, kwargs = inputs(b, s, d)
+    with torch.no_grad():
+        return max(1, len(shapeguard.trace(model, *args, **kwargs).events))
+
+
+def _extra(timing, base) -> float:
+    """Median per-round difference in seconds per call (the variant minus the baseline)."""
+    import statistics
+
+    return statistics.median(m - b for m, b in zip(timing.samples, base.samples, strict=True))
+
+
 def _within_noise(timing) -> bool:
     """1.00x within noise: the interquartile range of the paired ratios holds 1.00,
     or the median is within 2%."""
@@ -209,17 +230,31 @@ def run(quick: bool = False) -> Section:
     sizes = [TINY] if quick else [TINY, MEDIUM]
     repeats = 3 if quick else MIN_REPEATS
     min_sample = 0.0 if quick else 0.02
-    rows, targets = [], []
+    rows, costs, targets = [], [], []
     for name, build, inputs in _models():
         for size in sizes:
-            timings = compare(
-                _variants(build, inputs, size), repeats=repeats, warmup=2, min_sample_s=min_sample
-            )
+            variants = _variants(build, inputs, size)
+            ops = _ops_per_forward(build, inputs, size)
+            timings = compare(variants, repeats=repeats, warmup=2, min_sample_s=min_sample)
             base = timings["unguarded"]
             label, b, s, d = size
             row = [name, f"{label} (B={b}, S={s}, D={d})", fmt_seconds(base.seconds)]
             row += [f"{timings[v].ratio_text()} ({timings[v].spread_text()})" for v in VARIANTS[1:]]
             rows.append(row)
+            extra = {
+                v: _extra(timings[v], base) for v in ("guard", "trace", 'check="first"', "disabled")
+            }
+            costs.append(
+                [
+                    name,
+                    label,
+                    str(ops),
+                    fmt_seconds(extra["guard"] / ops),
+                    fmt_seconds(extra["trace"] / ops),
+                    fmt_seconds(extra['check="first"']),
+                    fmt_seconds(extra["disabled"]),
+                ]
+            )
             where = f"{name}, {label}"
             off = timings["disabled"]
             targets.append(
@@ -254,7 +289,26 @@ def run(quick: bool = False) -> Section:
             "'unguarded again' is the same call timed twice: its spread is the noise floor.",
         ],
     )
-    section = Section("Overhead", tables=[table], targets=targets)
+    cost_table = Table(
+        "Where the ratios come from: extra time per op and per call",
+        [
+            "model",
+            "size",
+            "ops per forward",
+            "guard, per op",
+            "trace, per op",
+            'check="first", per call',
+            "disabled, per call",
+        ],
+        costs,
+        [
+            "Median of the per-round differences to the unguarded forward (same rounds as "
+            "above); 'per op' divides by the ops a trace records for one forward. A fixed cost "
+            "per op or per call is a large ratio of a tiny forward and a small one of a medium "
+            "forward. A negative value is noise.",
+        ],
+    )
+    section = Section("Overhead", tables=[table, cost_table], targets=targets)
     if not quick:
         section.tables.append(hot_spots())
     return section

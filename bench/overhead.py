@@ -263,21 +263,33 @@ def run(quick: bool = False) -> Section:
                     "1.00x within noise",
                     f"{off.ratio_text()} ({off.spread_text()})",
                     _within_noise(off),
+                    f"{fmt_seconds(extra['disabled'])} per call (the guard's two hooks still "
+                    f"run, and return at once) on a {fmt_seconds(base.seconds)} forward",
                 )
             )
             first = timings['check="first"']
+            first_extra = extra['check="first"']
             targets.append(
                 Target(
                     f'check="first" after the first call, {where}',
                     "<= 1.02x",
                     first.ratio_text(),
                     first.ratio <= 1.02,
+                    f"{fmt_seconds(first_extra)} per call (hooks and the "
+                    f"signature lookup) on a {fmt_seconds(base.seconds)} forward",
                 )
             )
             if label == "medium":
                 g = timings["guard"]
                 targets.append(
-                    Target(f"guard, {where}", "<= 1.10x", g.ratio_text(), g.ratio <= 1.10)
+                    Target(
+                        f"guard, {where}",
+                        "<= 1.10x",
+                        g.ratio_text(),
+                        g.ratio <= 1.10,
+                        f"{fmt_seconds(extra['guard'] / ops)} per op x {ops} ops on a "
+                        f"{fmt_seconds(base.seconds)} forward",
+                    )
                 )
     table = Table(
         "Overhead per forward, as a ratio to the unguarded forward",

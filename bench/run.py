@@ -239,9 +239,17 @@ class Report:
         targets = [] if self.quick else self.targets  # quick rounds are too few to judge
         if targets:
             rows = [
-                [t.what, t.target, t.measured, "met" if t.met else "**missed**"] for t in targets
+                [
+                    t.what,
+                    t.target,
+                    t.measured,
+                    "met" if t.met else "**missed**",
+                    "" if t.met else t.why,
+                ]
+                for t in targets
             ]
-            lines += [Table("Targets", ["what", "target", "measured", ""], rows).markdown(), ""]
+            headers = ["what", "target", "measured", "", "where the time goes (when missed)"]
+            lines += [Table("Targets", headers, rows).markdown(), ""]
         status = [
             [o.name, o.status, f"{o.seconds:.0f} s", o.error[:80]]
             for o in self.outcomes

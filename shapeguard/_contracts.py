@@ -38,6 +38,7 @@ from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
 from . import _axes, _config, _source
 from ._errors import ContractError, Finding, Operand, ShapeError, ShapeWarning
+from ._session import close_session, current_session, open_session  # noqa: F401 - for _guard
 
 is_compiling = torch.compiler.is_compiling
 
@@ -170,9 +171,13 @@ class Contract:
     symbolic_names: frozenset[str]  # names that symbolic dims refer to
     unbound_names: frozenset[str]  # symbolic names only a module attribute can bind
     method: bool  # the first parameter is `self`, not checked
+    names: frozenset[str] = frozenset()  # every parameter name of the signature
     _check_params: object = None
     _check_return: object = None
     checks: int = 0  # calls whose arguments were checked (tests count them)
+    # Python's per-location warning registry: the "default" filter then shows each
+    # distinct message once, as for any warning, instead of on every training step.
+    warn_registry: dict = field(default_factory=dict)
     _lines: dict | None = None
 
     def declared_at(self, name: str) -> str:
@@ -210,8 +215,8 @@ def _compile(fn, *, method: bool) -> Contract | None:
     except (TypeError, ValueError):
         return None
     hints = _resolve_hints(fn, signature, qualname)
-    if not hints:
-        return None
+    if not any(_array_types(h) for h in hints.values()):
+        return None  # no shape annotation: plain type hints (torch's own modules) are not ours
     params = []
     position = 0
     for index, p in enumerate(signature.parameters.values()):
@@ -251,6 +256,7 @@ def _compile(fn, *, method: bool) -> Contract | None:
         symbolic_names=frozenset(symbolic),
         unbound_names=frozenset(unbound),
         method=method,
+        names=frozenset(signature.parameters),
     )
     contract._check_params = _make_checker(fn, signature, {p.name: p.hint for p in params}, qualname)
     if returns is not None:
@@ -274,9 +280,24 @@ def _resolve_hints(fn, signature, qualname: str) -> dict:
             try:
                 hint = eval(hint, dict(namespace))  # noqa: S307 - the user's own annotation
             except Exception as error:
+                if not _meant_as_shape(hint):
+                    continue  # someone else's forward reference; jaxtyping skips it too
                 raise ContractError(_bad_string(qualname, name, hint, error)) from None
         hints[name] = hint
     return hints
+
+
+_JAXTYPING_NAMES = ("Float", "Bool", "Int", "UInt", "Shaped", "Num", "Real", "Integer",
+                    "Inexact", "Complex", "BFloat16", "Key")
+
+
+def _meant_as_shape(text: str) -> bool:
+    """A string annotation that was meant as a shape: a jaxtyping subscript, or bare axes."""
+    if any(f"{name}[" in text or f"{name}16[" in text or f"{name}32[" in text
+           for name in _JAXTYPING_NAMES):
+        return True
+    words = text.split()
+    return len(words) > 1 and all(w.lstrip("*#_").replace("_", "").isalnum() for w in words)
 
 
 def _bad_string(qualname: str, name: str, text: str, error: Exception) -> str:
@@ -536,7 +557,9 @@ def check_arguments(contract: Contract, bound: Bindings, owner, args, kwargs, *,
     return {}, {}
 
 
-def check_return(contract: Contract, owner, call: Call, output, *, mode, session, where) -> None:
+def check_return(
+    contract: Contract, bound: Bindings, owner, call: Call, output, args, kwargs, *, mode, session, where
+) -> None:
     """Check the return value against the bindings the arguments made."""
     __tracebackhide__ = True
     memos = push_shape_memo({})
@@ -549,9 +572,8 @@ def check_return(contract: Contract, owner, call: Call, output, *, mode, session
         pass
     finally:
         pop_shape_memo()
-    sources = {name: "the arguments" for name in (call.single or {})}
-    broken = _explain_value("output", contract.returns, output, dict(call.single or {}),
-                            dict(call.variadic or {}), sources)
+    single, variadic, sources, _ = _walk_arguments(contract, bound, args, kwargs)
+    broken = _explain_value("output", contract.returns, output, single, variadic, sources)
     broken.declared = contract.declared_at("return")
     broken.annotation = f"-> {hint_text(contract.returns)}"
     _report(broken, contract, owner, mode=mode, session=session, where=where)
@@ -592,9 +614,8 @@ def _argument_values(contract: Contract, args: tuple, kwargs: dict):
             for k, value in enumerate(args[p.position - contract.method :]):
                 yield p, f"{p.name}[{k}]", value
         elif p.kind is inspect.Parameter.VAR_KEYWORD:
-            named = {q.name for q in contract.params}
             for name, value in kwargs.items():
-                if name not in named:
+                if name not in contract.names:
                     yield p, name, value
         elif p.position is not None and p.position - contract.method < len(args):
             yield p, p.name, args[p.position - contract.method]
@@ -602,7 +623,12 @@ def _argument_values(contract: Contract, args: tuple, kwargs: dict):
             yield p, p.name, kwargs[p.name]
 
 
-def _explain_arguments(contract: Contract, bound: Bindings, args, kwargs) -> _Broken:
+def _walk_arguments(contract: Contract, bound: Bindings, args, kwargs):
+    """Check the arguments one by one, noting which argument bound which dim.
+
+    Returns (single, variadic, sources, failing) where `failing` is the first
+    (param, label, value) that breaks its annotation, or None.
+    """
     single = dict(bound.sizes)
     variadic: dict = {}
     sources = dict(bound.sources)
@@ -618,16 +644,24 @@ def _explain_arguments(contract: Contract, bound: Bindings, args, kwargs) -> _Br
         finally:
             pop_shape_memo()
         if not ok:
-            broken = _explain_value(label, p.hint, value, single, variadic, sources)
-            broken.annotation = f"{p.name}: {hint_text(p.hint)}"
-            broken.declared = contract.declared_at(p.name)
-            return broken
-        for name in after_single.keys() - single.keys():
-            sources[name] = label
-        for name in after_variadic.keys() - variadic.keys():
-            sources["*" + name] = label
+            return single, variadic, sources, (p, label, value)
+        for name in after_single:
+            sources.setdefault(name, label)
+        for name in after_variadic:
+            sources.setdefault("*" + name, label)
         single, variadic = dict(after_single), dict(after_variadic)
-    # beartype failed but each argument passes alone: report what beartype saw, without values
+    return single, variadic, sources, None
+
+
+def _explain_arguments(contract: Contract, bound: Bindings, args, kwargs) -> _Broken:
+    single, variadic, sources, failing = _walk_arguments(contract, bound, args, kwargs)
+    if failing is not None:
+        p, label, value = failing
+        broken = _explain_value(label, p.hint, value, single, variadic, sources)
+        broken.annotation = f"{p.name}: {hint_text(p.hint)}"
+        broken.declared = contract.declared_at(p.name)
+        return broken
+    # beartype failed but each argument passes alone: say so, without values
     return _Broken(
         relation=f"{contract.qualname}: the arguments break their contract together",
         label="arguments",
@@ -868,12 +902,17 @@ def _named_mismatch(spec, shape, label, axis, name, single, sources) -> _Broken:
             or f"{label} has {size} and {bound_size} where its contract repeats {name}; if they "
             f'may differ, give them two names (e.g. "{_other_name(name)}")',
         )
-    elif " " in source:  # "d_model // n_heads" or "the arguments"
-        other = f"{name} from {source}" if source == "the arguments" else source
+    elif " " in source:  # "self.d_model // self.n_heads"
+        other = source
     else:
         other = f"{source}.{name}"
     relation = f"{label}.{name} ({size}) != {other} ({bound_size})"
     hint = _position_hint(spec, shape, label, single)
+    if not hint and label == "output":
+        hint = (
+            f"{name} is {bound_size} ({source}) but forward returned {size} on dim {axis}; "
+            "look at the op that makes the return value"
+        )
     if not hint:
         if source.startswith("self."):
             attr = source.split(" ")[0][len("self.") :]
@@ -1109,7 +1148,11 @@ def _report(broken: _Broken, contract: Contract, owner, *, mode: str, session, w
         raise error
     filename, lineno = (site.filename, site.lineno) if site else contract.def_site()
     warnings.warn_explicit(
-        ShapeWarning(message, kind="contract", hint=broken.hint), ShapeWarning, filename, lineno
+        ShapeWarning(message, kind="contract", hint=broken.hint),
+        ShapeWarning,
+        filename,
+        lineno,
+        registry=contract.warn_registry,
     )
 
 
@@ -1249,8 +1292,8 @@ def contract(fn=None, *, mode: str = "raise", check: str = "every"):
     compiled = compile_contract(fn, method=False)
     if compiled is None:
         raise ContractError(
-            f"{getattr(fn, '__qualname__', fn)} has no annotations to check; annotate its "
-            'arguments, e.g. q: Float[Tensor, "batch heads seq d_k"]'
+            f"{getattr(fn, '__qualname__', fn)} has no shape annotations to check; annotate its "
+            'arguments with jaxtyping, e.g. q: Float[Tensor, "batch heads seq d_k"]'
         )
     return _wrap(fn, compiled, mode, check)
 
@@ -1266,15 +1309,15 @@ def _wrap(fn, compiled: Contract, mode: str, check: str):
     @functools.wraps(fn)
     def checked(*args, **kwargs):
         __tracebackhide__ = True
-        if is_compiling() or not _config.is_enabled():
+        if is_compiling():
             return fn(*args, **kwargs)
         key = None
         if first:
             key = signature_key(args, kwargs)
             if key in seen:
                 return fn(*args, **kwargs)
-        from ._session import current_session
-
+        if not _config.is_enabled():
+            return fn(*args, **kwargs)
         session = current_session()
         run_mode = session.trace.mode if session is not None else mode
         single, variadic = check_arguments(
@@ -1291,7 +1334,10 @@ def _wrap(fn, compiled: Contract, mode: str, check: str):
             ) from None
         if returns:
             call = Call(None, key, single, variadic)
-            check_return(compiled, None, call, out, mode=run_mode, session=session, where=where)
+            check_return(
+                compiled, no_bindings, None, call, out, args, kwargs,
+                mode=run_mode, session=session, where=where,
+            )
         if key is not None:
             remember(seen, key)
         return out

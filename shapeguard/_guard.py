@@ -255,8 +255,9 @@ _runtime = None
 
 
 def _load_runtime():
-    """The torch-side helpers, imported on the first hook call (`import shapeguard` stays
-    free of torch) and kept in a global so each later call pays no import."""
+    """The torch-side helpers (`_contracts`, which also carries the session functions),
+    imported on the first hook call so `import shapeguard` stays free of torch, and kept
+    in a global so later calls pay no import."""
     global _runtime
     if _runtime is None:
         from . import _contracts
@@ -274,7 +275,7 @@ def _pre_hook(module, args, kwargs):
     rt = _runtime or _load_runtime()
     # Under torch.compile everything steps aside: jaxtyping + beartype give false
     # positives there, and the session's mode would break the graph.
-    if rt.is_compiling() or not _config.is_enabled():
+    if rt.is_compiling():
         return None
     state = _guarded.get(module)
     if state is None:
@@ -282,23 +283,25 @@ def _pre_hook(module, args, kwargs):
     options = state.options
     key = None
     if options.check == "first":
+        # Before the off switch: a seen signature skips the checks either way, and this
+        # is the path a training loop takes on every step, so it stays a dict lookup.
         key = rt.signature_key(args, kwargs)
         if key in state.seen:
             return None
-    from ._session import current_session, open_session
-
+    if not _config.is_enabled():
+        return None
     contract = state.contract
     call = None
     if key is not None or (contract is not None and contract.returns is not None):
         # Popped by _post_hook, which runs also when this hook or forward raises.
         call = rt.push_call(module, key)
-    session = current_session()
+    session = rt.current_session()
     if options.ops:
         if session is None:
             from ._record import Trace
 
             trace = Trace(mode=options.mode, strict=options.strict)
-            session = open_session(trace, root=module)
+            session = rt.open_session(trace, root=module)
             session.owner = module
             session.owner_depth = 1
             _last_traces[module] = trace
@@ -330,39 +333,38 @@ def _post_hook(module, args, kwargs, output):
     rt = _runtime or _load_runtime()
     if rt.is_compiling():
         return None
-    from ._session import close_session, current_session
-
     try:
         call = rt.pop_call(module)
         if call is not None and not rt.forward_raised(call, output):
-            _finish_call(rt, module, call, output)
+            _finish_call(rt, module, call, output, args, kwargs)
     finally:
-        session = current_session()
+        session = rt.current_session()
         if session is not None and session.owner is module:
             session.owner_depth -= 1
             if session.owner_depth <= 0:
                 session.exit_module(module)
-                close_session(session)
+                rt.close_session(session)
     return None
 
 
-def _finish_call(rt, module, call, output) -> None:
+def _finish_call(rt, module, call, output, args, kwargs) -> None:
     """Check the return value, then remember the signature for check="first"."""
     __tracebackhide__ = True
-    from ._session import current_session
-
     state = _guarded.get(module)
     if state is None:
         return
     contract = state.contract
     if contract is not None and contract.returns is not None and call.single is not None:
-        session = current_session()
+        session = rt.current_session()
         mode = session.trace.mode if session is not None else state.options.mode
         rt.check_return(
             contract,
+            state.bound,
             module,
             call,
             output,
+            args,
+            kwargs,
             mode=mode,
             session=session,
             where=rt.module_description(module, session),

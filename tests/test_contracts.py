@@ -176,15 +176,15 @@ def test_return_value_is_checked_against_the_arguments_bindings():
     with pytest.raises(shapeguard.ShapeError) as info:
         model(_x())  # call: return
     assert _lines(info) == [
-        "output.d_model (32) != d_model from the arguments (33)",
+        "output.d_model (32) != self.d_model (33)",
         f"  in  GuardedAttention at {_line('# call: return')}",
         "      model(_x())  # call: return",
         "  output    [batch=2, seq=5, d_model=32]",
         "  expected  [batch=2, seq=5, d_model=33]",
         '  contract  -> Float[Tensor, "batch seq d_model"], declared at ' + _line("# contract: return"),
-        "  bound     d_model=33 (the arguments), batch=2 (the arguments), seq=5 (the arguments)",
-        '  hint: d_model was bound to 33 by the arguments; if output may differ there, give that '
-        'axis its own name in the contract (e.g. "d_model2")',
+        "  bound     d_model=33 (self.d_model), batch=2 (x), seq=5 (x)",
+        "  hint: d_model is 33 (self.d_model) but forward returned 32 on dim 2; look at the op "
+        "that makes the return value",
     ]
 
 
@@ -509,3 +509,42 @@ def test_shaped_alias_accepts_any_dtype():
     keep(torch.zeros(B, SK), torch.randn(B, S, D))
     error = _error(keep, torch.ones(B, SK, 1, dtype=torch.bool), torch.randn(B, S, D))
     assert error.hint == "mask.squeeze(2) makes it [batch=2, seq_k=7]"
+
+
+def test_core_checks_name_axes_after_the_contract():
+    class NoTranspose(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k = nn.Linear(DK, D), nn.Linear(DK, D)
+
+        def forward(self, x: Float[Tensor, "batch tokens feat"]) -> Float[Tensor, "batch tokens tokens"]:
+            Q = self.q(x)
+            K = self.k(x)
+            return Q @ K  # call: no transpose
+
+    with pytest.raises(shapeguard.ShapeError) as info:
+        shapeguard.guard(NoTranspose())(torch.randn(B, S, DK))
+    lines = str(info.value).splitlines()
+    assert info.value.kind != "contract"
+    assert lines[0] == "output = Q @ K: Q.dim -1 (33) != K.tokens (5)"
+    assert lines[3:5] == ["  Q      [batch=2, tokens=5, 33] float32", "  K      [batch=2, tokens=5, 33] float32"]
+
+
+def test_plain_type_hints_make_no_contract():
+    # torch's own forwards are annotated `input: Tensor`: that is not a shape contract
+    assert contract_of(shapeguard.guard(nn.Linear(DK, D))) is None
+    assert contract_of(shapeguard.guard(nn.MultiheadAttention(D, H))) is None
+    with pytest.raises(shapeguard.ContractError, match="has no shape annotations to check"):
+        contract(lambda x: x)
+
+
+def test_ready_made_layouts_use_only_the_axis_names_shapeguard_binds():
+    from shapeguard import contracts as layouts
+
+    known = {"batch", "seq", "seq_q", "seq_k", "d_model", "heads", "kv_heads", "d_k", "1"}
+    assert layouts.__all__ == sorted(layouts.__all__)
+    for name in layouts.__all__:
+        alias = getattr(layouts, name)
+        assert set(alias.dim_str.split()) <= known, name
+    assert layouts.FlashQ.dim_str == "batch seq_q heads d_k"
+    assert layouts.PaddingMask.dim_str == "batch seq_k"

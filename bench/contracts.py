@@ -1,0 +1,197 @@
+"""Cost of a contract-checked forward: against the plain forward and bare jaxtyping + beartype.
+
+The module is the seed MultiHeadAttention of `examples/seed_mha.py`, whose forward
+carries the contract `x: Float[Tensor, "batch seq d_model"]`,
+`mask: Bool[Tensor, "batch 1 seq seq"] | None`, `-> Float[Tensor, "batch seq d_model"]`.
+Each size runs these variants side by side, in one process, on one thread
+(`_timing.compare`: interleaved rounds, median of >= 20 after warm-up, ratios paired
+per round):
+
+- plain: the module unguarded (the baseline);
+- jaxtyped: the same forward under a bare `@jaxtyped(typechecker=beartype)`;
+- contract every: `guard(model, ops=False)`: the contract on each call, no op checks;
+- contract first: `guard(model, ops=False, check="first")`, after its first call;
+- guard every: `guard(model)`: the contract and the op-level engine (a
+  TorchFunctionMode that checks every tensor op);
+- guard first: `guard(model, check="first")`, after its first call.
+
+The issue's question (what do contracts cost?) is answered by the `ops=False`
+rows: they time the contract alone. The `guard every` row adds the op-level
+engine, whose cost `bench/overhead.py` reports; it is here so nobody reads it as
+the cost of contracts. Forwards run in eval mode under `torch.no_grad()`, the
+cheapest forward torch offers, so the ratios are the least flattering ones.
+
+    python bench/contracts.py            # prints the markdown table
+"""
+
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from _timing import (  # noqa: E402
+    MIN_REPEATS,
+    Section,
+    Table,
+    Target,
+    Variant,
+    compare,
+    fmt_seconds,
+    one_thread,
+)
+
+TINY = ("tiny", 2, 16, 64)  # name, batch, seq, d_model
+MEDIUM = ("medium", 8, 512, 512)
+QUICK = (TINY, ("small", 2, 64, 128))
+HEADS = 8
+
+VARIANTS = ("plain", "jaxtyped", "contract every", "contract first", "guard every", "guard first")
+
+
+def _variants(size) -> list[Variant]:
+    import types
+
+    import torch
+    from _timing import load_file
+    from beartype import beartype
+    from jaxtyping import jaxtyped
+
+    import shapeguard
+
+    seed = load_file("examples/seed_mha.py", "_bench_seed_mha")
+    _, b, s, d = size
+
+    def fresh(**guard_options):
+        torch.manual_seed(0)  # the same weights in every variant
+        # The seed class is decorated with @shapeguard.guard: unguard for the plain module.
+        model = shapeguard.unguard(seed.MultiHeadAttention(d_model=d, n_heads=HEADS).eval())
+        if guard_options:
+            shapeguard.guard(model, **guard_options)
+        return model
+
+    plain = fresh()
+    bare = fresh()
+    checked = jaxtyped(typechecker=beartype)(seed.MultiHeadAttention.forward)
+    bare.forward = types.MethodType(checked, bare)
+    models = {
+        "plain": plain,
+        "jaxtyped": bare,
+        "contract every": fresh(ops=False),
+        "contract first": fresh(ops=False, check="first"),
+        "guard every": fresh(ops=True),
+        "guard first": fresh(ops=True, check="first"),
+    }
+    torch.manual_seed(1)
+    x = torch.randn(b, s, d)
+    mask = torch.tril(torch.ones(s, s, dtype=torch.bool)).expand(b, 1, s, s)
+
+    def call(model):
+        def run():
+            with torch.no_grad():
+                model(x, mask=mask)
+
+        return run
+
+    return [Variant(name, call(models[name])) for name in VARIANTS]
+
+
+def _paired_ratio(timings, name: str, base: str) -> float:
+    mine, theirs = timings[name].samples, timings[base].samples
+    return statistics.median(m / t for m, t in zip(mine, theirs, strict=True))
+
+
+def measure(quick: bool = False) -> list[dict]:
+    """One row per (size, variant): seconds per call and ratios to plain and to jaxtyped."""
+    one_thread()
+    rows = []
+    for size in QUICK if quick else (TINY, MEDIUM):
+        name, b, s, d = size
+        # warm-up 3: check="first" checks on its first call and is timed after it
+        timings = compare(_variants(size), repeats=3 if quick else MIN_REPEATS, warmup=3)
+        for variant in VARIANTS:
+            t = timings[variant]
+            rows.append(
+                {
+                    "size": f"{name} (B={b}, S={s}, D={d})",
+                    "variant": variant,
+                    "seconds": t.seconds,
+                    "vs plain": t.ratio,
+                    "vs plain q1": t.ratio_q1,
+                    "vs plain q3": t.ratio_q3,
+                    "vs jaxtyped": _paired_ratio(timings, variant, "jaxtyped"),
+                }
+            )
+    return rows
+
+
+def targets(rows: list[dict]) -> list[Target]:
+    """The issue's two targets, per size, from the contracts-only (ops=False) rows."""
+    out = []
+    for size in dict.fromkeys(r["size"] for r in rows):
+        by = {r["variant"]: r for r in rows if r["size"] == size}
+        first = by["contract first"]
+        out.append(
+            Target(
+                f'check="first" vs plain after the first call, {size}',
+                "<= 1.02x",
+                f"{first['vs plain']:.3f}x",
+                first["vs plain"] <= 1.02,
+            )
+        )
+        every = by["contract every"]
+        out.append(
+            Target(
+                f'check="every" vs bare jaxtyping + beartype, {size}',
+                "<= 1.00x",
+                f"{every['vs jaxtyped']:.3f}x",
+                every["vs jaxtyped"] <= 1.0,
+            )
+        )
+    return out
+
+
+def table(rows: list[dict]) -> Table:
+    return Table(
+        "Per-call cost of the seed MHA forward (eval, no_grad, one thread)",
+        ["size", "variant", "time / call", "vs plain (IQR)", "vs bare jaxtyping"],
+        [
+            [
+                r["size"],
+                r["variant"],
+                fmt_seconds(r["seconds"]),
+                f"{r['vs plain']:.3f}x ({r['vs plain q1']:.3f}-{r['vs plain q3']:.3f})",
+                f"{r['vs jaxtyped']:.3f}x",
+            ]
+            for r in rows
+        ],
+        notes=[
+            "`contract every` / `contract first` are `guard(model, ops=False)`: the contract "
+            "alone, which is what this table measures. `guard every` adds the op-level engine "
+            "(see the Overhead section); `guard first` skips both after a signature's first call.",
+        ],
+    )
+
+
+def run(quick: bool = False) -> Section:
+    """The contracts section of `bench/run.py`: the table and the issue's targets."""
+    rows = measure(quick)
+    section = Section(
+        "Contracts: checked forward vs plain vs bare jaxtyping + beartype",
+        tables=[table(rows)],
+    )
+    if not quick:
+        section.targets = targets(rows)
+    return section
+
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv[1:]
+    rows = measure(quick)
+    print(table(rows).markdown())
+    if not quick:
+        print()
+        for t in targets(rows):
+            print(f"- {t.what}: target {t.target}, measured {t.measured}: {'met' if t.met else 'MISSED'}")

@@ -56,7 +56,7 @@ def check(call):
 
     with torch.no_grad():
         found = False
-        for use in _uses(call):
+        for use in mask_uses(call):
             if use.kind == "combined" and found:
                 break  # the rows are empty because of what was reported already
             for violation in _findings(call, use):
@@ -85,7 +85,7 @@ def _scalar(value) -> float | None:
     return None
 
 
-def _aligned(hidden, ndim: int):
+def aligned(hidden, ndim: int):
     """`hidden` with leading size-1 axes, so it lines up with a target of `ndim` axes."""
     while hidden.dim() < ndim:
         hidden = hidden.unsqueeze(0)
@@ -97,7 +97,9 @@ def _fits(shape, target) -> bool:
 
 
 # -- the mask of each op -------------------------------------------------------------------
-def _uses(call):
+def mask_uses(call):
+    """The masks `call` applies to attention scores, as `_Use`s (none when the values
+    cannot be read). The probes use it too, to tell a causal module from the trace."""
     op = call.op
     args = call.args
     if op in ("masked_fill", "masked_fill_"):
@@ -230,8 +232,8 @@ def _mha_uses(call):
             h = h.reshape(batch, heads, tgt, src)
         elif tuple(am.shape) != (tgt, src):
             return  # the mha family reports the shape
-        yield _Use("MultiheadAttention", "attn_mask", am, _aligned(h, 4), target, "hide", effect)
-        hidden = _aligned(h, 4)
+        yield _Use("MultiheadAttention", "attn_mask", am, aligned(h, 4), target, "hide", effect)
+        hidden = aligned(h, 4)
     if hasattr(kpm, "shape") and _readable(kpm):
         if tuple(kpm.shape) != (batch, src):
             return
@@ -246,7 +248,7 @@ def _mha_uses(call):
 
 # -- the rules -------------------------------------------------------------------------
 def _findings(call, use: _Use):
-    hidden = _aligned(use.hidden, len(use.target))
+    hidden = aligned(use.hidden, len(use.target))
     if hidden.dim() != len(use.target) or len(use.target) < 2:
         return
     if use.kind == "combined":
@@ -256,14 +258,14 @@ def _findings(call, use: _Use):
         return
     sq, sk = use.target[-2:]
     hq, hk = hidden.shape[-2:]
-    triangle = _triangle(hidden) if (hq, hk) == (sq, sk) and sq > 1 and sk > 1 else None
-    buffer = _unsliced_buffer(call, use, triangle)
+    shape = triangle(hidden) if (hq, hk) == (sq, sk) and sq > 1 and sk > 1 else None
+    buffer = _unsliced_buffer(call, use, shape)
     if buffer is not None:
         yield buffer
-    if triangle in ("inverse", "past"):
-        yield _triangle_violation(call, use, triangle)
+    if shape in ("inverse", "past"):
+        yield _triangle_violation(call, use, shape)
         return
-    if triangle == "causal":
+    if shape == "causal":
         return
     for rule in (_padding_polarity, _batch_as_query, _query_axis):
         violation = rule(call, use, hidden)
@@ -277,7 +279,7 @@ def _findings(call, use: _Use):
         yield violation
 
 
-def _triangle(hidden) -> str | None:
+def triangle(hidden) -> str | None:
     """"causal" (j > i), "inverse" (j <= i) or "past" (j < i), for every slice alike;
     the diagonal is offset by seq_k - seq_q too (queries at the end, as with a cache)."""
     import torch

@@ -1,0 +1,336 @@
+"""`shapeguard.check`: trace a module once, then run the semantic probes on a copy.
+
+The trace reports what the checks find (loud and silent bugs at their lines); the
+probes then test properties that only running the module can show (batch
+independence, causality, key padding, token and head permutations, length
+change). Nothing of the caller's changes: the module is copied (float64 where
+it can be), and the RNG states, train/eval modes and requires_grad flags are
+restored even if a probe fails.
+"""
+
+import copy
+import random
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from . import _probes
+from ._probes import ProbeResult
+
+PROBES = (
+    _probes.batch_independence,
+    _probes.sub_batch,
+    _probes.causality,
+    _probes.key_padding,
+    _probes.token_permutation,
+    _probes.head_permutation,
+    _probes.length_change,
+)
+
+
+@dataclass(slots=True)
+class CheckReport:
+    """What `check` found: the trace's findings as one result, then one result per probe.
+
+    Attributes:
+        model: the module's class name.
+        results: `ProbeResult`s (name, status, message, deviation, tolerance, op).
+        findings: the trace's `Finding`s.
+        dtype: the dtype the probes ran in ("float64" unless the module refused it).
+    """
+
+    model: str
+    results: list[ProbeResult] = field(default_factory=list)
+    findings: list = field(default_factory=list)
+    dtype: str = ""
+
+    @property
+    def passed(self) -> bool:
+        """True when no probe failed and the trace found nothing."""
+        return all(r.passed for r in self.results)
+
+    @property
+    def failed(self) -> list[ProbeResult]:
+        return [r for r in self.results if not r.passed]
+
+    def render(self, width: int | None = 100, *, color: bool = False) -> str:
+        """The report as a table (plain text unless `color`), then each failure in full."""
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(title=f"shapeguard check: {self.model}", title_justify="left")
+        table.add_column("probe", no_wrap=True)
+        table.add_column("result", no_wrap=True)
+        table.add_column("deviation", justify="right", no_wrap=True)
+        table.add_column("detail")
+        styles = {"passed": "green", "failed": "bold red", "skipped": "dim"}
+        for r in self.results:
+            dev = "" if r.deviation is None else f"{r.deviation:.1e}"
+            detail = r.message.splitlines()[0] if r.status != "failed" else (r.op or "see below")
+            table.add_row(r.name, Text(r.status, style=styles[r.status]), dev, Text(detail))
+        console = Console(width=width or 100, color_system="auto" if color else None,
+                          force_terminal=color, record=True, file=_Sink())
+        console.print(table)
+        for r in self.failed:
+            console.print(Text(f"{r.name}: {r.message}"), soft_wrap=True)
+        verdict = "passed" if self.passed else f"failed ({len(self.failed)} of {len(self.results)})"
+        console.print(Text(f"{len(self.results)} checks in {self.dtype}; {verdict}"))
+        return console.export_text(styles=color).rstrip() + "\n"
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "passed": self.passed,
+            "dtype": self.dtype,
+            "results": [r.to_dict() for r in self.results],
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+class _Sink:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def check(model, *inputs, causal: bool | None = None, seed: int = 0, **kwargs) -> CheckReport:
+    """Trace `model(*inputs, **kwargs)` and run the semantic probes on a copy of it.
+
+    Args:
+        model: an `nn.Module`.
+        *inputs, **kwargs: one forward's inputs; the first floating input with 3 or more
+            axes is read as [batch, seq, features] ([seq, batch, features] for a module
+            built with batch_first=False), and the others are matched by size.
+        causal: declare the module causal (or not); by default it is causal when the
+            trace sees is_causal=True or a triangular mask.
+        seed: seeds the probes' random changes.
+
+    Returns:
+        A `CheckReport`; `report.passed` is False when a probe failed or the trace found
+        something. Print it for a table.
+
+    Example:
+        >>> import torch, shapeguard
+        >>> attn = torch.nn.MultiheadAttention(12, 3, batch_first=True)
+        >>> x = torch.randn(2, 5, 12)
+        >>> report = shapeguard.check(attn, x, x, x)
+        >>> report.passed, [r.status for r in report.results][:2]
+        (True, ['passed', 'passed'])
+    """
+    __tracebackhide__ = True
+    return run_check(model, inputs, kwargs, causal=causal, seed=seed)
+
+
+def run_check(model, args: tuple = (), kwargs: dict | None = None, *,
+              causal: bool | None = None, seed: int = 0) -> CheckReport:
+    """`check` with the inputs as a tuple and a dict (for the CLI and the pytest plugin)."""
+    import torch
+
+    from ._errors import ContractError
+
+    if not isinstance(model, torch.nn.Module):
+        raise ContractError(f"shapeguard.check takes an nn.Module, not {type(model).__name__}")
+    args, kwargs = tuple(args), dict(kwargs or {})
+    report = CheckReport(type(model).__name__)
+    with _untouched(model) as work, torch.no_grad():
+        traced = _trace(work, args, kwargs)
+        report.findings = traced.trace.findings
+        report.results.append(_shape_result(traced))
+        if traced.error is not None:
+            return report
+        subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
+        if isinstance(subject, ProbeResult):
+            report.results.append(subject)
+            return report
+        for probe in PROBES:
+            report.results.append(_run_probe(probe, subject))
+    return report
+
+
+# -- leaving the caller's module as it was ----------------------------------------------
+@contextmanager
+def _untouched(model):
+    """A private copy of `model` in eval mode; RNG states, modes, requires_grad and the
+    off switch restored afterwards. Without a copy (deepcopy failed), the module itself,
+    with its parameters and buffers restored too."""
+    import torch
+
+    from . import _config
+
+    rng = torch.get_rng_state()
+    py_rng = random.getstate()
+    modes = {m: m.training for m in model.modules()}
+    grads = {p: p.requires_grad for p in model.parameters()}
+    disabled = _config._disabled_by_api
+    saved = None
+    try:
+        work = copy.deepcopy(model)
+    except Exception:
+        work = model
+        saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    try:
+        work.eval()
+        yield work
+    finally:
+        _config._disabled_by_api = disabled
+        torch.set_rng_state(rng)
+        random.setstate(py_rng)
+        if saved is not None:
+            with torch.no_grad():
+                for key, value in model.state_dict(keep_vars=True).items():
+                    if value.shape == saved[key].shape:
+                        value.copy_(saved[key])
+        for module, training in modes.items():
+            module.training = training
+        for param, flag in grads.items():
+            param.requires_grad_(flag)
+
+
+# -- the trace --------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Traced:
+    trace: object
+    watch: object
+    out_axes: tuple = ()
+    error: Exception | None = None
+
+
+def _trace(model, args: tuple, kwargs: dict) -> _Traced:
+    """One forward under shapeguard, warnings recorded as findings instead of raised."""
+    from ._errors import ShapeWarning
+    from ._record import Trace
+    from ._session import close_session, open_session
+
+    trace = Trace(mode="warn")
+    session = open_session(trace, root=model)
+    watch = _probes.Watch(session)
+    traced = _Traced(trace, watch)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ShapeWarning)
+            session.enter_module(model, args, kwargs)
+            with watch:
+                out = model(*args, **kwargs)
+            first = _probes.first_output(out)
+            meta = session.metas.get(first) if first is not None else None
+            traced.out_axes = meta.axes if meta is not None else ()
+    except Exception as error:
+        traced.error = error
+    finally:
+        close_session(session)
+    return traced
+
+
+def _shape_result(traced: _Traced) -> ProbeResult:
+    from ._errors import ShapeError
+
+    findings = traced.trace.findings
+    if traced.error is not None:
+        error = traced.error
+        message = error.render() if isinstance(error, ShapeError) else f"{type(error).__name__}: {error}"
+        return ProbeResult("shape checks", "failed", f"the forward fails:\n{message}",
+                           op=getattr(error, "location", ""))
+    if not findings:
+        ops = len(traced.trace.events)
+        return ProbeResult("shape checks", "passed", f"{ops} ops traced, no finding")
+    kinds = ", ".join(sorted({f.kind for f in findings}))
+    messages = "\n".join(f.message for f in findings)
+    return ProbeResult("shape checks", "failed", f"{len(findings)} finding(s) ({kinds}):\n{messages}",
+                       op=findings[0].location)
+
+
+# -- the probes -------------------------------------------------------------------------
+def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
+    """The float64 copy, its inputs and reference output, for the probes; or a skipped
+    result saying why the probes cannot run."""
+    import inspect
+
+    import torch
+
+    from . import _config
+
+    try:
+        params = [p for p in inspect.signature(type(work).forward).parameters if p != "self"]
+    except (TypeError, ValueError):
+        params = []
+    names = [params[i] if i < len(params) else f"arg{i}" for i in range(len(args))]
+    names = [_leaf_name(path, names) for path, _ in _probes.leaves((args, kwargs))]
+    layout = _probes.read_layout(work, args, kwargs, names)
+    if isinstance(layout, str):
+        return _probes.skipped("probes", layout)
+    _config._disabled_by_api = True  # probe runs are plain forwards, guarded or not
+    generator = torch.Generator().manual_seed(seed)
+    for dtype in (torch.float64, None):
+        candidate = work if dtype is None else _copy_as(work, dtype)
+        inputs = (args, kwargs) if dtype is None else _inputs_as((args, kwargs), dtype)
+        try:
+            reference = _probes.first_output(candidate(*inputs[0], **inputs[1]))
+        except Exception:
+            if dtype is None:
+                raise
+            continue
+        break
+    if reference is None:
+        return _probes.skipped("probes", "the module returned no floating-point tensor")
+    report.dtype = str(reference.dtype).removeprefix("torch.")
+    out_batch, out_seq = _output_axes(layout, reference, traced.out_axes)
+    watch = traced.watch
+    declared = _probes.declared_sizes(work)
+    if causal is True:
+        why = "declared with causal=True"
+    elif causal is False:
+        why = ""
+    else:
+        why = watch.causal
+    return _probes.Subject(
+        model=candidate, inputs=inputs, layout=layout, reference=reference,
+        out_batch=out_batch, out_seq=out_seq, watch=watch, events=traced.trace.events,
+        declared=declared, rtol=_probes.rtol_for(reference.dtype), generator=generator,
+        causal=why, traced_model=work,
+    )
+
+
+def _leaf_name(path: tuple, positional: list[str]) -> str:
+    where, *rest = path
+    head = positional[rest[0]] if where == 0 and rest[0] < len(positional) else str(rest[0])
+    return ".".join([head, *map(str, rest[1:])])
+
+
+def _copy_as(module, dtype):
+    return copy.deepcopy(module).to(dtype)
+
+
+def _inputs_as(inputs, dtype):
+    return _probes.rebuild(inputs, lambda _, t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def _output_axes(layout, out, axes) -> tuple[int | None, int | None]:
+    """The output's batch and seq axes: its axis names from the trace when their sizes
+    agree with the inputs', else the input's layout when those sizes agree."""
+    size = {"batch": layout.batch_size, "seq": layout.lengths[0]}
+
+    def pick(names, kind, fallback):
+        named = [d for d, n in enumerate(axes or ()) if n in names] if len(axes or ()) == out.dim() else []
+        for d in [*named, fallback]:
+            if d < out.dim() and out.shape[d] == size[kind]:
+                return d
+        return None
+
+    batch = pick(("batch",), "batch", layout.batch_dim)
+    seq = pick(("seq", "seq_q"), "seq", layout.seq_dim)
+    return batch, (seq if seq != batch else None)
+
+
+def _run_probe(probe, subject) -> ProbeResult:
+    name = probe.__name__.replace("_", " ")
+    try:
+        return probe(subject)
+    except Exception as error:  # a probe must not take the report down
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return ProbeResult(name, "failed", f"the probe could not run the module: {first}")

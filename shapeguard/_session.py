@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import _axes, _meta, _source
+from . import _axes, _flash, _meta, _source
 from ._axes import Axes, Vocabulary, format_shape
 from ._errors import Context, Finding, Operand, ShapeError, ShapeWarning, Violation
 from ._meta import TensorMeta
@@ -204,6 +204,7 @@ class Session:
         self._handles: list = []
         self._dispatching = False
         self._previous: Session | None = None
+        self._flash_held = False  # this session holds a wrap of flash-attn's entry points
 
     # -- lifecycle ---------------------------------------------------------------
     def open(self) -> None:
@@ -219,8 +220,12 @@ class Session:
             raise
         self._previous = current_session()
         _local.session = self
+        self._flash_held = _flash.patch()
 
     def close(self) -> None:
+        # First, so flash-attn's functions are restored whatever fails below (it never raises).
+        held, self._flash_held = self._flash_held, False
+        _flash.restore(held)
         try:
             self._mode.__exit__(None, None, None)
         finally:

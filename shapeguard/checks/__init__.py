@@ -15,7 +15,7 @@ from .._errors import Violation
 Checker = Callable[..., Iterator[Violation]]
 
 FAMILIES = (
-    "matmul", "heads_view", "elementwise", "softmax", "sdpa", "mha",
+    "matmul", "heads_view", "elementwise", "softmax", "sdpa", "mha", "flash",
     "layout", "mask_semantics",
 )
 

@@ -1,0 +1,131 @@
+"""flash-attn's contract for the calls a trace sees.
+
+Three kinds of call reach this family, each by the name the session gives it:
+- `flash_attention` / `flash_attention_varlen`: shapeguard.attention's entry points;
+- `flash_attn_func` and its siblings: flash-attn's Python functions, wrapped while a trace
+  is active (shapeguard/_flash.py), so the contract is checked in the user's names;
+- `_flash_attn_forward[.default]`, `_flash_attn_varlen_forward[.default]`: the torch.ops
+  kernels, reached by code that holds the op itself; their fake kernels check nothing.
+A function of the same name from elsewhere is left alone: each checker first makes
+sure the call is flash-attn's (or shapeguard's).
+"""
+
+import functools
+import inspect
+
+from .. import _flash
+
+_KERNELS = {
+    "_flash_attn_forward": (
+        "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size_left",
+        "window_size_right", "softcap", "alibi_slopes", "return_softmax",
+    ),
+    "_flash_attn_varlen_forward": (
+        "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+        "dropout_p", "softmax_scale", "causal", "window_size_left", "window_size_right",
+        "softcap", "alibi_slopes", "return_softmax", "block_table", "leftpad_k", "seqused_k",
+    ),
+}  # fmt: skip
+_ENTRY = ("flash_attention", "flash_attention_varlen")
+_VARLEN = ("flash_attn_varlen_func", "flash_attention_varlen", "_flash_attn_varlen_forward")
+
+OPS = (
+    *_ENTRY,
+    *_flash.ENTRY_POINTS,
+    *_KERNELS,
+    *(f"{name}.default" for name in _KERNELS),
+)
+
+
+def check(call):
+    op = call.op
+    kernel = op.removesuffix(".default")
+    if kernel in _KERNELS:
+        if not _flash.is_kernel_op(call.func):
+            return
+        params = dict(zip(_KERNELS[kernel], call.args, strict=False))
+        params.update(call.kwargs)
+        yield from _check(call, f"torch.ops.flash_attn.{kernel}", kernel, params, _KERNELS[kernel])
+        return
+    if op in _ENTRY:
+        if not _is_shapeguard_entry(call.func):
+            return
+    elif not _flash.is_entry_point(call.func):
+        return
+    order = _parameters(call.func)
+    params = dict(zip(order, call.args, strict=False))
+    params.update(call.kwargs)
+    yield from _check(call, op, op, params, order)
+
+
+def _check(call, shown: str, name: str, p: dict, order: tuple[str, ...]):
+    def spec(param: str):
+        value = p.get(param)
+        if not _flash._is_tensor(value):
+            return None
+        index = order.index(param) if param in order else len(call.args)
+        positional = index < len(call.args)
+        label = call.label(index, param) if positional else call.label_of(value, param)
+        return _flash.spec(label, value)
+
+    declared = call.declared().get("heads")
+    flash = p.get("path", "flash") == "flash"
+    kernel = name in _KERNELS
+    if name in ("flash_attn_func", "flash_attention", "_flash_attn_forward"):
+        q, k, v = spec("q"), spec("k"), spec("v")
+        if q and k and v:
+            yield from _flash.check_dense(
+                q, k, v, op=shown, flash=flash, layout=p.get("layout", "bshd"), kernel=kernel,
+                declared_heads=declared,
+            )  # fmt: skip
+    elif name == "flash_attn_qkvpacked_func":
+        qkv = spec("qkv")
+        if qkv:
+            yield from _flash.check_qkvpacked(qkv, op=shown, flash=flash, declared_heads=declared)
+    elif name == "flash_attn_kvpacked_func":
+        q, kv = spec("q"), spec("kv")
+        if q and kv:
+            yield from _flash.check_kvpacked(q, kv, op=shown, flash=flash, declared_heads=declared)
+    elif name in _VARLEN:
+        yield from _varlen(shown, p, spec, flash=flash, kernel=kernel)
+    elif name == "flash_attn_varlen_qkvpacked_func":
+        qkv, cu = spec("qkv"), spec("cu_seqlens")
+        if qkv and cu:
+            cu = _cu(p, cu, "cu_seqlens", "max_seqlen")
+            yield from _flash.check_varlen_qkvpacked(qkv, cu, op=shown, flash=flash)
+    elif name == "flash_attn_varlen_kvpacked_func":
+        q, kv, cu_q, cu_k = spec("q"), spec("kv"), spec("cu_seqlens_q"), spec("cu_seqlens_k")
+        if q and kv and cu_q and cu_k:
+            cu_q = _cu(p, cu_q, "cu_seqlens_q", "max_seqlen_q")
+            cu_k = _cu(p, cu_k, "cu_seqlens_k", "max_seqlen_k")
+            yield from _flash.check_varlen_kvpacked(q, kv, cu_q, cu_k, op=shown, flash=flash)
+
+
+def _cu(p: dict, cu, param: str, max_param: str):
+    return _flash.cu_seqlens(cu.name, p[param], p.get(max_param), max_param)
+
+
+def _varlen(shown, p, spec, *, flash: bool, kernel: bool):
+    names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
+    specs = [spec(n) for n in names]
+    if not all(specs):
+        return
+    args = tuple(p[n] for n in names) + (p.get("max_seqlen_q"), p.get("max_seqlen_k"))
+    yield from _flash.check_varlen_args(
+        [s.name for s in specs], args, op=shown, flash=flash, kernel=kernel,
+        paged=p.get("block_table") is not None,
+    )  # fmt: skip
+
+
+def _is_shapeguard_entry(func) -> bool:
+    from .. import attention
+
+    return func is attention._dense or func is attention._varlen
+
+
+@functools.cache
+def _parameters(func) -> tuple[str, ...]:
+    try:
+        return tuple(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return ()

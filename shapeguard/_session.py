@@ -31,6 +31,7 @@ def current_session() -> "Session | None":
 
 
 # Attribute reads and queries that make no tensor: passed straight through.
+# fmt: off
 _PASS_THROUGH_NAMES = frozenset(
     {
         "size", "dim", "stride", "numel", "is_contiguous", "element_size", "data_ptr",
@@ -39,6 +40,7 @@ _PASS_THROUGH_NAMES = frozenset(
         "_set_grad_enabled", "storage_offset", "untyped_storage", "get_device", "__reduce_ex__",
     }
 )
+
 _PASS_THROUGH_ATTRS = frozenset(
     {
         "shape", "dtype", "device", "ndim", "requires_grad", "is_nested", "is_cuda", "is_meta",
@@ -54,8 +56,11 @@ _SYMBOL_OPS = {
     "-": ("sub", "__sub__", "__rsub__", "__isub__"),
     "*": ("mul", "__mul__", "__rmul__", "__imul__"),
     "/": ("div", "__truediv__", "__rtruediv__", "__itruediv__"),
-    "compare": ("eq", "ne", "lt", "le", "gt", "ge", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"),
+    "compare": (
+        "eq", "ne", "lt", "le", "gt", "ge", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
+    ),
 }
+# fmt: on
 
 
 def op_name(func) -> str:
@@ -137,7 +142,9 @@ class OpCall:
 
     def operand(self, name: str, tensor) -> Operand:
         shape = tuple(tensor.shape)
-        return Operand(name, f"{format_shape(shape, self.axes(tensor))} {_dtype_name(tensor.dtype)}")
+        return Operand(
+            name, f"{format_shape(shape, self.axes(tensor))} {_dtype_name(tensor.dtype)}"
+        )
 
     def axis(self, tensor, dim: int) -> str:
         return _axes.axis_name(self.axes(tensor), dim, tensor.dim())
@@ -151,7 +158,7 @@ class OpCall:
     def declared(self) -> dict[str, tuple[str, int]]:
         """Sizes declared by the innermost module that declares any (d_model, heads, d_k)."""
         for module in reversed(self.session.module_stack):
-            found = _axes.declared_sizes(module)
+            found = self.session.declared_sizes(module)
             if found:
                 return found
         return {}
@@ -199,6 +206,7 @@ class Session:
         self.module_stack: list = []
         self._paths: dict[int, str] | None = None
         self._seen_modules: set[int] = set()
+        self._declared: dict[int, dict[str, tuple[str, int]]] = {}
         self._warned: set[tuple[str, str]] = set()
         self._mode = _Interceptor(self)
         self._handles: list = []
@@ -258,7 +266,8 @@ class Session:
         if key not in self._seen_modules:
             self._seen_modules.add(key)
             self.trace.modules_seen += 1
-            self.vocab.add_module(module)
+            for axis, (_, size) in self.declared_sizes(module).items():
+                self.vocab.add(axis, size)
         if first:
             self._name_inputs(module, args, kwargs)
 
@@ -296,6 +305,14 @@ class Session:
                     role=_meta.role_for(label, "", ()),
                     axes=self.vocab.guess(tuple(tensor.shape)),
                 )
+
+    def declared_sizes(self, module) -> dict[str, tuple[str, int]]:
+        """`_axes.declared_sizes`, read once per module per session."""
+        key = id(module)
+        found = self._declared.get(key)
+        if found is None:
+            found = self._declared[key] = _axes.declared_sizes(module)
+        return found
 
     def module_path(self, module) -> str:
         if self._paths is None:
@@ -408,7 +425,9 @@ class Session:
             for name, value in call.kwargs.items()
             if isinstance(value, torch.Tensor)
         ]
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first_line = (
+            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        )
         context = self._context(call)
         shape_error = ShapeError(
             f"{call.op} failed in torch: {first_line}",
@@ -491,7 +510,9 @@ class Session:
                 module_type=cls,
                 location=site.location if site else "",
                 source=site.source if site else "",
-                inputs=tuple(_record(t, m, self.vocab) for t, m in zip(in_tensors, in_metas, strict=True)),
+                inputs=tuple(
+                    _record(t, m, self.vocab) for t, m in zip(in_tensors, in_metas, strict=True)
+                ),
                 outputs=tuple(_record(t, self.metas.get(t), self.vocab) for t in outputs),
             )
         )

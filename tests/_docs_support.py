@@ -21,6 +21,11 @@ def capture_messages(run) -> str:
     Each message is prefixed the way Python prints it (`shapeguard.ShapeError: ...`);
     messages are separated by blank lines; NOTHING when there is none.
     """
+    return capture(run)[0]
+
+
+def capture(run) -> tuple[str, list[str]]:
+    """(the messages as `capture_messages` renders them, the kinds in the same order)."""
     from shapeguard import ShapeError, ShapeWarning
 
     error = None
@@ -30,12 +35,13 @@ def capture_messages(run) -> str:
             run()
         except ShapeError as raised:
             error = raised
-    messages = [
-        f"shapeguard.ShapeWarning: {w.message}" for w in caught if issubclass(w.category, ShapeWarning)
-    ]
+    shape_warnings = [w.message for w in caught if issubclass(w.category, ShapeWarning)]
+    messages = [f"shapeguard.ShapeWarning: {w}" for w in shape_warnings]
+    kinds = [w.kind for w in shape_warnings]
     if error is not None:
         messages.append(f"shapeguard.ShapeError: {error}")
-    return "\n\n".join(messages) or NOTHING
+        kinds.append(error.kind)
+    return "\n\n".join(messages) or NOTHING, kinds
 
 
 def forget_source(path: str) -> None:
@@ -66,4 +72,41 @@ def run_example(path: str):
 
 def run_script(path: str):
     """A callable that runs a script as `python path` would."""
-    return lambda: runpy.run_path(path, run_name="__main__")
+
+    def run():
+        from shapeguard import _flash
+
+        # flash-attn names bound by `from flash_attn import ...` are found by a scan that
+        # is cached per set of modules; each snippet is a new namespace, so scan again.
+        _flash._scan_key = None
+        runpy.run_path(path, run_name="__main__")
+
+    return run
+
+
+def stand_in_flash_attn():
+    """A STAND-IN `flash_attn` module (same names and signatures, no kernels) for the
+    catalogue's flash-attn snippets on machines without flash-attn; None if it imports."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        return None
+    import torch
+
+    module = types.ModuleType("flash_attn")
+    module.__doc__ = "STAND-IN for flash-attn, injected by tests/_docs_support.py"
+
+    def flash_attn_func(
+        q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+        softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+    ):  # fmt: skip
+        return torch.empty_like(q)
+
+    def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False):
+        return torch.empty_like(qkv[:, :, 0])
+
+    for func in (flash_attn_func, flash_attn_qkvpacked_func):
+        func.__module__ = "flash_attn.flash_attn_interface"
+        setattr(module, func.__name__, func)
+    return module

@@ -1,0 +1,9 @@
+import torch
+
+from shapeguard.attention import flash_attention_varlen
+
+q = torch.randn(12, 3, 16)  # [total_q, heads, d_k]: two sequences, 5 + 7 tokens
+k = torch.randn(12, 3, 16)
+v = torch.randn(12, 3, 16)
+cu = torch.tensor([0, 5, 10], dtype=torch.int32)  # ends at 10, but q has 12 tokens
+flash_attention_varlen(q, k, v, cu, cu, 7, 7, backend="sdpa")

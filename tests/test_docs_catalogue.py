@@ -1,0 +1,132 @@
+"""docs/errors.md catalogues every ShapeError/ShapeWarning kind, with real messages.
+
+Each kind in the source has a section, a snippet `docs/snippets/<kind>.py` that the
+page includes, and, after `<!-- message: <kind> -->`, the message that running the
+snippet prints now. SHAPEGUARD_REGEN=1 rewrites the message blocks (review the diff).
+"""
+
+import pathlib
+import re
+import sys
+
+import pytest
+from _docs_support import capture, regen_enabled, run_script, stand_in_flash_attn
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "errors.md"
+SNIPPETS = ROOT / "docs" / "snippets"
+# Where kinds are born: the checkers, the session (torch_error), contracts and flash-attn.
+SOURCES = [
+    *sorted((ROOT / "shapeguard" / "checks").glob("*.py")),
+    ROOT / "shapeguard" / "_session.py",
+    ROOT / "shapeguard" / "_contracts.py",
+    ROOT / "shapeguard" / "_flash.py",
+    ROOT / "shapeguard" / "attention.py",
+]
+_KIND_PATTERNS = (
+    re.compile(r'Violation\(\s*"(\w+)"(?:\s+if\s+[^,]+?\s+else\s+"(\w+)")?'),
+    # kind="..." as a keyword argument (ShapeError, Finding); not `kind = ...` assignments,
+    # which name other things (the contracts' dim kinds).
+    re.compile(r'\bkind="(\w+)"(?:\s+if\s+[^,\n]+?\s+else\s+"(\w+)")?'),
+)
+_BLOCK = re.compile(r"(<!-- message: (\w+) -->\n```text\n)(.*?)(\n```)", re.S)
+# Kinds whose snippet needs flash-attn's own kernel ops (torch.ops.flash_attn.*).
+NEEDS_FLASH_KERNELS = {"flash_head_dim_multiple"}
+
+
+def kinds_in(text: str) -> set[str]:
+    found = set()
+    for pattern in _KIND_PATTERNS:
+        for match in pattern.finditer(text):
+            found.update(g for g in match.groups() if g)
+    return found
+
+
+def source_kinds() -> set[str]:
+    return set().union(*(kinds_in(p.read_text()) for p in SOURCES if p.exists()))
+
+
+def page_blocks() -> dict[str, str]:
+    return {m.group(2): m.group(3) for m in _BLOCK.finditer(PAGE.read_text())}
+
+
+def test_kind_scanner_finds_kinds_in_every_spelling():
+    text = (
+        'yield Violation(\n    "alpha", rel)\nViolation("beta" if x else "gamma", r)\n'
+        'kind = "not_a_kind" if m else "nor_this"\nShapeError(r, kind="zeta")\n'
+    )
+    assert kinds_in(text) == {"alpha", "beta", "gamma", "zeta"}
+
+
+def test_every_kind_in_the_source_is_catalogued():
+    kinds = source_kinds()
+    assert {"matmul_inner", "torch_error", "contract", "mask_broadcast"} <= kinds
+    blocks = page_blocks()
+    missing = sorted(kinds - set(blocks))
+    assert not missing, f"docs/errors.md has no entry for {missing}"
+    no_snippet = sorted(k for k in kinds if not (SNIPPETS / f"{k}.py").exists())
+    assert not no_snippet, f"no docs/snippets/<kind>.py for {no_snippet}"
+    stale = sorted(set(blocks) - kinds)
+    assert not stale, f"docs/errors.md catalogues kinds the source no longer has: {stale}"
+
+
+def test_every_entry_includes_its_snippet():
+    text = PAGE.read_text()
+    for kind in page_blocks():
+        assert f'--8<-- "docs/snippets/{kind}.py"' in text, kind
+
+
+@pytest.fixture
+def flash_attn_stand_in(monkeypatch):
+    module = stand_in_flash_attn()
+    if module is not None:
+        monkeypatch.setitem(sys.modules, "flash_attn", module)
+
+
+@pytest.mark.parametrize("kind", sorted(page_blocks()))
+def test_message_block_is_the_real_output(kind, monkeypatch, flash_attn_stand_in):
+    monkeypatch.chdir(ROOT)  # locations in messages are relative to the working directory
+    if kind in NEEDS_FLASH_KERNELS and not _has_flash_kernels():
+        actual, kinds = _kernel_message(kind)
+    else:
+        actual, kinds = capture(run_script(f"docs/snippets/{kind}.py"))
+    assert kind in kinds, f"docs/snippets/{kind}.py produced {kinds}, not {kind}"
+    if regen_enabled() and page_blocks()[kind] != actual:
+        text = PAGE.read_text()
+        text = _BLOCK.sub(
+            lambda m: m.group(1) + actual + m.group(4) if m.group(2) == kind else m.group(0), text
+        )
+        PAGE.write_text(text)
+    assert page_blocks()[kind] == actual, "run with SHAPEGUARD_REGEN=1 and review the diff"
+
+
+def _has_flash_kernels() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+        import torch
+    except ImportError:
+        return False
+    return hasattr(torch.ops.flash_attn, "_flash_attn_forward") and torch.cuda.is_available()
+
+
+def _kernel_message(kind: str) -> tuple[str, list[str]]:
+    """Without flash-attn's kernel ops, the message its check gives for the snippet's call:
+    the same checker and the same rendering, the snippet's call line as the location."""
+    import torch
+
+    from shapeguard import ShapeError, _flash
+    from shapeguard._errors import Context
+
+    path = f"docs/snippets/{kind}.py"
+    lines = (ROOT / path).read_text().splitlines()
+    number, source = next(
+        (i, line.strip()) for i, line in enumerate(lines, 1) if "torch.ops.flash_attn._flash_attn_forward(" in line
+    )
+    op = "torch.ops.flash_attn._flash_attn_forward"
+    q = torch.empty(2, 5, 3, 12, dtype=torch.float16, device="meta")
+    k = torch.empty(2, 7, 3, 12, dtype=torch.float16, device="meta")
+    specs = [_flash.spec(n, t) for n, t in (("q", q), ("k", k), ("v", k))]
+    violation = next(_flash.check_dense(*specs, op=op, flash=True, kernel=True))
+    violation.op = op
+    error = ShapeError.from_violation(violation, Context(location=f"{path}:{number}", source=source))
+    return f"shapeguard.ShapeError: {error}", [error.kind]

@@ -514,14 +514,13 @@ def forward_raised(call: Call, output) -> bool:
 
 def signature_key(args: tuple, kwargs: dict) -> tuple:
     """Shapes and dtypes of the tensor arguments, types of the rest: the check="first" key."""
-    key = []
     tensor = torch.Tensor
-    for a in args:
-        key.append((a.shape, a.dtype) if isinstance(a, tensor) else type(a))
-    for name, a in kwargs.items():
-        key.append(name)
-        key.append((a.shape, a.dtype) if isinstance(a, tensor) else type(a))
-    return tuple(key)
+    key = tuple([(a.shape, a.dtype) if isinstance(a, tensor) else type(a) for a in args])
+    if kwargs:
+        key += tuple(
+            [(n, (a.shape, a.dtype) if isinstance(a, tensor) else type(a)) for n, a in kwargs.items()]
+        )
+    return key
 
 
 def remember(seen: dict, key) -> None:

@@ -62,7 +62,8 @@ def guard(
         strict: turn ShapeWarnings (legal but suspicious code) into errors.
         check: "every" call, or "first" call per distinct input-shape signature (shapes
             and dtypes of the tensor arguments, per instance); later calls with a seen
-            signature cost one dictionary lookup and run unchecked.
+            signature cost one dictionary lookup and run unchecked (`last_trace` keeps the
+            trace of the checked call).
         ops: also check every tensor op inside forward (the default). `ops=False` keeps
             only the contract on the forward's boundary: the cheap setting for training.
 

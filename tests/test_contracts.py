@@ -548,3 +548,12 @@ def test_ready_made_layouts_use_only_the_axis_names_shapeguard_binds():
         assert set(alias.dim_str.split()) <= known, name
     assert layouts.FlashQ.dim_str == "batch seq_q heads d_k"
     assert layouts.PaddingMask.dim_str == "batch seq_k"
+
+
+def test_docstring_example_runs(monkeypatch):
+    import doctest
+
+    # until the façade exports it, `shapeguard.contract` is this function
+    monkeypatch.setattr(shapeguard, "contract", contract, raising=False)
+    result = doctest.testmod(_contracts, optionflags=doctest.ELLIPSIS, verbose=False)
+    assert result.attempted > 0 and result.failed == 0

@@ -505,18 +505,14 @@ def _add_crash(trace, crash: ModelCrashed) -> None:
 
 
 def probe_runner():
-    """The semantic-probe entry point when it is installed, else None.
+    """The semantic probes as `f(model, args, kwargs)`, or None when not installed.
 
-    Looked up in order: `shapeguard._check.run_check`, `shapeguard._probes.check`,
-    `shapeguard._probes.run_check`; each is called as `f(model, *args, **kwargs)`.
+    Prefers `shapeguard._check.run_check(model, args: tuple, kwargs: dict)`; falls back
+    to a `check(model, *args, **kwargs)` in `shapeguard._check` or `shapeguard._probes`.
     """
     import importlib
 
-    for module_name, attr in (
-        ("_check", "run_check"),
-        ("_probes", "check"),
-        ("_probes", "run_check"),
-    ):
+    for module_name in ("_check", "_probes"):
         full = f"{__package__}.{module_name}"
         try:
             module = importlib.import_module(full)
@@ -524,9 +520,12 @@ def probe_runner():
             if error.name == full:
                 continue
             raise
-        func = getattr(module, attr, None)
-        if callable(func):
-            return func
+        run_check = getattr(module, "run_check", None)
+        if callable(run_check):
+            return lambda model, args, kwargs: run_check(model, args, kwargs)
+        check_fn = getattr(module, "check", None)
+        if callable(check_fn):
+            return lambda model, args, kwargs: check_fn(model, *args, **kwargs)
     return None
 
 
@@ -648,13 +647,14 @@ def _run_probes(model, inputs, run, device: str) -> tuple[list, list[str]]:
         return [("semantic probes", "skip", "not available in this version of shapeguard")], []
     try:
         with _module_progress(model, "probing"):
-            result = runner(model, *inputs.args, **inputs.kwargs)
+            result = runner(model, inputs.args, inputs.kwargs)
     except ShapeError as error:
         return [(error.kind, "FAIL", error.relation)], [error.render()]
     except Exception as error:
         first = str(error).splitlines()[0] if str(error) else ""
         return [("semantic probes", "FAIL", f"raised {type(error).__name__}: {first}")], []
-    rows = probe_rows(result)
+    # The probes' own "shape checks" row repeats the trace row above.
+    rows = [row for row in probe_rows(result) if row[0] != "shape checks"]
     details = [message for _, status, message in rows if status == "FAIL" and "\n" in message]
     rows = [
         (name, status, message.splitlines()[0] if message else "") for name, status, message in rows

@@ -621,7 +621,7 @@ def test_check_fails_on_a_finding(tmp_path, monkeypatch):
 def test_check_runs_the_pluggable_probes(monkeypatch):
     calls = []
 
-    def run_check(model, *args, **kwargs):
+    def run_check(model, args, kwargs):
         calls.append((type(model).__name__, [tuple(a.shape) for a in args], sorted(kwargs)))
         return [
             types.SimpleNamespace(
@@ -645,6 +645,18 @@ def test_check_runs_the_pluggable_probes(monkeypatch):
     assert "causality" in rows[2] and "FAIL" in rows[2] and "token 3 sees token 4" in rows[2]
     assert "token 3 sees token 4\n  hint: use tril, not triu" in result.stdout
     assert result.stderr.endswith("1 check failed in " + SEED + "\n")
+
+
+def test_check_runs_the_real_probes_when_installed():
+    if _cli.probe_runner() is None:
+        pytest.skip("shapeguard._check is not in this tree yet")
+    result = run("check", SEED)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert "trace" in rows[0] and "pass" in rows[0]
+    assert not any("shape checks" in row for row in rows)  # the trace row says it already
+    assert any("batch independence" in row and "pass" in row for row in rows[1:])
+    assert not any("FAIL" in row for row in rows)
 
 
 def test_check_skips_probes_on_meta(monkeypatch):
@@ -767,3 +779,22 @@ def test_json_schema_doc_lists_exactly_the_fields_written():
     }
     for name, fields in written.items():
         assert documented[name] == fields, name
+
+
+def test_a_70b_shaped_layer_traces_on_meta_with_no_memory():
+    import importlib.util
+
+    path = os.path.join(ROOT, "bench", "meta_scale.py")
+    spec = importlib.util.spec_from_file_location("_meta_scale_under_test", path)
+    meta_scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(meta_scale)
+    memory = meta_scale.cpu_memory(layers=1)
+    d, kv, ffn = 8192, 1024, 28672
+    per_layer = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d  # q, o; k, v; MLP; two norms
+    assert memory["parameters"] == per_layer + d  # and the final norm
+    assert memory["parameter_bytes"] == 2 * memory["parameters"]  # bfloat16
+    assert memory["input_bytes"] == 8192 * d * 2
+    result = run("trace", meta_scale.MODEL_FILE, "--device", "meta", "--arg", "n_layers=1")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "x=[1, 8192, 8192] bfloat16" in result.stdout
+    assert "[1, kv_heads=8, 8192, d_k=128]" in result.stdout

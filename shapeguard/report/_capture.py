@@ -50,9 +50,9 @@ def capture_attention(model, /, *args, **kwargs) -> dict[str, dict]:
         "module path @ file:line" and `entry` has `module` (path), `module_type`,
         `location`, `op` ("softmax", "scaled_dot_product_attention", ...), `shape` (the
         full weights' shape), `dim` (the softmax axis), `size` ([seq_q, seq_k] before
-        pooling) and `heads` (one `[rows][cols]` list of floats per head).
+        pooling) and `heads` (one list of rows of floats per head).
 
-    Example:
+    Examples:
         >>> import torch
         >>> from shapeguard.report.html import capture_attention
         >>> attn = torch.nn.MultiheadAttention(12, 3, batch_first=True)

@@ -44,7 +44,7 @@ def render_html(trace, attention: dict | None = None, *, title: str = "shapeguar
     Returns:
         The page, as a string; write it to a `.html` file and open it in any browser.
 
-    Example:
+    Examples:
         >>> import torch, shapeguard
         >>> from shapeguard.report.html import render_html
         >>> page = render_html(shapeguard.trace(torch.nn.Linear(3, 4), torch.zeros(2, 3)))

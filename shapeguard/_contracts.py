@@ -16,6 +16,7 @@ shapes, the bindings so far and a fix. Tensor values are never printed.
 
 import ast
 import builtins
+import contextlib
 import functools
 import inspect
 import itertools
@@ -193,18 +194,22 @@ class Contract:
         return (code.co_filename, code.co_firstlineno) if code else ("<shapeguard>", 0)
 
 
-_contract_cache: dict = {}
+_CACHE_ATTR = "__shapeguard_contract__"
+_NO_CONTRACT = object()
 
 
 def compile_contract(fn, *, method: bool) -> Contract | None:
-    """The contract of `fn`'s annotations, or None when it has none; cached per function."""
-    key = getattr(fn, "__func__", fn)
-    if key in _contract_cache:
-        return _contract_cache[key]
-    contract = _compile(key, method=method)
-    if len(_contract_cache) > 10_000:  # notebooks redefine classes; keep the cache bounded
-        _contract_cache.clear()
-    _contract_cache[key] = contract
+    """The contract of `fn`'s annotations, or None when it has none.
+
+    Kept on the function itself, so it lives exactly as long as the function does.
+    """
+    fn = getattr(fn, "__func__", fn)
+    cached = getattr(fn, "__dict__", {}).get(_CACHE_ATTR)
+    if cached is not None:
+        return None if cached is _NO_CONTRACT else cached
+    contract = _compile(fn, method=method)
+    with contextlib.suppress(AttributeError):  # a builtin: nothing to cache on
+        fn.__dict__[_CACHE_ATTR] = _NO_CONTRACT if contract is None else contract
     return contract
 
 
@@ -302,14 +307,13 @@ def _meant_as_shape(text: str) -> bool:
 
 def _bad_string(qualname: str, name: str, text: str, error: Exception) -> str:
     what = "the return annotation" if name == "return" else f"the annotation of {name}"
-    looks_like_shape = all(part.replace("_", "").replace("*", "").replace("#", "").isalnum()
-                           for part in text.split())
-    fix = (
-        f'write Float[Tensor, "{text}"] (a bare string is not a shape contract)'
-        if looks_like_shape
-        else "import the names it uses at module level, or write it without quotes"
-    )
-    why = type(error).__name__ if isinstance(error, SyntaxError) else f"{type(error).__name__}: {error}"
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if isinstance(error, SyntaxError) and "[" not in text:
+        why, fix = "SyntaxError", f'write Float[Tensor, "{text}"] (a bare string is not a shape contract)'
+    elif isinstance(error, NameError):
+        why, fix = f"NameError: {first_line}", "import the names it uses at module level"
+    else:
+        why, fix = f"{type(error).__name__}: {first_line}", "fix the shape string"
     return f"{qualname}: {what}, {text!r}, cannot be read ({why}); {fix}"
 
 
@@ -491,7 +495,6 @@ class Call:
     single: dict | None = None  # jaxtyping's dim bindings after the arguments
     variadic: dict | None = None
     exc: BaseException | None = None  # the exception being handled when the call began
-    warned: bool = False
 
 
 def push_call(owner, key) -> Call:
@@ -1119,6 +1122,8 @@ def _report(broken: _Broken, contract: Contract, owner, *, mode: str, session, w
     __tracebackhide__ = True
     site = _source.user_site()
     location = site.location if site else contract.declared_at("def")
+    if not where:
+        where = module_description(owner, session)
     error = ShapeError(
         broken.relation,
         kind="contract",
@@ -1341,14 +1346,12 @@ def _wrap(fn, compiled: Contract, mode: str, check: str):
             remember(seen, key)
         return out
 
-    checked.__shapeguard_contract__ = compiled
+    checked.__dict__[_CACHE_ATTR] = compiled
     return checked
 
 
 def contract_of(obj) -> Contract | None:
-    """The compiled contract of a `contract`-wrapped function or of a guarded module."""
-    found = getattr(obj, "__shapeguard_contract__", None)
-    if found is not None:
-        return found
-    forward = getattr(type(obj), "forward", None)
-    return _contract_cache.get(getattr(forward, "__func__", forward))
+    """The compiled contract of a `contract`-wrapped function or of a module's forward."""
+    fn = obj if callable(obj) and not isinstance(obj, torch.nn.Module) else type(obj).forward
+    found = getattr(getattr(fn, "__func__", fn), "__dict__", {}).get(_CACHE_ATTR)
+    return found if isinstance(found, Contract) else None

@@ -320,7 +320,7 @@ def _pre_hook(module, args, kwargs):
         kwargs,
         mode=mode,
         session=session,
-        where=rt.module_description(module, session),
+        where=None,  # named only when a message is written
     )
     if call is not None:
         call.single, call.variadic = single, variadic
@@ -368,7 +368,7 @@ def _finish_call(rt, module, call, output, args, kwargs) -> None:
             kwargs,
             mode=mode,
             session=session,
-            where=rt.module_description(module, session),
+            where=None,  # named only when a message is written
         )
     if call.key is not None:
         rt.remember(state.seen, call.key)

@@ -319,6 +319,22 @@ def test_bare_shape_string_is_a_contract_error_when_the_class_is_decorated():
     )
 
 
+def test_string_annotation_jaxtyping_rejects_is_a_contract_error_at_decoration():
+    # written without quotes, jaxtyping raises this while the class body runs, before
+    # any decorator; as a string (or under `from __future__ import annotations`) it
+    # reaches guard, which reports it at once instead of silently skipping it
+    class Commas(nn.Module):
+        def forward(self, x: "Float[Tensor, 'batch,seq']"):
+            return x
+
+    with pytest.raises(shapeguard.ContractError) as info:
+        shapeguard.guard(Commas)
+    assert str(info.value).endswith(
+        "Commas.forward: the annotation of x, \"Float[Tensor, 'batch,seq']\", cannot be read "
+        "(ValueError: Axes should be separated with spaces, not commas); fix the shape string"
+    )
+
+
 def test_broken_symbolic_dim_is_a_contract_error_at_decoration():
     class Broken(nn.Module):
         def forward(self, x: Float[Tensor, "batch seq+ d"]):

@@ -142,13 +142,26 @@ def _target_options(command):
 class _Target:
     """What trace and check share: the options, parsed, and the steps up to a traced forward."""
 
-    def __init__(self, file, model_name, arg_items, input_items, dim_items, device, show_traceback):
+    def __init__(
+        self,
+        file,
+        model_name,
+        arg_items,
+        input_items,
+        dim_items,
+        device,
+        show_traceback,
+        json_path=None,
+        html_path=None,
+    ):
         from . import _inputs, _loader
 
         self.file = file
         self.model_name = model_name
         self.device = device
         self.show_traceback = show_traceback
+        self.json_path = json_path
+        self.html_path = html_path
         with self.translate():
             self.kwargs = _loader.parse_assignments(arg_items, "--arg")
             self.specs = _inputs.parse_input_specs(input_items)
@@ -164,15 +177,35 @@ class _Target:
         except LoadError as error:
             raise UsageFailure(str(error), error, self.show_traceback) from None
         except ShapeError as error:
-            click.echo(f"error: {error.render()}")
+            self._report_early(error.kind, error.render(), error.location, error.hint)
             raise Failed(
                 f"{error.kind} violation in {self.file}", error, self.show_traceback
             ) from None
         except ModelCrashed as error:
-            click.echo(f"error: {error.message}")
+            self._report_early("model_crashed", error.message, error.location, "")
             raise Failed(
                 f"the model crashed: {error.phase}", error.__cause__ or error, self.show_traceback
             ) from None
+
+    def _report_early(self, kind: str, message: str, location: str, hint: str) -> None:
+        """A failure before any forward ran (importing or building the model): the message on
+        stdout, and a trace holding only that finding for --json and --html."""
+        from ._errors import Finding
+        from ._record import Trace
+
+        trace = Trace()
+        trace.findings.append(
+            Finding(
+                kind=kind,
+                severity="error",
+                message=message,
+                location=location,
+                hint=hint,
+                event_index=0,
+            )
+        )
+        _write_outputs(trace, self.json_path, self.html_path)
+        click.echo(trace.to_json() if self.json_path == "-" else f"error: {message}")
 
 
 def _console(stderr: bool = False):
@@ -354,7 +387,17 @@ def trace(
     """
     from . import _loader
 
-    target = _Target(file, model_name, arg_items, input_items, dim_items, device, show_traceback)
+    target = _Target(
+        file,
+        model_name,
+        arg_items,
+        input_items,
+        dim_items,
+        device,
+        show_traceback,
+        json_path,
+        html_path,
+    )
     with target.translate(), _loader.loaded(file) as module:
         picked, inputs, run = _load_and_run(target, module, strict=strict)
     trace = run.trace
@@ -594,7 +637,17 @@ def check(
     """
     from . import _loader
 
-    target = _Target(file, model_name, arg_items, input_items, dim_items, device, show_traceback)
+    target = _Target(
+        file,
+        model_name,
+        arg_items,
+        input_items,
+        dim_items,
+        device,
+        show_traceback,
+        json_path,
+        html_path,
+    )
     with target.translate(), _loader.loaded(file) as module:
         picked, inputs, run = _load_and_run(target, module, strict=strict)
         trace = run.trace

@@ -798,3 +798,13 @@ def test_a_70b_shaped_layer_traces_on_meta_with_no_memory():
     assert result.exit_code == 0, result.stdout + result.stderr
     assert "x=[1, 8192, 8192] bfloat16" in result.stdout
     assert "[1, kv_heads=8, 8192, d_k=128]" in result.stdout
+
+
+def test_json_is_written_when_building_the_model_fails(tmp_path):
+    target = tmp_path / "out.json"
+    result = run("trace", SEED, "--arg", "n_heads=6", "--json", target)
+    assert result.exit_code == 1
+    data = json.loads(target.read_text())
+    assert data["events"] == []
+    assert [f["kind"] for f in data["findings"]] == ["head_divisibility"]
+    assert data["findings"][0]["message"] == result.stdout.removeprefix("error: ").rstrip("\n")

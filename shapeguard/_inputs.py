@@ -89,7 +89,7 @@ def parse_input_specs(items) -> dict[str, InputSpec]:
         if dtype is not None:
             _dtype(dtype, item)
         try:
-            shape = tuple(int(s) for s in sizes.replace("x", ",").split(",") if s.strip())
+            shape = tuple(int(s) for s in sizes.split(",") if s.strip())
         except ValueError:
             raise LoadError(
                 f"--input {item!r}: {sizes!r} is not a list of sizes; write e.g. {example}"
@@ -195,7 +195,8 @@ def make_inputs(
                 seq = "seq" if first_required else "seq_k"
                 shape = (sizes.get("batch"), sizes.get(seq), sizes.d_model(name))
                 values[name] = _tensor(shape, None, dtype, device)
-                sources.append(f"{name} [batch, {seq}, d_model]")
+                if "the [batch, seq, d_model] convention" not in sources:
+                    sources.append("the [batch, seq, d_model] convention")
             else:
                 raise LoadError(
                     f"cannot make input {name!r} for {type(model).__name__}.forward"
@@ -210,7 +211,7 @@ def make_inputs(
         )
     args, kwargs = _split(params, values)
     named = ", ".join(f"{k}={v}" for k, v in sizes.bound.items())
-    how = "; ".join(sources) + (f" ({named})" if named else "")
+    how = ", ".join(sources) + (f": {named}" if named else "")
     return Inputs(args, kwargs, how, dict(sizes.bound))
 
 

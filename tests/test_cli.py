@@ -501,7 +501,31 @@ def test_inputs_from_the_convention_read_d_model_from_the_module(tmp_path):
     assert result.exit_code == 0, result.stderr
     # seq 5 is taken by nothing; d_k=11 and heads=3 are declared, so batch and seq avoid them.
     assert result.stdout.splitlines()[1] == (
-        "inputs  x=[2, 5, 33] float32  (from x [batch, seq, d_model] (batch=2, seq=5, d_model=33))"
+        "inputs  x=[2, 5, 33] float32  "
+        "(from the [batch, seq, d_model] convention: batch=2, seq=5, d_model=33)"
+    )
+
+
+def test_convention_gives_keys_and_values_their_own_length(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        from torch import nn
+
+        class Cross(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.attn = nn.MultiheadAttention(33, 3, batch_first=True)
+
+            def forward(self, query, key, value):
+                return self.attn(query, key, value, need_weights=False)[0]
+    """,
+    )
+    result = run("trace", path)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[1] == (
+        "inputs  query=[2, 5, 33] float32, key=[2, 7, 33] float32, value=[2, 7, 33] float32  "
+        "(from the [batch, seq, d_model] convention: batch=2, seq=5, d_model=33, seq_k=7)"
     )
 
 
@@ -535,7 +559,7 @@ def test_inputs_from_jaxtyping_annotations(tmp_path):
     assert result.exit_code == 0, result.stderr
     assert result.stdout.splitlines()[1] == (
         "inputs  x=[2, 5, 33] float32, memory=[2, 7, 33] float32, mask=[2, 1, 5, 7] bool  "
-        "(from the forward's annotations (d_model=33, batch=2, seq=5, seq_k=7))"
+        "(from the forward's annotations: d_model=33, batch=2, seq=5, seq_k=7)"
     )
     bound = run("trace", path, "--dim", "seq_k=13")
     assert "memory=[2, 13, 33] float32, mask=[2, 1, 5, 13] bool" in bound.stdout

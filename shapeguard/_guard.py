@@ -298,7 +298,9 @@ def _pre_hook(module, args, kwargs):
         call = rt.push_call(module, key)
     session = rt.current_session()
     if options.ops:
-        if session is None:
+        # A background session (the pytest plugin's) lets a guarded module keep its own
+        # options and last_trace; it still receives the findings when this one closes.
+        if session is None or session.background:
             from ._record import Trace
 
             trace = Trace(mode=options.mode, strict=options.strict)

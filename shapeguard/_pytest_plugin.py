@@ -185,8 +185,12 @@ def _plan_for(item: pytest.Item, settings: _Settings) -> _Plan:
         for key, value in found.items():
             options.setdefault(key, value)  # a closer marker wins
     checked = settings.enabled if on is None else on
+    # A background trace: traces and guarded modules that the test opens itself keep
+    # their own options, and their findings still reach this one (and fail the test).
     trace = Trace(
-        mode=options.get("mode", settings.mode), strict=options.get("strict", settings.strict)
+        mode=options.get("mode", settings.mode),
+        strict=options.get("strict", settings.strict),
+        background=True,
     )
     return _Plan(trace=trace, checked=checked, traced=checked)
 

@@ -87,6 +87,9 @@ class Trace:
     mode: str = "raise"
     strict: bool = False
     max_events: int = 100_000
+    # A background trace (the pytest plugin's) steps aside for traces and guarded modules
+    # opened inside it, and collects their findings when they close.
+    background: bool = False
     events: list[Event] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     modules_seen: int = 0

@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import _axes, _flash, _meta, _source
+from . import _axes, _config, _flash, _meta, _source
 from ._axes import Axes, Vocabulary, format_shape
 from ._errors import Context, Finding, Operand, ShapeError, ShapeWarning, Violation
 from ._meta import TensorMeta
@@ -200,6 +200,7 @@ class Session:
         self.trace = trace
         self.root = root
         self.owner = None  # the guarded module that opened this session, if any
+        self.background = trace.background
         self.owner_depth = 0
         self.metas: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
         self.vocab = Vocabulary()
@@ -240,6 +241,9 @@ class Session:
             self._remove_hooks()
             if getattr(_local, "session", None) is self:
                 _local.session = self._previous
+            previous = self._previous
+            if previous is not None and previous.background:
+                previous.trace.findings.extend(self.trace.findings)
             self.metas = WeakTensorKeyDictionary()
             self.module_stack.clear()
 
@@ -250,12 +254,15 @@ class Session:
 
     # -- modules -----------------------------------------------------------------
     def _on_module_enter(self, module, args) -> None:
+        if getattr(_local, "session", None) is not self:
+            return  # an inner session is tracking modules now
         if self.root is None:
             self.root = module
         self.enter_module(module, args, {})
 
     def _on_module_exit(self, module, args, output) -> None:
-        self.exit_module(module)
+        if getattr(_local, "session", None) is self:
+            self.exit_module(module)
 
     def enter_module(self, module, args: tuple, kwargs: dict) -> None:
         if torch.compiler.is_compiling():
@@ -340,6 +347,9 @@ class Session:
             or op in _PASS_THROUGH_ATTRS
             or self._dispatching
             or torch.compiler.is_compiling()
+            # An inner session sees this op too (its mode runs first); check it once.
+            or getattr(_local, "session", None) is not self
+            or not _config.is_enabled()
         ):
             return func(*args, **kwargs)
         self._dispatching = True

@@ -348,3 +348,27 @@ def test_guard_changes_no_user_state_rng_mode_or_weights():
     assert layer.training
     assert all(torch.equal(v, state[k]) for k, v in layer.state_dict().items())
     shapeguard.unguard(layer)
+
+
+def test_nested_trace_checks_each_op_once_and_background_collects_findings():
+    model = HandAttention(bug="softmax_axis")
+    guarded = shapeguard.guard(HandAttention(bug="softmax_axis"), mode="warn")
+    outer = shapeguard.Trace(background=True)
+    with outer, pytest.warns(shapeguard.ShapeWarning):
+        inner = shapeguard.trace(model, torch.randn(B, SQ, D))
+        guarded(torch.randn(B, SQ, D))
+    assert [f.kind for f in inner.findings] == ["softmax_axis"]
+    assert [f.kind for f in shapeguard.last_trace(guarded).findings] == ["softmax_axis"]
+    # The outer trace saw neither forward's ops, but received both findings.
+    assert [e.op for e in outer.events] == ["randn", "randn"]
+    assert [f.kind for f in outer.findings] == ["softmax_axis", "softmax_axis"]
+
+
+def test_disable_stops_an_open_trace():
+    with shapeguard.trace() as trace:
+        shapeguard.disable()
+        try:
+            torch.randn(B, SQ) @ torch.randn(SQ, SK)
+        finally:
+            shapeguard.enable()
+    assert trace.events == []

@@ -144,7 +144,10 @@ def run_check(model, args: tuple = (), kwargs: dict | None = None, *,
         report.results.append(_shape_result(traced))
         if traced.error is not None:
             return report
-        subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
+        try:
+            subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
+        except Exception as error:
+            subject = ProbeResult("probes", "failed", f"the module fails outside the trace: {error}")
         if isinstance(subject, ProbeResult):
             report.results.append(subject)
             return report
@@ -267,14 +270,14 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
     _config._disabled_by_api = True  # probe runs are plain forwards, guarded or not
     generator = torch.Generator().manual_seed(seed)
     for dtype in (torch.float64, None):
-        candidate = work if dtype is None else _copy_as(work, dtype)
-        inputs = (args, kwargs) if dtype is None else _inputs_as((args, kwargs), dtype)
         try:
+            candidate = work if dtype is None else _copy_as(work, dtype)
+            inputs = (args, kwargs) if dtype is None else _inputs_as((args, kwargs), dtype)
             reference = _probes.first_output(candidate(*inputs[0], **inputs[1]))
         except Exception:
             if dtype is None:
                 raise
-            continue
+            continue  # float64 refused (a float32 constant, an op without double): as given
         break
     if reference is None:
         return _probes.skipped("probes", "the module returned no floating-point tensor")

@@ -772,7 +772,10 @@ def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
     from ._record import Trace
     from ._session import close_session, open_session
 
+    from . import _config
+
     args, kwargs = inputs
+    disabled, _config._disabled_by_api = _config._disabled_by_api, False  # probe runs turn it off
     session = open_session(Trace(mode=mode), root=s.model)
     watch = Watch(session, keep_values=True)
     try:
@@ -783,6 +786,7 @@ def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
                 s.model(*args, **kwargs)
     finally:
         close_session(session)
+        _config._disabled_by_api = disabled
     return watch.values or []
 
 
@@ -1068,7 +1072,10 @@ def head_permutation(s: Subject) -> ProbeResult:
     groups = find_heads(s.model, s.watch, s.traced_model)
     if not groups:
         return skipped(name, "found no Q/K/V projections with a declared head count of 2 or more")
-    model = copy.deepcopy(s.model)
+    try:
+        model = copy.deepcopy(s.model)
+    except Exception as error:
+        return skipped(name, f"the module cannot be copied to permute its heads ({error})")
     expected = s.reference
     described = []
     for group in groups:

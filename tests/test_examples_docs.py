@@ -10,6 +10,9 @@ import re
 import pytest
 from _docs_support import capture_messages, forget_source, regen_enabled, run_example
 
+# These tests provoke shape violations on purpose and assert on them.
+pytestmark = pytest.mark.no_shapeguard
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUGS = sorted((ROOT / "examples").glob("bug_*.py"))
 CLASSIC = (

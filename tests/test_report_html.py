@@ -22,6 +22,9 @@ import shapeguard
 from shapeguard.report import _flow, _png
 from shapeguard.report.html import capture_attention, render_html
 
+# These tests provoke shape violations on purpose and assert on them.
+pytestmark = pytest.mark.no_shapeguard
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 D = H * DK
 CHROMIUM = "/usr/bin/chromium"

@@ -282,7 +282,12 @@ def _load_and_run(target: _Target, module, *, strict: bool = False):
             _emit_warnings(caught)
     with _module_progress(picked.model, "tracing"):
         run = _loader.run_traced(
-            picked.model, inputs.args, inputs.kwargs, strict=strict, path=picked.path
+            picked.model,
+            inputs.args,
+            inputs.kwargs,
+            strict=strict,
+            path=picked.path,
+            device=target.device,
         )
     _emit_warnings(run.warnings)
     return picked, inputs, run

@@ -420,13 +420,17 @@ class Run:
         return bool(self.shape_error or self.crash or self.trace.errors)
 
 
-def run_traced(model, args: tuple, kwargs: dict, *, strict: bool = False, path: str = "") -> Run:
+def run_traced(
+    model, args: tuple, kwargs: dict, *, strict: bool = False, path: str = "", device: str = "cpu"
+) -> Run:
     """Run `model(*args, **kwargs)` once under a shapeguard trace and keep the trace even
     when the forward fails (a `shapeguard.trace(model, ...)` call would lose it).
 
     ShapeWarnings are left to the trace's findings; other warnings are returned,
     so the caller can print them as diagnostics. `strict` stops at the first
-    ShapeWarning as at an error.
+    ShapeWarning as at an error. On `device="meta"` the forward runs under
+    `torch.device("meta")`, so the tensors it makes without a device (a causal mask
+    from `torch.ones(T, T)`) are on meta too, as they would be on cpu.
     """
     import logging
     import warnings
@@ -450,7 +454,7 @@ def run_traced(model, args: tuple, kwargs: dict, *, strict: bool = False, path: 
             session = open_session(trace, root=model)
             try:
                 session.enter_module(model, args, kwargs)
-                with torch.no_grad():
+                with torch.no_grad(), _device(device):
                     model(*args, **kwargs)
             except ShapeError as error:
                 run.shape_error = error

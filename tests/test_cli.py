@@ -112,6 +112,18 @@ def test_trace_on_meta_needs_no_memory_and_reports_meta_tensors(tmp_path):
     assert CLEAN.match(result.stdout.splitlines()[-1])
 
 
+def test_tensors_made_inside_forward_are_on_meta_too(tmp_path):
+    causal = ATTENTION.replace(
+        "        if mask is not None:",
+        "        mask = torch.ones(T, T, dtype=torch.bool).tril()  # no device=: cpu, or meta\n"
+        "        if mask is not None:",
+    )
+    path = write(tmp_path, causal)
+    result = run("trace", path, "--device", "meta")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "│ masked_fill " in result.stdout
+
+
 def test_trace_json_file_has_the_versioned_schema(tmp_path):
     from shapeguard._record import SCHEMA_VERSION
 

@@ -4,8 +4,11 @@ The module is the seed MultiHeadAttention of `examples/seed_mha.py`, whose forwa
 carries the contract `x: Float[Tensor, "batch seq d_model"]`,
 `mask: Bool[Tensor, "batch 1 seq seq"] | None`, `-> Float[Tensor, "batch seq d_model"]`.
 Each size runs these variants side by side, in one process, on one thread
-(`_timing.compare`: interleaved rounds, median of >= 20 after warm-up, ratios paired
-per round):
+(interleaved rounds as in `_timing.compare`, median of >= 20 after warm-up, ratios
+paired per round), timed in CPU time of the calling thread: with one torch thread
+the whole forward runs there, and other processes on a shared machine (this one
+often runs at a load of 6 on 2 cores) do not move the figure as they move the
+wall clock:
 
 - plain: the module unguarded (the baseline);
 - jaxtyped: the same forward under a bare `@jaxtyped(typechecker=beartype)`;
@@ -32,16 +35,54 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+import math  # noqa: E402
+import time  # noqa: E402
+
 from _timing import (  # noqa: E402
     MIN_REPEATS,
     Section,
     Table,
     Target,
+    Timing,
     Variant,
-    compare,
+    _quartiles,
     fmt_seconds,
     one_thread,
 )
+
+
+def compare_cpu(variants: list[Variant], *, repeats: int, warmup: int, min_sample_s: float):
+    """`_timing.compare`, timed with the calling thread's CPU clock instead of the wall."""
+    clock = time.thread_time
+
+    def sample(variant: Variant, inner: int) -> float:
+        fn = variant.fn
+        start = clock()
+        for _ in range(inner):
+            fn()
+        return (clock() - start) / inner
+
+    inner = {}
+    for variant in variants:
+        last = 0.0
+        for _ in range(max(1, warmup)):
+            last = sample(variant, 1)
+        inner[variant.name] = max(1, math.ceil(min_sample_s / max(last, 1e-9)))
+    samples: dict[str, list[float]] = {v.name: [] for v in variants}
+    for round_ in range(repeats):
+        shift = round_ % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            samples[variant.name].append(sample(variant, inner[variant.name]))
+    base = samples[variants[0].name]
+    timings = {}
+    for variant in variants:
+        mine = samples[variant.name]
+        ratios = [m / b for m, b in zip(mine, base, strict=True)]
+        q1, q3 = _quartiles(ratios)
+        timings[variant.name] = Timing(
+            variant.name, statistics.median(mine), statistics.median(ratios), q1, q3, mine
+        )
+    return timings
 
 TINY = ("tiny", 2, 16, 64)  # name, batch, seq, d_model
 MEDIUM = ("medium", 8, 512, 512)
@@ -112,7 +153,7 @@ def measure(quick: bool = False) -> list[dict]:
         # Warm-up 3: check="first" checks on its first call and is timed after it. The
         # tiny size is cheap, so it gets more rounds: its ratios sit closest to the noise.
         repeats = 3 if quick else (3 * MIN_REPEATS if b * s * d < 10**5 else MIN_REPEATS)
-        timings = compare(_variants(size), repeats=repeats, warmup=3, min_sample_s=0.05)
+        timings = compare_cpu(_variants(size), repeats=repeats, warmup=3, min_sample_s=0.05)
         for variant in VARIANTS:
             t = timings[variant]
             rows.append(
@@ -161,7 +202,7 @@ def targets(rows: list[dict]) -> list[Target]:
 
 def table(rows: list[dict]) -> Table:
     return Table(
-        "Per-call cost of the seed MHA forward (eval, no_grad, one thread)",
+        "Per-call cost of the seed MHA forward (eval, no_grad, one thread, thread CPU time)",
         [
             "size",
             "variant",

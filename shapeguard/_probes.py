@@ -508,7 +508,7 @@ class Subject:
         return out
 
     def result(self, name: str, dev: float, action: str, target: str, hint: str,
-               point=None) -> ProbeResult:
+               point=None, lead: str = "first seen at ") -> ProbeResult:
         """Passed or failed by `dev` against the tolerance: "<action> left <target>
         unchanged", or "<action> moved <target> by ..." with the op `point()` names."""
         tol = self.rtol
@@ -517,7 +517,7 @@ class Subject:
                 name, "passed", f"{action} left {target} unchanged (deviation {dev:.1e})", dev, tol
             )
         op = point() if point is not None else ""
-        where = f"\n  first seen at {op}" if op else ""
+        where = f"\n  {lead}{op}" if op else ""
         return ProbeResult(
             name,
             "failed",
@@ -768,11 +768,10 @@ def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
     """Every op's output in one traced forward: (op, where, value, axis names)."""
     import warnings
 
+    from . import _config
     from ._errors import ShapeWarning
     from ._record import Trace
     from ._session import close_session, open_session
-
-    from . import _config
 
     args, kwargs = inputs
     disabled, _config._disabled_by_api = _config._disabled_by_api, False  # probe runs turn it off
@@ -1098,6 +1097,7 @@ def head_permutation(s: Subject) -> ProbeResult:
         "[heads, d_k] and move heads next to batch (view then transpose), and transpose back "
         "before merging",
         lambda: _head_ops(s.events),
+        lead="",
     )
 
 
@@ -1117,7 +1117,7 @@ def _head_ops(events) -> str:
         parts.append(f"heads split by {describe_event(split)}")
     if merge is not None:
         parts.append(f"merged by {describe_event(merge)}")
-    return ", ".join(parts)
+    return " and ".join(parts)
 
 
 _MERGES = frozenset({"view", "reshape", "flatten", "contiguous", "permute", "transpose"})

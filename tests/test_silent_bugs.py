@@ -122,10 +122,7 @@ class SeqFirst(nn.Module):
 
     def forward(self, x):
         batch, seq, d_model = x.shape
-        if self.fixed:
-            x = x.transpose(0, 1)
-        else:
-            x = x.reshape(seq, batch, d_model)
+        x = x.transpose(0, 1) if self.fixed else x.reshape(seq, batch, d_model)
         out, _ = self.attn(x, x, x, need_weights=False)
         return out.transpose(0, 1)
 

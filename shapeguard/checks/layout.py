@@ -117,9 +117,11 @@ def _check_rotary(call):
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
-    pairs = ((args[0], args[1], call.label(1, "cos")), (args[1], args[0], call.label(0, "cos")))
-    for x, c, c_label in pairs:
-        if c.dim() < 2 or x.dim() < c.dim() or x.dim() < 3 or not _rotary_like(call, c, c_label):
+    for x, c, index in ((args[0], args[1], 1), (args[1], args[0], 0)):
+        if c.dim() < 2 or x.dim() < c.dim() or x.dim() < 3:
+            continue  # cheap tests first: this runs on every multiplication
+        c_label = call.label(index, "cos")
+        if not _rotary_like(call, c, c_label):
             continue
         x_axes = call.axes(x)
         if not x_axes or x_axes[-1] != "d_k":

@@ -168,16 +168,16 @@ def _additive_use(call):
     args = call.args
     if len(args) < 2 or not (hasattr(args[0], "dtype") and hasattr(args[1], "dtype")):
         return
-    pairs = ((args[0], args[1], 1), (args[1], args[0], 0))
-    for scores, mask, index in pairs:
+    for scores, mask, index in ((args[0], args[1], 1), (args[1], args[0], 0)):
+        # Cheap tests first: this runs on every addition (residuals included).
+        if not mask.is_floating_point() or scores.dim() < 2 or mask.dim() < 2:
+            continue
+        target = tuple(scores.shape)
+        if not _fits(mask.shape, target) or not _readable(mask):
+            continue
         label = call.label(index, "mask")
         roles = (call.role(mask, label), call.role(scores, call.label(1 - index, "scores")))
         if roles[0] != "mask" and roles[1] not in ("scores", "attn"):
-            continue
-        if not mask.is_floating_point() or scores.dim() < 2 or not _readable(mask):
-            continue
-        target = tuple(scores.shape)
-        if mask.dim() < 2 or not _fits(mask.shape, target):
             continue
         hidden = mask <= _HIDING
         # An additive mask is 0 where a key is kept; anything else is a bias (ALiBi, ...).

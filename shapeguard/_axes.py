@@ -189,7 +189,9 @@ def matmul_axes(a_shape: Sequence[int], a_axes: Axes, b_shape: Sequence[int], b_
     batch = tuple(batch_src[:-2]) if batch_src else ()
     rows = a_axes[-2] if a_axes else None
     cols = b_axes[-1] if b_axes else None
-    if rows == cols and rows == "seq":
+    # Self-attention scores: queries and keys come from one sequence axis. Its name may
+    # already be seq_q when a previous layer's output feeds this one.
+    if rows == cols and rows in ("seq", "seq_q", "seq_k"):
         rows, cols = "seq_q", "seq_k"
     return (*batch, rows, cols)
 

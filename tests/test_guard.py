@@ -372,3 +372,12 @@ def test_disable_stops_an_open_trace():
         finally:
             shapeguard.enable()
     assert trace.events == []
+
+
+def test_stacked_self_attention_layers_stay_silent():
+    # The second layer's input comes out of the first named [batch, seq_q, d_model];
+    # its scores are still [seq_q, seq_k], and softmax over them is right.
+    stack = nn.Sequential(HandAttention(), HandAttention(), HandAttention())
+    trace = shapeguard.trace(stack, torch.randn(B, SQ, D))
+    assert trace.findings == []
+    assert [r.axes[-2:] for r in trace.records("scores")][-1] == ("seq_q", "seq_k")

@@ -73,7 +73,7 @@ def guard(
     Returns:
         The class or the instance, guarded.
 
-    Example:
+    Examples:
         >>> import torch, shapeguard
         >>> layer = shapeguard.guard(torch.nn.Linear(3, 4))
         >>> layer(torch.zeros(2, 5)).shape

@@ -140,11 +140,17 @@ class Trace:
 
         return render_table(self, width=width, color=color, all_ops=all_ops)
 
-    def to_html(self) -> str:
-        """One self-contained HTML report (no network): see `shapeguard.report.html`."""
+    def to_html(self, attention: dict | None = None) -> str:
+        """One self-contained HTML report (no network): see `shapeguard.report.html`.
+
+        Args:
+            attention: per-head attention weights for the heatmaps, as returned by
+                `shapeguard.report.html.capture_attention(model, *args)`; a trace itself
+                keeps shapes only.
+        """
         from .report.html import render_html
 
-        return render_html(self)
+        return render_html(self, attention)
 
     def to_dict(self) -> dict:
         from ._version import __version__

@@ -19,7 +19,7 @@ def trace(model=None, /, *args, mode: str = "raise", strict: bool = False, **kwa
         mode: "raise" or "warn", as for `guard`.
         strict: turn ShapeWarnings into errors.
 
-    Example:
+    Examples:
         >>> import torch, shapeguard
         >>> t = shapeguard.trace(torch.nn.Linear(3, 4), torch.zeros(2, 3))
         >>> t.shape_of("output") is None, t.events[0].op, t.events[0].outputs[0].shape

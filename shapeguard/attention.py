@@ -77,7 +77,7 @@ def flash_attention(
         ShapeError: the inputs break flash-attn's contract (the message names the rule).
         ContractError: an argument of this function is malformed.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from shapeguard.attention import flash_attention
         >>> q = torch.randn(2, 5, 3, 16)      # [batch, seq_q, heads, d_k]
@@ -145,7 +145,7 @@ def flash_attention_varlen(
     Returns:
         [total_q, heads, d_k], typed like q.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from shapeguard.attention import flash_attention_varlen
         >>> cu = torch.tensor([0, 3, 8], dtype=torch.int32)   # two sequences: 3 and 5 tokens

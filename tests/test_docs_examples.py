@@ -13,6 +13,10 @@ MODULES = [
     "shapeguard._roles",
     "shapeguard._guard",
     "shapeguard._trace",
+    "shapeguard.attention",
+    "shapeguard.report.html",
+    "shapeguard.report._capture",
+    "shapeguard.report._png",
 ]
 
 

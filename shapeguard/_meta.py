@@ -176,8 +176,12 @@ def output_axes(
     result = _propagate(op, args, kwargs, in_shapes, in_axes, out_shape, vocab, declared)
     if result is None or len(result) != len(out_shape):
         return guessed
-    # Fill what propagation could not name from the vocabulary.
-    return tuple(name or guess for name, guess in zip(result, guessed, strict=True))
+    # Fill what propagation could not name from the vocabulary; "" marks an axis that
+    # propagation knows to be unnamed (a broadcast copy), which stays unnamed.
+    return tuple(
+        (name or None) if name is not None else guess
+        for name, guess in zip(result, guessed, strict=True)
+    )
 
 
 def _propagate(op, args, kwargs, in_shapes, in_axes, out_shape, vocab, declared) -> Axes | None:
@@ -362,6 +366,12 @@ def _grow_axes(shape, axes: Axes, out_shape, vocab) -> Axes | None:
     out: list[str | None] = [vocab.name_of(s) for s in out_shape[:lead]]
     for name, old, new in zip(axes, shape, out_shape[lead:], strict=True):
         out.append(name if old == new else vocab.name_of(new))
+    # A size-1 axis grown to a size that names another axis here is a copy of it
+    # (repeat_kv's `[:, :, None].expand(..., n_rep, ...)` with n_rep == batch): unnamed.
+    for i, (name, new) in enumerate(zip(out, out_shape, strict=True)):
+        old = shape[i - lead] if i >= lead else 1
+        if name is not None and old != new and name in out[:i] + out[i + 1 :]:
+            out[i] = ""
     return tuple(out)
 
 

@@ -329,7 +329,7 @@ def rtol_for(dtype) -> float:
 
 
 def distinct_length(current: int, taken: set[int]) -> int | None:
-    """A shorter length that coincides with no other size in play."""
+    """A smaller size (about half) that coincides with no other size in play."""
     for t in (current // 2 + 1, *range(current - 1, 0, -1)):
         if 1 <= t < current and t not in taken:
             return t
@@ -579,7 +579,7 @@ def sub_batch(s: Subject) -> ProbeResult:
         return skipped(name, "needs a batch of 2 or more and a batch axis in the output")
     if s.layout.ambiguous:
         return skipped(name, s.layout.ambiguous)
-    k = max(1, b // 2)
+    k = distinct_length(b, sizes_in_play(s.layout, s.declared)) or 1
     small = sliced(s.layout, s.inputs, batch=k)
     try:
         out = s.run(small)

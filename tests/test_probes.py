@@ -159,7 +159,7 @@ def test_sub_batch_catches_a_padding_mask_that_fits_only_because_batch_equals_se
     report = run_check(Attention(), (x, mask), {})
     failed = result(report, "sub-batch consistency")
     assert failed.status == "failed"
-    assert failed.message.startswith("the first 2 of 5 examples run alone, the module fails: ")
+    assert failed.message.startswith("the first 4 of 5 examples run alone, the module fails: ")
     assert "do not broadcast" in failed.message
     assert failed.op.startswith("masked_fill at ")
 

@@ -421,6 +421,7 @@ def test_sdpa_rows_that_hide_every_key():
         "(first at batch 1, heads 0, query 0): SDPA returns zeros for them"
     )
     assert first.hint.startswith("each query must see at least one key")
+    clean(SdpaPadded(fixed=True), x, padding([5, 2], S) == 0)  # every example has a token
 
 
 class MhaMasked(nn.Module):
@@ -464,6 +465,7 @@ def test_multihead_attention_rows_that_hide_every_key():
         "hides every key from 15 of 30 query rows (first at batch 1, heads 0, query 0): "
         "nn.MultiheadAttention returns NaN for them"
     )
+    clean(MhaMasked(), x, key_padding_mask=padding([5, 2], S) == 0)
 
 
 class NanoCausal(nn.Module):
@@ -530,3 +532,67 @@ def test_is_causal_with_a_cache_aligns_the_triangle_top_left():
     )
     assert "tril(5)" in first.hint
     clean(Cached(fixed=True), q, k, k)
+
+
+# -- axis provenance ------------------------------------------------------------------
+class Flow(nn.Module):
+    """Grouped-query attention through split, chunk, cat, repeat_interleave, expand,
+    None-indexing, SDPA and masked_fill: 6 query heads, 3 kv heads, d_k 8."""
+
+    def __init__(self):
+        super().__init__()
+        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = 48, 6, 3, 8
+        self.qkv = nn.Linear(48, (6 + 2 * 3) * 8)
+
+    def forward(self, x, pad):
+        batch, seq, _ = x.shape
+        q, k, v = self.qkv(x).split([48, 24, 24], dim=-1)
+        q = q.view(batch, seq, 6, 8).transpose(1, 2)
+        k = k.view(batch, seq, 3, 8).transpose(1, 2)
+        v = v.view(batch, seq, 3, 8).transpose(1, 2)
+        first, second = q.chunk(2, dim=-1)
+        rotated = torch.cat((-second, first), dim=-1)
+        keys = k.repeat_interleave(2, dim=1)
+        values = v[:, :, None].expand(batch, 3, 2, seq, 8).reshape(batch, 6, seq, 8)
+        keep = pad[:, None, None, :]
+        context = F.scaled_dot_product_attention(rotated, keys, values, attn_mask=keep)
+        scores = (rotated @ keys.transpose(-2, -1)).masked_fill(~keep, float("-inf"))
+        attn = scores.softmax(dim=-1)
+        return attn.sum() + context.transpose(1, 2).reshape(batch, seq, 48)
+
+
+def test_axis_names_follow_the_data():
+    trace = shapeguard.trace(Flow(), torch.randn(2, 5, 48), torch.ones(2, 5, dtype=torch.bool))
+    named = {e.label: e.outputs[0].named_shape for e in trace.events if e.label}
+    assert named["q"] == "[batch=2, heads=6, seq=5, d_k=8]"
+    assert named["k"] == "[batch=2, kv_heads=3, seq=5, d_k=8]"
+    assert named["first"] == "[batch=2, heads=6, seq=5, d_k=4]"  # a chunk of d_k is still d_k
+    assert named["rotated"] == "[batch=2, heads=6, seq=5, d_k=8]"
+    assert named["keys"] == "[batch=2, heads=6, seq=5, d_k=8]"  # repeat_interleave: kv -> heads
+    assert named["values"] == "[batch=2, heads=6, seq=5, d_k=8]"
+    assert named["keep"] == "[batch=2, 1, 1, seq=5]"
+    assert named["context"] == "[batch=2, heads=6, seq=5, d_k=8]"
+    assert named["scores"] == "[batch=2, heads=6, seq_q=5, seq_k=5]"
+    assert named["attn"] == "[batch=2, heads=6, seq_q=5, seq_k=5]"
+    split = next(e for e in trace.events if e.op == "split")
+    assert [o.label for o in split.outputs] == ["q", "k", "v"]
+    assert split.outputs[1].named_shape == "[batch=2, seq=5, 24]"  # every output is named
+    expand = next(e for e in trace.events if e.op == "expand")
+    # n_rep == batch == 2: the repeat axis is a copy, not a second batch axis.
+    assert expand.outputs[0].named_shape == "[batch=2, kv_heads=3, 2, seq=5, d_k=8]"
+    cat = next(e for e in trace.events if e.op == "cat")
+    assert [r.named_shape for r in cat.inputs] == ["[batch=2, heads=6, seq=5, d_k=4]"] * 2
+
+
+def test_head_split_is_named_even_when_sizes_coincide():
+    """seq == heads == 5: the vocabulary cannot tell them apart, the view's structure can."""
+    trace = shapeguard.trace(Heads(n_heads=5, d_model=55), torch.randn(B, 5, 55))
+    view = next(e for e in trace.events if e.op == "view")
+    assert view.outputs[0].axes[2:] == ("heads", "d_k")
+
+
+def test_on_the_meta_device_names_are_checked_and_values_are_not_read():
+    found = findings(Heads("carve").to("meta"), torch.randn(B, S, D, device="meta"))
+    assert {f.kind for f in found} == {"view_mixes_axes"}
+    future = torch.ones(S, S, device="meta").triu(1)  # polarity needs values: not read on meta
+    assert findings(Masked().to("meta"), torch.randn(B, S, D, device="meta"), future) == []

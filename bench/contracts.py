@@ -16,7 +16,10 @@ wall clock:
 - contract first: `guard(model, ops=False, check="first")`, after its first call;
 - guard every: `guard(model)`: the contract and the op-level engine (a
   TorchFunctionMode that checks every tensor op);
-- guard first: `guard(model, check="first")`, after its first call.
+- guard first: `guard(model, check="first")`, after its first call;
+- empty hooks: the plain module with two no-op hooks registered as guard registers
+  its own (a pre-hook with kwargs, an always-call forward hook): the floor under any
+  hook-based check, which `check="first"` cannot go below.
 
 The issue's question (what do contracts cost?) is answered by the `ops=False`
 rows: they time the contract alone. The `guard every` row adds the op-level
@@ -89,7 +92,15 @@ MEDIUM = ("medium", 8, 512, 512)
 QUICK = (TINY, ("small", 2, 64, 128))
 HEADS = 8
 
-VARIANTS = ("plain", "jaxtyped", "contract every", "contract first", "guard every", "guard first")
+VARIANTS = (
+    "plain",
+    "jaxtyped",
+    "contract every",
+    "contract first",
+    "guard every",
+    "guard first",
+    "empty hooks",
+)
 
 
 def _variants(size) -> list[Variant]:
@@ -124,7 +135,13 @@ def _variants(size) -> list[Variant]:
         "contract first": fresh(ops=False, check="first"),
         "guard every": fresh(ops=True),
         "guard first": fresh(ops=True, check="first"),
+        "empty hooks": fresh(),
     }
+    hooked = models["empty hooks"]
+    hooked.register_forward_pre_hook(lambda module, args, kwargs: None, with_kwargs=True)
+    hooked.register_forward_hook(
+        lambda module, args, kwargs, output: None, with_kwargs=True, always_call=True
+    )
     torch.manual_seed(1)
     x = torch.randn(b, s, d)
     mask = torch.tril(torch.ones(s, s, dtype=torch.bool)).expand(b, 1, s, s)
@@ -227,7 +244,8 @@ def table(rows: list[dict]) -> Table:
         notes=[
             "`contract every` / `contract first` are `guard(model, ops=False)`: the contract "
             "alone, which is what this table measures. `guard every` adds the op-level engine "
-            "(see the Overhead section); `guard first` skips both after a signature's first call.",
+            "(see the Overhead section); `guard first` skips both after a signature's first call. "
+            "`empty hooks` is torch's own cost of two no-op hooks: the floor for check=\"first\".",
             "Ratios are medians of per-round ratios (IQR in parentheses); `best` columns divide "
             "the fastest round of each variant, the figure a busy machine moves least.",
         ],

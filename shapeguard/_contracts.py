@@ -495,6 +495,8 @@ class Call:
     single: dict | None = None  # jaxtyping's dim bindings after the arguments
     variadic: dict | None = None
     exc: BaseException | None = None  # the exception being handled when the call began
+    state: object = None  # the guard's state for the module, kept for the forward hook
+    session: object = None  # the session open during the call, if any
 
 
 def push_call(owner, key) -> Call:

@@ -331,6 +331,7 @@ def _pre_hook(module, args, kwargs):
     )
     if call is not None:
         call.single, call.variadic = single, variadic
+        call.state, call.session = state, session
     if session is not None:
         rt.name_inputs(session, contract, single, args, kwargs)
     return None
@@ -365,12 +366,12 @@ def _close_owned_session(rt, module) -> None:
 def _finish_call(rt, module, call, output, args, kwargs) -> None:
     """Check the return value, then remember the signature for check="first"."""
     __tracebackhide__ = True
-    state = _guarded.get(module)
+    state = call.state or _guarded.get(module)
     if state is None:
         return
     contract = state.contract
     if contract is not None and contract.returns is not None and call.single is not None:
-        session = rt.current_session()
+        session = call.session
         mode = session.trace.mode if session is not None else state.options.mode
         rt.check_return(
             contract,

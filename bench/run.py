@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from _timing import REPO, Section, Table, Target, machine  # noqa: E402
+from _timing import REPO, Section, Table, Target, fmt_seconds, machine  # noqa: E402
 
 DOC = os.path.join(REPO, "docs", "benchmarks.md")
 PIECES = ("overhead", "contracts", "meta_scale", "scale", "check_probe", "side_by_side")
@@ -158,6 +158,44 @@ def _meta_scale(module, quick: bool) -> Section:
     return section
 
 
+def _check_probe(module, quick: bool) -> Section:
+    """bench/check_probe.py: `shapeguard.check` as a ratio to one plain forward."""
+    result = module.measure(2, 16, 64, repeats=3) if quick else module.measure()
+    target = getattr(module, "TARGET", 20.0)
+    rounds = 3 if quick else inspect.signature(module.measure).parameters["repeats"].default
+    probes = ", ".join(f"{name}: {status}" for name, status in result.get("probes", {}).items())
+    ratio = f"{result['ratio']:.1f}x ({result['ratio_q1']:.1f}-{result['ratio_q3']:.1f})"
+    table = Table(
+        "`shapeguard.check` on the seed MultiHeadAttention vs one plain forward",
+        ["size", "plain forward", "shapeguard.check", "ratio (IQR)", "rounds", "probes"],
+        [
+            [
+                result["size"],
+                fmt_seconds(result["forward_s"]),
+                fmt_seconds(result["check_s"]),
+                ratio,
+                str(rounds),
+                probes,
+            ]
+        ],
+        [
+            "The check is one traced forward plus the probes, each a forward of a float64 copy; "
+            f"{rounds} interleaved rounds (at B=8, S=512, D=512 a check takes seconds), one thread.",
+        ],
+    )
+    section = Section(TITLES["check_probe"], tables=[table])
+    if not quick:
+        section.targets.append(
+            Target(
+                f"shapeguard.check vs one forward, seed MHA, {result['size']}",
+                f"< {target:.0f}x",
+                f"{result['ratio']:.1f}x",
+                result["ratio"] < target,
+            )
+        )
+    return section
+
+
 def _generic(module, name: str, quick: bool) -> Section:
     """A piece with a `run`/`measure`/`main`-style entry point and its own output."""
     for entry in ("run", "bench", "measure", "benchmark", "main"):
@@ -205,6 +243,8 @@ def run_piece(name: str, quick: bool) -> Outcome:
         module = importlib.import_module(name)
         if name == "meta_scale" and hasattr(module, "measure"):
             section = _meta_scale(module, quick)
+        elif name == "check_probe" and hasattr(module, "measure") and not hasattr(module, "run"):
+            section = _check_probe(module, quick)
         else:
             section = _generic(module, name, quick)
     except Exception as error:  # one broken piece must not hide the others' figures

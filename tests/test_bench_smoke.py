@@ -106,6 +106,18 @@ def test_meta_scale_reports_the_memory_in_quick_mode(report):
         assert re.fullmatch(r"[\d,]+\.\d\d GiB", figures[key]), figures[key]
 
 
+def test_check_probe_reports_a_ratio_and_the_probes(report):
+    outcome = _outcome(report, "check_probe")
+    if outcome.status == "missing":
+        pytest.skip("bench/check_probe.py is not there")
+    (table,) = outcome.section.tables
+    assert table.headers[0] == "size" and len(table.rows) == 1
+    row = table.rows[0]
+    assert row[0] == "B=2, S=16, D=64"
+    assert re.fullmatch(r"\d+\.\dx \(\d+\.\d-\d+\.\d\)", row[3]), row[3]
+    assert "batch independence: " in row[5]
+
+
 def test_report_markdown_has_machine_and_every_section(report):
     text = report.markdown()
     assert text.startswith("# shapeguard benchmarks\n")

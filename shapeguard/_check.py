@@ -69,8 +69,13 @@ class CheckReport:
             dev = "" if r.deviation is None else f"{r.deviation:.1e}"
             detail = r.message.splitlines()[0] if r.status != "failed" else (r.op or "see below")
             table.add_row(r.name, Text(r.status, style=styles[r.status]), dev, Text(detail))
-        console = Console(width=width or 100, color_system="auto" if color else None,
-                          force_terminal=color, record=True, file=_Sink())
+        console = Console(
+            width=width or 100,
+            color_system="auto" if color else None,
+            force_terminal=color,
+            record=True,
+            file=_Sink(),
+        )
         console.print(table)
         for r in self.failed:
             console.print(Text(f"{r.name}: {r.message}"), soft_wrap=True)
@@ -115,7 +120,7 @@ def check(model, *inputs, causal: bool | None = None, seed: int = 0, **kwargs) -
         A `CheckReport`; `report.passed` is False when a probe failed or the trace found
         something. Print it for a table.
 
-    Example:
+    Examples:
         >>> import torch, shapeguard
         >>> attn = torch.nn.MultiheadAttention(12, 3, batch_first=True)
         >>> x = torch.randn(2, 5, 12)
@@ -127,8 +132,14 @@ def check(model, *inputs, causal: bool | None = None, seed: int = 0, **kwargs) -
     return run_check(model, inputs, kwargs, causal=causal, seed=seed)
 
 
-def run_check(model, args: tuple = (), kwargs: dict | None = None, *,
-              causal: bool | None = None, seed: int = 0) -> CheckReport:
+def run_check(
+    model,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    causal: bool | None = None,
+    seed: int = 0,
+) -> CheckReport:
     """`check` with the inputs as a tuple and a dict (for the CLI and the pytest plugin)."""
     import torch
 
@@ -147,7 +158,9 @@ def run_check(model, args: tuple = (), kwargs: dict | None = None, *,
         try:
             subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
         except Exception as error:
-            subject = ProbeResult("probes", "failed", f"the module fails outside the trace: {error}")
+            subject = ProbeResult(
+                "probes", "failed", f"the module fails outside the trace: {error}"
+            )
         if isinstance(subject, ProbeResult):
             report.results.append(subject)
             return report
@@ -236,16 +249,26 @@ def _shape_result(traced: _Traced) -> ProbeResult:
     findings = traced.trace.findings
     if traced.error is not None:
         error = traced.error
-        message = error.render() if isinstance(error, ShapeError) else f"{type(error).__name__}: {error}"
-        return ProbeResult("shape checks", "failed", f"the forward fails:\n{message}",
-                           op=getattr(error, "location", ""))
+        message = (
+            error.render() if isinstance(error, ShapeError) else f"{type(error).__name__}: {error}"
+        )
+        return ProbeResult(
+            "shape checks",
+            "failed",
+            f"the forward fails:\n{message}",
+            op=getattr(error, "location", ""),
+        )
     if not findings:
         ops = len(traced.trace.events)
         return ProbeResult("shape checks", "passed", f"{ops} ops traced, no finding")
     kinds = ", ".join(sorted({f.kind for f in findings}))
     messages = "\n".join(f.message for f in findings)
-    return ProbeResult("shape checks", "failed", f"{len(findings)} finding(s) ({kinds}):\n{messages}",
-                       op=findings[0].location)
+    return ProbeResult(
+        "shape checks",
+        "failed",
+        f"{len(findings)} finding(s) ({kinds}):\n{messages}",
+        op=findings[0].location,
+    )
 
 
 # -- the probes -------------------------------------------------------------------------
@@ -292,10 +315,19 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
     else:
         why = watch.causal
     return _probes.Subject(
-        model=candidate, inputs=inputs, layout=layout, reference=reference,
-        out_batch=out_batch, out_seq=out_seq, watch=watch, events=traced.trace.events,
-        declared=declared, rtol=_probes.rtol_for(reference.dtype), generator=generator,
-        causal=why, traced_model=work,
+        model=candidate,
+        inputs=inputs,
+        layout=layout,
+        reference=reference,
+        out_batch=out_batch,
+        out_seq=out_seq,
+        watch=watch,
+        events=traced.trace.events,
+        declared=declared,
+        rtol=_probes.rtol_for(reference.dtype),
+        generator=generator,
+        causal=why,
+        traced_model=work,
     )
 
 
@@ -319,7 +351,11 @@ def _output_axes(layout, out, axes) -> tuple[int | None, int | None]:
     size = {"batch": layout.batch_size, "seq": layout.lengths[0]}
 
     def pick(names, kind, fallback):
-        named = [d for d, n in enumerate(axes or ()) if n in names] if len(axes or ()) == out.dim() else []
+        named = (
+            [d for d, n in enumerate(axes or ()) if n in names]
+            if len(axes or ()) == out.dim()
+            else []
+        )
         for d in [*named, fallback]:
             if d < out.dim() and out.shape[d] == size[kind]:
                 return d

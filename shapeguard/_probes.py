@@ -123,14 +123,18 @@ def first_output(out) -> torch.Tensor | None:
 _PAD_NAMES = ("pad",)
 
 
-def _is_mask(name: str, t: torch.Tensor) -> bool:
-    if t.dtype == torch.bool or not t.is_floating_point():
-        return True
-    if "mask" in name.lower():
-        return True
+def _kind(name: str, t: torch.Tensor) -> str:
+    """ "mask" (bool, integer, named so, or an additive 0 / -inf float mask), "other" for
+    positional inputs (cos, sin, position tables: moved with their tokens, never
+    redrawn), else "data"."""
+    if t.dtype == torch.bool or not t.is_floating_point() or "mask" in name.lower():
+        return "mask"
+    if positional_name(name):
+        return "other"
     if t.device.type != "cpu" or t.numel() > 1 << 22 or t.dim() < 2:
-        return False
-    return bool(((t == 0) | (t <= -1e4)).all()) and bool((t <= -1e4).any())
+        return "data"
+    additive = bool(((t == 0) | (t <= -1e4)).all()) and bool((t <= -1e4).any())
+    return "mask" if additive else "data"
 
 
 @dataclass(slots=True)
@@ -150,8 +154,8 @@ def read_layout(model, args: tuple, kwargs: dict, names: list[str]) -> Layout | 
     [batch, seq, features] ([seq, batch, features] for a module built with
     batch_first=False); other inputs are matched by their sizes."""
     found = leaves((args, kwargs))
-    name_of = {path: names[i] if i < len(names) else _path_name(path) for i, (path, _) in enumerate(found)}
-    kinds = {path: "mask" if _is_mask(name_of[path], t) else "data" for path, t in found}
+    name_of = {p: names[i] if i < len(names) else _path_name(p) for i, (p, _) in enumerate(found)}
+    kinds = {p: _kind(name_of[p], t) for p, t in found}
     primary = next(((p, t) for p, t in found if kinds[p] == "data" and t.dim() >= 3), None)
     if primary is None:
         return "no input is [batch, seq, features]: the probes need one"
@@ -164,13 +168,13 @@ def read_layout(model, args: tuple, kwargs: dict, names: list[str]) -> Layout | 
         kind = kinds[path]
         leaf = Leaf(path, name_of[path], kind)
         if kind == "data" and t.dim() >= 3 and t.shape[batch_dim] == batch_size:
+            # Another token input: keys and values, or a memory of its own length.
             length = int(t.shape[seq_dim])
             if length not in lengths:
                 lengths.append(length)
             leaf.batch, leaf.seq = batch_dim, {seq_dim: lengths.index(length)}
         else:
-            if kind == "data":
-                leaf.kind = "other"
+            leaf.kind = "other" if kind == "data" else kind
             _match_by_size(layout, leaf, t)
         layout.leaves[path] = leaf
     return layout
@@ -181,8 +185,10 @@ def _match_by_size(layout: Layout, leaf: Leaf, t: torch.Tensor) -> None:
     by size; a size shared by batch and a seq group, or by two groups, is ambiguous."""
     dims = range(t.dim()) if leaf.kind == "mask" else range(t.dim() - 1)
     known = [layout.batch_size, *layout.lengths]
-    if leaf.kind == "mask" and t.dim() == 2 and tuple(t.shape) == (known[0], known[1]) == (
-        known[1], known[0]
+    if (
+        leaf.kind == "mask"
+        and t.dim() == 2
+        and tuple(t.shape) == (known[0], known[1]) == (known[1], known[0])
     ):
         # batch == seq: a triangle is [seq_q, seq_k], anything else a [batch, seq] padding mask.
         if _triangular(t):
@@ -225,8 +231,9 @@ def _path_name(path: tuple) -> str:
 
 
 def positional_name(name: str) -> bool:
+    """`position_embeddings.0`, `cos`, `freqs_cis`: an input that encodes positions."""
     lowered = name.lower()
-    return any(w in lowered for w in ("pos", "cos", "sin", "rotary", "rope", "freqs"))
+    return any(w in lowered for w in ("position", "pos_", "cos", "sin", "rotary", "rope", "freqs"))
 
 
 # -- editing inputs --------------------------------------------------------------------
@@ -234,8 +241,14 @@ def take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     return x.index_select(dim, index.to(x.device))
 
 
-def sliced(layout: Layout, inputs, *, batch: int | None = None, group: int | None = None,
-           length: int | None = None):
+def sliced(
+    layout: Layout,
+    inputs,
+    *,
+    batch: int | None = None,
+    group: int | None = None,
+    length: int | None = None,
+):
     """Inputs cut to the first `batch` examples, or group `group` cut to `length`."""
 
     def cut(path, t):
@@ -268,8 +281,15 @@ def permuted(layout: Layout, inputs, perms: dict[int, torch.Tensor]):
     return rebuild(inputs, move)
 
 
-def perturbed(layout: Layout, inputs, generator, *, example: int | None = None,
-              group: int | None = None, positions: torch.Tensor | None = None):
+def perturbed(
+    layout: Layout,
+    inputs,
+    generator,
+    *,
+    example: int | None = None,
+    group: int | None = None,
+    positions: torch.Tensor | None = None,
+):
     """Inputs whose data values are redrawn at one example, at some positions of a seq
     group, or at both; masks and positional inputs stay as they are."""
 
@@ -454,8 +474,18 @@ class Watch:
 
 
 _MASKING_OPS = frozenset(
-    {"masked_fill", "masked_fill_", "where", "add", "__add__", "__radd__", "add_", "__iadd__",
-     "scaled_dot_product_attention", "multi_head_attention_forward"}
+    {
+        "masked_fill",
+        "masked_fill_",
+        "where",
+        "add",
+        "__add__",
+        "__radd__",
+        "add_",
+        "__iadd__",
+        "scaled_dot_product_attention",
+        "multi_head_attention_forward",
+    }
 )
 
 
@@ -469,9 +499,7 @@ def _reads_a_table(session, args) -> bool:
     meta = session.metas.get(table)
     if meta is not None:
         return bool(meta.buffer)
-    return any(
-        buf is table for module in session.module_stack for buf in module._buffers.values()
-    )
+    return any(buf is table for module in session.module_stack for buf in module._buffers.values())
 
 
 def describe_event(event) -> str:
@@ -507,8 +535,16 @@ class Subject:
             raise RuntimeError("the module returned no floating-point tensor")
         return out
 
-    def result(self, name: str, dev: float, action: str, target: str, hint: str,
-               point=None, lead: str = "first seen at ") -> ProbeResult:
+    def result(
+        self,
+        name: str,
+        dev: float,
+        action: str,
+        target: str,
+        hint: str,
+        point=None,
+        lead: str = "first seen at ",
+    ) -> ProbeResult:
         """Passed or failed by `dev` against the tolerance: "<action> left <target>
         unchanged", or "<action> moved <target> by ..." with the op `point()` names."""
         tol = self.rtol
@@ -558,14 +594,20 @@ def batch_independence(s: Subject) -> ProbeResult:
     changed = perturbed(s.layout, s.inputs, s.generator, example=j)
     others = list(range(j))
     out = s.run(changed)
-    dev = deviation(out_rows(s, out, examples=others), out_rows(s, s.reference, examples=others),
-                    scale_of(s.reference))
+    dev = deviation(
+        out_rows(s, out, examples=others),
+        out_rows(s, s.reference, examples=others),
+        scale_of(s.reference),
+    )
 
     def point():
         return locate(s, s.inputs, changed, _region_batch(b, others))
 
     return s.result(
-        name, dev, f"changing example {j} of {b}", "the other examples' outputs",
+        name,
+        dev,
+        f"changing example {j} of {b}",
+        "the other examples' outputs",
         "something mixes examples: a view or reshape that moves data across the batch axis, "
         "attention over the batch axis, or a [batch, seq] mask read as [seq_q, seq_k]",
         point,
@@ -592,7 +634,10 @@ def sub_batch(s: Subject) -> ProbeResult:
         return locate(s, s.inputs, small, _region_prefix("batch", b, k))
 
     return s.result(
-        name, dev, f"running the first {k} of {b} examples alone", "their outputs",
+        name,
+        dev,
+        f"running the first {k} of {b} examples alone",
+        "their outputs",
         "an example's output depends on the batch it is in: look for data moved across the "
         "batch axis, or a mask that lines up only at this batch size",
         point,
@@ -602,8 +647,11 @@ def sub_batch(s: Subject) -> ProbeResult:
 def causality(s: Subject) -> ProbeResult:
     name = "causality"
     if not s.causal:
-        return skipped(name, "the module is not causal (no is_causal, no triangular mask, "
-                             "not declared with causal=True)")
+        return skipped(
+            name,
+            "the module is not causal (no is_causal, no triangular mask, "
+            "not declared with causal=True)",
+        )
     length = s.layout.lengths[0]
     if length < 2 or s.out_seq is None:
         return skipped(name, "needs 2 or more tokens and a seq axis in the output")
@@ -612,14 +660,20 @@ def causality(s: Subject) -> ProbeResult:
     changed = perturbed(s.layout, s.inputs, s.generator, group=0, positions=later)
     out = s.run(changed)
     early = list(range(t))
-    dev = deviation(out_rows(s, out, positions=early), out_rows(s, s.reference, positions=early),
-                    scale_of(s.reference))
+    dev = deviation(
+        out_rows(s, out, positions=early),
+        out_rows(s, s.reference, positions=early),
+        scale_of(s.reference),
+    )
 
     def point():
         return locate(s, s.inputs, changed, _region_prefix("seq", length, t, same_size=True))
 
     return s.result(
-        name, dev, f"changing tokens {t}..{length - 1}", f"the outputs of tokens 0..{t - 1}",
+        name,
+        dev,
+        f"changing tokens {t}..{length - 1}",
+        f"the outputs of tokens 0..{t - 1}",
         f"the module is causal ({s.causal}) but earlier tokens see later ones: check the "
         "mask's polarity and direction (hide key j from query i when j > i) and that it "
         "reaches every head",
@@ -641,8 +695,12 @@ def length_change(s: Subject) -> ProbeResult:
     except Exception as error:
         return _crashed(name, f"at seq {t} instead of {length}", error, s, short)
     if s.out_seq is not None and out.shape[s.out_seq] != t:
-        return ProbeResult(name, "failed", f"at seq {t} instead of {length} the output has "
-                           f"{out.shape[s.out_seq]} positions on its seq axis, not {t}")
+        return ProbeResult(
+            name,
+            "failed",
+            f"at seq {t} instead of {length} the output has "
+            f"{out.shape[s.out_seq]} positions on its seq axis, not {t}",
+        )
     if not s.causal or s.out_seq is None:
         return ProbeResult(name, "passed", f"runs at seq {t} instead of {length}")
     ref = s.reference.narrow(s.out_seq, 0, t)
@@ -652,7 +710,10 @@ def length_change(s: Subject) -> ProbeResult:
         return locate(s, s.inputs, short, _region_prefix("seq", length, t))
 
     return s.result(
-        name, dev, f"running the first {t} of {length} tokens alone", "their outputs",
+        name,
+        dev,
+        f"running the first {t} of {length} tokens alone",
+        "their outputs",
         f"the module is causal ({s.causal}), so a prefix must give the same outputs alone: "
         "a mask or position term that depends on the full length is misaligned",
         point,
@@ -670,17 +731,24 @@ def key_padding(s: Subject) -> ProbeResult:
     length = s.layout.lengths[group]
     p = max(1, length // 3)
     padded = torch.arange(length - p, length)
-    with_padding = rebuild(s.inputs, lambda q, t: _pad(t, leaf, padded, pads_true) if q == path else t)
+    with_padding = rebuild(
+        s.inputs, lambda q, t: _pad(t, leaf, padded, pads_true) if q == path else t
+    )
     reference = s.run(with_padding)
-    changed = perturbed(s.layout, with_padding, s.generator, example=0, group=group,
-                        positions=padded)
+    changed = perturbed(
+        s.layout, with_padding, s.generator, example=0, group=group, positions=padded
+    )
     out = s.run(changed)
     b = s.layout.batch_size
     parts = []
     if group == 0:  # self-attention: the padded queries' own outputs may change
         real = list(range(length - p))
-        parts.append((out_rows(s, out, examples=[0], positions=real),
-                      out_rows(s, reference, examples=[0], positions=real)))
+        parts.append(
+            (
+                out_rows(s, out, examples=[0], positions=real),
+                out_rows(s, reference, examples=[0], positions=real),
+            )
+        )
     else:
         parts.append((out_rows(s, out, examples=[0]), out_rows(s, reference, examples=[0])))
     if b > 1:
@@ -694,7 +762,8 @@ def key_padding(s: Subject) -> ProbeResult:
         return locate(s, with_padding, changed, _region_padding(length, p))
 
     return s.result(
-        name, dev,
+        name,
+        dev,
         f"changing the last {keys} of example 0, marked as padding in {leaf.name} "
         f"({polarity} = padding)",
         "the real tokens' outputs",
@@ -724,7 +793,10 @@ def token_permutation(s: Subject) -> ProbeResult:
         return locate(s, s.inputs, moved, _region_permuted(s.layout.lengths[0], perms[0]))
 
     return s.result(
-        name, dev, "permuting the tokens", "the outputs (permuted back)",
+        name,
+        dev,
+        "permuting the tokens",
+        "the outputs (permuted back)",
         "with no mask and no positions, attention treats tokens as a set: a view that moves "
         "data across the seq axis, or a hidden position term, breaks that",
         point,
@@ -736,8 +808,9 @@ def _crashed(name: str, what: str, error: Exception, s: Subject, inputs) -> Prob
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     op, relation = locate_crash(s, inputs)
     where = f"\n  raised at {op}" if op else ""
-    return ProbeResult(name, "failed", f"{what}, the module fails: {relation or first}{where}",
-                       op=op)
+    return ProbeResult(
+        name, "failed", f"{what}, the module fails: {relation or first}{where}", op=op
+    )
 
 
 def _padding_leaf(s: Subject):
@@ -896,8 +969,13 @@ class HeadGroup:
 
 
 _QKV = (
-    ("W_q", "W_k", "W_v"), ("q_proj", "k_proj", "v_proj"), ("query", "key", "value"),
-    ("to_q", "to_k", "to_v"), ("wq", "wk", "wv"), ("q_lin", "k_lin", "v_lin"), ("q", "k", "v"),
+    ("W_q", "W_k", "W_v"),
+    ("q_proj", "k_proj", "v_proj"),
+    ("query", "key", "value"),
+    ("to_q", "to_k", "to_v"),
+    ("wq", "wk", "wv"),
+    ("q_lin", "k_lin", "v_lin"),
+    ("q", "k", "v"),
 )
 _PACKED = ("c_attn", "qkv", "qkv_proj", "Wqkv", "to_qkv", "in_proj", "W_qkv")
 _OUT = ("out", "o_proj", "out_proj", "c_proj", "to_out", "wo", "proj", "W_o", "out_lin", "o")
@@ -1012,8 +1090,11 @@ def _from_attributes(name: str, module) -> HeadGroup | None:
     for q, k, v in _QKV:
         parts = [getattr(module, n, None) for n in (q, k, v)]
         if all(_is_projection(p) for p in parts):
-            for attr, part, count, is_kv in ((q, parts[0], heads, False), (k, parts[1], kv, True),
-                                             (v, parts[2], kv, True)):
+            for attr, part, count, is_kv in (
+                (q, parts[0], heads, False),
+                (k, parts[1], kv, True),
+                (v, parts[2], kv, True),
+            ):
                 if part.weight.shape[_out_axis(part)] != count * d_k:
                     return None
                 rows += _proj_rows(f"{base}{attr}.", part, 0, count, d_k, is_kv)
@@ -1025,8 +1106,11 @@ def _from_attributes(name: str, module) -> HeadGroup | None:
         part = getattr(module, packed)
         if part.weight.shape[_out_axis(part)] != (heads + 2 * kv) * d_k:
             return None
-        for offset, count, is_kv in ((0, heads, False), (heads * d_k, kv, True),
-                                     ((heads + kv) * d_k, kv, True)):
+        for offset, count, is_kv in (
+            (0, heads, False),
+            (heads * d_k, kv, True),
+            ((heads + kv) * d_k, kv, True),
+        ):
             rows += _proj_rows(f"{base}{packed}.", part, offset, count, d_k, is_kv)
     out_name = next((n for n in _OUT if _is_projection(getattr(module, n, None))), None)
     if out_name is not None:
@@ -1041,8 +1125,9 @@ def head_orders(heads: int, kv: int, generator) -> tuple[torch.Tensor, torch.Ten
     group = heads // kv
     kv_order = derangement(kv, generator) if kv > 1 else torch.zeros(1, dtype=torch.long)
     within = torch.roll(torch.arange(group), 1)
-    q_order = torch.tensor([int(kv_order[h // group]) * group + int(within[h % group])
-                            for h in range(heads)])
+    q_order = torch.tensor(
+        [int(kv_order[h // group]) * group + int(within[h % group]) for h in range(heads)]
+    )
     return q_order, kv_order
 
 
@@ -1050,7 +1135,7 @@ def block_index(size: int, offset: int, order: torch.Tensor, d_k: int) -> torch.
     """An index over `size` positions that reorders the head blocks at `offset`."""
     index = torch.arange(size)
     blocks = (order[:, None] * d_k + torch.arange(d_k)[None, :]).flatten() + offset
-    index[offset: offset + blocks.numel()] = blocks
+    index[offset : offset + blocks.numel()] = blocks
     return index
 
 
@@ -1089,9 +1174,9 @@ def head_permutation(s: Subject) -> ProbeResult:
     out = first_output(model(*args, **kwargs))
     dev = deviation(out, expected, scale_of(s.reference))
     return s.result(
-        name, dev,
-        f"permuting the {', '.join(described)} (Q/K/V projection rows, output projection "
-        "columns)",
+        name,
+        dev,
+        f"permuting the {', '.join(described)} (Q/K/V projection rows, output projection columns)",
         "the output",
         "heads are not kept apart between the split and the merge: split d_model into "
         "[heads, d_k] and move heads next to batch (view then transpose), and transpose back "

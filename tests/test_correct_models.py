@@ -41,18 +41,30 @@ def assert_correct(model, *args, expect: dict | None = None, **kwargs):
 def test_seed_mha_with_a_causal_mask():
     args, kwargs = seed_mha.example_inputs(batch=B, seq=S, d_model=48)
     model = seed_mha.MultiHeadAttention(d_model=48, n_heads=H)
-    assert_correct(model, *args, **kwargs, expect={
-        "causality": "passed", "head-permutation invariance": "passed",
-        "token-permutation equivariance": "skipped",
-    })
+    assert_correct(
+        model,
+        *args,
+        **kwargs,
+        expect={
+            "causality": "passed",
+            "head-permutation invariance": "passed",
+            "token-permutation equivariance": "skipped",
+        },
+    )
 
 
 def test_seed_mha_without_a_mask():
     model = seed_mha.MultiHeadAttention(d_model=D, n_heads=H)
-    assert_correct(model, torch.randn(B, S, D), expect={
-        "causality": "skipped", "token-permutation equivariance": "passed",
-        "head-permutation invariance": "passed", "batch independence": "passed",
-    })
+    assert_correct(
+        model,
+        torch.randn(B, S, D),
+        expect={
+            "causality": "skipped",
+            "token-permutation equivariance": "passed",
+            "head-permutation invariance": "passed",
+            "batch independence": "passed",
+        },
+    )
 
 
 class CausalSelfAttention(nn.Module):
@@ -81,9 +93,15 @@ class CausalSelfAttention(nn.Module):
 
 
 def test_nanogpt_causal_attention():
-    assert_correct(CausalSelfAttention(), torch.randn(B, S, D), expect={
-        "causality": "passed", "length change": "passed", "head-permutation invariance": "passed",
-    })
+    assert_correct(
+        CausalSelfAttention(),
+        torch.randn(B, S, D),
+        expect={
+            "causality": "passed",
+            "length change": "passed",
+            "head-permutation invariance": "passed",
+        },
+    )
 
 
 class CrossAttention(nn.Module):
@@ -111,16 +129,27 @@ class CrossAttention(nn.Module):
 def test_cross_attention_with_different_lengths():
     keep = torch.arange(SK)[None, :] < torch.tensor([SK, 4])[:, None]
     report = assert_correct(
-        CrossAttention(), torch.randn(B, S, D), torch.randn(B, SK, D), memory_mask=keep,
+        CrossAttention(),
+        torch.randn(B, S, D),
+        torch.randn(B, SK, D),
+        memory_mask=keep,
         expect={"key-padding invariance": "passed", "head-permutation invariance": "passed"},
     )
-    assert "memory_mask" in next(r for r in report.results if r.name == "key-padding invariance").message
+    assert (
+        "memory_mask"
+        in next(r for r in report.results if r.name == "key-padding invariance").message
+    )
 
 
 def test_cross_attention_without_a_mask_is_permutation_equivariant():
-    assert_correct(CrossAttention(), torch.randn(B, S, D), torch.randn(B, SK, D), expect={
-        "token-permutation equivariance": "passed",
-    })
+    assert_correct(
+        CrossAttention(),
+        torch.randn(B, S, D),
+        torch.randn(B, SK, D),
+        expect={
+            "token-permutation equivariance": "passed",
+        },
+    )
 
 
 def repeat_kv(x, n_rep):
@@ -154,9 +183,14 @@ class GroupedQueryAttention(nn.Module):
 
 
 def test_grouped_query_attention_with_repeat_kv():
-    assert_correct(GroupedQueryAttention(), torch.randn(B, S, 84), expect={
-        "causality": "passed", "head-permutation invariance": "passed",
-    })
+    assert_correct(
+        GroupedQueryAttention(),
+        torch.randn(B, S, 84),
+        expect={
+            "causality": "passed",
+            "head-permutation invariance": "passed",
+        },
+    )
 
 
 def rotate_half(x):
@@ -190,9 +224,15 @@ class RotaryAttention(nn.Module):
 
 
 def test_rotary_attention():
-    assert_correct(RotaryAttention(), torch.randn(B, S, 36), expect={
-        "causality": "passed", "length change": "passed", "head-permutation invariance": "passed",
-    })
+    assert_correct(
+        RotaryAttention(),
+        torch.randn(B, S, 36),
+        expect={
+            "causality": "passed",
+            "length change": "passed",
+            "head-permutation invariance": "passed",
+        },
+    )
 
 
 @pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "seq_first"])
@@ -200,10 +240,18 @@ def test_multihead_attention(batch_first):
     x = torch.randn(B, S, D) if batch_first else torch.randn(S, B, D)
     pad = torch.arange(S)[None, :] >= torch.tensor([S, 3])[:, None]  # True = padding
     attn = nn.MultiheadAttention(D, H, batch_first=batch_first)
-    assert_correct(attn, x, x, x, key_padding_mask=pad, expect={
-        "key-padding invariance": "passed", "head-permutation invariance": "passed",
-        "batch independence": "passed",
-    })
+    assert_correct(
+        attn,
+        x,
+        x,
+        x,
+        key_padding_mask=pad,
+        expect={
+            "key-padding invariance": "passed",
+            "head-permutation invariance": "passed",
+            "batch independence": "passed",
+        },
+    )
     assert_correct(attn, x, x, x, expect={"token-permutation equivariance": "passed"})
 
 
@@ -218,9 +266,14 @@ def test_multihead_attention_with_a_causal_mask():
 def test_transformer_encoder_layer(batch_first):
     layer = nn.TransformerEncoderLayer(D, H, dim_feedforward=20, batch_first=batch_first)
     x = torch.randn(B, S, D) if batch_first else torch.randn(S, B, D)
-    assert_correct(layer, x, expect={
-        "batch independence": "passed", "head-permutation invariance": "passed",
-    })
+    assert_correct(
+        layer,
+        x,
+        expect={
+            "batch independence": "passed",
+            "head-permutation invariance": "passed",
+        },
+    )
 
 
 # -- transformers ----------------------------------------------------------------------
@@ -238,16 +291,29 @@ def test_transformers_bert_attention(impl):
     tf = _transformers()
     from transformers.models.bert.modeling_bert import BertAttention
 
-    config = tf.BertConfig(hidden_size=D, num_attention_heads=H, num_hidden_layers=1,
-                           intermediate_size=20, vocab_size=50)
+    config = tf.BertConfig(
+        hidden_size=D,
+        num_attention_heads=H,
+        num_hidden_layers=1,
+        intermediate_size=20,
+        vocab_size=50,
+    )
     config._attn_implementation = impl
     attn = BertAttention(config).eval()
     x = torch.randn(B, S, D)
     keep = torch.arange(S)[None, :] < torch.tensor([S, 3])[:, None]
-    mask = torch.zeros(B, 1, 1, S).masked_fill(~keep[:, None, None, :], torch.finfo(torch.float32).min)
-    assert_correct(attn, x, attention_mask=mask, expect={
-        "key-padding invariance": "passed", "head-permutation invariance": "passed",
-    })
+    mask = torch.zeros(B, 1, 1, S).masked_fill(
+        ~keep[:, None, None, :], torch.finfo(torch.float32).min
+    )
+    assert_correct(
+        attn,
+        x,
+        attention_mask=mask,
+        expect={
+            "key-padding invariance": "passed",
+            "head-permutation invariance": "passed",
+        },
+    )
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
@@ -255,16 +321,23 @@ def test_transformers_gpt2_attention(impl):
     tf = _transformers()
     from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 
-    config = tf.GPT2Config(n_embd=D, n_head=H, n_layer=1, n_positions=16, vocab_size=50,
-                           bos_token_id=0, eos_token_id=0)
+    config = tf.GPT2Config(
+        n_embd=D, n_head=H, n_layer=1, n_positions=16, vocab_size=50, bos_token_id=0, eos_token_id=0
+    )
     config._attn_implementation = impl
     attn = GPT2Attention(config, layer_idx=0).eval()
     x = torch.randn(B, S, D)
     # The eager path takes the causal mask from the model; SDPA uses is_causal without one.
     kwargs = {"attention_mask": _causal_float_mask(B, S)} if impl == "eager" else {}
-    assert_correct(attn, x, **kwargs, expect={
-        "causality": "passed", "head-permutation invariance": "passed",
-    })
+    assert_correct(
+        attn,
+        x,
+        **kwargs,
+        expect={
+            "causality": "passed",
+            "head-permutation invariance": "passed",
+        },
+    )
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
@@ -272,14 +345,27 @@ def test_transformers_llama_attention(impl):
     tf = _transformers()
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
-    config = tf.LlamaConfig(hidden_size=36, num_attention_heads=H, num_key_value_heads=1,
-                            head_dim=12, intermediate_size=20, num_hidden_layers=1,
-                            vocab_size=50)
+    config = tf.LlamaConfig(
+        hidden_size=36,
+        num_attention_heads=H,
+        num_key_value_heads=1,
+        head_dim=12,
+        intermediate_size=20,
+        num_hidden_layers=1,
+        vocab_size=50,
+    )
     config._attn_implementation = impl
     attn = LlamaAttention(config, layer_idx=0).eval()
     x = torch.randn(B, S, 36)
     cos, sin = LlamaRotaryEmbedding(config)(x, torch.arange(S)[None].expand(B, S))
     kwargs = {"attention_mask": _causal_float_mask(B, S)} if impl == "eager" else {}
-    assert_correct(attn, x, position_embeddings=(cos, sin), **kwargs, expect={
-        "causality": "passed", "head-permutation invariance": "passed",
-    })
+    assert_correct(
+        attn,
+        x,
+        position_embeddings=(cos, sin),
+        **kwargs,
+        expect={
+            "causality": "passed",
+            "head-permutation invariance": "passed",
+        },
+    )

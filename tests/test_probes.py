@@ -102,10 +102,13 @@ def test_batch_independence_catches_mixing_across_examples():
     report = check(Attention("batch_norm"), torch.randn(B, S, D))
     failed = result(report, "batch independence")
     assert failed.status == "failed" and not report.passed
-    assert failed.message.startswith("changing example 1 of 2 moved the other examples' outputs by ")
+    assert failed.message.startswith(
+        "changing example 1 of 2 moved the other examples' outputs by "
+    )
     assert failed.deviation > 1e-3
-    assert failed.op.startswith("sub at ") and failed.op.endswith("test_probes.py:"
-                                                                 f"{_line('y - y.mean(dim=0')} (Attention)")
+    assert failed.op.startswith("sub at ") and failed.op.endswith(
+        f"test_probes.py:{_line('y - y.mean(dim=0')} (Attention)"
+    )
     assert "hint: something mixes examples" in failed.message
 
 
@@ -128,17 +131,27 @@ def test_key_padding_catches_a_mask_applied_after_softmax():
         "moved the real tokens' outputs by "
     )
     assert failed.op.startswith("softmax at ")
-    assert result(check(Attention(), torch.randn(B, S, D), mask=keep_mask([S, 3])),
-                  "key-padding invariance").status == "passed"
+    assert (
+        result(
+            check(Attention(), torch.randn(B, S, D), mask=keep_mask([S, 3])),
+            "key-padding invariance",
+        ).status
+        == "passed"
+    )
 
 
 def test_token_permutation_catches_a_sequence_pooling_module():
     report = check(Attention("pool"), torch.randn(B, S, D))
-    assert result(report, "token-permutation equivariance").status == "passed"  # pooling is symmetric
+    assert (
+        result(report, "token-permutation equivariance").status == "passed"
+    )  # pooling is symmetric
     report = check(Attention("merge"), torch.randn(B, S, D))
     failed = result(report, "token-permutation equivariance")
     assert failed.status == "failed"
-    assert failed.op.startswith("reshape at ") and f"test_probes.py:{_line('context.reshape(batch')}" in failed.op
+    assert (
+        failed.op.startswith("reshape at ")
+        and f"test_probes.py:{_line('context.reshape(batch')}" in failed.op
+    )
 
 
 def test_head_permutation_catches_a_merge_without_transpose():
@@ -189,7 +202,9 @@ def test_causal_can_be_declared_or_denied():
     declared = result(check(Attention(), x, causal=True), "causality")
     assert declared.status == "failed"  # declared causal, but nothing masks the future
     assert "declared with causal=True" in declared.message
-    assert result(check(Attention(), x, mask=causal(), causal=False), "causality").status == "skipped"
+    assert (
+        result(check(Attention(), x, mask=causal(), causal=False), "causality").status == "skipped"
+    )
 
 
 def test_positional_terms_skip_token_permutation():
@@ -309,7 +324,9 @@ def test_report_renders_a_plain_table_and_each_failure_in_full():
     assert "\x1b[" not in text
     lines = text.splitlines()
     assert lines[0].startswith("shapeguard check: Attention")
-    assert any(line.startswith("│ head-permutation invariance") and "failed" in line for line in lines)
+    assert any(
+        line.startswith("│ head-permutation invariance") and "failed" in line for line in lines
+    )
     assert "head-permutation invariance: permuting the 3 heads of Attention" in text
     assert lines[-1] == "8 checks in float64; failed (3 of 8)"
     assert str(report) == report.render()

@@ -92,7 +92,9 @@ def test_view_that_carves_heads_out_of_seq():
         "split heads out of the feature axis, then move them: use "
         "t.view(batch, seq, heads, d_k).transpose(1, 2), i.e. view(2, 5, 3, 11).transpose(1, 2)"
     )
-    assert first.location.endswith(f"test_silent_bugs.py:{_line_of('return t.view(batch, self.n_heads')}")
+    assert first.location.endswith(
+        f"test_silent_bugs.py:{_line_of('return t.view(batch, self.n_heads')}"
+    )
 
 
 def test_merge_of_heads_without_transpose():
@@ -242,13 +244,21 @@ def test_multihead_attention_with_batch_first_is_clean():
 
 def test_seq_first_multihead_attention_at_the_root_is_clean():
     """At the root, nn.MultiheadAttention's own batch_first says what the axes are."""
-    clean(nn.MultiheadAttention(D, H), torch.randn(S, B, D), torch.randn(S, B, D), torch.randn(S, B, D))
+    clean(
+        nn.MultiheadAttention(D, H),
+        torch.randn(S, B, D),
+        torch.randn(S, B, D),
+        torch.randn(S, B, D),
+    )
 
 
 def test_softmax_over_the_query_axis():
     first = only(findings(Heads("softmax_axis"), torch.randn(B, S, D)), "softmax_axis")
     assert first.message.splitlines()[0].startswith("softmax over seq_q (dim -2) of scores")
-    assert first.hint == "use softmax(scores, dim=-1) for scores laid out as [batch, heads, seq_q, seq_k]"
+    assert (
+        first.hint
+        == "use softmax(scores, dim=-1) for scores laid out as [batch, heads, seq_q, seq_k]"
+    )
 
 
 def rotate_half(x):
@@ -389,9 +399,7 @@ class SdpaPadded(nn.Module):
 
     def forward(self, x, key_padding_mask):
         batch, seq, _ = x.shape
-        q, k, v = (
-            t.view(batch, seq, H, DK).transpose(1, 2) for t in self.qkv(x).split(D, dim=-1)
-        )
+        q, k, v = (t.view(batch, seq, H, DK).transpose(1, 2) for t in self.qkv(x).split(D, dim=-1))
         if self.fixed:
             keep = ~key_padding_mask[:, None, None, :]  # SDPA keeps True
         else:

@@ -17,7 +17,11 @@ from .._errors import Violation
 OPS = (
     "scaled_dot_product_attention",
     "multi_head_attention_forward",
-    "mul", "__mul__", "__rmul__", "mul_", "__imul__",
+    "mul",
+    "__mul__",
+    "__rmul__",
+    "mul_",
+    "__imul__",
 )
 
 _SEQ_AXES = ("seq", "seq_q", "seq_k")
@@ -40,7 +44,9 @@ def _is_tensor(value) -> bool:
 # -- SDPA ----------------------------------------------------------------------------
 def _check_sdpa(call):
     names = ("query", "key", "value")
-    tensors = [call.args[i] if len(call.args) > i else call.kwargs.get(n) for i, n in enumerate(names)]
+    tensors = [
+        call.args[i] if len(call.args) > i else call.kwargs.get(n) for i, n in enumerate(names)
+    ]
     if not all(_is_tensor(t) and t.dim() == 4 for t in tensors):
         return
     q, k, v = tensors

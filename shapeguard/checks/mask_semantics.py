@@ -28,8 +28,16 @@ from .._errors import Violation
 from .elementwise import ref
 
 OPS = (
-    "masked_fill", "masked_fill_", "where", "add", "__add__", "__radd__", "add_", "__iadd__",
-    "scaled_dot_product_attention", "multi_head_attention_forward",
+    "masked_fill",
+    "masked_fill_",
+    "where",
+    "add",
+    "__add__",
+    "__radd__",
+    "add_",
+    "__iadd__",
+    "scaled_dot_product_attention",
+    "multi_head_attention_forward",
 )
 
 # A fill value at or below this hides a key (−1e9, finfo.min and −inf all do).
@@ -114,10 +122,14 @@ def mask_uses(call):
         if _builds_a_mask(call, x):
             return
         if _readable(mask):
-            effect = "softmax gives NaN there" if fill == float("-inf") else (
-                "softmax spreads those rows evenly over every key, hidden ones included"
+            effect = (
+                "softmax gives NaN there"
+                if fill == float("-inf")
+                else ("softmax spreads those rows evenly over every key, hidden ones included")
             )
-            yield _Use("masked_fill", call.label(1, "mask"), mask, mask, tuple(x.shape), "fill", effect)
+            yield _Use(
+                "masked_fill", call.label(1, "mask"), mask, mask, tuple(x.shape), "fill", effect
+            )
     elif op == "where":
         yield from _where_use(call)
     elif op in _ADDS:
@@ -129,8 +141,22 @@ def mask_uses(call):
 
 
 _FACTORIES = frozenset(
-    {"zeros", "zeros_like", "new_zeros", "full", "full_like", "new_full", "ones", "ones_like",
-     "empty", "empty_like", "new_empty", "to", "float", "type_as"}
+    {
+        "zeros",
+        "zeros_like",
+        "new_zeros",
+        "full",
+        "full_like",
+        "new_full",
+        "ones",
+        "ones_like",
+        "empty",
+        "empty_like",
+        "new_empty",
+        "to",
+        "float",
+        "type_as",
+    }
 )
 
 
@@ -161,7 +187,15 @@ def _where_use(call):
         hidden = cond
     else:
         return
-    yield _Use("torch.where", call.label(0, "mask"), cond, hidden, target, "where", "softmax gives NaN there")
+    yield _Use(
+        "torch.where",
+        call.label(0, "mask"),
+        cond,
+        hidden,
+        target,
+        "where",
+        "softmax gives NaN there",
+    )
 
 
 def _additive_use(call):
@@ -199,17 +233,45 @@ def _sdpa_use(call):
         return
     label = call.label(3, "attn_mask") if len(call.args) > 3 else "attn_mask"
     if str(mask.dtype) == "torch.bool":
-        yield _Use("scaled_dot_product_attention", label, mask, ~mask, target, "keep",
-                   "SDPA returns zeros for them")
+        yield _Use(
+            "scaled_dot_product_attention",
+            label,
+            mask,
+            ~mask,
+            target,
+            "keep",
+            "SDPA returns zeros for them",
+        )
     elif mask.is_floating_point():
-        yield _Use("scaled_dot_product_attention", label, mask, mask <= _HIDING, target, "add",
-                   "SDPA returns NaN or zeros for them")
+        yield _Use(
+            "scaled_dot_product_attention",
+            label,
+            mask,
+            mask <= _HIDING,
+            target,
+            "add",
+            "SDPA returns NaN or zeros for them",
+        )
 
 
 _MHA_PARAMS = (
-    "query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight", "in_proj_bias",
-    "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight", "out_proj_bias",
-    "training", "key_padding_mask", "need_weights", "attn_mask",
+    "query",
+    "key",
+    "value",
+    "embed_dim_to_check",
+    "num_heads",
+    "in_proj_weight",
+    "in_proj_bias",
+    "bias_k",
+    "bias_v",
+    "add_zero_attn",
+    "dropout_p",
+    "out_proj_weight",
+    "out_proj_bias",
+    "training",
+    "key_padding_mask",
+    "need_weights",
+    "attn_mask",
 )
 
 
@@ -242,8 +304,15 @@ def _mha_uses(call):
         hidden = h if hidden is None else hidden | h
     if hidden is not None:
         # Rows the two masks hide together.
-        yield _Use("MultiheadAttention", "attn_mask | key_padding_mask", None, hidden, target,
-                   "combined", effect)
+        yield _Use(
+            "MultiheadAttention",
+            "attn_mask | key_padding_mask",
+            None,
+            hidden,
+            target,
+            "combined",
+            effect,
+        )
 
 
 # -- the rules -------------------------------------------------------------------------
@@ -280,7 +349,7 @@ def _findings(call, use: _Use):
 
 
 def triangle(hidden) -> str | None:
-    """"causal" (j > i), "inverse" (j <= i) or "past" (j < i), for every slice alike;
+    """ "causal" (j > i), "inverse" (j <= i) or "past" (j < i), for every slice alike;
     the diagonal is offset by seq_k - seq_q too (queries at the end, as with a cache)."""
     import torch
 
@@ -446,12 +515,8 @@ def _fully_masked(call, use: _Use, hidden) -> Violation | None:
     full = rows.expand(*use.target[:-1])
     count, total = int(full.sum()), full.numel()
     first = [int(i) for i in full.nonzero()[0]]
-    names = ("batch", "heads", "query")[-len(first):] if len(first) <= 3 else None
-    at = (
-        ", ".join(f"{n} {i}" for n, i in zip(names, first, strict=True))
-        if names
-        else str(first)
-    )
+    names = ("batch", "heads", "query")[-len(first) :] if len(first) <= 3 else None
+    at = ", ".join(f"{n} {i}" for n, i in zip(names, first, strict=True)) if names else str(first)
     return Violation(
         "mask_fully_masked",
         f"{use.op}: {use.label} hides every key from {count} of {total} query rows "

@@ -604,3 +604,28 @@ def test_on_the_meta_device_names_are_checked_and_values_are_not_read():
     assert {f.kind for f in found} == {"view_mixes_axes"}
     future = torch.ones(S, S, device="meta").triu(1)  # polarity needs values: not read on meta
     assert findings(Masked().to("meta"), torch.randn(B, S, D, device="meta"), future) == []
+
+
+class SdpaMasked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.n_heads, self.d_k = H, DK
+
+    def forward(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_sdpa_bool_mask_that_marks_the_future():
+    """True above the diagonal is nn.MultiheadAttention's convention; SDPA keeps True."""
+    q = torch.randn(B, H, S, DK)
+    future = torch.ones(S, S, dtype=torch.bool).triu(1)
+    first = only(findings(SdpaMasked(), q, q, q, future), "mask_polarity")
+    assert first.message.splitlines()[0] == (
+        "scaled_dot_product_attention: attn_mask hides each query's own position and every "
+        "earlier one, and keeps the future: it is the inverse of a causal mask"
+    )
+    assert first.hint == (
+        "SDPA keeps the keys where a bool attn_mask is True; a causal mask hides the keys after "
+        "each query: pass ~attn_mask"
+    )
+    clean(SdpaMasked(), q, q, q, ~future)

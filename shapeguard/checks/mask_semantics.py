@@ -355,7 +355,10 @@ def triangle(hidden) -> str | None:
 
     sq, sk = hidden.shape[-2:]
     slices = hidden.reshape(-1, sq, sk)
-    step = torch.arange(sk)[None, :] - torch.arange(sq)[:, None]
+    step = (
+        torch.arange(sk, device=hidden.device)[None, :]
+        - torch.arange(sq, device=hidden.device)[:, None]
+    )
     for offset in sorted({0, sk - sq}):
         for name, pattern in (
             ("causal", step > offset),

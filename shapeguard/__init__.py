@@ -22,6 +22,35 @@ from ._record import TensorRecord as TensorRecord
 from ._record import Trace as Trace
 from ._trace import trace as trace
 
+# Names that need torch (or jaxtyping) load on first use: {name: (module, attribute)};
+# attribute None means the submodule itself.
+_LAZY = {
+    "CheckReport": ("._check", "CheckReport"),
+    "ProbeResult": ("._probes", "ProbeResult"),
+    "attention": (".attention", None),
+    "check": ("._check", "check"),
+    "contract": ("._contracts", "contract"),
+    "contracts": (".contracts", None),
+}
+
+
+def __getattr__(name: str):
+    try:
+        module_name, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'shapeguard' has no attribute {name!r}") from None
+    import importlib
+
+    module = importlib.import_module(module_name, __name__)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value  # resolve once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 try:
     __version__ = _metadata.version("shapeguard-attn")
 except _metadata.PackageNotFoundError:  # running from a source tree
@@ -29,7 +58,13 @@ except _metadata.PackageNotFoundError:  # running from a source tree
 
 __all__ = sorted(
     [
+        "CheckReport",
         "ContractError",
+        "ProbeResult",
+        "attention",
+        "check",
+        "contract",
+        "contracts",
         "Event",
         "Finding",
         "ShapeError",

@@ -270,10 +270,6 @@ def _load_runtime():
     return _runtime
 
 
-def _compiling() -> bool:
-    return (_runtime or _load_runtime()).is_compiling()
-
-
 def _pre_hook(module, args, kwargs):
     __tracebackhide__ = True
     rt = _runtime or _load_runtime()

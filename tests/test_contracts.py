@@ -324,7 +324,7 @@ def test_string_annotation_jaxtyping_rejects_is_a_contract_error_at_decoration()
     # any decorator; as a string (or under `from __future__ import annotations`) it
     # reaches guard, which reports it at once instead of silently skipping it
     class Commas(nn.Module):
-        def forward(self, x: "Float[Tensor, 'batch,seq']"):
+        def forward(self, x: "Float[Tensor, 'batch,seq']"):  # noqa: F821
             return x
 
     with pytest.raises(shapeguard.ContractError) as info:

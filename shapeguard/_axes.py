@@ -66,6 +66,11 @@ class Vocabulary:
         for axis, (_, size) in declared_sizes(module).items():
             self.add(axis, size)
 
+    def prefer(self, name: str, size: int) -> None:
+        """Name `size` `name` whatever was guessed before (a contract's word is final)."""
+        if size > 1:
+            self._by_size[size] = name
+
     def name_of(self, size: int) -> str | None:
         return self._by_size.get(size)
 

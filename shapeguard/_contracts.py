@@ -1199,7 +1199,7 @@ def name_inputs(session, contract: Contract, single: dict, args: tuple, kwargs: 
             if vocab.name_of(size) != name:
                 # A contract is the user's own word for an axis: it overrides a name the
                 # engine guessed from leading dims or attributes (`seq` for `T`).
-                vocab._by_size[size] = name
+                vocab.prefer(name, size)
     from ._meta import TensorMeta, role_for
 
     metas = session.metas

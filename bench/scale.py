@@ -50,13 +50,21 @@ def run(quick: bool = False) -> Section:
         (x,) = stack.example_inputs()
         for n in layers:
             models[n] = stack.build_model(n_layers=n)
-    events = {n: len(shapeguard.trace(models[n], x).events) for n in layers}
+    last = {}  # each depth's latest trace, for its event count
+
+    def traced(n):
+        def run():
+            last[n] = shapeguard.trace(models[n], x)
+
+        return run
+
     timings = compare(
-        [Variant(f"{n} layers", lambda m=models[n]: shapeguard.trace(m, x)) for n in layers],
+        [Variant(f"{n} layers", traced(n)) for n in layers],
         repeats=repeats,
         warmup=1,
         min_sample_s=0.0,
     )
+    events = {n: len(last[n].events) for n in layers}
     base_n = layers[0]
     rows = []
     per_layer = {}

@@ -75,7 +75,9 @@ CASES = [  # (id, sizes, causal, window)
 ]
 
 
-@pytest.mark.parametrize(("sizes", "causal", "window"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("sizes", "causal", "window"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 @pytest.mark.parametrize(
     ("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)], ids=["fp32", "bf16"]
 )
@@ -113,6 +115,7 @@ def test_causal_mask_is_flash_attn_docstring_example(sq, sk, rows):
             assert torch.allclose(row, torch.tensor(allowed) / sum(allowed))
 
 
+@pytest.mark.no_shapeguard  # shows the warning on purpose
 def test_top_left_sdpa_would_differ():
     """Proof the alignment matters for these sizes: SDPA's is_causal (top-left) disagrees."""
     q, k, v = make()
@@ -197,6 +200,7 @@ def test_explicit_sdpa_backend_does_not_warn(fresh_announcements):
         flash_attention(q, k, v, backend="sdpa")
 
 
+@pytest.mark.no_shapeguard
 def test_backend_flash_off_gpu_is_refused_with_the_rule():
     q, k, v = make(dtype=torch.float16)
     with pytest.raises(shapeguard.ShapeError) as info:
@@ -232,16 +236,21 @@ def test_float32_is_fine_on_the_fallback():
 )
 def test_bad_arguments_are_contract_errors(kwargs, message):
     q, k, v = make()
-    with pytest.raises(shapeguard.ContractError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        shapeguard.ContractError, match=message.replace("(", r"\(").replace(")", r"\)")
+    ):
         flash_attention(q, k, v, **kwargs)
 
 
 def test_non_tensor_input_is_a_contract_error():
     q, k, _ = make()
-    with pytest.raises(shapeguard.ContractError, match="flash_attention: v is a list, not a tensor"):
+    with pytest.raises(
+        shapeguard.ContractError, match="flash_attention: v is a list, not a tensor"
+    ):
         flash_attention(q, k, [1, 2], backend="sdpa")
 
 
+@pytest.mark.no_shapeguard
 def test_checks_off_means_off():
     q, k, v = make()
     v = v[..., :4]  # a head size flash-attn refuses; SDPA alone computes it

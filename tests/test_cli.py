@@ -213,6 +213,7 @@ def test_constructor_violation_exits_1_with_the_message_on_stdout():
     assert result.stderr == "shapeguard: head_divisibility violation in " + SEED + "\n"
 
 
+@pytest.mark.no_shapeguard
 def test_forward_violation_exits_1_with_findings_after_the_table(tmp_path):
     path = write(
         tmp_path, ATTENTION + "\n\ndef build_model():\n    return SelfAttention(k_width=30)\n"
@@ -606,6 +607,7 @@ def example_inputs():
     assert "x=[2, 7, 33] float32, mask=[2, 1, 7, 7] bool  (from example_inputs())" in result.stdout
 
 
+@pytest.mark.no_shapeguard
 def test_input_option_overrides_example_inputs():
     result = run("trace", SEED, "--input", "mask=bool:2,1,16,16", "--input", "x=2,16,512")
     assert result.exit_code == 0, result.stderr
@@ -616,6 +618,7 @@ def test_input_option_overrides_example_inputs():
     assert "500" in first and "512" in first, first
 
 
+@pytest.mark.no_shapeguard
 def test_input_option_with_a_dtype_prefix(tmp_path):
     path = write(tmp_path, ATTENTION)
     result = run("trace", path, "--input", "x=float64:2,5,33", "--input", "mask=bool:2,1,5,5")
@@ -636,6 +639,7 @@ def test_check_passes_on_the_seed_example(monkeypatch):
     assert "semantic probes" in rows[1] and "skip" in rows[1]
 
 
+@pytest.mark.no_shapeguard
 def test_check_fails_on_a_finding(tmp_path, monkeypatch):
     monkeypatch.setattr(_cli, "probe_runner", lambda: None)
     path = write(
@@ -727,6 +731,7 @@ def test_probe_results_in_several_shapes(result, rows):
 # -- the progress bar, only on a terminal ------------------------------------------------------
 
 
+@pytest.mark.no_shapeguard
 def test_progress_bar_only_on_a_terminal(monkeypatch):
     import io
 
@@ -798,6 +803,7 @@ def test_strict_stops_at_the_first_warning(tmp_path):
     assert "warning: softmax over seq_q (dim -2) of scores" in strict.stdout
 
 
+@pytest.mark.no_shapeguard
 def test_json_schema_doc_lists_exactly_the_fields_written():
     clean = json.loads(run("trace", SEED, "--json", "-").stdout)
     failed = json.loads(run("trace", SEED, "--input", "x=2,16,500", "--json", "-").stdout)

@@ -17,6 +17,8 @@ from shapeguard import _contracts, _source
 from shapeguard._contracts import contract, contract_of
 from shapeguard.contracts import GQAK, HeadsQ, Mask, Tokens
 
+pytestmark = pytest.mark.no_shapeguard  # these tests trigger violations on purpose
+
 B, H, S, SK, DK = 2, 3, 5, 7, 11
 D = H * DK  # 33
 
@@ -134,7 +136,7 @@ def test_keyword_mask_with_another_length_names_who_bound_seq():
         '  contract  mask: Bool[Tensor, "batch 1 seq seq"] | None, declared at '
         + _line("# contract: mask"),
         "  bound     d_model=33 (self.d_model), batch=2 (x), seq=5 (x)",
-        '  hint: seq was bound to 5 by x; if mask may differ there, give that axis its own name '
+        "  hint: seq was bound to 5 by x; if mask may differ there, give that axis its own name "
         'in the contract (e.g. "seq_k")',
     ]
 
@@ -181,7 +183,8 @@ def test_return_value_is_checked_against_the_arguments_bindings():
         "      model(_x())  # call: return",
         "  output    [batch=2, seq=5, d_model=32]",
         "  expected  [batch=2, seq=5, d_model=33]",
-        '  contract  -> Float[Tensor, "batch seq d_model"], declared at ' + _line("# contract: return"),
+        '  contract  -> Float[Tensor, "batch seq d_model"], declared at '
+        + _line("# contract: return"),
         "  bound     d_model=33 (self.d_model), batch=2 (x), seq=5 (x)",
         "  hint: d_model is 33 (self.d_model) but forward returned 32 on dim 2; look at the op "
         "that makes the return value",
@@ -197,7 +200,9 @@ class PerHead(nn.Module):
         self.embed_dim = D
         self.n_heads = H
 
-    def forward(self, q: Float[Tensor, "batch heads seq d_k"]) -> Float[Tensor, "batch seq d_model"]:
+    def forward(
+        self, q: Float[Tensor, "batch heads seq d_k"]
+    ) -> Float[Tensor, "batch seq d_model"]:
         b, h, s, d = q.shape
         return q.transpose(1, 2).reshape(b, s, h * d)
 
@@ -247,6 +252,7 @@ def scores(
     q: Float[Tensor, "*batch #heads seq_q d_k"],
     k: Float[Tensor, "*batch #heads seq_k d_k"],
 ) -> Float[Tensor, "*batch #heads seq_q seq_k"]:
+
     return q @ k.transpose(-2, -1)
 
 
@@ -258,7 +264,11 @@ def concat(a: Float[Tensor, "n d"], b: Float[Tensor, "m d"]) -> Float[Tensor, "n
 def test_variadic_and_broadcast_dims_pass_when_they_should():
     assert scores(torch.randn(B, H, S, DK), torch.randn(B, 1, SK, DK)).shape == (B, H, S, SK)
     assert scores(torch.randn(4, B, H, S, DK), torch.randn(4, B, H, SK, DK)).shape == (
-        4, B, H, S, SK,
+        4,
+        B,
+        H,
+        S,
+        SK,
     )
     assert scores(torch.randn(H, S, DK), torch.randn(H, SK, DK)).shape == (H, S, SK)
 
@@ -390,7 +400,10 @@ def test_warn_mode_warns_at_the_call_site_and_runs_forward():
         out = model(_x(), mask=mask)  # call: warn
     assert out.shape == (B, S, D)
     [warning] = [w for w in caught if w.message.kind == "contract"]
-    assert (warning.filename, warning.lineno) == (__file__, int(_line("# call: warn").split(":")[-1]))
+    assert (warning.filename, warning.lineno) == (
+        __file__,
+        int(_line("# call: warn").split(":")[-1]),
+    )
     assert str(warning.message).splitlines() == [
         "mask.seq (1) != x.seq (5)",
         f"  in  Attention at {_line('# call: warn')}",
@@ -400,7 +413,7 @@ def test_warn_mode_warns_at_the_call_site_and_runs_forward():
         '  contract  mask: Bool[Tensor, "batch 1 seq seq"] | None, declared at '
         + _line("# contract: mask"),
         "  bound     d_model=33 (self.d_model), batch=2 (x), seq=5 (x)",
-        '  hint: seq was bound to 5 by x; if mask may differ there, give that axis its own name '
+        "  hint: seq was bound to 5 by x; if mask may differ there, give that axis its own name "
         'in the contract (e.g. "seq_k")',
     ]
     assert [f.kind for f in shapeguard.last_trace(model).findings] == ["contract"]
@@ -454,7 +467,9 @@ def test_contract_names_the_axes_in_the_trace():
             super().__init__()
             self.proj = nn.Linear(DK, DK)
 
-        def forward(self, x: Float[Tensor, "batch tokens feat"]) -> Float[Tensor, "batch tokens feat"]:
+        def forward(
+            self, x: Float[Tensor, "batch tokens feat"]
+        ) -> Float[Tensor, "batch tokens feat"]:
             return self.proj(x)
 
     model = shapeguard.guard(Tokens2())
@@ -533,7 +548,9 @@ def test_core_checks_name_axes_after_the_contract():
             super().__init__()
             self.q, self.k = nn.Linear(DK, D), nn.Linear(DK, D)
 
-        def forward(self, x: Float[Tensor, "batch tokens feat"]) -> Float[Tensor, "batch tokens tokens"]:
+        def forward(
+            self, x: Float[Tensor, "batch tokens feat"]
+        ) -> Float[Tensor, "batch tokens tokens"]:
             Q = self.q(x)
             K = self.k(x)
             return Q @ K  # call: no transpose
@@ -543,7 +560,10 @@ def test_core_checks_name_axes_after_the_contract():
     lines = str(info.value).splitlines()
     assert info.value.kind != "contract"
     assert lines[0] == "output = Q @ K: Q.dim -1 (33) != K.tokens (5)"
-    assert lines[3:5] == ["  Q      [batch=2, tokens=5, 33] float32", "  K      [batch=2, tokens=5, 33] float32"]
+    assert lines[3:5] == [
+        "  Q      [batch=2, tokens=5, 33] float32",
+        "  K      [batch=2, tokens=5, 33] float32",
+    ]
 
 
 def test_plain_type_hints_make_no_contract():

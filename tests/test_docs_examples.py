@@ -20,6 +20,7 @@ MODULES = [
 ]
 
 
+@pytest.mark.no_shapeguard
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name):
     module = importlib.import_module(name)
@@ -29,6 +30,7 @@ def test_docstring_examples_run(name):
     assert result.failed == 0
 
 
+@pytest.mark.no_shapeguard
 def test_readme_example_runs_and_says_what_the_readme_says(tmp_path):
     text = (ROOT / "README.md").read_text()
     block = re.search(r"## In 30 seconds\n\n```python\n(.*?)```", text, re.S).group(1)

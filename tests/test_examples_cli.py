@@ -18,6 +18,8 @@ from click.testing import CliRunner
 
 from shapeguard._cli import cli
 
+pytestmark = pytest.mark.no_shapeguard  # these tests trigger violations on purpose
+
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 _EXPECT = re.compile(r"^#\s*shapeguard:\s*expect exit (\d+)\s*$", re.MULTILINE)
 _ARGS = re.compile(r"^#\s*shapeguard:\s*args (.+)$", re.MULTILINE)

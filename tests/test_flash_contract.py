@@ -22,6 +22,8 @@ from shapeguard._session import op_name
 from shapeguard.attention import flash_attention
 from shapeguard.checks import flash as flash_checks
 
+pytestmark = pytest.mark.no_shapeguard  # these tests trigger violations on purpose
+
 B, SQ, SK, H, D = 2, 5, 7, 3, 16  # pairwise distinct; D a multiple of 8
 HQ, HK = 6, 4  # heads that do not group (6 % 4)
 F16 = torch.float16

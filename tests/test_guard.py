@@ -131,6 +131,7 @@ def test_unguard_restores_exactly_the_hooks_the_module_had():
     user_handle.remove()
 
 
+@pytest.mark.no_shapeguard
 def test_exception_inside_guarded_forward_leaves_no_hook_and_no_mode():
     model = shapeguard.guard(HandAttention(bug="k_not_transposed"))
     before_module, before_global = _hook_counts(model), _global_hook_counts()
@@ -145,6 +146,7 @@ def test_exception_inside_guarded_forward_leaves_no_hook_and_no_mode():
     assert current_session() is None
 
 
+@pytest.mark.no_shapeguard
 def test_trace_context_manager_removes_everything_on_exception():
     before = _global_hook_counts()
     with pytest.raises(ZeroDivisionError), shapeguard.trace():
@@ -154,6 +156,7 @@ def test_trace_context_manager_removes_everything_on_exception():
     assert not torch.overrides._is_torch_function_mode_enabled()
 
 
+@pytest.mark.no_shapeguard
 def test_class_decorator_forms():
     @shapeguard.guard
     class Plain(HandAttention):
@@ -198,6 +201,7 @@ def test_trace_context_checks_any_code_and_records_roles():
     assert "0 errors, 0 warnings" in table
 
 
+@pytest.mark.no_shapeguard
 def test_module_paths_in_events_and_messages():
     class Block(nn.Module):
         def __init__(self, bug=None):
@@ -225,6 +229,7 @@ def test_module_paths_in_events_and_messages():
     assert {e.module for e in trace.events} >= {"attn", "attn.W_q", "attn.out"}
 
 
+@pytest.mark.no_shapeguard
 def test_disable_and_env_switch_make_guard_a_pass_through(monkeypatch):
     model = shapeguard.guard(HandAttention(bug="k_not_transposed"))
     x = torch.randn(B, SQ, D)
@@ -297,6 +302,7 @@ def test_guarded_nested_modules_share_one_trace():
     assert shapeguard.last_trace(outer.inner) is None  # it ran inside the outer trace
 
 
+@pytest.mark.no_shapeguard
 def test_compile_of_guarded_model_matches_eager():
     torch.manual_seed(0)
     model = shapeguard.guard(HandAttention().eval())
@@ -307,6 +313,7 @@ def test_compile_of_guarded_model_matches_eager():
     torch._dynamo.reset()
 
 
+@pytest.mark.no_shapeguard
 def test_sdpa_users_are_checked_inside_guarded_module():
     class SDPAUser(nn.Module):
         def __init__(self):

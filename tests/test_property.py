@@ -76,6 +76,7 @@ MUTATIONS = {
 }
 
 
+@pytest.mark.no_shapeguard
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 @SETTINGS
 @given(config=configs())

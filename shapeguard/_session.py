@@ -63,6 +63,17 @@ _SYMBOL_OPS = {
 # fmt: on
 
 
+# Comparisons and logical ops that turn a mask into another form of the same mask.
+# fmt: off
+_MASK_MAKING = frozenset(
+    {
+        "eq", "ne", "lt", "le", "gt", "ge", "__eq__", "__ne__", "__lt__", "__le__", "__gt__",
+        "__ge__", "logical_not", "bitwise_not", "__invert__", "bool",
+    }
+)
+# fmt: on
+
+
 def op_name(func) -> str:
     name = getattr(func, "__name__", None) or repr(func)
     if name == "__get__":
@@ -486,6 +497,9 @@ class Session:
                 label = first_label
             if label is None and call.op in ("transpose", "mT") and first_label:
                 label = first_label + "^T"
+            if label is None and call.op in _MASK_MAKING and in_roles[:1] == ("mask",):
+                label = first_label  # `mask == 0` is still the mask
+
             axes = _meta.output_axes(
                 call.op,
                 args,

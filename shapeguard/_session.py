@@ -175,16 +175,27 @@ class OpCall:
         return {}
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def _dtype_name(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def _record(tensor, meta: TensorMeta | None, vocab: Vocabulary) -> TensorRecord:
-    shape = tuple(int(s) for s in tensor.shape)
-    axes = meta.axes if meta is not None and len(meta.axes) == len(shape) else vocab.guess(shape)
+    shape = tuple(tensor.shape)  # torch.Size holds ints; a plain tuple keeps no tensor
+    if meta is None:
+        label = role = None
+        axes = vocab.guess(shape)
+    else:
+        label, role = meta.label, meta.role
+        axes = meta.axes if len(meta.axes) == len(shape) else vocab.guess(shape)
     return TensorRecord(
-        label=meta.label if meta else None,
-        role=meta.role if meta else None,
+        label=label,
+        role=role,
         shape=shape,
         axes=axes,
         dtype=_dtype_name(tensor.dtype),
@@ -491,6 +502,7 @@ class Session:
         in_roles = tuple(m.role if m else None for m in in_metas)
         labels = self._output_labels(call, len(outputs))
         first_label = in_metas[0].label if in_metas and in_metas[0] else None
+        out_metas = []
         for k, tensor in enumerate(outputs):
             label = labels[k] if k < len(labels) else None
             if label is None and call.op in _meta.SHAPE_PRESERVING and k == 0:
@@ -511,7 +523,7 @@ class Session:
                 call.declared,
             )
             buffer, sliced = _meta.buffer_origin(call.op, in_tensors, in_metas, self.module_stack)
-            self.metas[tensor] = TensorMeta(
+            meta = TensorMeta(
                 label=label,
                 role=_meta.role_for(label, call.op, in_roles),
                 axes=axes,
@@ -520,6 +532,8 @@ class Session:
                 buffer=buffer,
                 sliced=sliced,
             )
+            self.metas[tensor] = meta
+            out_metas.append(meta)
         trace = self.trace
         if len(trace.events) >= trace.max_events:
             trace.dropped_events += 1
@@ -537,7 +551,9 @@ class Session:
                 inputs=tuple(
                     _record(t, m, self.vocab) for t, m in zip(in_tensors, in_metas, strict=True)
                 ),
-                outputs=tuple(_record(t, self.metas.get(t), self.vocab) for t in outputs),
+                outputs=tuple(
+                    _record(t, m, self.vocab) for t, m in zip(outputs, out_metas, strict=True)
+                ),
             )
         )
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from .. import _axes
 from .._errors import Violation
 from .elementwise import ref
+from .mha import bind_arguments
 
 OPS = (
     "masked_fill",
@@ -254,30 +255,8 @@ def _sdpa_use(call):
         )
 
 
-_MHA_PARAMS = (
-    "query",
-    "key",
-    "value",
-    "embed_dim_to_check",
-    "num_heads",
-    "in_proj_weight",
-    "in_proj_bias",
-    "bias_k",
-    "bias_v",
-    "add_zero_attn",
-    "dropout_p",
-    "out_proj_weight",
-    "out_proj_bias",
-    "training",
-    "key_padding_mask",
-    "need_weights",
-    "attn_mask",
-)
-
-
 def _mha_uses(call):
-    p = dict(zip(_MHA_PARAMS, call.args, strict=False))
-    p.update(call.kwargs)
+    p = bind_arguments(call)
     query, key, heads = p.get("query"), p.get("key"), p.get("num_heads")
     if not (hasattr(query, "shape") and hasattr(key, "shape") and isinstance(heads, int)):
         return

@@ -38,7 +38,8 @@ _PARAMS = (
 )
 
 
-def _bind(call) -> dict:
+def bind_arguments(call) -> dict:
+    """F.multi_head_attention_forward's arguments by name; mask_semantics reads them too."""
     bound = dict(zip(_PARAMS, call.args, strict=False))
     bound.update(call.kwargs)
     return bound
@@ -56,7 +57,7 @@ def _user_shape(t, batch_first: bool, names=("seq", "batch", "embed_dim")) -> st
 
 
 def check(call):
-    p = _bind(call)
+    p = bind_arguments(call)
     query, key, value = p.get("query"), p.get("key"), p.get("value")
     embed_dim, num_heads = p.get("embed_dim_to_check"), p.get("num_heads")
     if query is None or key is None or value is None or not isinstance(num_heads, int):

@@ -1,0 +1,85 @@
+"""A broken contract as the house message: a ShapeError raised, or a warning, and a finding."""
+
+import warnings
+from dataclasses import dataclass
+
+from . import _source
+from ._contract_compile import Contract
+from ._errors import Finding, Operand, ShapeError, ShapeWarning
+
+
+@dataclass(slots=True)
+class Broken:
+    """What broke, as the message will say it: the relation, the shapes, the bindings, a fix."""
+
+    relation: str
+    label: str
+    actual: str = ""
+    expected: str = ""
+    bindings: str = ""
+    hint: str = ""
+    annotation: str = ""
+    declared: str = ""
+
+    def operands(self) -> list[Operand]:
+        rows = []
+        if self.actual:
+            rows.append(Operand(self.label, self.actual))
+        if self.expected:
+            rows.append(Operand("expected", self.expected))
+        if self.annotation:
+            where = f", declared at {self.declared}" if self.declared else ""
+            rows.append(Operand("contract", f"{self.annotation}{where}"))
+        if self.bindings:
+            rows.append(Operand("bound", self.bindings))
+        return rows
+
+
+def report(broken: Broken, contract: Contract, owner, *, mode: str, session, where: str) -> None:
+    """Raise the ShapeError, or warn, and record a finding in the open trace."""
+    __tracebackhide__ = True
+    site = _source.user_site()
+    location = site.location if site else contract.declared_at("def")
+    if not where:
+        where = module_description(owner, session)
+    error = ShapeError(
+        broken.relation,
+        kind="contract",
+        op=getattr(contract.fn, "__name__", "forward"),
+        module=where,
+        location=location,
+        source=site.source if site else "",
+        operands=broken.operands(),
+        hint=broken.hint,
+    )
+    message = error.render()
+    if session is not None:
+        session.trace.findings.append(
+            Finding(
+                kind="contract",
+                severity="error",
+                message=message,
+                op=error.op,
+                module=where,
+                location=location,
+                hint=broken.hint,
+                event_index=len(session.trace.events),
+            )
+        )
+    if mode == "raise":
+        raise error
+    filename, lineno = (site.filename, site.lineno) if site else contract.def_site()
+    warnings.warn_explicit(
+        ShapeWarning(message, kind="contract", hint=broken.hint),
+        ShapeWarning,
+        filename,
+        lineno,
+        registry=contract.warn_registry,
+    )
+
+
+def module_description(module, session) -> str:
+    """`blocks.0.attn (Attention)`: the module's path in the traced model, and its class."""
+    cls = type(module).__name__
+    path = session.module_path(module) if session is not None else ""
+    return f"{path} ({cls})" if path else cls

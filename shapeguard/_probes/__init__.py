@@ -1,0 +1,56 @@
+"""Semantic probes: properties every correct attention module has, checked by running it.
+
+Each probe changes the inputs (or the weights) in a way that must leave some part
+of the output unchanged (or permuted), runs the module, and measures how far the
+output moved, relative to the output's scale. The inputs are sliced and perturbed
+along the axes the trace identified as batch and seq; a probe that cannot tell
+those axes apart, or does not apply to the module, says so and is skipped.
+
+- batch independence: changing one example leaves the others' outputs alone;
+- sub-batch consistency: the first examples run alone give the same outputs;
+- causality (causal modules): changing later tokens leaves earlier outputs alone;
+- key-padding invariance: changing padded keys leaves the real tokens' outputs alone;
+- token-permutation equivariance (no positional terms, no mask);
+- head-permutation invariance: permuting heads in the Q/K/V projections' rows and
+  the output projection's columns leaves the output unchanged;
+- length change: the module runs at a shorter length, and a causal module's first
+  t outputs are the outputs of the first t tokens alone.
+
+Everything here runs on a private copy of the module, in float64 when it can.
+
+The framework: `result` (ProbeResult), `tree` and `layout` (the inputs and their
+batch and seq axes), `edits` (changed inputs), `compare` (deviation and tolerance),
+`watch` (what the trace saw), `subject` (the module under probe) and `locate` (the
+op where a difference first appears). The probes: `batch`, `sequence`, and `heads`
+(with `head_groups`, which finds the head blocks to permute).
+"""
+
+from .batch import batch_independence, sub_batch
+from .compare import rtol_for
+from .heads import head_permutation
+from .layout import read_layout
+from .result import ProbeResult, skipped
+from .sequence import causality, key_padding, length_change, token_permutation
+from .subject import Subject, declared_sizes
+from .tree import first_output, leaves, rebuild
+from .watch import Watch
+
+__all__ = [
+    "ProbeResult",
+    "Subject",
+    "Watch",
+    "batch_independence",
+    "causality",
+    "declared_sizes",
+    "first_output",
+    "head_permutation",
+    "key_padding",
+    "leaves",
+    "length_change",
+    "read_layout",
+    "rebuild",
+    "rtol_for",
+    "skipped",
+    "sub_batch",
+    "token_permutation",
+]

@@ -1,0 +1,103 @@
+"""The head-permutation probe: permuting heads in the projections leaves the output alone."""
+
+import torch
+
+from .compare import deviation, scale_of
+from .edits import derangement, take
+from .head_groups import HeadGroup, find_heads
+from .result import ProbeResult, skipped
+from .subject import Subject
+from .tree import first_output
+from .watch import describe_event
+
+
+def head_orders(heads: int, kv: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query-head order, kv-head order): kv heads deranged, and the query heads of each
+    kv group moved with their group and rotated within it, so grouped-query attention
+    keeps every query head with its own kv head."""
+    group = heads // kv
+    kv_order = derangement(kv, generator) if kv > 1 else torch.zeros(1, dtype=torch.long)
+    within = torch.roll(torch.arange(group), 1)
+    q_order = torch.tensor(
+        [int(kv_order[h // group]) * group + int(within[h % group]) for h in range(heads)]
+    )
+    return q_order, kv_order
+
+
+def block_index(size: int, offset: int, order: torch.Tensor, d_k: int) -> torch.Tensor:
+    """An index over `size` positions that reorders the head blocks at `offset`."""
+    index = torch.arange(size)
+    blocks = (order[:, None] * d_k + torch.arange(d_k)[None, :]).flatten() + offset
+    index[offset : offset + blocks.numel()] = blocks
+    return index
+
+
+def permute_heads(model, group: HeadGroup, q_order, kv_order) -> None:
+    """Reorder the head blocks of `group`'s parameters in place."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for rows in group.rows:
+            param = params[rows.param]
+            order = kv_order if rows.kv else q_order
+            index = block_index(param.shape[rows.axis], rows.offset, order, rows.d_k)
+            param.copy_(param.index_select(rows.axis, index.to(param.device)))
+
+
+def head_permutation(s: Subject) -> ProbeResult:
+    """Permuting the heads in the Q/K/V rows and the output columns leaves the output unchanged."""
+    import copy
+
+    name = "head-permutation invariance"
+    groups = find_heads(s.model, s.watch, s.traced_model)
+    if not groups:
+        return skipped(name, "found no Q/K/V projections with a declared head count of 2 or more")
+    try:
+        model = copy.deepcopy(s.model)
+    except Exception as error:
+        return skipped(name, f"the module cannot be copied to permute its heads ({error})")
+    expected = s.reference
+    described = []
+    for group in groups:
+        q_order, kv_order = head_orders(group.heads, group.kv_heads, s.generator)
+        permute_heads(model, group, q_order, kv_order)
+        described.append(f"{group.heads} heads of {group.name or type(model).__name__}")
+        if not group.has_out:
+            if len(groups) > 1 or expected.shape[-1] != group.heads * group.d_k:
+                return skipped(name, "the heads are not merged by an output projection")
+            expected = take(expected, -1, block_index(expected.shape[-1], 0, q_order, group.d_k))
+    args, kwargs = s.inputs
+    out = first_output(model(*args, **kwargs))
+    dev = deviation(out, expected, scale_of(s.reference))
+    return s.result(
+        name,
+        dev,
+        f"permuting the {', '.join(described)} (Q/K/V projection rows, output projection columns)",
+        "the output",
+        "heads are not kept apart between the split and the merge: split d_model into "
+        "[heads, d_k] and move heads next to batch (view then transpose), and transpose back "
+        "before merging",
+        lambda: _head_ops(s.events),
+        lead="",
+    )
+
+
+def _head_ops(events) -> str:
+    """Where heads are split off the features and merged back."""
+    split = merge = None
+    for event in events:
+        has_in = any("heads" in (r.axes or ()) for r in event.inputs)
+        has_out = any("heads" in (r.axes or ()) for r in event.outputs)
+        if split is None and has_out and not has_in:
+            split = event
+        elif split is not None and has_in and not has_out and event.op in _MERGES:
+            merge = event
+            break
+    parts = []
+    if split is not None:
+        parts.append(f"heads split by {describe_event(split)}")
+    if merge is not None:
+        parts.append(f"merged by {describe_event(merge)}")
+    return " and ".join(parts)
+
+
+_MERGES = frozenset({"view", "reshape", "flatten", "contiguous", "permute", "transpose"})

@@ -1,0 +1,131 @@
+"""Where a failed probe's difference first appears: the traced op and its line."""
+
+import torch
+
+from .compare import deviation, scale_of
+from .edits import take
+from .result import ProbeResult
+from .subject import Subject
+from .watch import Watch
+
+_SEQ_NAMES = ("seq", "seq_q", "seq_k")
+
+
+def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
+    """Every op's output in one traced forward: (op, where, value, axis names)."""
+    import warnings
+
+    from .. import _config
+    from .._errors import ShapeWarning
+    from .._record import Trace
+    from .._session import close_session, open_session
+
+    args, kwargs = inputs
+    disabled, _config._disabled_by_api = _config._disabled_by_api, False  # probe runs turn it off
+    session = open_session(Trace(mode=mode), root=s.model)
+    watch = Watch(session, keep_values=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ShapeWarning)
+            session.enter_module(s.model, args, kwargs)
+            with watch:
+                s.model(*args, **kwargs)
+    finally:
+        close_session(session)
+        _config._disabled_by_api = disabled
+    return watch.values or []
+
+
+def locate(s: Subject, inputs_a, inputs_b, region) -> str:
+    """The first traced op whose output differs, in the region the probe says must not."""
+    try:
+        first, second = record_values(s, inputs_a), record_values(s, inputs_b)
+    except Exception:
+        return ""
+    for (op_a, where, a, axes), (op_b, _, b, _) in zip(first, second, strict=False):
+        if op_a != op_b:
+            return ""  # the two runs took different paths: no op-by-op comparison
+        pair = region(a, b, axes)
+        if pair is not None and deviation(*pair, scale_of(a)) > s.rtol:
+            return where
+    return ""
+
+
+def locate_crash(s: Subject, inputs) -> tuple[str, str]:
+    """Rerun a failing forward under shapeguard: (the op and line, the broken relation)."""
+    from .._errors import ShapeError
+
+    try:
+        record_values(s, inputs, mode="raise")
+    except ShapeError as error:
+        where = f"{error.op} at {error.location}" if error.location else error.op
+        return (f"{where} ({error.module})" if error.module else where), error.relation
+    except Exception:
+        return "", ""
+    return "", ""
+
+
+def crashed(name: str, what: str, error: Exception, s: Subject, inputs) -> ProbeResult:
+    """The module raised: rerun under shapeguard for the op, line and an explanation."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    op, relation = locate_crash(s, inputs)
+    where = f"\n  raised at {op}" if op else ""
+    return ProbeResult(
+        name, "failed", f"{what}, the module fails: {relation or first}{where}", op=op
+    )
+
+
+def _named(axes, names) -> list[int]:
+    return [d for d, n in enumerate(axes or ()) if n in names]
+
+
+def region_batch(batch: int, keep: list[int]):
+    """The examples `keep` along every batch axis of size `batch`."""
+    index = torch.tensor(keep)
+
+    def region(a, b, axes):
+        dims = [d for d in _named(axes, ("batch",)) if a.shape[d] == batch]
+        if not dims or a.shape != b.shape:
+            return None
+        return take(a, dims[0], index), take(b, dims[0], index)
+
+    return region
+
+
+def region_prefix(name: str, full: int, k: int, *, same_size: bool = False):
+    """The first k along every axis called `name` (batch, or any seq axis) of size full;
+    the second run has size k there (a shorter run) or full (`same_size`)."""
+    names = _SEQ_NAMES if name == "seq" else (name,)
+
+    def region(a, b, axes):
+        if a.dim() != b.dim():
+            return None
+        dims = [d for d in _named(axes, names) if a.shape[d] == full]
+        if not dims:
+            return None
+        for d in dims:
+            a = a.narrow(d, 0, k)
+            if same_size:
+                b = b.narrow(d, 0, k)
+        return (a, b) if a.shape == b.shape else None
+
+    return region
+
+
+def region_padding(length: int, p: int):
+    """The real tokens, when the last `p` of `length` are padding."""
+    return region_prefix("seq", length, length - p, same_size=True)
+
+
+def region_permuted(length: int, perm: torch.Tensor):
+    """The first run permuted by `perm` along every seq axis of size `length`."""
+
+    def region(a, b, axes):
+        dims = [d for d in _named(axes, _SEQ_NAMES) if a.shape[d] == length]
+        if not dims or a.shape != b.shape:
+            return None
+        for d in dims:
+            a = take(a, d, perm)
+        return a, b
+
+    return region

@@ -511,6 +511,10 @@ class Session:
                 label = first_label + "^T"
             if label is None and call.op in _MASK_MAKING and in_roles[:1] == ("mask",):
                 label = first_label  # `mask == 0` is still the mask
+            if label is None and call.op == "__getitem__" and k == 0:
+                # A slice of a tensor is that tensor: `self.bias[:, :, :T, :T]` is `bias`.
+                text = call.source_text(0)
+                label = _source.short_label(text) if text else first_label
 
             axes = _meta.output_axes(
                 call.op,

@@ -16,7 +16,6 @@ import sys
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
-
 _SKIP_PACKAGES = ("torch", "jaxtyping", "beartype", "typing_extensions", "shapeguard")
 
 
@@ -182,8 +181,11 @@ def _spine(value: ast.AST):
     while node is not None:
         yield node
         if isinstance(node, ast.Call):
-            if isinstance(node.func, ast.Attribute) and not _is_namespace(node.func.value):
-                node = node.func.value
+            func = node.func
+            # `self.proj(x)` calls a submodule: the value flows from x, not from self.
+            on_self = isinstance(func, ast.Attribute) and _is_self(func.value)
+            if isinstance(func, ast.Attribute) and not _is_namespace(func.value) and not on_self:
+                node = func.value
             elif node.args:
                 node = node.args[0]
             else:
@@ -197,6 +199,10 @@ def _spine(value: ast.AST):
 
 
 _NAMESPACES = {"torch", "F", "nn", "functional", "math", "np", "einops"}
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
 
 
 def _is_namespace(node: ast.AST) -> bool:

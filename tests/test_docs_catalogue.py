@@ -22,8 +22,8 @@ SNIPPETS = ROOT / "docs" / "snippets"
 SOURCES = [
     *sorted((ROOT / "shapeguard" / "checks").glob("*.py")),
     ROOT / "shapeguard" / "_session.py",
-    ROOT / "shapeguard" / "_contracts.py",
-    ROOT / "shapeguard" / "_flash.py",
+    *sorted((ROOT / "shapeguard").glob("_contract*.py")),
+    *sorted((ROOT / "shapeguard").glob("_flash*.py")),
     ROOT / "shapeguard" / "attention.py",
 ]
 _KIND_PATTERNS = (

@@ -5,7 +5,8 @@ process on one thread, interleaved round by round (in a new shuffled order each
 round, so drift and position effects fall on every variant alike), and each variant's
 time is the median of at least 20 rounds after warm-up. Ratios are the median
 of the per-round ratios to the baseline of the same round, so a slow stretch of
-a shared machine hits the numerator and the denominator together.
+a shared machine hits the numerator and the denominator together. Samples are
+the calling thread's CPU time unless `use_clock("wall")` says otherwise.
 """
 
 import contextlib
@@ -63,14 +64,34 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
+# The clock of every sample: the calling thread's CPU time by default. With one torch
+# thread the whole forward runs in the calling thread, so this is the forward's time
+# on an idle machine, and other processes on a shared one move it far less than
+# they move the wall clock (while the process waits for a core, no CPU time passes).
+CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
+_clock = {"name": "thread"}
+
+
+def use_clock(name: str) -> None:
+    """Time every later sample with `name`: "thread" (CPU time, the default) or "wall"."""
+    if name not in CLOCKS:
+        raise ValueError(f"clock {name!r} is not one of {', '.join(CLOCKS)}")
+    _clock["name"] = name
+
+
+def clock_name() -> str:
+    return _clock["name"]
+
+
 def _run(variant: Variant, inner: int) -> float:
     context = variant.context() if variant.context is not None else contextlib.nullcontext()
     fn = variant.fn
+    clock = CLOCKS[_clock["name"]]
     with context:
-        start = time.perf_counter()
+        start = clock()
         for _ in range(inner):
             fn()
-        return (time.perf_counter() - start) / inner
+        return (clock() - start) / inner
 
 
 def compare(

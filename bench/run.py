@@ -4,6 +4,7 @@
     python bench/run.py                  # the full run: about 7-8 minutes on 2 idle cores
     python bench/run.py --quick          # a smoke run (seconds); writes nothing unless --output
     python bench/run.py --only overhead,scale
+    python bench/run.py --clock wall     # wall-clock samples (default: the thread's CPU time)
 
 Every figure is measured in this run, side by side, on one thread (see
 `bench/_timing.py`); nothing is copied from an earlier run. The pieces:
@@ -264,6 +265,8 @@ class Report:
     machine: dict
     outcomes: list[Outcome] = field(default_factory=list)
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process and its children, user + system
+    clock: str = "thread"
 
     @property
     def targets(self) -> list[Target]:
@@ -276,9 +279,19 @@ class Report:
             "# shapeguard benchmarks",
             "",
             f"Written by `python bench/run.py{mode}` on {when}; the run took "
-            f"{self.seconds / 60:.1f} minutes. Every figure below was measured in that run "
-            "(ratios side by side, one thread, median of at least 20 interleaved rounds after "
-            "warm-up, unless a table says otherwise). Re-run it to refresh this page.",
+            f"{_duration(self.seconds)} of wall time and {_duration(self.cpu_seconds)} "
+            "of CPU time (on an idle machine the two are about equal: one thread "
+            "works at a time). Every figure below was measured in that run (ratios side by "
+            "side, one thread, median of at least 20 interleaved rounds after warm-up, unless "
+            "a table says otherwise). "
+            + (
+                "Times are the calling thread's CPU time, which other processes on a shared "
+                "machine move far less than the wall clock; the meta-device command's wall "
+                "time is wall time."
+                if self.clock == "thread"
+                else "Times are wall-clock time."
+            )
+            + " Re-run it to refresh this page.",
             "",
         ]
         if self.quick:
@@ -315,20 +328,44 @@ def run_all(quick: bool = False, only: tuple[str, ...] = PIECES, echo=None) -> R
     from _timing import one_thread
 
     one_thread()
-    report = Report(quick, datetime.datetime.now(datetime.UTC), machine())
+    from _timing import clock_name
+
+    report = Report(quick, datetime.datetime.now(datetime.UTC), machine(), clock=clock_name())
     start = time.perf_counter()
+    cpu_start = _cpu_seconds()
     for name in only:
         outcome = run_piece(name, quick)
         report.outcomes.append(outcome)
         if echo is not None:
             echo(outcome.section.markdown())
     report.seconds = time.perf_counter() - start
+    report.cpu_seconds = _cpu_seconds() - cpu_start
     return report
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} minutes"
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: few rounds, small sizes")
+    parser.add_argument(
+        "--clock",
+        choices=("thread", "wall"),
+        default="thread",
+        help="time samples in the calling thread's CPU time (default) or wall-clock time",
+    )
     parser.add_argument(
         "--only",
         default=",".join(PIECES),
@@ -344,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in only if p not in PIECES]
     if unknown:
         parser.error(f"unknown piece(s) {', '.join(unknown)}; choose from {', '.join(PIECES)}")
+    from _timing import use_clock
+
+    use_clock(options.clock)
     report = run_all(options.quick, only, echo=lambda text: print(text, flush=True))
     text = report.markdown()
     print(text[: text.index("\n## ")] if "\n## " in text else text)

@@ -159,6 +159,14 @@ def test_compare_interleaves_and_pairs_the_ratios():
     assert all(len(t.samples) == 12 for t in timings.values())
 
 
+def test_clock_names_are_checked():
+    from _timing import clock_name, use_clock
+
+    with pytest.raises(ValueError, match="clock 'sundial' is not one of thread, wall"):
+        use_clock("sundial")
+    assert clock_name() == "thread"
+
+
 def test_line_fit_is_exact_on_a_line():
     import scale
 

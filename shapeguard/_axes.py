@@ -21,8 +21,14 @@ ATTRIBUTE_AXES: dict[str, tuple[str, ...]] = {
 
 
 def _int_attr(obj: object, names: Iterable[str]) -> tuple[str, int] | None:
+    # The instance dict, then the class: a plain getattr of a missing name would go
+    # through nn.Module.__getattr__ and an AttributeError per name, on every forward.
+    own = getattr(obj, "__dict__", {})
+    cls = type(obj)
     for name in names:
-        value = getattr(obj, name, None)
+        value = own.get(name)
+        if value is None:
+            value = getattr(cls, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return name, value
     return None

@@ -329,7 +329,8 @@ def run(quick: bool = False) -> Section:
             "Median of the per-round differences to the unguarded forward (same rounds as "
             "above); 'per op' divides by the ops a trace records for one forward. A fixed cost "
             "per op or per call is a large ratio of a tiny forward and a small one of a medium "
-            "forward. A negative value is noise.",
+            "forward. At the medium size these differences are inside the run's noise (see "
+            "the interquartile ranges above), negative ones included: read the tiny rows.",
         ],
     )
     section = Section("Overhead", tables=[table, cost_table], targets=targets)

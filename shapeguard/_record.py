@@ -134,11 +134,19 @@ class Trace:
         return [f for f in self.findings if f.severity == "warning"]
 
     # -- rendering -------------------------------------------------------------
-    def table(self, *, width: int | None = 150, color: bool = False, all_ops: bool = False) -> str:
-        """The attention tensors (or every op, with `all_ops=True`) as a text table."""
+    def table(
+        self,
+        *,
+        width: int | None = 150,
+        color: bool = False,
+        all_ops: bool = False,
+        fold: bool = False,
+    ) -> str:
+        """The attention tensors (or every op, with `all_ops=True`) as a text table; `fold`
+        leaves out rows that repeat an earlier layer's (see `report.text.render_table`)."""
         from .report.text import render_table
 
-        return render_table(self, width=width, color=color, all_ops=all_ops)
+        return render_table(self, width=width, color=color, all_ops=all_ops, fold=fold)
 
     def to_html(self, attention: dict | None = None) -> str:
         """One self-contained HTML report (no network): see `shapeguard.report.html`.

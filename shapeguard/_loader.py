@@ -1,4 +1,4 @@
-"""From a model file to a traced forward: load the file, pick the model, run it once.
+"""From a model file to a model: load the file, pick the model, build it.
 
 Everything a user can get wrong here (a missing file, a syntax error, no model
 or two, bad `--arg`) is a `LoadError`: one line saying what is wrong and how to
@@ -217,7 +217,7 @@ def pick_model(
         )
     _check_binds(target, kwargs, how)
     try:
-        with _device(device):
+        with on_device(device):
             model = target(**kwargs)
     except ShapeError as error:
         raise _located(error, target, kwargs, path) from None
@@ -382,7 +382,8 @@ def _call_text(target, kwargs: dict) -> str:
 
 
 @contextlib.contextmanager
-def _device(device: str):
+def on_device(device: str):
+    """Make tensors created without a device inside the block on `device` (cpu: as usual)."""
     if device == "cpu":
         yield
         return
@@ -401,90 +402,3 @@ def _to_meta(model):
         return model
     with torch.no_grad():
         return model.to("meta")
-
-
-# -- running it ------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Run:
-    """One traced forward: the trace (complete or up to the failure) and what stopped it."""
-
-    trace: object
-    shape_error: BaseException | None = None
-    crash: ModelCrashed | None = None
-    warnings: list = field(default_factory=list)
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.shape_error or self.crash or self.trace.errors)
-
-
-def run_traced(
-    model, args: tuple, kwargs: dict, *, strict: bool = False, path: str = "", device: str = "cpu"
-) -> Run:
-    """Run `model(*args, **kwargs)` once under a shapeguard trace and keep the trace even
-    when the forward fails (a `shapeguard.trace(model, ...)` call would lose it).
-
-    ShapeWarnings are left to the trace's findings; other warnings are returned,
-    so the caller can print them as diagnostics. `strict` stops at the first
-    ShapeWarning as at an error. On `device="meta"` the forward runs under
-    `torch.device("meta")`, so the tensors it makes without a device (a causal mask
-    from `torch.ones(T, T)`) are on meta too, as they would be on cpu.
-    """
-    import logging
-    import warnings
-
-    import torch
-
-    from ._errors import ShapeWarning
-    from ._record import Trace
-    from ._session import close_session, open_session
-
-    trace = Trace(mode="raise", strict=strict)
-    run = Run(trace)
-    # FakeTensorMode logs a full stack at ERROR level before re-raising; the
-    # finding says it better (research/prior-art.md section 2.4).
-    fake_logger = logging.getLogger("torch._subclasses.fake_tensor")
-    previous_level = fake_logger.level
-    fake_logger.setLevel(logging.CRITICAL)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("default")
-            session = open_session(trace, root=model)
-            try:
-                session.enter_module(model, args, kwargs)
-                with torch.no_grad(), _device(device):
-                    model(*args, **kwargs)
-            except ShapeError as error:
-                run.shape_error = error
-                if not any(f.message == error.render() for f in trace.findings):
-                    _add_finding(trace, error)
-            except Exception as error:
-                run.crash = ModelCrashed("forward", error, path)
-                run.crash.__cause__ = error
-            finally:
-                close_session(session)
-    finally:
-        fake_logger.setLevel(previous_level)
-    run.warnings = [w for w in caught if not issubclass(w.category, ShapeWarning)]
-    return run
-
-
-def _add_finding(trace, error) -> None:
-    """A ShapeError raised outside the session's own reporting (a contract, a guard's
-    config check): record it, so the report and the JSON show it."""
-    from ._errors import Finding
-
-    trace.findings.append(
-        Finding(
-            kind=error.kind,
-            severity="error",
-            message=error.render(),
-            op=error.op,
-            module=error.module,
-            location=error.location,
-            hint=error.hint,
-            event_index=len(trace.events),
-        )
-    )

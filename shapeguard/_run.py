@@ -1,0 +1,125 @@
+"""One traced forward of a picked model, with its trace kept even when the forward fails.
+
+A failure is recorded as the trace's last finding, so the table, the JSON and the
+HTML report all show it: a ShapeError the session did not report itself (a
+contract, a guard's config check), the model's own crash, or a failure before any
+forward ran (`failure_trace`).
+"""
+
+from dataclasses import dataclass, field
+
+from ._errors import Finding, ShapeError
+from ._loader import ModelCrashed, on_device
+
+
+@dataclass(slots=True)
+class Run:
+    """One traced forward: the trace (complete or up to the failure) and what stopped it."""
+
+    trace: object
+    shape_error: BaseException | None = None
+    crash: ModelCrashed | None = None
+    warnings: list = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.shape_error or self.crash or self.trace.errors)
+
+
+def run_traced(
+    model, args: tuple, kwargs: dict, *, strict: bool = False, path: str = "", device: str = "cpu"
+) -> Run:
+    """Run `model(*args, **kwargs)` once under a shapeguard trace and keep the trace even
+    when the forward fails (a `shapeguard.trace(model, ...)` call would lose it).
+
+    ShapeWarnings are left to the trace's findings; other warnings are returned,
+    so the caller can print them as diagnostics. `strict` stops at the first
+    ShapeWarning as at an error. On `device="meta"` the forward runs under
+    `torch.device("meta")`, so the tensors it makes without a device (a causal mask
+    from `torch.ones(T, T)`) are on meta too, as they would be on cpu.
+    """
+    import logging
+    import warnings
+
+    import torch
+
+    from ._errors import ShapeWarning
+    from ._record import Trace
+    from ._session import close_session, open_session
+
+    trace = Trace(mode="raise", strict=strict)
+    run = Run(trace)
+    # FakeTensorMode logs a full stack at ERROR level before re-raising; the
+    # finding says it better (research/prior-art.md section 2.4).
+    fake_logger = logging.getLogger("torch._subclasses.fake_tensor")
+    previous_level = fake_logger.level
+    fake_logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            session = open_session(trace, root=model)
+            try:
+                session.enter_module(model, args, kwargs)
+                with torch.no_grad(), on_device(device):
+                    model(*args, **kwargs)
+            except ShapeError as error:
+                run.shape_error = error
+                if not any(f.message == error.render() for f in trace.findings):
+                    add_error(
+                        trace,
+                        error.kind,
+                        error.render(),
+                        op=error.op,
+                        module=error.module,
+                        location=error.location,
+                        hint=error.hint,
+                    )
+            except Exception as error:
+                run.crash = ModelCrashed("forward", error, path)
+                run.crash.__cause__ = error
+            finally:
+                close_session(session)
+    finally:
+        fake_logger.setLevel(previous_level)
+    run.warnings = [w for w in caught if not issubclass(w.category, ShapeWarning)]
+    return run
+
+
+def add_error(
+    trace, kind: str, message: str, *, op: str = "", module: str = "", location="", hint=""
+) -> None:
+    """Record an error the session did not report itself, after the trace's last event."""
+    trace.findings.append(
+        Finding(
+            kind=kind,
+            severity="error",
+            message=message,
+            op=op,
+            module=module,
+            location=location,
+            hint=hint,
+            event_index=len(trace.events),
+        )
+    )
+
+
+def add_crash(trace, crash: ModelCrashed) -> None:
+    """The model's own crash as a finding."""
+    add_error(
+        trace,
+        "model_crashed",
+        crash.message,
+        op=crash.phase,
+        location=crash.location,
+        hint="an error in the model's own code, not a shape rule",
+    )
+
+
+def failure_trace(kind: str, message: str, location: str, hint: str):
+    """A trace holding only the failure that stopped the model before any forward ran
+    (importing the file, building the model), for `--json` and `--html`."""
+    from ._record import Trace
+
+    trace = Trace()
+    add_error(trace, kind, message, location=location, hint=hint)
+    return trace

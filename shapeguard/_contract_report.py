@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from . import _source
 from ._contract_compile import Contract
-from ._errors import Finding, Operand, ShapeError, ShapeWarning
+from ._errors import Operand, ShapeError, ShapeWarning
 
 
 @dataclass(slots=True)
@@ -54,18 +54,7 @@ def report(broken: Broken, contract: Contract, owner, *, mode: str, session, whe
     )
     message = error.render()
     if session is not None:
-        session.trace.findings.append(
-            Finding(
-                kind="contract",
-                severity="error",
-                message=message,
-                op=error.op,
-                module=where,
-                location=location,
-                hint=broken.hint,
-                event_index=len(session.trace.events),
-            )
-        )
+        session.trace.add_finding(error)
     if mode == "raise":
         raise error
     filename, lineno = (site.filename, site.lineno) if site else contract.def_site()

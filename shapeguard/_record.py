@@ -4,7 +4,7 @@ import json
 from dataclasses import dataclass, field
 
 from ._axes import Axes, format_shape
-from ._errors import Finding
+from ._errors import Finding, ShapeError
 
 SCHEMA_VERSION = 1
 
@@ -109,6 +109,21 @@ class Trace:
         session, self._session = self._session, None
         if session is not None:
             close_session(session)
+
+    def add_finding(self, error: ShapeError, severity: str = "error") -> None:
+        """Record `error` as a finding, placed after the last event the trace holds."""
+        self.findings.append(
+            Finding(
+                kind=error.kind,
+                severity=severity,
+                message=error.render(),
+                op=error.op,
+                module=error.module,
+                location=error.location,
+                hint=error.hint,
+                event_index=len(self.events),
+            )
+        )
 
     # -- queries -------------------------------------------------------------
     def records(self, name: str) -> list[TensorRecord]:

@@ -18,7 +18,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _axes, _config, _flash, _meta, _source
 from ._axes import Axes, Vocabulary, format_shape
-from ._errors import Context, Finding, Operand, ShapeError, ShapeWarning, Violation
+from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
 from ._meta import TensorMeta
 from ._record import Event, TensorRecord, Trace
 from .checks import checkers_for
@@ -411,19 +411,8 @@ class Session:
         violation.op = violation.op or call.op
         context = self._context(call)
         error = ShapeError.from_violation(violation, context)
+        self.trace.add_finding(error, violation.severity)
         message = error.render()
-        self.trace.findings.append(
-            Finding(
-                kind=violation.kind,
-                severity=violation.severity,
-                message=message,
-                op=violation.op,
-                module=context.module,
-                location=context.location,
-                hint=violation.hint,
-                event_index=len(self.trace.events),
-            )
-        )
         is_error = violation.severity == "error" or self.trace.strict
         if is_error and self.trace.mode == "raise":
             raise error
@@ -472,18 +461,7 @@ class Session:
             hint="shapeguard has no rule for this failure yet; the operand shapes above are "
             "what torch was given",
         )
-        self.trace.findings.append(
-            Finding(
-                kind="torch_error",
-                severity="error",
-                message=shape_error.render(),
-                op=call.op,
-                module=context.module,
-                location=context.location,
-                hint=shape_error.hint,
-                event_index=len(self.trace.events),
-            )
-        )
+        self.trace.add_finding(shape_error)
         return shape_error
 
     def _record(self, call: OpCall, out) -> None:

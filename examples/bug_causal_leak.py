@@ -13,7 +13,7 @@ shapeguard says:
     shapeguard.ShapeWarning: masked_fill: causal_mask == 0 hides the past instead of the future: each query sees itself and later keys only
       in  CausalSelfAttention at examples/bug_causal_leak.py:52
           scores = scores.masked_fill(causal_mask == 0, float("-inf"))
-      causal_mask == 0  [seq=7, seq=7] bool
+      causal_mask == 0  [7, 7] bool
       hint: tril and triu are swapped: a causal mask hides key j from query i when j > i, e.g. torch.ones(seq, seq, dtype=torch.bool).triu(1) marks the positions to hide
 
 The fix: keep the past, `mask = torch.tril(torch.ones(T, T, dtype=torch.bool))`, or

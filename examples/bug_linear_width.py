@@ -10,10 +10,10 @@ transposed weight. shapeguard names the layer, the tensor and the feature axis.
 
 shapeguard says:
 
-    shapeguard.ShapeError: out = Linear(in_features=12) got context with d_model=48
+    shapeguard.ShapeError: out = Linear(in_features=12) got context with heads*d_k=48
       in  out (Linear) at examples/bug_linear_width.py:53
           return self.out(context)
-      context  [batch=2, seq_q=7, d_model=48] float32
+      context  [batch=2, seq_q=7, heads*d_k=48] float32
       out      Linear(in_features=12, out_features=48)
       hint: context has 48 features, out expects 12: build out as nn.Linear(48, 48), or fix what produced context. torch would say: mat1 and mat2 shapes cannot be multiplied (14x48 and 12x48) (mat1 rows = 2 * 7, the leading axes of context flattened)
 

@@ -156,6 +156,8 @@ def check_return(
     memos[1].update(call.variadic or {})
     try:
         contract._check_return(output)
+        if session is not None:
+            _claim_names(session, contract.returns, output, "output")
         return
     except _CHECK_ERRORS:
         pass
@@ -166,33 +168,32 @@ def check_return(
 
 
 def name_inputs(session, contract: Contract, single: dict, args: tuple, kwargs: dict) -> None:
-    """Give the session the contract's axis names: its sizes, and the arguments' axes."""
+    """Give the session the contract's axis names: a contract is the user's own word for
+    an axis, the strongest evidence there is (it names the dims, so what flows from
+    these arguments carries the names too)."""
     if not single:
         return
-    by_size: dict[int, str | None] = {}
-    for name, size in single.items():
-        by_size[size] = name if by_size.get(size, name) == name else None
-    vocab = session.vocab
-    for size, name in by_size.items():
-        if size > 1 and name is not None:
-            vocab.add(name, size)
-            if vocab.name_of(size) != name:
-                # A contract is the user's own word for an axis: it overrides a name the
-                # engine guessed from leading dims or attributes (`seq` for `T`).
-                vocab.prefer(name, size)
-    from ._meta import TensorMeta, role_for
-
-    metas = session.metas
     for p, label, value in argument_values(contract, args, kwargs):
-        if not isinstance(value, torch.Tensor):
+        _claim_names(session, p.hint, value, label)
+
+
+def _claim_names(session, hint, value, label: str) -> None:
+    if not isinstance(value, torch.Tensor):
+        return
+    from ._meta import role_for
+    from ._names import dims as D
+
+    for array_type in array_types(hint):
+        names = axes_for(spec_of(array_type), tuple(value.shape))
+        if not any(names) or len(names) != value.dim():
             continue
-        for array_type in array_types(p.hint):
-            spec = spec_of(array_type)
-            axes = axes_for(spec, tuple(value.shape))
-            if any(axes) and len(axes) == value.dim():
-                meta = metas.get(value)
-                if meta is None:
-                    metas[value] = TensorMeta(label=label, role=role_for(label, "", ()), axes=axes)
-                else:
-                    meta.axes = axes
-                break
+        meta = session.meta_of(value)
+        if meta.label is None:
+            meta.label, meta.role = label, role_for(label, None)
+        for axis, name in zip(meta.dims, names, strict=True):
+            if name and len(axis) == 1:
+                kind = D.NAME_KINDS.get(name)
+                if kind is not None:
+                    D.claim_kind(axis[0][0], kind, D.CONTRACT)
+                D.claim_part(axis[0], name, D.CONTRACT)
+        return

@@ -9,7 +9,7 @@ from ._errors import Finding, ShapeError
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TensorRecord:
     """One tensor as the trace saw it: name, role, shape, axis names, dtype, bytes."""
 
@@ -20,10 +20,21 @@ class TensorRecord:
     dtype: str
     nbytes: int
     device: str = "cpu"
+    # The live tensor's meta, until the session closes and `settle` reads the final axis
+    # names and role from it (names learned later in the forward show on every record).
+    meta: object = field(default=None, repr=False, compare=False)
+
+    def settle(self) -> None:
+        meta = self.meta
+        if meta is not None:
+            self.axes = meta.axes
+            self.role = meta.role
+            self.meta = None
 
     @property
     def named_shape(self) -> str:
-        return format_shape(self.shape, self.axes)
+        axes = self.meta.axes if self.meta is not None else self.axes
+        return format_shape(self.shape, axes)
 
     def to_dict(self) -> dict:
         return {
@@ -109,6 +120,14 @@ class Trace:
         session, self._session = self._session, None
         if session is not None:
             close_session(session)
+
+    def settle(self, start: int = 0) -> None:
+        """Fix the axis names and roles of the records from event `start` on."""
+        for event in self.events[start:]:
+            for record in event.inputs:
+                record.settle()
+            for record in event.outputs:
+                record.settle()
 
     def add_finding(self, error: ShapeError, severity: str = "error") -> None:
         """Record `error` as a finding, placed after the last event the trace holds."""

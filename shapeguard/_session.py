@@ -16,10 +16,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import _axes, _config, _flash, _meta, _source
-from ._axes import Axes, Vocabulary, format_shape
+from . import _axes, _config, _flash, _ops, _source
+from ._axes import Axes, format_shape
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
-from ._meta import TensorMeta
+from ._meta import TensorMeta, buffer_origin, role_for
+from ._names import dims as _dims
+from ._names import flow as _flow
+from ._names import roots as _roots
 from ._record import Event, TensorRecord, Trace
 from .checks import checkers_for
 
@@ -30,56 +33,8 @@ def current_session() -> "Session | None":
     return getattr(_local, "session", None)
 
 
-# Attribute reads and queries that make no tensor: passed straight through.
-# fmt: off
-_PASS_THROUGH_NAMES = frozenset(
-    {
-        "size", "dim", "stride", "numel", "is_contiguous", "element_size", "data_ptr",
-        "__len__", "__bool__", "item", "tolist", "__format__", "__repr__", "__index__",
-        "__int__", "__float__", "__hash__", "is_floating_point", "is_complex", "nelement",
-        "_set_grad_enabled", "storage_offset", "untyped_storage", "get_device", "__reduce_ex__",
-    }
-)
-
-_PASS_THROUGH_ATTRS = frozenset(
-    {
-        "shape", "dtype", "device", "ndim", "requires_grad", "is_nested", "is_cuda", "is_meta",
-        "grad_fn", "grad", "layout", "is_sparse", "is_quantized", "names", "_version", "data",
-        "is_leaf", "output_nr", "_base", "is_mkldnn", "is_mps", "is_xpu", "itemsize", "nbytes",
-    }
-)
-
-# Source-level spellings of ops, for matching a call to the expression that made it.
-_SYMBOL_OPS = {
-    "@": ("matmul", "__matmul__", "__rmatmul__"),
-    "+": ("add", "__add__", "__radd__", "__iadd__"),
-    "-": ("sub", "__sub__", "__rsub__", "__isub__"),
-    "*": ("mul", "__mul__", "__rmul__", "__imul__"),
-    "/": ("div", "__truediv__", "__rtruediv__", "__itruediv__"),
-    "compare": (
-        "eq", "ne", "lt", "le", "gt", "ge", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
-    ),
-}
-# fmt: on
-
-
-# Comparisons and logical ops that turn a mask into another form of the same mask.
-# fmt: off
-_MASK_MAKING = frozenset(
-    {
-        "eq", "ne", "lt", "le", "gt", "ge", "__eq__", "__ne__", "__lt__", "__le__", "__gt__",
-        "__ge__", "logical_not", "bitwise_not", "__invert__", "bool",
-    }
-)
-# fmt: on
-
-
 def op_name(func) -> str:
-    name = getattr(func, "__name__", None) or repr(func)
-    if name == "__get__":
-        owner = getattr(func, "__self__", None)
-        return getattr(owner, "__name__", name)
-    return name
+    return _ops.name_of(func)
 
 
 def _is_tensor_method(func) -> bool:
@@ -92,23 +47,37 @@ def _is_tensor_method(func) -> bool:
 class OpCall:
     """One intercepted call, with helpers that name its tensors for messages."""
 
-    __slots__ = ("func", "op", "args", "kwargs", "site", "session", "is_method")
+    __slots__ = ("func", "op", "spec", "args", "kwargs", "site", "session", "is_method", "_bound")
 
-    def __init__(self, session: "Session", func, op: str, args: tuple, kwargs: dict, site) -> None:
+    def __init__(
+        self, session: "Session", func, op: str, args: tuple, kwargs: dict, site, spec=None
+    ) -> None:
         self.session = session
         self.func = func
         self.op = op
+        self.spec = spec if spec is not None else _ops.lookup(op)
         self.args = args
         self.kwargs = kwargs
         self.site = site
         self.is_method = _is_tensor_method(func)
+        self._bound: dict | None = None
+
+    def bound(self) -> dict:
+        """The arguments by parameter name, as the op table declares them."""
+        if self._bound is None:
+            self._bound = _ops.bind(self.spec, self.args, self.kwargs)
+        return self._bound
 
     # -- naming ------------------------------------------------------------------
     def _site_matches(self) -> bool:
         site = self.site
         if site is None or site.in_module or not site.callee:
             return False
-        return site.callee == self.op or self.op in _SYMBOL_OPS.get(site.callee, ())
+        callee = site.callee
+        spec = self.spec
+        return callee == self.op or callee in spec.spellings or (
+            bool(spec.symbol) and callee == spec.symbol
+        )
 
     def source_text(self, index: int) -> str | None:
         """The user's expression for positional argument `index`, when the user wrote the call."""
@@ -120,6 +89,14 @@ class OpCall:
 
     def meta(self, tensor) -> TensorMeta | None:
         return self.session.metas.get(tensor) if isinstance(tensor, torch.Tensor) else None
+
+    def meta_of(self, tensor) -> TensorMeta:
+        """The tensor's meta; a tensor first seen here gets new axes of its own."""
+        return self.session.meta_of(tensor)
+
+    def dims(self, tensor):
+        """The provenance of each axis of `tensor` (atoms of dims, see `_names.dims`)."""
+        return self.session.meta_of(tensor).dims
 
     def label(self, index: int, default: str) -> str:
         """A name for positional argument `index`: the user's expression, else the name
@@ -138,18 +115,14 @@ class OpCall:
         return meta.label if meta is not None and meta.label else default
 
     def axes(self, tensor) -> Axes:
-        meta = self.meta(tensor)
-        if meta is not None and len(meta.axes) == tensor.dim():
-            return meta.axes
-        return self.session.vocab.guess(tuple(tensor.shape))
+        """The names of the tensor's axes (None where only the size is known)."""
+        return self.session.meta_of(tensor).axes
 
     def role(self, tensor, label: str | None = None) -> str | None:
         meta = self.meta(tensor)
         if meta is not None and meta.role:
             return meta.role
-        from ._roles import canonical_role
-
-        return canonical_role(label)
+        return role_for(label, None)
 
     def operand(self, name: str, tensor) -> Operand:
         shape = tuple(tensor.shape)
@@ -174,6 +147,10 @@ class OpCall:
                 return found
         return {}
 
+    def output_labels(self, count: int) -> tuple[str | None, ...]:
+        """The names the user's assignment gives this op's outputs (`scores = ...`)."""
+        return self.session._output_labels(self, count)
+
 
 _DTYPE_NAMES: dict = {}
 
@@ -185,22 +162,17 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _record(tensor, meta: TensorMeta | None, vocab: Vocabulary) -> TensorRecord:
+def _record(tensor, meta: TensorMeta) -> TensorRecord:
     shape = tuple(tensor.shape)  # torch.Size holds ints; a plain tuple keeps no tensor
-    if meta is None:
-        label = role = None
-        axes = vocab.guess(shape)
-    else:
-        label, role = meta.label, meta.role
-        axes = meta.axes if len(meta.axes) == len(shape) else vocab.guess(shape)
     return TensorRecord(
-        label=label,
-        role=role,
+        label=meta.label,
+        role=meta.role,
         shape=shape,
-        axes=axes,
+        axes=(),  # read from the meta when the session closes: names learned later show
         dtype=_dtype_name(tensor.dtype),
         nbytes=tensor.numel() * tensor.element_size(),
         device=tensor.device.type,
+        meta=meta,
     )
 
 
@@ -225,7 +197,7 @@ class Session:
         self.background = trace.background
         self.owner_depth = 0
         self.metas: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
-        self.vocab = Vocabulary()
+        self._first_event = len(trace.events)
         self.module_stack: list = []
         self._paths: dict[int, str] | None = None
         self._seen_modules: set[int] = set()
@@ -266,6 +238,7 @@ class Session:
             previous = self._previous
             if previous is not None and previous.background:
                 previous.trace.findings.extend(self.trace.findings)
+            self.trace.settle(self._first_event)
             self.metas = WeakTensorKeyDictionary()
             self.module_stack.clear()
 
@@ -295,8 +268,6 @@ class Session:
         if key not in self._seen_modules:
             self._seen_modules.add(key)
             self.trace.modules_seen += 1
-            for axis, (_, size) in self.declared_sizes(module).items():
-                self.vocab.add(axis, size)
         if first:
             self._name_inputs(module, args, kwargs)
 
@@ -308,32 +279,37 @@ class Session:
                 return
 
     def _name_inputs(self, module, args: tuple, kwargs: dict) -> None:
-        """Name the root's inputs: parameter names as labels, the leading dims of the
-        first 3-D tensor as batch and seq."""
+        """The root's inputs: parameter names as labels, axes by the usual layouts."""
         names = _parameter_names(type(module))
         tensors = [(names[i] if i < len(names) else f"arg{i}", a) for i, a in enumerate(args)]
         tensors += list(kwargs.items())
-        tensors = [(n, t) for n, t in tensors if isinstance(t, torch.Tensor)]
-        seqs: list[int] = []
-        for _, tensor in tensors:
-            if tensor.dim() == 3 and tensor.is_floating_point():
-                if not seqs:
-                    self.vocab.add("batch", int(tensor.shape[0]))
-                if int(tensor.shape[1]) not in seqs:
-                    seqs.append(int(tensor.shape[1]))
-        if len(seqs) == 1:
-            self.vocab.add("seq", seqs[0])
-        elif len(seqs) > 1:
-            self.vocab.add("seq_q", seqs[0])
-            self.vocab.add("seq_k", seqs[1])
+        declared = self.declared_sizes(module)
+        mains, masks = [], []
         for name, tensor in tensors:
-            if tensor not in self.metas:
-                label = name
-                self.metas[tensor] = TensorMeta(
-                    label=label,
-                    role=_meta.role_for(label, "", ()),
-                    axes=self.vocab.guess(tuple(tensor.shape)),
-                )
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            meta = self.meta_of(tensor)
+            if meta.label is None:
+                meta.label, meta.role = name, role_for(name, None)
+            if tensor.dtype == torch.bool or meta.role == "mask":
+                masks.append(meta)
+            else:
+                _roots.claim_input(meta.dims, tensor, name, declared)
+                mains.append((tensor, meta))
+        _roots.pair_sequences(mains)
+        for meta in masks:
+            _roots.guess_mask(meta.dims, mains[0][1].dims if mains else ())
+
+    def meta_of(self, tensor) -> TensorMeta:
+        """The meta of `tensor`; one first seen here (a tensor made outside the trace, a
+        parameter) gets new axes of its own."""
+        meta = self.metas.get(tensor)
+        if meta is None:
+            param = isinstance(tensor, torch.nn.Parameter)
+            origin = "a parameter" if param else "a tensor made outside the trace"
+            meta = TensorMeta(_dims.fresh_axes(tuple(tensor.shape), origin), param=param)
+            self.metas[tensor] = meta
+        return meta
 
     def declared_sizes(self, module) -> dict[str, tuple[str, int]]:
         """`_axes.declared_sizes`, read once per module per session."""
@@ -363,10 +339,10 @@ class Session:
     # -- ops ---------------------------------------------------------------------
     def dispatch(self, func, args: tuple, kwargs: dict):
         __tracebackhide__ = True
-        op = op_name(func)
+        op = _ops.name_of(func)
+        spec = _ops.lookup(op)
         if (
-            op in _PASS_THROUGH_NAMES
-            or op in _PASS_THROUGH_ATTRS
+            spec.family == _ops.QUERY
             or self._dispatching
             or torch.compiler.is_compiling()
             # An inner session sees this op too (its mode runs first); check it once.
@@ -376,14 +352,14 @@ class Session:
             return func(*args, **kwargs)
         self._dispatching = True
         try:
-            return self._dispatch(func, op, args, kwargs)
+            return self._dispatch(func, op, spec, args, kwargs)
         finally:
             self._dispatching = False
 
-    def _dispatch(self, func, op: str, args: tuple, kwargs: dict):
+    def _dispatch(self, func, op: str, spec, args: tuple, kwargs: dict):
         __tracebackhide__ = True
         site = _source.user_site()
-        call = OpCall(self, func, op, args, kwargs, site)
+        call = OpCall(self, func, op, args, kwargs, site, spec)
         for checker in checkers_for(op):
             for violation in checker(call):
                 self.report(violation, call)
@@ -468,51 +444,31 @@ class Session:
         outputs = _tensors_of(out)
         if not outputs:
             return
-        args = call.args
-        in_tensors = _tensors_of_args(args)  # cat/stack take a list of tensors
+        spec = call.spec
+        in_tensors = _tensors_of_args(call.args)  # cat/stack take a list of tensors
         in_tensors += [v for v in call.kwargs.values() if isinstance(v, torch.Tensor)]
-        in_metas = [self.metas.get(t) for t in in_tensors]
-        in_shapes = [tuple(t.shape) for t in in_tensors]
-        in_axes = [
-            m.axes if m is not None and len(m.axes) == len(s) else self.vocab.guess(s)
-            for m, s in zip(in_metas, in_shapes, strict=True)
-        ]
-        in_roles = tuple(m.role if m else None for m in in_metas)
+        in_metas = [self.meta_of(t) for t in in_tensors]
+        made = _flow.propagate(call, outputs)
         labels = self._output_labels(call, len(outputs))
-        first_label = in_metas[0].label if in_metas and in_metas[0] else None
+        first_label = in_metas[0].label if in_metas else None
+        buffer, sliced = buffer_origin(
+            spec.keeps_value, spec.slices, in_tensors, in_metas, self.module_stack
+        )
         out_metas = []
-        for k, tensor in enumerate(outputs):
+        for k, (tensor, m) in enumerate(zip(outputs, made, strict=True)):
             label = labels[k] if k < len(labels) else None
-            if label is None and call.op in _meta.SHAPE_PRESERVING and k == 0:
-                label = first_label
-            if label is None and call.op in ("transpose", "mT") and first_label:
-                label = first_label + "^T"
-            if label is None and call.op in _MASK_MAKING and in_roles[:1] == ("mask",):
-                label = first_label  # `mask == 0` is still the mask
-            if label is None and call.op == "__getitem__" and k == 0:
-                # A slice of a tensor is that tensor: `self.bias[:, :, :T, :T]` is `bias`.
-                text = call.source_text(0)
-                label = _source.short_label(text) if text else first_label
-
-            axes = _meta.output_axes(
-                call.op,
-                args,
-                call.kwargs,
-                in_shapes,
-                in_axes,
-                tuple(tensor.shape),
-                self.vocab,
-                call.declared,
-            )
-            buffer, sliced = _meta.buffer_origin(call.op, in_tensors, in_metas, self.module_stack)
+            if label is None and k == 0 and first_label:
+                label = self._kept_label(call, spec, in_metas, first_label)
             meta = TensorMeta(
+                m.dims,
+                m.tags,
                 label=label,
-                role=_meta.role_for(label, call.op, in_roles),
-                axes=axes,
+                role=role_for(label, m.role),
                 op=call.op,
-                transposed=call.op in ("transpose", "permute", "mT", "T", "swapaxes"),
                 buffer=buffer,
                 sliced=sliced,
+                rotary=m.rotary,
+                param=m.param,
             )
             self.metas[tensor] = meta
             out_metas.append(meta)
@@ -530,14 +486,24 @@ class Session:
                 module_type=cls,
                 location=site.location if site else "",
                 source=site.source if site else "",
-                inputs=tuple(
-                    _record(t, m, self.vocab) for t, m in zip(in_tensors, in_metas, strict=True)
-                ),
-                outputs=tuple(
-                    _record(t, m, self.vocab) for t, m in zip(outputs, out_metas, strict=True)
-                ),
+                inputs=tuple(_record(t, m) for t, m in zip(in_tensors, in_metas, strict=True)),
+                outputs=tuple(_record(t, m) for t, m in zip(outputs, out_metas, strict=True)),
             )
         )
+
+    def _kept_label(self, call: OpCall, spec, in_metas: list, first_label: str) -> str | None:
+        """The label an output keeps from its input when the source line gives none."""
+        if spec.family == _ops.LAYOUT and call.op in ("transpose", "mT"):
+            return first_label + "^T"
+        if spec.keeps_label:
+            return first_label
+        if spec.makes_mask and in_metas[0].role == "mask":
+            return first_label  # `mask == 0` is still the mask
+        if call.op == "__getitem__":
+            # A slice of a tensor is that tensor: `self.bias[:, :, :T, :T]` is `bias`.
+            text = call.source_text(0)
+            return _source.short_label(text) if text else first_label
+        return None
 
     def _output_labels(self, call: OpCall, count: int) -> tuple[str | None, ...]:
         site = call.site

@@ -79,6 +79,17 @@ def _named(axes, names) -> list[int]:
     return [d for d, n in enumerate(axes or ()) if n in names]
 
 
+def _seq_dims(a, axes, length: int) -> list[int]:
+    """The sequence axes of an op's output; where none is named (a view that mixed the
+    sequence with another axis has no sequence axis left), the unnamed ones of the
+    probed length, so the op that broke equivariance can still be pointed at."""
+    dims = [d for d in _named(axes, _SEQ_NAMES) if a.shape[d] == length]
+    if dims:
+        return dims
+    names = tuple(axes or ()) + (None,) * (a.dim() - len(axes or ()))
+    return [d for d in range(a.dim()) if a.shape[d] == length and names[d] is None]
+
+
 def region_batch(batch: int, keep: list[int]):
     """The examples `keep` along every batch axis of size `batch`."""
     index = torch.tensor(keep)
@@ -121,7 +132,7 @@ def region_permuted(length: int, perm: torch.Tensor):
     """The first run permuted by `perm` along every seq axis of size `length`."""
 
     def region(a, b, axes):
-        dims = [d for d in _named(axes, _SEQ_NAMES) if a.shape[d] == length]
+        dims = _seq_dims(a, axes, length)
         if not dims or a.shape != b.shape:
             return None
         for d in dims:

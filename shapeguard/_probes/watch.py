@@ -21,10 +21,11 @@ class Watch:
     def __init__(self, session, *, keep_values: bool = False) -> None:
         from torch.overrides import TorchFunctionMode
 
-        from .._session import _PASS_THROUGH_ATTRS, _PASS_THROUGH_NAMES, op_name
+        from .. import _ops
+        from .._session import op_name
 
         watch = self
-        skip = _PASS_THROUGH_NAMES | _PASS_THROUGH_ATTRS
+        skip = _ops.family_ops(_ops.QUERY)
         self.session = session
         self.causal = ""  # why the module is causal, when it is
         self.masked = ""  # where a mask is applied

@@ -1,0 +1,272 @@
+"""The op table: every torch op shapeguard knows, declared once.
+
+An `Op` gives the names torch (2.4 and later) hands a `TorchFunctionMode` for it
+(`Tensor.add`, `torch.add` and `t + u` all arrive as `add`; `2 - t` as `__rsub__`
+with the tensor first), its family (which axis rule applies, see
+`_names/flow.py`), its parameters (so each signature is bound in one place),
+and what the report and the probes need to know of it. Interception, axis
+naming, checks and renderers all read this table; a test pins every spelling
+against `torch.overrides`. Pure Python: no torch import here.
+"""
+
+from dataclasses import dataclass
+
+# Families: which axis rule names an op's outputs (`_names/flow.py`).
+QUERY = "query"  # reads a property or a size; makes no tensor: never recorded
+SAME = "same"  # the output has the input's axes (casts, activations, norms, softmax)
+BINARY = "binary"  # elementwise with broadcasting (add, mul, masked_fill, where, ==)
+VIEW = "view"  # view, reshape, flatten, unflatten, squeeze, unsqueeze
+LAYOUT = "layout"  # transpose, permute, movedim
+PRODUCT = "product"  # matmul, bmm, linear, einsum: a contraction
+REDUCE = "reduce"  # sum, mean, max over some axes
+INDEX = "index"  # t[...], narrow, index_select, gather
+JOIN = "join"  # cat, stack
+PART = "part"  # split, chunk, unbind
+GROW = "grow"  # expand, repeat, repeat_interleave
+FACTORY = "factory"  # zeros, arange, tensor: new axes
+ATTENTION = "attention"  # scaled_dot_product_attention, multi_head_attention_forward
+EMBEDDING = "embedding"  # F.embedding: token ids -> vectors
+CONV = "conv"  # conv1d/2d/3d
+WRITE = "write"  # t[i] = v: in place, returns nothing
+OTHER = "other"  # anything this table does not list
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One op, as shapeguard knows it."""
+
+    name: str  # the canonical name, used in messages and events
+    family: str
+    spellings: tuple[str, ...] = ()  # every name torch hands a mode for it
+    params: tuple[str, ...] = ()  # positional parameters, the tensor first
+    symbol: str = ""  # how source code spells it: "@", "+", "compare"
+    reflected: frozenset[str] = frozenset()  # spellings whose operands arrive swapped
+    keeps_label: bool = False  # the output is the same tensor under another form
+    keeps_value: bool = False  # a buffer read through it is still that buffer
+    makes_mask: bool = False  # a mask through it is still the mask (`mask == 0`)
+    shown: bool = False  # a row of the default trace table
+    rotary: bool = False  # makes rotary tables (cos, sin)
+    slices: bool = False  # takes part of a tensor along some axes
+
+    @property
+    def inplace(self) -> bool:
+        return self.name.endswith("_") and not self.name.endswith("__")
+
+
+_TABLE: dict[str, Op] = {}
+ALL: list[Op] = []
+
+
+def _op(name: str, family: str, *more: str, **options) -> Op:
+    """Declare an op; `more` lists the other spellings torch uses for it."""
+    spellings = (name, *more)
+    op = Op(name, family, spellings, **options)
+    for spelling in spellings:
+        if spelling in _TABLE:
+            raise RuntimeError(f"op table: {spelling!r} is declared twice")
+        _TABLE[spelling] = op
+    ALL.append(op)
+    return op
+
+
+def _ops(family: str, names: str, **options) -> None:
+    for name in names.split():
+        _op(name, family, **options)
+
+
+# -- queries: passed straight through, never recorded ---------------------------------
+# fmt: off
+_ops(QUERY, """
+    size dim stride numel is_contiguous element_size data_ptr __len__ __bool__ item tolist
+    __format__ __repr__ __index__ __int__ __float__ __hash__ is_floating_point is_complex
+    nelement _set_grad_enabled storage_offset untyped_storage get_device __reduce_ex__
+    shape dtype device ndim requires_grad is_nested is_cuda is_meta grad_fn grad layout
+    is_sparse is_quantized names _version data is_leaf output_nr _base is_mkldnn is_mps
+    is_xpu itemsize nbytes is_inference _is_view __deepcopy__ __setstate__ __array__ numpy
+    is_signed __dlpack__ __dlpack_device__ _typed_storage storage is_pinned
+""")
+# fmt: on
+
+# -- shape-preserving ops -----------------------------------------------------------------
+_CASTS = "float half bfloat16 double long int short bool byte char type_as to type cpu cuda"
+for _name in _CASTS.split():
+    _op(_name, SAME, keeps_label=True, keeps_value=True, makes_mask=_name == "bool")
+for _name in "contiguous clone detach detach_ requires_grad_ cumsum".split():
+    _op(_name, SAME, keeps_label=True, keeps_value=True)
+# fmt: off
+_ops(SAME, """
+    relu relu_ gelu silu silu_ tanh sigmoid exp log log1p neg abs sqrt rsqrt reciprocal sign
+    erf clamp clamp_ clip nan_to_num fill_ zero_ square sin_ cos_ dropout_ alpha_dropout
+    feature_alpha_dropout gelu_ elu leaky_relu mish softplus hardswish hardtanh celu selu
+    glu normalize group_norm batch_norm instance_norm local_response_norm round floor ceil
+    trunc frac triu tril triu_ tril_ flip roll fliplr flipud cumprod exp_ uniform_ normal_
+    bernoulli_ isinf isnan isfinite isneginf isposinf signbit sgn angle real imag conj
+""", keeps_label=True)
+# fmt: on
+_op("dropout", SAME, "dropout1d", "dropout2d", "dropout3d", keeps_label=True)
+_op("softmax", SAME, "_softmax", params=("input", "dim"), keeps_label=True, shown=True)
+_op("log_softmax", SAME, params=("input", "dim"), keeps_label=True)
+_op("layer_norm", SAME, params=("input", "normalized_shape", "weight", "bias"), keeps_label=True)
+_op("rms_norm", SAME, params=("input", "normalized_shape", "weight", "eps"), keeps_label=True)
+_op("cos", SAME, rotary=True)
+_op("sin", SAME, rotary=True)
+_op("logical_not", SAME, "bitwise_not", "__invert__", makes_mask=True, keeps_value=True)
+
+# -- elementwise with broadcasting --------------------------------------------------------
+_op("add", BINARY, "add_", "__add__", "__radd__", "__iadd__", symbol="+", keeps_label=True)
+_op("sub", BINARY, "sub_", "__sub__", "__isub__", symbol="-", keeps_label=True, keeps_value=True)
+_op("__rsub__", BINARY, "rsub", symbol="-", reflected=frozenset({"__rsub__", "rsub"}), keeps_value=True)
+_op("mul", BINARY, "mul_", "__mul__", "__rmul__", "__imul__", "multiply", symbol="*", keeps_label=True, keeps_value=True)
+_op("div", BINARY, "div_", "__truediv__", "__itruediv__", "__idiv__", "true_divide", "divide", symbol="/", keeps_label=True)
+_op("__rdiv__", BINARY, "__rtruediv__", symbol="/", reflected=frozenset({"__rdiv__", "__rtruediv__"}))
+_op("pow", BINARY, "pow_", "__pow__", "__ipow__", symbol="**", keeps_label=True)
+_op("__rpow__", BINARY, symbol="**", reflected=frozenset({"__rpow__"}))
+_op("__floordiv__", BINARY, "floor_divide", "__rfloordiv__", "__ifloordiv__", symbol="//")
+_op("remainder", BINARY, "__mod__", "__rmod__", "fmod", symbol="%")
+_op("eq", BINARY, "__eq__", "eq_", symbol="compare", makes_mask=True, keeps_value=True)
+_op("ne", BINARY, "__ne__", "ne_", "not_equal", symbol="compare", makes_mask=True, keeps_value=True)
+for _name, _dunder in (("lt", "__lt__"), ("le", "__le__"), ("gt", "__gt__"), ("ge", "__ge__")):
+    _op(_name, BINARY, _dunder, symbol="compare", makes_mask=True)
+_op("logical_and", BINARY, "__and__", "bitwise_and", "__iand__", "__rand__", makes_mask=True, keeps_value=True)
+_op("logical_or", BINARY, "__or__", "bitwise_or", "__ior__", "__ror__", makes_mask=True, keeps_value=True)
+_op("logical_xor", BINARY, "__xor__", "bitwise_xor", "__ixor__", "__rxor__", makes_mask=True)
+_op("maximum", BINARY, "minimum", "fmax", "fmin", "atan2", "hypot", "copysign")
+_op("masked_fill", BINARY, "masked_fill_", params=("input", "mask", "value"), keeps_label=True, keeps_value=True, shown=True)
+_op("where", BINARY, params=("condition", "input", "other"), keeps_label=True, keeps_value=True, shown=True)
+_op("lerp", BINARY, "addcmul", "addcdiv", "copy_", "add_relu")
+
+# -- views and layouts --------------------------------------------------------------------
+_op("view", VIEW, keeps_value=True)
+_op("reshape", VIEW, keeps_value=True)
+_op("view_as", VIEW, "reshape_as")
+_op("flatten", VIEW, params=("input", "start_dim", "end_dim"))
+_op("unflatten", VIEW, params=("input", "dim", "sizes"))
+_op("squeeze", VIEW, "squeeze_", params=("input", "dim"), keeps_value=True)
+_op("unsqueeze", VIEW, "unsqueeze_", params=("input", "dim"), keeps_value=True)
+_op("transpose", LAYOUT, "transpose_", "swapaxes", "swapdims", params=("input", "dim0", "dim1"), keeps_label=True)
+_op("permute", LAYOUT, keeps_label=True)
+_op("movedim", LAYOUT, "moveaxis", params=("input", "source", "destination"), keeps_label=True)
+_op("t", LAYOUT, "t_", "T", "mT", "H", "mH", "adjoint", keeps_label=True)
+
+# -- contractions --------------------------------------------------------------------------
+_op("matmul", PRODUCT, "__matmul__", "__rmatmul__", symbol="@", reflected=frozenset({"__rmatmul__"}), shown=True)
+_op("bmm", PRODUCT, "mm", "mv", "dot", "vdot", "inner", shown=True)
+_op("baddbmm", PRODUCT, "addbmm", "addmm", params=("input", "batch1", "batch2"), shown=True)
+_op("linear", PRODUCT, params=("input", "weight", "bias"))
+_op("einsum", PRODUCT, shown=True)
+_op("outer", PRODUCT, "ger")
+
+# -- reductions, indexing, joins, parts, growth ---------------------------------------------
+# fmt: off
+_ops(REDUCE, """
+    sum mean amax amin max min std var norm all any argmax argmin logsumexp prod nansum
+    nanmean median count_nonzero std_mean var_mean aminmax topk sort argsort cummax cummin
+""", params=("input", "dim", "keepdim"))
+# fmt: on
+_op("__getitem__", INDEX, keeps_value=True, slices=True)
+_op("narrow", INDEX, params=("input", "dim", "start", "length"), keeps_value=True, slices=True)
+_op("select", INDEX, params=("input", "dim", "index"), keeps_value=True, slices=True)
+_op("index_select", INDEX, params=("input", "dim", "index"))
+_op("gather", INDEX, "take_along_dim", params=("input", "dim", "index"))
+_op("masked_select", INDEX, "nonzero", "take", "argwhere")
+_op("cat", JOIN, "concat", "concatenate", params=("tensors", "dim"))
+_op("stack", JOIN, params=("tensors", "dim"))
+_op("split", PART, "split_with_sizes", params=("tensor", "split_size_or_sections", "dim"))
+_op("chunk", PART, params=("input", "chunks", "dim"))
+_op("tensor_split", PART, params=("input", "indices_or_sections", "dim"))
+_op("unbind", PART, params=("input", "dim"))
+_op("expand", GROW, keeps_value=True)
+_op("expand_as", GROW, "broadcast_to", keeps_value=True)
+_op("repeat", GROW, "tile")
+_op("repeat_interleave", GROW, params=("input", "repeats", "dim"))
+
+# -- new tensors ---------------------------------------------------------------------------
+# fmt: off
+_ops(FACTORY, """
+    tensor as_tensor zeros ones empty full arange randn rand randint eye linspace logspace
+    zeros_like ones_like empty_like full_like rand_like randn_like randint_like new_zeros
+    new_ones new_empty new_full new_tensor tril_indices triu_indices empty_strided scalar_tensor
+    randperm normal polar complex view_as_complex view_as_real one_hot bucketize searchsorted
+""")
+# fmt: on
+
+# -- attention, embeddings, convolutions ------------------------------------------------------
+SDPA = _op(
+    "scaled_dot_product_attention",
+    ATTENTION,
+    params=("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
+    shown=True,
+)
+MHA = _op(
+    "multi_head_attention_forward",
+    ATTENTION,
+    params=(
+        "query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight",
+        "in_proj_bias", "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight",
+        "out_proj_bias", "training", "key_padding_mask", "need_weights", "attn_mask",
+        "use_separate_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
+        "static_k", "static_v", "average_attn_weights", "is_causal",
+    ),
+    shown=True,
+)  # fmt: skip
+_op("embedding", EMBEDDING, params=("input", "weight", "padding_idx"))
+_op("conv1d", CONV, "conv2d", "conv3d", params=("input", "weight", "bias", "stride", "padding"))
+_op("__setitem__", WRITE)
+
+
+_OTHERS: dict[str, Op] = {}
+
+
+def lookup(spelling: str) -> Op:
+    """The op for a spelling; an op of family OTHER (made once per name) if unlisted."""
+    op = _TABLE.get(spelling)
+    if op is None:
+        op = _OTHERS.get(spelling)
+        if op is None:
+            op = _OTHERS[spelling] = Op(spelling, OTHER, (spelling,))
+    return op
+
+
+def name_of(func) -> str:
+    """The spelling torch hands a mode: `__name__`, and a property's own name for its
+    `__get__` (`t.T` arrives as `T.__get__`)."""
+    name = getattr(func, "__name__", None) or repr(func)
+    if name == "__get__":
+        owner = getattr(func, "__self__", None)
+        return getattr(owner, "__name__", name)
+    return name
+
+
+def op_for(func) -> Op:
+    return lookup(name_of(func))
+
+
+def spellings() -> dict[str, Op]:
+    """Every declared spelling and its op (a copy)."""
+    return dict(_TABLE)
+
+
+def bind(op: Op, args: tuple, kwargs: dict) -> dict:
+    """The op's arguments by parameter name (positional first, keywords over them)."""
+    bound = dict(zip(op.params, args, strict=False))
+    if kwargs:
+        bound.update(kwargs)
+    return bound
+
+
+def by_name(name: str) -> Op:
+    """The op declared under the canonical `name` (KeyError for a name never declared)."""
+    op = _TABLE[name]
+    if op.name != name:
+        raise KeyError(name)
+    return op
+
+
+def family_ops(*families: str) -> frozenset[str]:
+    """Every spelling of the ops of these families."""
+    return frozenset(s for op in ALL if op.family in families for s in op.spellings)
+
+
+def shown_ops() -> frozenset[str]:
+    """Canonical names of the ops the trace table shows even when no role names them."""
+    return frozenset(op.name for op in ALL if op.shown)

@@ -1,0 +1,797 @@
+"""The real-model matrix: tiny transformers models and torch nn modules, with their inputs.
+
+Each configuration is a model (built from a config object: no weights, no download), an
+attention implementation, a padding layout and a size setting. Correct third-party models
+must give zero findings under `shapeguard.trace`, and their outputs under a trace or a
+guard must be bit-identical to a plain forward; `tests/test_real_models.py` asserts it.
+
+    python tests/real_models.py [NAME ...]
+
+prints one line per configuration (findings, bit-identity); NAMEs filter by substring of
+the configuration id, e.g. `llama`, `sdpa-left`, `nn.`.
+"""
+
+import functools
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+import shapeguard
+
+VOCAB = 100
+FFN = 96
+LAYERS = 2
+PAD, BOS, EOS = 0, 1, 2
+# Left padding is the batched-generation layout; right padding the tokenizer default.
+PAD_LEAD = (3, 1)  # pad tokens of example 0 and 1; the others are unpadded
+
+
+@dataclass(frozen=True)
+class Sizes:
+    name: str
+    batch: int
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    experts: int
+    dec_seq: int  # decoder length of encoder-decoders
+
+    @property
+    def hidden(self):
+        return self.heads * self.head_dim
+
+
+SIZES = {
+    # batch, seq, heads, kv heads, head_dim, hidden, experts, decoder length: all distinct.
+    "distinct": Sizes("distinct", 3, 7, 4, 2, 16, 6, 5),
+    # Mixtral-8x7B's coincidence (8 experts, 8 kv heads) on top of batch == seq == head_dim.
+    "coincident": Sizes("coincident", 8, 8, 16, 8, 8, 8, 8),
+    # A prompt as long as head_dim (a 128-token prompt into head_dim 128, scaled down).
+    "prompt_is_head_dim": Sizes("prompt_is_head_dim", 3, 16, 4, 2, 16, 6, 5),
+    # batch 2 with 2 kv heads and, like Mixtral-8x7B (8 experts, 8 kv heads), 2 experts;
+    # families without GQA get batch == heads instead.
+    "batch_is_kv_heads": Sizes("batch_is_kv_heads", 2, 7, 4, 2, 16, 2, 5),
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    kind: str  # decoder, encoder, encdec, vision, clip, speech, torch
+    build: Callable  # (Sizes, impl) -> nn.Module
+    impls: tuple = ("eager", "sdpa")
+    gqa: bool = False  # has num_key_value_heads < num_attention_heads
+    moe: bool = False  # has a router over `experts` experts
+
+    def sizes(self, name):
+        s = SIZES[name]
+        if not self.gqa:
+            s = replace(s, kv_heads=s.heads)
+        if name == "batch_is_kv_heads":
+            s = replace(s, batch=s.kv_heads)
+        if self.kind == "vision" and name == "coincident":
+            s = replace(s, batch=4, heads=4, kv_heads=4, head_dim=16)  # see _image
+        return s
+
+
+PADDINGS = {
+    "decoder": ("none", "left", "right"),
+    "encoder": ("none", "right"),
+    "encdec": ("none", "right"),
+    "clip": ("none", "right"),
+    "vision": ("none",),
+    "speech": ("none",),
+}
+SIZE_SETTINGS = {
+    "decoder": tuple(SIZES),
+    "encoder": ("distinct", "coincident", "prompt_is_head_dim"),
+    "encdec": ("distinct", "coincident"),
+    "clip": ("distinct", "coincident"),
+    "vision": ("distinct", "coincident"),
+    "speech": ("distinct", "coincident"),
+}
+
+
+def _tf():
+    import transformers
+
+    return transformers
+
+
+def _hf(model_cls, config_cls, impl, **cfg):
+    tf = _tf()
+    config = getattr(tf, config_cls)(**cfg)
+    torch.manual_seed(0)
+    model = getattr(tf, model_cls)._from_config(config, attn_implementation=impl)
+    return model.eval()
+
+
+def _ids():
+    return dict(vocab_size=VOCAB, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+
+
+def _llama_like(model_cls, config_cls, **extra):
+    """Builder for the families configured like Llama (hidden, heads, kv heads, head_dim)."""
+
+    def build(s, impl):
+        return _hf(
+            model_cls,
+            config_cls,
+            impl,
+            **_ids(),
+            hidden_size=s.hidden,
+            intermediate_size=FFN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=s.heads,
+            num_key_value_heads=s.kv_heads,
+            head_dim=s.head_dim,
+            max_position_embeddings=64,
+            **{k: (v(s) if callable(v) else v) for k, v in extra.items()},
+        )
+
+    return build
+
+
+def _falcon(s, impl):
+    # The new decoder architecture is the one with grouped kv heads (Falcon-40B/180B).
+    return _hf(
+        "FalconForCausalLM",
+        "FalconConfig",
+        impl,
+        **_ids(),
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        num_kv_heads=s.kv_heads,
+        new_decoder_architecture=True,
+        ffn_hidden_size=FFN,
+    )
+
+
+def _gpt2(s, impl):
+    return _hf(
+        "GPT2LMHeadModel",
+        "GPT2Config",
+        impl,
+        **_ids(),
+        n_embd=s.hidden,
+        n_layer=LAYERS,
+        n_head=s.heads,
+        n_inner=FFN,
+        n_positions=64,
+    )
+
+
+def _gptj(s, impl):
+    return _hf(
+        "GPTJForCausalLM",
+        "GPTJConfig",
+        impl,
+        **_ids(),
+        n_embd=s.hidden,
+        n_layer=LAYERS,
+        n_head=s.heads,
+        n_inner=FFN,
+        rotary_dim=s.head_dim // 2,
+        n_positions=64,
+    )
+
+
+def _gpt_neox(s, impl):
+    return _hf(
+        "GPTNeoXForCausalLM",
+        "GPTNeoXConfig",
+        impl,
+        **_ids(),
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        intermediate_size=FFN,
+        max_position_embeddings=64,
+    )
+
+
+def _opt(s, impl):
+    return _hf(
+        "OPTForCausalLM",
+        "OPTConfig",
+        impl,
+        **_ids(),
+        hidden_size=s.hidden,
+        word_embed_proj_dim=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        ffn_dim=FFN,
+        max_position_embeddings=64,
+    )
+
+
+def _bloom(s, impl):
+    return _hf(
+        "BloomForCausalLM",
+        "BloomConfig",
+        impl,
+        **_ids(),
+        hidden_size=s.hidden,
+        n_layer=LAYERS,
+        n_head=s.heads,
+    )
+
+
+def _bert(s, impl):
+    return _hf(
+        "BertModel",
+        "BertConfig",
+        impl,
+        vocab_size=VOCAB,
+        pad_token_id=PAD,
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        intermediate_size=FFN,
+        max_position_embeddings=64,
+    )
+
+
+def _distilbert(s, impl):
+    return _hf(
+        "DistilBertModel",
+        "DistilBertConfig",
+        impl,
+        vocab_size=VOCAB,
+        pad_token_id=PAD,
+        dim=s.hidden,
+        n_layers=LAYERS,
+        n_heads=s.heads,
+        hidden_dim=FFN,
+        max_position_embeddings=64,
+    )
+
+
+def _deberta_v2(s, impl):
+    return _hf(
+        "DebertaV2Model",
+        "DebertaV2Config",
+        impl,
+        vocab_size=VOCAB,
+        pad_token_id=PAD,
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        intermediate_size=FFN,
+        max_position_embeddings=64,
+        relative_attention=True,
+        position_buckets=8,
+        pos_att_type=["p2c", "c2p"],
+    )
+
+
+def _modernbert(s, impl):
+    # Local attention (window 4) on every other layer, as in the released models.
+    return _hf(
+        "ModernBertModel",
+        "ModernBertConfig",
+        impl,
+        **_ids(),
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        intermediate_size=FFN,
+        max_position_embeddings=64,
+        global_attn_every_n_layers=2,
+        local_attention=4,
+        cls_token_id=BOS,
+        sep_token_id=EOS,
+    )
+
+
+def _t5(s, impl):
+    return _hf(
+        "T5ForConditionalGeneration",
+        "T5Config",
+        impl,
+        vocab_size=VOCAB,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=PAD,
+        d_model=s.hidden,
+        d_kv=s.head_dim,
+        d_ff=FFN,
+        num_layers=LAYERS,
+        num_heads=s.heads,
+    )
+
+
+def _bart(s, impl):
+    return _hf(
+        "BartForConditionalGeneration",
+        "BartConfig",
+        impl,
+        **_ids(),
+        decoder_start_token_id=EOS,
+        d_model=s.hidden,
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=s.heads,
+        decoder_attention_heads=s.heads,
+        encoder_ffn_dim=FFN,
+        decoder_ffn_dim=FFN,
+        max_position_embeddings=64,
+    )
+
+
+def _whisper(s, impl):
+    return _hf(
+        "WhisperForConditionalGeneration",
+        "WhisperConfig",
+        impl,
+        **_ids(),
+        decoder_start_token_id=BOS,
+        num_mel_bins=_mel(s),
+        d_model=s.hidden,
+        encoder_layers=LAYERS,
+        decoder_layers=LAYERS,
+        encoder_attention_heads=s.heads,
+        decoder_attention_heads=s.heads,
+        encoder_ffn_dim=FFN,
+        decoder_ffn_dim=FFN,
+        max_source_positions=_frames(s) // 2,
+        max_target_positions=32,
+    )
+
+
+def _mel(s):
+    return 8 if s.name == "coincident" else 10
+
+
+def _frames(s):
+    # The encoder's conv stride 2 halves the frames: seq frames in, seq // 2 positions.
+    return 2 * s.seq if s.name == "coincident" else 22
+
+
+def _image(s):
+    """Image side and patch: coincident sizes give a 4x4 grid (== heads == batch) of
+    16 patches (== head_dim), as CLIP ViT-L/14 at 224 px (16x16 grid, 16 heads)."""
+    return (32, 8) if s.name == "coincident" else (40, 8)
+
+
+def _vit(s, impl):
+    image, patch = _image(s)
+    return _hf(
+        "ViTModel",
+        "ViTConfig",
+        impl,
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        intermediate_size=FFN,
+        image_size=image,
+        patch_size=patch,
+    )
+
+
+def _clip(s, impl):
+    image, patch = _image(s)
+    common = dict(
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        intermediate_size=FFN,
+    )
+    text = dict(common, max_position_embeddings=64, **_ids())
+    vision = dict(common, image_size=image, patch_size=patch)
+    return _hf(
+        "CLIPModel", "CLIPConfig", impl, text_config=text, vision_config=vision, projection_dim=24
+    )
+
+
+def _moe(experts_key):
+    return {experts_key: lambda s: s.experts, "num_experts_per_tok": 2}
+
+
+FAMILIES = [
+    Family("llama", "decoder", _llama_like("LlamaForCausalLM", "LlamaConfig"), gqa=True),
+    Family("mistral", "decoder", _llama_like("MistralForCausalLM", "MistralConfig"), gqa=True),
+    Family(
+        "mistral-sliding",
+        "decoder",
+        _llama_like("MistralForCausalLM", "MistralConfig", sliding_window=4),
+        gqa=True,
+    ),
+    Family(
+        "mixtral",
+        "decoder",
+        _llama_like("MixtralForCausalLM", "MixtralConfig", **_moe("num_local_experts")),
+        gqa=True,
+        moe=True,
+    ),
+    Family("qwen2", "decoder", _llama_like("Qwen2ForCausalLM", "Qwen2Config"), gqa=True),
+    Family("qwen3", "decoder", _llama_like("Qwen3ForCausalLM", "Qwen3Config"), gqa=True),
+    Family(
+        "qwen3-moe",
+        "decoder",
+        _llama_like(
+            "Qwen3MoeForCausalLM",
+            "Qwen3MoeConfig",
+            moe_intermediate_size=FFN // 2,
+            **_moe("num_local_experts"),
+        ),
+        gqa=True,
+        moe=True,
+    ),
+    Family("gemma", "decoder", _llama_like("GemmaForCausalLM", "GemmaConfig"), gqa=True),
+    # Gemma2/3: a sliding layer (window 4) then a global one, as in the released models.
+    Family(
+        "gemma2",
+        "decoder",
+        _llama_like("Gemma2ForCausalLM", "Gemma2Config", sliding_window=4),
+        impls=("eager",),
+        gqa=True,
+    ),
+    Family(
+        "gemma3",
+        "decoder",
+        _llama_like(
+            "Gemma3ForCausalLM",
+            "Gemma3TextConfig",
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+        gqa=True,
+    ),
+    Family("phi3", "decoder", _llama_like("Phi3ForCausalLM", "Phi3Config"), gqa=True),
+    Family("falcon", "decoder", _falcon, gqa=True),
+    Family("gpt2", "decoder", _gpt2),
+    Family("gptj", "decoder", _gptj),
+    Family("gpt-neox", "decoder", _gpt_neox),
+    Family("opt", "decoder", _opt),
+    Family("bloom", "decoder", _bloom, impls=("eager",)),
+    Family("bert", "encoder", _bert),
+    Family("distilbert", "encoder", _distilbert),
+    Family("deberta-v2", "encoder", _deberta_v2, impls=("eager",)),
+    Family("modernbert", "encoder", _modernbert),
+    Family("t5", "encdec", _t5),
+    Family("bart", "encdec", _bart),
+    Family("whisper", "speech", _whisper),
+    Family("vit", "vision", _vit),
+    Family("clip", "clip", _clip),
+]
+
+
+# -- inputs --------------------------------------------------------------------------
+def _token_ids(batch, seq, generator):
+    return torch.randint(3, VOCAB, (batch, seq), generator=generator)
+
+
+def _padding_mask(batch, seq, padding):
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    for example, pads in enumerate(PAD_LEAD[:batch]):
+        if padding == "left":
+            mask[example, :pads] = 0
+        elif padding == "right":
+            mask[example, seq - pads :] = 0
+    return mask
+
+
+def _text(s, padding, generator):
+    ids = _token_ids(s.batch, s.seq, generator)
+    mask = _padding_mask(s.batch, s.seq, padding)
+    # A tokenizer puts the pad id where the mask is 0.
+    return {"input_ids": ids.masked_fill(mask == 0, PAD), "attention_mask": mask}
+
+
+def hf_inputs(family, s, padding):
+    g = torch.Generator().manual_seed(0)
+    if family.kind == "vision":
+        side, _ = _image(s)
+        return {"pixel_values": torch.randn(s.batch, 3, side, side, generator=g)}
+    if family.kind == "speech":
+        features = torch.randn(s.batch, _mel(s), _frames(s), generator=g)
+        return {"input_features": features, "decoder_input_ids": _token_ids(s.batch, s.dec_seq, g)}
+    inputs = _text(s, padding, g)
+    if family.kind == "encdec":
+        inputs["decoder_input_ids"] = _token_ids(s.batch, s.dec_seq, g)
+    if family.kind == "clip":
+        side, _ = _image(s)
+        inputs["pixel_values"] = torch.randn(s.batch, 3, side, side, generator=g)
+    return inputs
+
+
+# -- torch nn modules ----------------------------------------------------------------
+# Distinct sizes: batch 3, source 7, target 5, heads 4, head_dim 16, d_model 64, FFN 96.
+B, S, T, H, E = 3, 7, 5, 4, 64
+
+
+def _key_padding(batch, seq):
+    mask = torch.zeros(batch, seq, dtype=torch.bool)  # True = padding, torch's convention
+    for example, pads in enumerate(PAD_LEAD[:batch]):
+        mask[example, seq - pads :] = True
+    return mask
+
+
+def _mha(batch_first, padded, need_weights):
+    def make():
+        torch.manual_seed(0)
+        model = nn.MultiheadAttention(E, H, batch_first=batch_first)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn((B, S, E) if batch_first else (S, B, E), generator=g)
+        kwargs = {"need_weights": need_weights}
+        if padded:
+            kwargs["key_padding_mask"] = _key_padding(B, S)
+        return model, (x, x, x), kwargs
+
+    return make
+
+
+def _encoder_layer(padded):
+    def make():
+        torch.manual_seed(0)
+        model = nn.TransformerEncoderLayer(E, H, FFN, batch_first=True)
+        x = torch.randn(B, S, E, generator=torch.Generator().manual_seed(0))
+        return model, (x,), {"src_key_padding_mask": _key_padding(B, S)} if padded else {}
+
+    return make
+
+
+def _encoder(padded):
+    def make():
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(E, H, FFN, batch_first=True)
+        # enable_nested_tensor defaults to True: with a padding mask in eval + no_grad,
+        # torch packs the real tokens and returns zeros at the padded positions.
+        model = nn.TransformerEncoder(layer, 2)
+        x = torch.randn(B, S, E, generator=torch.Generator().manual_seed(0))
+        return model, (x,), {"src_key_padding_mask": _key_padding(B, S)} if padded else {}
+
+    return make
+
+
+def _decoder_layer(tgt_len):
+    def make():
+        torch.manual_seed(0)
+        model = nn.TransformerDecoderLayer(E, H, FFN, batch_first=True)
+        g = torch.Generator().manual_seed(0)
+        tgt, memory = torch.randn(B, tgt_len, E, generator=g), torch.randn(B, S, E, generator=g)
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt_len)
+        return model, (tgt, memory), {"tgt_mask": mask, "tgt_is_causal": True}
+
+    return make
+
+
+def _transformer(padded):
+    def make():
+        torch.manual_seed(0)
+        model = nn.Transformer(E, H, 1, 1, FFN, batch_first=True)
+        g = torch.Generator().manual_seed(0)
+        src, tgt = torch.randn(B, S, E, generator=g), torch.randn(B, T, E, generator=g)
+        kwargs = {"tgt_mask": nn.Transformer.generate_square_subsequent_mask(T)}
+        if padded:
+            kwargs["src_key_padding_mask"] = _key_padding(B, S)
+            kwargs["memory_key_padding_mask"] = _key_padding(B, S)
+        return model, (src, tgt), kwargs
+
+    return make
+
+
+# (module, variant, padding, maker): variants are what changes torch's path through it.
+TORCH_MODULES = [
+    ("nn.MultiheadAttention", "batch_first", "none", _mha(True, False, False)),
+    ("nn.MultiheadAttention", "batch_first", "right", _mha(True, True, False)),
+    ("nn.MultiheadAttention", "need_weights", "none", _mha(True, False, True)),
+    ("nn.MultiheadAttention", "seq_first", "none", _mha(False, False, False)),
+    ("nn.MultiheadAttention", "seq_first", "right", _mha(False, True, False)),
+    ("nn.TransformerEncoderLayer", "batch_first", "none", _encoder_layer(False)),
+    ("nn.TransformerEncoderLayer", "batch_first", "right", _encoder_layer(True)),
+    ("nn.TransformerEncoder", "nested_tensor", "none", _encoder(False)),
+    ("nn.TransformerEncoder", "nested_tensor", "right", _encoder(True)),
+    ("nn.TransformerDecoderLayer", "tgt_shorter", "none", _decoder_layer(T)),
+    ("nn.TransformerDecoderLayer", "tgt_as_long", "none", _decoder_layer(S)),
+    ("nn.Transformer", "batch_first", "none", _transformer(False)),
+    ("nn.Transformer", "batch_first", "right", _transformer(True)),
+]
+_TORCH_MAKERS = {f"{m}-{v}-{p}": make for m, v, p, make in TORCH_MODULES}
+
+
+# -- the matrix ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    id: str
+    family: str  # or the torch module
+    impl: str  # attention implementation, or the torch module's variant
+    padding: str
+    sizes: str
+
+
+def hf_configs():
+    for family in FAMILIES:
+        for impl in family.impls:
+            for sizes in SIZE_SETTINGS[family.kind]:
+                for padding in PADDINGS[family.kind]:
+                    cid = f"{family.name}-{impl}-{padding}-{sizes}"
+                    yield Config(cid, family.name, impl, padding, sizes)
+
+
+def torch_configs():
+    for module, variant, padding, _ in TORCH_MODULES:
+        yield Config(f"{module}-{variant}-{padding}", module, variant, padding, "distinct")
+
+
+def configs():
+    return [*hf_configs(), *torch_configs()]
+
+
+_FAMILIES = {f.name: f for f in FAMILIES}
+
+
+@functools.cache
+def _hf_model(family_name, impl, sizes):
+    family = _FAMILIES[family_name]
+    s = family.sizes(sizes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' notes on tiny configs
+        return family.build(s, impl)
+
+
+def build(config):
+    """(model in eval mode, args, kwargs) of one configuration; models are shared."""
+    if config.id in _TORCH_MAKERS:
+        model, args, kwargs = _TORCH_MAKERS[config.id]()
+        return model.eval(), args, kwargs
+    family = _FAMILIES[config.family]
+    model = _hf_model(config.family, config.impl, config.sizes)
+    s = family.sizes(config.sizes)
+    return model, (), hf_inputs(family, s, config.padding)
+
+
+# -- running -------------------------------------------------------------------------
+def forward(model, args, kwargs):
+    """A forward in eval + no_grad, with transformers' own warnings silenced."""
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model(*args, **kwargs)
+
+
+def traced_forward(model, args, kwargs):
+    """(output, findings, ShapeWarnings) of one forward inside `shapeguard.trace(mode="warn")`."""
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with shapeguard.trace(mode="warn") as trace:
+            out = model(*args, **kwargs)
+    shape_warnings = [w for w in caught if issubclass(w.category, shapeguard.ShapeWarning)]
+    return out, trace.findings, shape_warnings
+
+
+def hook_count(model):
+    """Module hooks on the tree and torch's global ones: what guard/unguard must restore."""
+    from torch.nn.modules import module as torch_module
+
+    local = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    return (
+        local
+        + len(torch_module._global_forward_hooks)
+        + len(torch_module._global_forward_pre_hooks)
+    )
+
+
+def guarded_forward(model, args, kwargs):
+    """(output, hooks before guard, hooks while guarded, hooks after unguard)."""
+    before = hook_count(model)
+    shapeguard.guard(model, mode="warn")
+    try:
+        during = hook_count(model)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = model(*args, **kwargs)
+    finally:
+        shapeguard.unguard(model)
+    return out, before, during, hook_count(model)
+
+
+def tensors(obj, path="output", seen=None):
+    """Every tensor in an output, with its path: through ModelOutputs, tuples and caches."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+        return
+    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, nn.Module)):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            yield from tensors(value, f"{path}.{key}", seen)
+    elif isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield from tensors(value, f"{path}[{i}]", seen)
+    elif hasattr(obj, "__dict__"):  # transformers' Cache objects hold their tensors as attributes
+        for key, value in vars(obj).items():
+            yield from tensors(value, f"{path}.{key}", seen)
+
+
+def differences(expected, actual):
+    """Paths where `actual` is not bit-identical to `expected`, with how far apart they are."""
+    want, got = dict(tensors(expected)), dict(tensors(actual))
+    if want.keys() != got.keys():
+        return [f"tensors differ: {sorted(want.keys() ^ got.keys())}"]
+    out = []
+    for path, a in want.items():
+        b = got[path]
+        if a.is_nested or b.is_nested:
+            a, b = (t.to_padded_tensor(0.0) if t.is_nested else t for t in (a, b))
+        if a.shape != b.shape or a.dtype != b.dtype:
+            out.append(f"{path}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
+        elif not torch.equal(a, b):
+            diff = (a.double() - b.double()).abs().nan_to_num(float("inf")).max().item()
+            out.append(f"{path}: max |diff| {diff:.3g}")
+    return out
+
+
+def sizes_label(config):
+    if config.id in _TORCH_MAKERS:
+        _, args, _ = build(config)
+        return " ".join("x".join(map(str, a.shape)) for a in args)
+    family = _FAMILIES[config.family]
+    s = family.sizes(config.sizes)
+    label = f"B{s.batch} S{s.seq} H{s.heads} KV{s.kv_heads} D{s.head_dim}"
+    if family.kind == "vision":
+        label = "B{} img{}/{} H{} D{}".format(s.batch, *_image(s), s.heads, s.head_dim)
+    elif family.kind == "speech":
+        label = f"B{s.batch} mel{_mel(s)}x{_frames(s)} H{s.heads} D{s.head_dim}"
+    if family.kind in ("encdec", "speech"):
+        label += f" dec{s.dec_seq}"
+    return label + (f" experts{s.experts}" if family.moe else "")
+
+
+def _kinds(findings):
+    counts = {}
+    for f in findings:
+        counts[f.kind] = counts.get(f.kind, 0) + 1
+    return ", ".join(f"{k} x{n}" for k, n in counts.items()) or "-"
+
+
+def main(argv):
+    """One line per configuration; `-v` adds each distinct finding and output difference."""
+    verbose = "-v" in argv
+    names = [a for a in argv if a != "-v"]
+    torch.set_num_threads(1)
+    chosen = [c for c in configs() if not names or any(n in c.id for n in names)]
+    start, unclean = time.perf_counter(), 0
+    for config in chosen:
+        model, args, kwargs = build(config)
+        plain = forward(model, args, kwargs)
+        nondeterministic = differences(plain, forward(model, args, kwargs))
+        out, findings, _ = traced_forward(model, args, kwargs)
+        guarded, before, _, after = guarded_forward(model, args, kwargs)
+        traced_diff, guarded_diff = differences(plain, out), differences(plain, guarded)
+        if nondeterministic:
+            same = "plain forward varies"
+        else:
+            same = f"trace {'!=' if traced_diff else '=='} guard {'!=' if guarded_diff else '=='}"
+        same += "" if before == after else f" hooks {before}->{after}"
+        unclean += bool(findings or nondeterministic or traced_diff or guarded_diff)
+        unclean += before != after
+        print(
+            f"{config.family:26} {config.impl:13} {config.padding:5} {config.sizes:18} "
+            f"{sizes_label(config):34} {same:17} {_kinds(findings)}"
+        )
+        if verbose:
+            seen = set()
+            for f in findings:
+                line = f"{f.kind}: {f.message.splitlines()[0]}"
+                if line not in seen:
+                    seen.add(line)
+                    print(f"    {line}")
+            for what, diff in (("trace", traced_diff), ("guard", guarded_diff)):
+                for d in diff:
+                    print(f"    {what}: {d}")
+    elapsed = time.perf_counter() - start
+    print(f"{len(chosen)} configurations, {unclean} not clean, {elapsed:.1f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

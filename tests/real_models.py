@@ -5,10 +5,11 @@ attention implementation, a padding layout and a size setting. Correct third-par
 must give zero findings under `shapeguard.trace`, and their outputs under a trace or a
 guard must be bit-identical to a plain forward; `tests/test_real_models.py` asserts it.
 
-    python tests/real_models.py [NAME ...]
+    python tests/real_models.py [-v] [NAME ...]
 
-prints one line per configuration (findings, bit-identity); NAMEs filter by substring of
-the configuration id, e.g. `llama`, `sdpa-left`, `nn.`.
+prints one line per configuration (findings, bit-identity; -v adds each distinct finding
+and output difference). NAMEs pick families by prefix (`llama`, `gpt`, `nn.`) and narrow
+by impl, padding or size setting (`sdpa`, `left`, `coincident`).
 """
 
 import functools
@@ -55,7 +56,7 @@ SIZES = {
     # A prompt as long as head_dim (a 128-token prompt into head_dim 128, scaled down).
     "prompt_is_head_dim": Sizes("prompt_is_head_dim", 3, 16, 4, 2, 16, 6, 5),
     # batch 2 with 2 kv heads and, like Mixtral-8x7B (8 experts, 8 kv heads), 2 experts;
-    # families without GQA get batch == heads instead.
+    # families without GQA get batch == their kv heads (the heads, or 1) instead.
     "batch_is_kv_heads": Sizes("batch_is_kv_heads", 2, 7, 4, 2, 16, 2, 5),
 }
 
@@ -63,16 +64,17 @@ SIZES = {
 @dataclass(frozen=True)
 class Family:
     name: str
-    kind: str  # decoder, encoder, encdec, vision, clip, speech, torch
+    kind: str  # decoder, encoder, encdec, vision, clip, speech (Whisper), audio (Wav2Vec2)
     build: Callable  # (Sizes, impl) -> nn.Module
     impls: tuple = ("eager", "sdpa")
-    gqa: bool = False  # has num_key_value_heads < num_attention_heads
+    kv: str = "mha"  # kv heads: "gqa" fewer than the query heads, "mqa" one, "mha" as many
     moe: bool = False  # has a router over `experts` experts
+    image: tuple | None = None  # (side, patch) of vision models, if not _image's
 
     def sizes(self, name):
         s = SIZES[name]
-        if not self.gqa:
-            s = replace(s, kv_heads=s.heads)
+        if self.kv != "gqa":
+            s = replace(s, kv_heads=s.heads if self.kv == "mha" else 1)
         if name == "batch_is_kv_heads":
             s = replace(s, batch=s.kv_heads)
         if self.kind == "vision" and name == "coincident":
@@ -87,6 +89,7 @@ PADDINGS = {
     "clip": ("none", "right"),
     "vision": ("none",),
     "speech": ("none",),
+    "audio": ("none",),
 }
 SIZE_SETTINGS = {
     "decoder": tuple(SIZES),
@@ -95,6 +98,7 @@ SIZE_SETTINGS = {
     "clip": ("distinct", "coincident"),
     "vision": ("distinct", "coincident"),
     "speech": ("distinct", "coincident"),
+    "audio": ("distinct", "coincident"),
 }
 
 
@@ -224,6 +228,98 @@ def _bloom(s, impl):
     )
 
 
+def _gpt_neo(s, impl):
+    # Global then local attention (window 4), as GPT-Neo alternates them.
+    return _hf(
+        "GPTNeoForCausalLM",
+        "GPTNeoConfig",
+        impl,
+        **_ids(),
+        hidden_size=s.hidden,
+        num_layers=LAYERS,
+        attention_types=[[["global", "local"], 1]],
+        num_heads=s.heads,
+        intermediate_size=FFN,
+        window_size=4,
+        max_position_embeddings=64,
+    )
+
+
+def _gpt_bigcode(s, impl):
+    return _hf(
+        "GPTBigCodeForCausalLM",
+        "GPTBigCodeConfig",
+        impl,
+        **_ids(),
+        n_embd=s.hidden,
+        n_layer=LAYERS,
+        n_head=s.heads,
+        n_inner=FFN,
+        n_positions=64,
+        multi_query=True,
+    )
+
+
+def _codegen(s, impl):
+    return _hf(
+        "CodeGenForCausalLM",
+        "CodeGenConfig",
+        impl,
+        **_ids(),
+        n_embd=s.hidden,
+        n_layer=LAYERS,
+        n_head=s.heads,
+        n_inner=FFN,
+        rotary_dim=s.head_dim // 2,
+        n_positions=64,
+        n_ctx=64,
+    )
+
+
+def _mpt(s, impl):
+    return _hf(
+        "MptForCausalLM",
+        "MptConfig",
+        impl,
+        **_ids(),
+        d_model=s.hidden,
+        n_layers=LAYERS,
+        n_heads=s.heads,
+        expansion_ratio=2,
+        max_seq_len=64,
+    )
+
+
+def _deepseek_v3(s, impl):
+    # Multi-head latent attention (low-rank q and kv, a rope part and a no-rope part of
+    # each head), a dense first layer and a routed-experts second one.
+    return _hf(
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3Config",
+        impl,
+        **_ids(),
+        hidden_size=s.hidden,
+        intermediate_size=FFN,
+        moe_intermediate_size=FFN // 2,
+        num_hidden_layers=LAYERS,
+        first_k_dense_replace=1,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.heads,
+        n_routed_experts=s.experts,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=48,
+        kv_lora_rank=32,
+        qk_rope_head_dim=s.head_dim // 2,
+        qk_nope_head_dim=s.head_dim // 2,
+        v_head_dim=s.head_dim,
+        head_dim=s.head_dim // 2,
+        max_position_embeddings=64,
+    )
+
+
 def _bert(s, impl):
     return _hf(
         "BertModel",
@@ -231,6 +327,34 @@ def _bert(s, impl):
         impl,
         vocab_size=VOCAB,
         pad_token_id=PAD,
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        intermediate_size=FFN,
+        max_position_embeddings=64,
+    )
+
+
+def _roberta(s, impl):
+    return _hf(
+        "RobertaModel",
+        "RobertaConfig",
+        impl,
+        **_ids(),
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        intermediate_size=FFN,
+        max_position_embeddings=64,
+    )
+
+
+def _mpnet(s, impl):
+    return _hf(
+        "MPNetModel",
+        "MPNetConfig",
+        impl,
+        **_ids(),
         hidden_size=s.hidden,
         num_hidden_layers=LAYERS,
         num_attention_heads=s.heads,
@@ -308,10 +432,10 @@ def _t5(s, impl):
     )
 
 
-def _bart(s, impl):
+def _bart(s, impl, model_cls="BartForConditionalGeneration", config_cls="BartConfig"):
     return _hf(
-        "BartForConditionalGeneration",
-        "BartConfig",
+        model_cls,
+        config_cls,
         impl,
         **_ids(),
         decoder_start_token_id=EOS,
@@ -324,6 +448,10 @@ def _bart(s, impl):
         decoder_ffn_dim=FFN,
         max_position_embeddings=64,
     )
+
+
+def _mbart(s, impl):
+    return _bart(s, impl, "MBartForConditionalGeneration", "MBartConfig")
 
 
 def _whisper(s, impl):
@@ -346,6 +474,11 @@ def _whisper(s, impl):
     )
 
 
+def _samples(s):
+    # 90 samples make 8 frames (== batch == head_dim); 400 make 39.
+    return 90 if s.name == "coincident" else 400
+
+
 def _mel(s):
     return 8 if s.name == "coincident" else 10
 
@@ -353,6 +486,9 @@ def _mel(s):
 def _frames(s):
     # The encoder's conv stride 2 halves the frames: seq frames in, seq // 2 positions.
     return 2 * s.seq if s.name == "coincident" else 22
+
+
+SWIN_IMAGE = (24, 4)
 
 
 def _image(s):
@@ -376,6 +512,57 @@ def _vit(s, impl):
     )
 
 
+def _dinov2(s, impl):
+    image, patch = _image(s)
+    return _hf(
+        "Dinov2Model",
+        "Dinov2Config",
+        impl,
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        mlp_ratio=2,
+        image_size=image,
+        patch_size=patch,
+    )
+
+
+def _swin(s, impl):
+    # Shifted windows of 3x3 patches on a 6x6 grid, then one window after the merge.
+    image, patch = SWIN_IMAGE
+    return _hf(
+        "SwinModel",
+        "SwinConfig",
+        impl,
+        image_size=image,
+        patch_size=patch,
+        embed_dim=s.hidden,
+        depths=[1, 1],
+        num_heads=[s.heads, 2 * s.heads],
+        window_size=3,
+        mlp_ratio=1.5,
+    )
+
+
+def _wav2vec2(s, impl):
+    # Two conv layers (kernel 10 stride 5, kernel 3 stride 2) turn samples into frames.
+    return _hf(
+        "Wav2Vec2Model",
+        "Wav2Vec2Config",
+        impl,
+        vocab_size=VOCAB,
+        hidden_size=s.hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=s.heads,
+        intermediate_size=FFN,
+        conv_dim=(32, 32),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+    )
+
+
 def _clip(s, impl):
     image, patch = _image(s)
     common = dict(
@@ -396,23 +583,23 @@ def _moe(experts_key):
 
 
 FAMILIES = [
-    Family("llama", "decoder", _llama_like("LlamaForCausalLM", "LlamaConfig"), gqa=True),
-    Family("mistral", "decoder", _llama_like("MistralForCausalLM", "MistralConfig"), gqa=True),
+    Family("llama", "decoder", _llama_like("LlamaForCausalLM", "LlamaConfig"), kv="gqa"),
+    Family("mistral", "decoder", _llama_like("MistralForCausalLM", "MistralConfig"), kv="gqa"),
     Family(
         "mistral-sliding",
         "decoder",
         _llama_like("MistralForCausalLM", "MistralConfig", sliding_window=4),
-        gqa=True,
+        kv="gqa",
     ),
     Family(
         "mixtral",
         "decoder",
         _llama_like("MixtralForCausalLM", "MixtralConfig", **_moe("num_local_experts")),
-        gqa=True,
+        kv="gqa",
         moe=True,
     ),
-    Family("qwen2", "decoder", _llama_like("Qwen2ForCausalLM", "Qwen2Config"), gqa=True),
-    Family("qwen3", "decoder", _llama_like("Qwen3ForCausalLM", "Qwen3Config"), gqa=True),
+    Family("qwen2", "decoder", _llama_like("Qwen2ForCausalLM", "Qwen2Config"), kv="gqa"),
+    Family("qwen3", "decoder", _llama_like("Qwen3ForCausalLM", "Qwen3Config"), kv="gqa"),
     Family(
         "qwen3-moe",
         "decoder",
@@ -422,17 +609,17 @@ FAMILIES = [
             moe_intermediate_size=FFN // 2,
             **_moe("num_local_experts"),
         ),
-        gqa=True,
+        kv="gqa",
         moe=True,
     ),
-    Family("gemma", "decoder", _llama_like("GemmaForCausalLM", "GemmaConfig"), gqa=True),
+    Family("gemma", "decoder", _llama_like("GemmaForCausalLM", "GemmaConfig"), kv="gqa"),
     # Gemma2/3: a sliding layer (window 4) then a global one, as in the released models.
     Family(
         "gemma2",
         "decoder",
         _llama_like("Gemma2ForCausalLM", "Gemma2Config", sliding_window=4),
         impls=("eager",),
-        gqa=True,
+        kv="gqa",
     ),
     Family(
         "gemma3",
@@ -443,23 +630,40 @@ FAMILIES = [
             sliding_window=4,
             layer_types=["sliding_attention", "full_attention"],
         ),
-        gqa=True,
+        kv="gqa",
     ),
-    Family("phi3", "decoder", _llama_like("Phi3ForCausalLM", "Phi3Config"), gqa=True),
-    Family("falcon", "decoder", _falcon, gqa=True),
+    Family("phi3", "decoder", _llama_like("Phi3ForCausalLM", "Phi3Config"), kv="gqa"),
+    Family("falcon", "decoder", _falcon, kv="gqa"),
     Family("gpt2", "decoder", _gpt2),
     Family("gptj", "decoder", _gptj),
     Family("gpt-neox", "decoder", _gpt_neox),
     Family("opt", "decoder", _opt),
     Family("bloom", "decoder", _bloom, impls=("eager",)),
+    Family("gpt-neo", "decoder", _gpt_neo, impls=("eager",)),
+    Family("gpt-bigcode", "decoder", _gpt_bigcode, kv="mqa"),
+    Family("codegen", "decoder", _codegen),
+    Family("mpt", "decoder", _mpt, impls=("eager",)),
+    Family("phi", "decoder", _llama_like("PhiForCausalLM", "PhiConfig"), kv="gqa"),
+    Family(
+        "starcoder2", "decoder", _llama_like("Starcoder2ForCausalLM", "Starcoder2Config"), kv="gqa"
+    ),
+    Family("olmo2", "decoder", _llama_like("Olmo2ForCausalLM", "Olmo2Config"), kv="gqa"),
+    Family("cohere", "decoder", _llama_like("CohereForCausalLM", "CohereConfig"), kv="gqa"),
+    Family("deepseek-v3", "decoder", _deepseek_v3, moe=True),
     Family("bert", "encoder", _bert),
+    Family("roberta", "encoder", _roberta),
+    Family("mpnet", "encoder", _mpnet, impls=("eager",)),
     Family("distilbert", "encoder", _distilbert),
     Family("deberta-v2", "encoder", _deberta_v2, impls=("eager",)),
     Family("modernbert", "encoder", _modernbert),
     Family("t5", "encdec", _t5),
     Family("bart", "encdec", _bart),
+    Family("mbart", "encdec", _mbart),
     Family("whisper", "speech", _whisper),
     Family("vit", "vision", _vit),
+    Family("dinov2", "vision", _dinov2),
+    Family("swin", "vision", _swin, image=SWIN_IMAGE),
+    Family("wav2vec2", "audio", _wav2vec2),
     Family("clip", "clip", _clip),
 ]
 
@@ -489,8 +693,10 @@ def _text(s, padding, generator):
 def hf_inputs(family, s, padding):
     g = torch.Generator().manual_seed(0)
     if family.kind == "vision":
-        side, _ = _image(s)
+        side, _ = family.image or _image(s)
         return {"pixel_values": torch.randn(s.batch, 3, side, side, generator=g)}
+    if family.kind == "audio":
+        return {"input_values": torch.randn(s.batch, _samples(s), generator=g)}
     if family.kind == "speech":
         features = torch.randn(s.batch, _mel(s), _frames(s), generator=g)
         return {"input_features": features, "decoder_input_ids": _token_ids(s.batch, s.dec_seq, g)}
@@ -596,6 +802,7 @@ TORCH_MODULES = [
     ("nn.Transformer", "batch_first", "right", _transformer(True)),
 ]
 _TORCH_MAKERS = {f"{m}-{v}-{p}": make for m, v, p, make in TORCH_MODULES}
+TORCH_IDS = frozenset(_TORCH_MAKERS)  # the configurations that need no transformers
 
 
 # -- the matrix ----------------------------------------------------------------------
@@ -682,7 +889,7 @@ def hook_count(model):
 def guarded_forward(model, args, kwargs):
     """(output, hooks before guard, hooks while guarded, hooks after unguard)."""
     before = hook_count(model)
-    shapeguard.guard(model, mode="warn")
+    shapeguard.guard(model)  # the default, raise mode: as users guard a model
     try:
         during = hook_count(model)
         with torch.no_grad(), warnings.catch_warnings():
@@ -713,6 +920,15 @@ def tensors(obj, path="output", seen=None):
             yield from tensors(value, f"{path}.{key}", seen)
 
 
+def _same_bits(a, b):
+    if torch.equal(a, b):
+        return True
+    # NaN != NaN: the same NaNs at the same places are still the same output.
+    if not a.is_floating_point() or not torch.equal(a.isnan(), b.isnan()):
+        return False
+    return torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+
+
 def differences(expected, actual):
     """Paths where `actual` is not bit-identical to `expected`, with how far apart they are."""
     want, got = dict(tensors(expected)), dict(tensors(actual))
@@ -725,10 +941,24 @@ def differences(expected, actual):
             a, b = (t.to_padded_tensor(0.0) if t.is_nested else t for t in (a, b))
         if a.shape != b.shape or a.dtype != b.dtype:
             out.append(f"{path}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
-        elif not torch.equal(a, b):
+        elif not _same_bits(a, b):
             diff = (a.double() - b.double()).abs().nan_to_num(float("inf")).max().item()
             out.append(f"{path}: max |diff| {diff:.3g}")
     return out
+
+
+def select(configs, names):
+    """Configurations of the named families (prefixes: `gpt`, `nn.`), narrowed by any
+    named impl, padding or size setting: `select(cs, ["llama", "mistral", "left"])`."""
+    values = {v for c in configs for v in (c.impl, c.padding, c.sizes)}
+    narrow = [n for n in names if n in values]
+    families = [n for n in names if n not in values]
+    return [
+        c
+        for c in configs
+        if (not families or any(c.family.startswith(f) for f in families))
+        and all(n in (c.impl, c.padding, c.sizes) for n in narrow)
+    ]
 
 
 def sizes_label(config):
@@ -739,7 +969,10 @@ def sizes_label(config):
     s = family.sizes(config.sizes)
     label = f"B{s.batch} S{s.seq} H{s.heads} KV{s.kv_heads} D{s.head_dim}"
     if family.kind == "vision":
-        label = "B{} img{}/{} H{} D{}".format(s.batch, *_image(s), s.heads, s.head_dim)
+        image = family.image or _image(s)
+        label = "B{} img{}/{} H{} D{}".format(s.batch, *image, s.heads, s.head_dim)
+    elif family.kind == "audio":
+        label = f"B{s.batch} samples{_samples(s)} H{s.heads} D{s.head_dim}"
     elif family.kind == "speech":
         label = f"B{s.batch} mel{_mel(s)}x{_frames(s)} H{s.heads} D{s.head_dim}"
     if family.kind in ("encdec", "speech"):
@@ -759,7 +992,7 @@ def main(argv):
     verbose = "-v" in argv
     names = [a for a in argv if a != "-v"]
     torch.set_num_threads(1)
-    chosen = [c for c in configs() if not names or any(n in c.id for n in names)]
+    chosen = select(configs(), names)
     start, unclean = time.perf_counter(), 0
     for config in chosen:
         model, args, kwargs = build(config)

@@ -24,12 +24,12 @@ from torch import nn
 
 import shapeguard
 
-VOCAB = 100
-FFN = 96
-LAYERS = 2
+VOCAB, FFN, LAYERS, POSITIONS = 100, 96, 2, 64
 PAD, BOS, EOS = 0, 1, 2
-# Left padding is the batched-generation layout; right padding the tokenizer default.
-PAD_LEAD = (3, 1)  # pad tokens of example 0 and 1; the others are unpadded
+TOKENS = dict(vocab_size=VOCAB, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
+# Pad tokens of examples 0 and 1 (the others have none). Left padding is the layout of
+# batched generation, right padding a tokenizer's default.
+PAD_LEAD = (3, 1)
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,12 @@ class Sizes:
 SIZES = {
     # batch, seq, heads, kv heads, head_dim, hidden, experts, decoder length: all distinct.
     "distinct": Sizes("distinct", 3, 7, 4, 2, 16, 6, 5),
-    # Mixtral-8x7B's coincidence (8 experts, 8 kv heads) on top of batch == seq == head_dim.
+    # batch == seq == head_dim == kv heads (== experts, as Mixtral-8x7B's 8 and 8).
     "coincident": Sizes("coincident", 8, 8, 16, 8, 8, 8, 8),
     # A prompt as long as head_dim (a 128-token prompt into head_dim 128, scaled down).
     "prompt_is_head_dim": Sizes("prompt_is_head_dim", 3, 16, 4, 2, 16, 6, 5),
-    # batch 2 with 2 kv heads and, like Mixtral-8x7B (8 experts, 8 kv heads), 2 experts;
-    # families without GQA get batch == their kv heads (the heads, or 1) instead.
+    # batch == kv heads == experts (Mixtral-8x7B: 8 experts, 8 kv heads); families
+    # without GQA get batch == their kv heads (the heads, or 1 for multi-query).
     "batch_is_kv_heads": Sizes("batch_is_kv_heads", 2, 7, 4, 2, 16, 2, 5),
 }
 
@@ -65,11 +65,11 @@ SIZES = {
 class Family:
     name: str
     kind: str  # decoder, encoder, encdec, vision, clip, speech (Whisper), audio (Wav2Vec2)
-    build: Callable  # (Sizes, impl) -> nn.Module
-    impls: tuple = ("eager", "sdpa")
-    kv: str = "mha"  # kv heads: "gqa" fewer than the query heads, "mqa" one, "mha" as many
+    build: Callable  # (Sizes, impl) -> model in eval mode
+    impls: tuple = ("eager", "sdpa")  # transformers refuses sdpa for some
+    kv: str = "mha"  # kv heads: "gqa" fewer than the heads, "mqa" one, "mha" as many
     moe: bool = False  # has a router over `experts` experts
-    image: tuple | None = None  # (side, patch) of vision models, if not _image's
+    image: tuple | None = None  # (side, patch) of a vision model, when not _image's
 
     def sizes(self, name):
         s = SIZES[name]
@@ -102,380 +102,125 @@ SIZE_SETTINGS = {
 }
 
 
-def _tf():
+# -- transformers families -----------------------------------------------------------
+def _hf(model_cls, config_cls, impl, **config):
     import transformers
 
-    return transformers
-
-
-def _hf(model_cls, config_cls, impl, **cfg):
-    tf = _tf()
-    config = getattr(tf, config_cls)(**cfg)
+    config = getattr(transformers, config_cls)(**config)
     torch.manual_seed(0)
-    model = getattr(tf, model_cls)._from_config(config, attn_implementation=impl)
-    return model.eval()
+    return getattr(transformers, model_cls)._from_config(config, attn_implementation=impl).eval()
 
 
-def _ids():
-    return dict(vocab_size=VOCAB, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
-
-
-def _llama_like(model_cls, config_cls, **extra):
-    """Builder for the families configured like Llama (hidden, heads, kv heads, head_dim)."""
+def _model(model_cls, config_cls, names, **extra):
+    """A builder: `names(s)` puts the sizes under the family's config names; `extra`
+    adds settings, each a value or a function of the sizes."""
 
     def build(s, impl):
-        return _hf(
-            model_cls,
-            config_cls,
-            impl,
-            **_ids(),
-            hidden_size=s.hidden,
-            intermediate_size=FFN,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=s.heads,
-            num_key_value_heads=s.kv_heads,
-            head_dim=s.head_dim,
-            max_position_embeddings=64,
-            **{k: (v(s) if callable(v) else v) for k, v in extra.items()},
-        )
+        more = {k: v(s) if callable(v) else v for k, v in extra.items()}
+        return _hf(model_cls, config_cls, impl, **names(s), **more)
 
     return build
 
 
-def _falcon(s, impl):
+def _layers(s):
+    """The sizes under transformers' most common config names."""
+    layers = dict(hidden_size=s.hidden, intermediate_size=FFN, num_hidden_layers=LAYERS)
+    return dict(layers, num_attention_heads=s.heads)
+
+
+def _bert(s):
+    return dict(TOKENS, **_layers(s), max_position_embeddings=POSITIONS)
+
+
+def _llama(s):
+    return dict(_bert(s), num_key_value_heads=s.kv_heads, head_dim=s.head_dim)
+
+
+def _gpt2(s):
+    layers = dict(n_embd=s.hidden, n_inner=FFN, n_layer=LAYERS, n_head=s.heads)
+    return dict(TOKENS, **layers, n_positions=POSITIONS)
+
+
+def _bart(s):
+    encoder = dict(encoder_layers=LAYERS, encoder_attention_heads=s.heads, encoder_ffn_dim=FFN)
+    decoder = dict(decoder_layers=LAYERS, decoder_attention_heads=s.heads, decoder_ffn_dim=FFN)
+    layers = dict(d_model=s.hidden, **encoder, **decoder, max_position_embeddings=POSITIONS)
+    return dict(TOKENS, **layers, decoder_start_token_id=EOS)
+
+
+def _vit(s):
+    image, patch = _image(s)
+    return dict(_layers(s), image_size=image, patch_size=patch)
+
+
+def _falcon(s):
     # The new decoder architecture is the one with grouped kv heads (Falcon-40B/180B).
-    return _hf(
-        "FalconForCausalLM",
-        "FalconConfig",
-        impl,
-        **_ids(),
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        num_kv_heads=s.kv_heads,
-        new_decoder_architecture=True,
-        ffn_hidden_size=FFN,
-    )
+    layers = dict(hidden_size=s.hidden, ffn_hidden_size=FFN, num_hidden_layers=LAYERS)
+    heads = dict(num_attention_heads=s.heads, num_kv_heads=s.kv_heads)
+    return dict(TOKENS, **layers, **heads, new_decoder_architecture=True)
 
 
-def _gpt2(s, impl):
-    return _hf(
-        "GPT2LMHeadModel",
-        "GPT2Config",
-        impl,
-        **_ids(),
-        n_embd=s.hidden,
-        n_layer=LAYERS,
-        n_head=s.heads,
-        n_inner=FFN,
-        n_positions=64,
-    )
+def _bloom(s):
+    return dict(TOKENS, hidden_size=s.hidden, n_layer=LAYERS, n_head=s.heads)
 
 
-def _gptj(s, impl):
-    return _hf(
-        "GPTJForCausalLM",
-        "GPTJConfig",
-        impl,
-        **_ids(),
-        n_embd=s.hidden,
-        n_layer=LAYERS,
-        n_head=s.heads,
-        n_inner=FFN,
-        rotary_dim=s.head_dim // 2,
-        n_positions=64,
-    )
-
-
-def _gpt_neox(s, impl):
-    return _hf(
-        "GPTNeoXForCausalLM",
-        "GPTNeoXConfig",
-        impl,
-        **_ids(),
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        intermediate_size=FFN,
-        max_position_embeddings=64,
-    )
-
-
-def _opt(s, impl):
-    return _hf(
-        "OPTForCausalLM",
-        "OPTConfig",
-        impl,
-        **_ids(),
-        hidden_size=s.hidden,
-        word_embed_proj_dim=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        ffn_dim=FFN,
-        max_position_embeddings=64,
-    )
-
-
-def _bloom(s, impl):
-    return _hf(
-        "BloomForCausalLM",
-        "BloomConfig",
-        impl,
-        **_ids(),
-        hidden_size=s.hidden,
-        n_layer=LAYERS,
-        n_head=s.heads,
-    )
-
-
-def _gpt_neo(s, impl):
+def _gpt_neo(s):
     # Global then local attention (window 4), as GPT-Neo alternates them.
-    return _hf(
-        "GPTNeoForCausalLM",
-        "GPTNeoConfig",
-        impl,
-        **_ids(),
-        hidden_size=s.hidden,
-        num_layers=LAYERS,
-        attention_types=[[["global", "local"], 1]],
-        num_heads=s.heads,
-        intermediate_size=FFN,
-        window_size=4,
-        max_position_embeddings=64,
-    )
+    layers = dict(hidden_size=s.hidden, intermediate_size=FFN, num_layers=LAYERS)
+    local = dict(attention_types=[[["global", "local"], 1]], window_size=4)
+    return dict(TOKENS, **layers, **local, num_heads=s.heads, max_position_embeddings=POSITIONS)
 
 
-def _gpt_bigcode(s, impl):
-    return _hf(
-        "GPTBigCodeForCausalLM",
-        "GPTBigCodeConfig",
-        impl,
-        **_ids(),
-        n_embd=s.hidden,
-        n_layer=LAYERS,
-        n_head=s.heads,
-        n_inner=FFN,
-        n_positions=64,
-        multi_query=True,
-    )
+def _mpt(s):
+    layers = dict(d_model=s.hidden, expansion_ratio=2, n_layers=LAYERS, n_heads=s.heads)
+    return dict(TOKENS, **layers, max_seq_len=POSITIONS)
 
 
-def _codegen(s, impl):
-    return _hf(
-        "CodeGenForCausalLM",
-        "CodeGenConfig",
-        impl,
-        **_ids(),
-        n_embd=s.hidden,
-        n_layer=LAYERS,
-        n_head=s.heads,
-        n_inner=FFN,
-        rotary_dim=s.head_dim // 2,
-        n_positions=64,
-        n_ctx=64,
-    )
+def _deepseek_v3(s):
+    # Multi-head latent attention (low-rank q and kv; each head a rope part and a no-rope
+    # part), then a dense first layer and a routed-experts second one.
+    mla = dict(q_lora_rank=48, kv_lora_rank=32, v_head_dim=s.head_dim, head_dim=s.head_dim // 2)
+    mla |= dict(qk_rope_head_dim=s.head_dim // 2, qk_nope_head_dim=s.head_dim // 2)
+    moe = dict(n_routed_experts=s.experts, n_shared_experts=1, num_experts_per_tok=2)
+    moe |= dict(moe_intermediate_size=FFN // 2, first_k_dense_replace=1, n_group=1, topk_group=1)
+    return dict(_llama(s), num_key_value_heads=s.heads, **mla, **moe)
 
 
-def _mpt(s, impl):
-    return _hf(
-        "MptForCausalLM",
-        "MptConfig",
-        impl,
-        **_ids(),
-        d_model=s.hidden,
-        n_layers=LAYERS,
-        n_heads=s.heads,
-        expansion_ratio=2,
-        max_seq_len=64,
-    )
+def _distilbert(s):
+    layers = dict(dim=s.hidden, hidden_dim=FFN, n_layers=LAYERS, n_heads=s.heads)
+    return dict(TOKENS, **layers, max_position_embeddings=POSITIONS)
 
 
-def _deepseek_v3(s, impl):
-    # Multi-head latent attention (low-rank q and kv, a rope part and a no-rope part of
-    # each head), a dense first layer and a routed-experts second one.
-    return _hf(
-        "DeepseekV3ForCausalLM",
-        "DeepseekV3Config",
-        impl,
-        **_ids(),
-        hidden_size=s.hidden,
-        intermediate_size=FFN,
-        moe_intermediate_size=FFN // 2,
-        num_hidden_layers=LAYERS,
-        first_k_dense_replace=1,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.heads,
-        n_routed_experts=s.experts,
-        n_shared_experts=1,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
-        q_lora_rank=48,
-        kv_lora_rank=32,
-        qk_rope_head_dim=s.head_dim // 2,
-        qk_nope_head_dim=s.head_dim // 2,
-        v_head_dim=s.head_dim,
-        head_dim=s.head_dim // 2,
-        max_position_embeddings=64,
-    )
+def _t5(s):
+    layers = dict(d_model=s.hidden, d_kv=s.head_dim, d_ff=FFN, num_layers=LAYERS)
+    return dict(TOKENS, **layers, num_heads=s.heads, decoder_start_token_id=PAD)
 
 
-def _bert(s, impl):
-    return _hf(
-        "BertModel",
-        "BertConfig",
-        impl,
-        vocab_size=VOCAB,
-        pad_token_id=PAD,
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        intermediate_size=FFN,
-        max_position_embeddings=64,
-    )
+def _whisper(s):
+    audio = dict(num_mel_bins=_mel(s), max_source_positions=_frames(s) // 2)
+    return dict(_bart(s), **audio, max_target_positions=32, decoder_start_token_id=BOS)
 
 
-def _roberta(s, impl):
-    return _hf(
-        "RobertaModel",
-        "RobertaConfig",
-        impl,
-        **_ids(),
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        intermediate_size=FFN,
-        max_position_embeddings=64,
-    )
+def _wav2vec2(s):
+    # Two conv layers (kernel 10 stride 5, kernel 3 stride 2) turn samples into frames.
+    convs = dict(conv_dim=(32, 32), conv_stride=(5, 2), conv_kernel=(10, 3))
+    positions = dict(num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
+    return dict(_layers(s), vocab_size=VOCAB, **convs, **positions)
 
 
-def _mpnet(s, impl):
-    return _hf(
-        "MPNetModel",
-        "MPNetConfig",
-        impl,
-        **_ids(),
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        intermediate_size=FFN,
-        max_position_embeddings=64,
-    )
+def _swin(s):
+    # Shifted windows of 3x3 patches on a 6x6 grid, then one window after the merge.
+    image, patch = SWIN_IMAGE
+    layers = dict(embed_dim=s.hidden, depths=[1, 1], num_heads=[s.heads, 2 * s.heads])
+    return dict(**layers, window_size=3, mlp_ratio=1.5, image_size=image, patch_size=patch)
 
 
-def _distilbert(s, impl):
-    return _hf(
-        "DistilBertModel",
-        "DistilBertConfig",
-        impl,
-        vocab_size=VOCAB,
-        pad_token_id=PAD,
-        dim=s.hidden,
-        n_layers=LAYERS,
-        n_heads=s.heads,
-        hidden_dim=FFN,
-        max_position_embeddings=64,
-    )
-
-
-def _deberta_v2(s, impl):
-    return _hf(
-        "DebertaV2Model",
-        "DebertaV2Config",
-        impl,
-        vocab_size=VOCAB,
-        pad_token_id=PAD,
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        intermediate_size=FFN,
-        max_position_embeddings=64,
-        relative_attention=True,
-        position_buckets=8,
-        pos_att_type=["p2c", "c2p"],
-    )
-
-
-def _modernbert(s, impl):
-    # Local attention (window 4) on every other layer, as in the released models.
-    return _hf(
-        "ModernBertModel",
-        "ModernBertConfig",
-        impl,
-        **_ids(),
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        intermediate_size=FFN,
-        max_position_embeddings=64,
-        global_attn_every_n_layers=2,
-        local_attention=4,
-        cls_token_id=BOS,
-        sep_token_id=EOS,
-    )
-
-
-def _t5(s, impl):
-    return _hf(
-        "T5ForConditionalGeneration",
-        "T5Config",
-        impl,
-        vocab_size=VOCAB,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        decoder_start_token_id=PAD,
-        d_model=s.hidden,
-        d_kv=s.head_dim,
-        d_ff=FFN,
-        num_layers=LAYERS,
-        num_heads=s.heads,
-    )
-
-
-def _bart(s, impl, model_cls="BartForConditionalGeneration", config_cls="BartConfig"):
-    return _hf(
-        model_cls,
-        config_cls,
-        impl,
-        **_ids(),
-        decoder_start_token_id=EOS,
-        d_model=s.hidden,
-        encoder_layers=LAYERS,
-        decoder_layers=LAYERS,
-        encoder_attention_heads=s.heads,
-        decoder_attention_heads=s.heads,
-        encoder_ffn_dim=FFN,
-        decoder_ffn_dim=FFN,
-        max_position_embeddings=64,
-    )
-
-
-def _mbart(s, impl):
-    return _bart(s, impl, "MBartForConditionalGeneration", "MBartConfig")
-
-
-def _whisper(s, impl):
-    return _hf(
-        "WhisperForConditionalGeneration",
-        "WhisperConfig",
-        impl,
-        **_ids(),
-        decoder_start_token_id=BOS,
-        num_mel_bins=_mel(s),
-        d_model=s.hidden,
-        encoder_layers=LAYERS,
-        decoder_layers=LAYERS,
-        encoder_attention_heads=s.heads,
-        decoder_attention_heads=s.heads,
-        encoder_ffn_dim=FFN,
-        decoder_ffn_dim=FFN,
-        max_source_positions=_frames(s) // 2,
-        max_target_positions=32,
-    )
+def _clip(s):
+    return dict(text_config=_bert(s), vision_config=_vit(s), projection_dim=24)
 
 
 def _samples(s):
-    # 90 samples make 8 frames (== batch == head_dim); 400 make 39.
+    # Raw audio for Wav2Vec2: 90 samples make 8 frames (== batch == head_dim), 400 make 39.
     return 90 if s.name == "coincident" else 400
 
 
@@ -484,187 +229,132 @@ def _mel(s):
 
 
 def _frames(s):
-    # The encoder's conv stride 2 halves the frames: seq frames in, seq // 2 positions.
+    # Whisper's conv stride 2 halves the frames: 16 give 8 positions, 22 give 11.
     return 2 * s.seq if s.name == "coincident" else 22
 
 
-SWIN_IMAGE = (24, 4)
-
-
 def _image(s):
-    """Image side and patch: coincident sizes give a 4x4 grid (== heads == batch) of
-    16 patches (== head_dim), as CLIP ViT-L/14 at 224 px (16x16 grid, 16 heads)."""
+    """(side, patch): coincident sizes give a 4x4 grid (== heads == batch) of 16 patches
+    (== head_dim), as CLIP ViT-L/14 at 224 px (16x16 grid, 16 heads); else a 5x5 grid."""
     return (32, 8) if s.name == "coincident" else (40, 8)
 
 
-def _vit(s, impl):
-    image, patch = _image(s)
-    return _hf(
-        "ViTModel",
-        "ViTConfig",
-        impl,
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        intermediate_size=FFN,
-        image_size=image,
-        patch_size=patch,
-    )
+def _half_head(s):
+    return s.head_dim // 2  # a rotary_dim that rotates half of each head
 
 
-def _dinov2(s, impl):
-    image, patch = _image(s)
-    return _hf(
-        "Dinov2Model",
-        "Dinov2Config",
-        impl,
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        mlp_ratio=2,
-        image_size=image,
-        patch_size=patch,
-    )
+def _hidden(s):
+    return s.hidden
 
 
-def _swin(s, impl):
-    # Shifted windows of 3x3 patches on a 6x6 grid, then one window after the merge.
-    image, patch = SWIN_IMAGE
-    return _hf(
-        "SwinModel",
-        "SwinConfig",
-        impl,
-        image_size=image,
-        patch_size=patch,
-        embed_dim=s.hidden,
-        depths=[1, 1],
-        num_heads=[s.heads, 2 * s.heads],
-        window_size=3,
-        mlp_ratio=1.5,
-    )
+def _lm(name):
+    """A decoder family's (model class, config class), as transformers names them."""
+    return f"{name}ForCausalLM", f"{name}Config"
 
 
-def _wav2vec2(s, impl):
-    # Two conv layers (kernel 10 stride 5, kernel 3 stride 2) turn samples into frames.
-    return _hf(
-        "Wav2Vec2Model",
-        "Wav2Vec2Config",
-        impl,
-        vocab_size=VOCAB,
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        intermediate_size=FFN,
-        conv_dim=(32, 32),
-        conv_stride=(5, 2),
-        conv_kernel=(10, 3),
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=4,
-    )
-
-
-def _clip(s, impl):
-    image, patch = _image(s)
-    common = dict(
-        hidden_size=s.hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=s.heads,
-        intermediate_size=FFN,
-    )
-    text = dict(common, max_position_embeddings=64, **_ids())
-    vision = dict(common, image_size=image, patch_size=patch)
-    return _hf(
-        "CLIPModel", "CLIPConfig", impl, text_config=text, vision_config=vision, projection_dim=24
-    )
-
-
-def _moe(experts_key):
-    return {experts_key: lambda s: s.experts, "num_experts_per_tok": 2}
+SWIN_IMAGE = (24, 4)
+EXPERTS = dict(num_local_experts=lambda s: s.experts, num_experts_per_tok=2)
 
 
 FAMILIES = [
-    Family("llama", "decoder", _llama_like("LlamaForCausalLM", "LlamaConfig"), kv="gqa"),
-    Family("mistral", "decoder", _llama_like("MistralForCausalLM", "MistralConfig"), kv="gqa"),
+    Family("llama", "decoder", _model(*_lm("Llama"), _llama), kv="gqa"),
+    Family("mistral", "decoder", _model(*_lm("Mistral"), _llama), kv="gqa"),
     Family(
-        "mistral-sliding",
-        "decoder",
-        _llama_like("MistralForCausalLM", "MistralConfig", sliding_window=4),
-        kv="gqa",
+        "mistral-sliding", "decoder", _model(*_lm("Mistral"), _llama, sliding_window=4), kv="gqa"
     ),
-    Family(
-        "mixtral",
-        "decoder",
-        _llama_like("MixtralForCausalLM", "MixtralConfig", **_moe("num_local_experts")),
-        kv="gqa",
-        moe=True,
-    ),
-    Family("qwen2", "decoder", _llama_like("Qwen2ForCausalLM", "Qwen2Config"), kv="gqa"),
-    Family("qwen3", "decoder", _llama_like("Qwen3ForCausalLM", "Qwen3Config"), kv="gqa"),
+    Family("mixtral", "decoder", _model(*_lm("Mixtral"), _llama, **EXPERTS), kv="gqa", moe=True),
+    Family("qwen2", "decoder", _model(*_lm("Qwen2"), _llama), kv="gqa"),
+    Family("qwen3", "decoder", _model(*_lm("Qwen3"), _llama), kv="gqa"),
     Family(
         "qwen3-moe",
         "decoder",
-        _llama_like(
-            "Qwen3MoeForCausalLM",
-            "Qwen3MoeConfig",
-            moe_intermediate_size=FFN // 2,
-            **_moe("num_local_experts"),
-        ),
+        _model(*_lm("Qwen3Moe"), _llama, moe_intermediate_size=FFN // 2, **EXPERTS),
         kv="gqa",
         moe=True,
     ),
-    Family("gemma", "decoder", _llama_like("GemmaForCausalLM", "GemmaConfig"), kv="gqa"),
+    Family("gemma", "decoder", _model(*_lm("Gemma"), _llama), kv="gqa"),
     # Gemma2/3: a sliding layer (window 4) then a global one, as in the released models.
     Family(
         "gemma2",
         "decoder",
-        _llama_like("Gemma2ForCausalLM", "Gemma2Config", sliding_window=4),
+        _model(*_lm("Gemma2"), _llama, sliding_window=4),
         impls=("eager",),
         kv="gqa",
     ),
     Family(
         "gemma3",
         "decoder",
-        _llama_like(
+        _model(
             "Gemma3ForCausalLM",
             "Gemma3TextConfig",
+            _llama,
             sliding_window=4,
             layer_types=["sliding_attention", "full_attention"],
         ),
         kv="gqa",
     ),
-    Family("phi3", "decoder", _llama_like("Phi3ForCausalLM", "Phi3Config"), kv="gqa"),
-    Family("falcon", "decoder", _falcon, kv="gqa"),
-    Family("gpt2", "decoder", _gpt2),
-    Family("gptj", "decoder", _gptj),
-    Family("gpt-neox", "decoder", _gpt_neox),
-    Family("opt", "decoder", _opt),
-    Family("bloom", "decoder", _bloom, impls=("eager",)),
-    Family("gpt-neo", "decoder", _gpt_neo, impls=("eager",)),
-    Family("gpt-bigcode", "decoder", _gpt_bigcode, kv="mqa"),
-    Family("codegen", "decoder", _codegen),
-    Family("mpt", "decoder", _mpt, impls=("eager",)),
-    Family("phi", "decoder", _llama_like("PhiForCausalLM", "PhiConfig"), kv="gqa"),
+    Family("phi3", "decoder", _model(*_lm("Phi3"), _llama), kv="gqa"),
+    Family("phi", "decoder", _model(*_lm("Phi"), _llama), kv="gqa"),
+    Family("starcoder2", "decoder", _model(*_lm("Starcoder2"), _llama), kv="gqa"),
+    Family("olmo2", "decoder", _model(*_lm("Olmo2"), _llama), kv="gqa"),
+    Family("cohere", "decoder", _model(*_lm("Cohere"), _llama), kv="gqa"),
+    Family("falcon", "decoder", _model(*_lm("Falcon"), _falcon), kv="gqa"),
+    Family("deepseek-v3", "decoder", _model(*_lm("DeepseekV3"), _deepseek_v3), moe=True),
+    Family("gpt2", "decoder", _model("GPT2LMHeadModel", "GPT2Config", _gpt2)),
+    Family("gptj", "decoder", _model(*_lm("GPTJ"), _gpt2, rotary_dim=_half_head)),
     Family(
-        "starcoder2", "decoder", _llama_like("Starcoder2ForCausalLM", "Starcoder2Config"), kv="gqa"
+        "codegen", "decoder", _model(*_lm("CodeGen"), _gpt2, rotary_dim=_half_head, n_ctx=POSITIONS)
     ),
-    Family("olmo2", "decoder", _llama_like("Olmo2ForCausalLM", "Olmo2Config"), kv="gqa"),
-    Family("cohere", "decoder", _llama_like("CohereForCausalLM", "CohereConfig"), kv="gqa"),
-    Family("deepseek-v3", "decoder", _deepseek_v3, moe=True),
-    Family("bert", "encoder", _bert),
-    Family("roberta", "encoder", _roberta),
-    Family("mpnet", "encoder", _mpnet, impls=("eager",)),
-    Family("distilbert", "encoder", _distilbert),
-    Family("deberta-v2", "encoder", _deberta_v2, impls=("eager",)),
-    Family("modernbert", "encoder", _modernbert),
-    Family("t5", "encdec", _t5),
-    Family("bart", "encdec", _bart),
-    Family("mbart", "encdec", _mbart),
-    Family("whisper", "speech", _whisper),
-    Family("vit", "vision", _vit),
-    Family("dinov2", "vision", _dinov2),
-    Family("swin", "vision", _swin, image=SWIN_IMAGE),
-    Family("wav2vec2", "audio", _wav2vec2),
-    Family("clip", "clip", _clip),
+    Family("gpt-bigcode", "decoder", _model(*_lm("GPTBigCode"), _gpt2, multi_query=True), kv="mqa"),
+    Family("gpt-neox", "decoder", _model(*_lm("GPTNeoX"), _bert)),
+    Family("opt", "decoder", _model(*_lm("OPT"), _bert, ffn_dim=FFN, word_embed_proj_dim=_hidden)),
+    Family("bloom", "decoder", _model(*_lm("Bloom"), _bloom), impls=("eager",)),
+    Family("gpt-neo", "decoder", _model(*_lm("GPTNeo"), _gpt_neo), impls=("eager",)),
+    Family("mpt", "decoder", _model(*_lm("Mpt"), _mpt), impls=("eager",)),
+    Family("bert", "encoder", _model("BertModel", "BertConfig", _bert)),
+    Family("roberta", "encoder", _model("RobertaModel", "RobertaConfig", _bert)),
+    Family("distilbert", "encoder", _model("DistilBertModel", "DistilBertConfig", _distilbert)),
+    Family(
+        "deberta-v2",
+        "encoder",
+        _model(
+            "DebertaV2Model",
+            "DebertaV2Config",
+            _bert,
+            relative_attention=True,
+            position_buckets=8,
+            pos_att_type=["p2c", "c2p"],
+        ),
+        impls=("eager",),
+    ),
+    # Local attention (window 4) on every other layer, as in the released models.
+    Family(
+        "modernbert",
+        "encoder",
+        _model(
+            "ModernBertModel",
+            "ModernBertConfig",
+            _bert,
+            global_attn_every_n_layers=2,
+            local_attention=4,
+            cls_token_id=BOS,
+            sep_token_id=EOS,
+        ),
+    ),
+    Family("mpnet", "encoder", _model("MPNetModel", "MPNetConfig", _bert), impls=("eager",)),
+    Family("t5", "encdec", _model("T5ForConditionalGeneration", "T5Config", _t5)),
+    Family("bart", "encdec", _model("BartForConditionalGeneration", "BartConfig", _bart)),
+    Family("mbart", "encdec", _model("MBartForConditionalGeneration", "MBartConfig", _bart)),
+    Family(
+        "whisper",
+        "speech",
+        _model("WhisperForConditionalGeneration", "WhisperConfig", _whisper),
+    ),
+    Family("vit", "vision", _model("ViTModel", "ViTConfig", _vit)),
+    Family("dinov2", "vision", _model("Dinov2Model", "Dinov2Config", _vit, mlp_ratio=2)),
+    Family("swin", "vision", _model("SwinModel", "SwinConfig", _swin), image=SWIN_IMAGE),
+    Family("clip", "clip", _model("CLIPModel", "CLIPConfig", _clip)),
+    Family("wav2vec2", "audio", _model("Wav2Vec2Model", "Wav2Vec2Config", _wav2vec2)),
 ]
 
 

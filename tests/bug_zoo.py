@@ -514,10 +514,10 @@ class NanoGPTAttention(nn.Module):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         hs = C // self.n_head
-        if self.bug == "carve":
-            k = k.view(B, self.n_head, T, hs)  # <- carve
-            q = q.view(B, self.n_head, T, hs)  # <- carve
-            v = v.view(B, self.n_head, T, hs)  # <- carve
+        if self.bug == "carve":  # view refuses these column slices of c_attn; reshape copies
+            k = k.reshape(B, self.n_head, T, hs)  # <- carve
+            q = q.reshape(B, self.n_head, T, hs)  # <- carve
+            v = v.reshape(B, self.n_head, T, hs)  # <- carve
         elif self.bug == "no_transpose":
             k = k.view(B, T, self.n_head, hs)  # <- no_transpose
             q = q.view(B, T, self.n_head, hs)  # <- no_transpose

@@ -382,7 +382,7 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     q_embed = (q * cos) + (rotate_half(q) * sin)  # <- rotary_axis
-    k_embed = (k * cos) + (rotate_half(k) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)  # <- rotary_axis
     return q_embed, k_embed
 
 
@@ -465,7 +465,7 @@ def apply_rotary_emb(xq, xk, freqs_cis, bug=None):
     xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
     freqs_cis = reshape_for_broadcast(freqs_cis, xq_, bug)
     xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)  # <- rotary_axis
-    xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)  # <- rotary_axis
     return xq_out.type_as(xq), xk_out.type_as(xk)
 
 

@@ -325,6 +325,15 @@ CORRECT = {
 SETTINGS = pytest.mark.parametrize("sizes", zoo.SETTINGS, ids=lambda s: s.name)
 
 
+def test_the_zoo_covers_every_bug_in_two_styles_with_marked_lines():
+    styles = defaultdict(set)
+    for bug in BUGS:
+        styles[bug.name].add(bug.style)
+        assert MARKS[bug.name, None], f"{bug.name} has no `# <- {bug.name}` line in bug_zoo.py"
+    assert len(styles) == 16 and all(len(s) >= 2 for s in styles.values()), dict(styles)
+    assert len({str(bug) for bug in BUGS}) == len(BUGS)
+
+
 def accepted_kinds(bug: Bug, sizes: Sizes) -> set:
     kinds = {bug.kind}
     if bug.name == "carve" and sizes.seq == sizes.heads:

@@ -35,6 +35,16 @@ from shapeguard import ShapeError, ShapeWarning
 pytestmark = pytest.mark.no_shapeguard  # the suite's plugin would trace every test itself
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One layer at most: a single thread is faster here and does not stall when other
+    processes hold the cores (OpenMP's threads spin waiting for each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def findings(model, *args):
     """Findings of one traced forward in warn mode; a loud bug still raises ShapeError."""
     with warnings.catch_warnings(), torch.no_grad():

@@ -252,7 +252,7 @@ class HFAttention(nn.Module):
             query_states = query_states.view(bsz, q_len, -1, self.head_dim)
             key_states = key_states.view(bsz, q_len, -1, self.head_dim)
             value_states = value_states.view(bsz, q_len, -1, self.head_dim)
-            if self.bug != "no_transpose":  # flash-attn's layout: ported without the transposes
+            if self.bug != "no_transpose":  # the bug keeps flash-attn's [B, S, h, d] layout
                 query_states = query_states.transpose(1, 2)
                 key_states = key_states.transpose(1, 2)
                 value_states = value_states.transpose(1, 2)

@@ -426,9 +426,10 @@ def test_bool_mask_added_to_scores_warns():
 
 def test_warn_mode_warns_instead_of_raising_then_torch_error_is_wrapped():
     module = shapeguard.guard(HandAttention(bug="k_not_transposed"), mode="warn")
-    with pytest.warns(
-        shapeguard.ShapeWarning, match=r"scores = Q @ K: Q.d_k \(11\) != K.seq \(5\)"
-    ), pytest.raises(shapeguard.ShapeError) as info:
+    with (
+        pytest.warns(shapeguard.ShapeWarning, match=r"scores = Q @ K: Q.d_k \(11\) != K.seq \(5\)"),
+        pytest.raises(shapeguard.ShapeError) as info,
+    ):
         module(torch.randn(B, SQ, D))
     assert info.value.kind == "torch_error"
     kinds = [f.kind for f in shapeguard.last_trace(module).findings]

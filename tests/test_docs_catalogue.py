@@ -123,7 +123,9 @@ def _kernel_message(kind: str) -> tuple[str, list[str]]:
     path = f"docs/snippets/{kind}.py"
     lines = (ROOT / path).read_text().splitlines()
     number, source = next(
-        (i, line.strip()) for i, line in enumerate(lines, 1) if "torch.ops.flash_attn._flash_attn_forward(" in line
+        (i, line.strip())
+        for i, line in enumerate(lines, 1)
+        if "torch.ops.flash_attn._flash_attn_forward(" in line
     )
     op = "torch.ops.flash_attn._flash_attn_forward"
     q = torch.empty(2, 5, 3, 12, dtype=torch.float16, device="meta")
@@ -131,5 +133,7 @@ def _kernel_message(kind: str) -> tuple[str, list[str]]:
     specs = [_flash.spec(n, t) for n, t in (("q", q), ("k", k), ("v", k))]
     violation = next(_flash.check_dense(*specs, op=op, flash=True, kernel=True))
     violation.op = op
-    error = ShapeError.from_violation(violation, Context(location=f"{path}:{number}", source=source))
+    error = ShapeError.from_violation(
+        violation, Context(location=f"{path}:{number}", source=source)
+    )
     return f"shapeguard.ShapeError: {error}", [error.kind]

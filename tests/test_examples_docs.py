@@ -16,9 +16,16 @@ pytestmark = pytest.mark.no_shapeguard
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUGS = sorted((ROOT / "examples").glob("bug_*.py"))
 CLASSIC = (
-    "heads_not_divisible", "k_not_transposed", "linear_width", "mask_shape",
-    "view_after_transpose", "wrong_head_split", "merge_without_transpose", "causal_leak",
-    "batch_first", "sdpa_layout",
+    "heads_not_divisible",
+    "k_not_transposed",
+    "linear_width",
+    "mask_shape",
+    "view_after_transpose",
+    "wrong_head_split",
+    "merge_without_transpose",
+    "causal_leak",
+    "batch_first",
+    "sdpa_layout",
 )
 # The indented block after "shapeguard says:", up to the next unindented line.
 _BLOCK = re.compile(r"(shapeguard says:\n\n)((?:    .*\n|\n)+?)(?=\S)")
@@ -56,11 +63,13 @@ def test_docstring_shows_the_real_message(path, monkeypatch):
         text = path.read_text()
         forget_source(str(path))
         actual = capture_messages(run)
-    assert documented(text) == actual, f"{path.name}: run with SHAPEGUARD_REGEN=1 and review the diff"
+    assert documented(text) == actual, (
+        f"{path.name}: run with SHAPEGUARD_REGEN=1 and review the diff"
+    )
 
 
 def test_block_parser_round_trips():
     text = '"""Bug.\n\nshapeguard says:\n\n    old\n\n    more\n\nThe fix.\n"""\n'
     new = rewrite(text, "a\n  b\n\nc")
     assert documented(new) == "a\n  b\n\nc"
-    assert new.endswith("\n    c\n\nThe fix.\n\"\"\"\n")
+    assert new.endswith('\n    c\n\nThe fix.\n"""\n')

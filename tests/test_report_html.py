@@ -78,9 +78,19 @@ def test_flow_has_every_stage_with_named_shapes(cross_trace):
     page = render_html(cross_trace)
     (block,) = _flow.build_blocks(cross_trace)
     stages = [(n.stage, n.column) for n in block.nodes]
-    for stage in [("proj", "Q"), ("proj", "K"), ("proj", "V"), ("split", "Q"), ("split", "K"),
-                  ("split", "V"), ("scores", ""), ("softmax", ""), ("context", ""),
-                  ("merge", ""), ("out", "")]:
+    for stage in [
+        ("proj", "Q"),
+        ("proj", "K"),
+        ("proj", "V"),
+        ("split", "Q"),
+        ("split", "K"),
+        ("split", "V"),
+        ("scores", ""),
+        ("softmax", ""),
+        ("context", ""),
+        ("merge", ""),
+        ("out", ""),
+    ]:
         assert stage in stages
     assert [n.column for n in block.nodes if n.stage == "input"] == ["x", "memory"]
     # Each tensor's shape with its axis names, seq_q and seq_k apart.
@@ -92,7 +102,7 @@ def test_flow_has_every_stage_with_named_shapes(cross_trace):
 def test_page_is_self_contained(cross_trace):
     page = render_html(cross_trace, capture_attention(CrossAttention(), *cross_inputs()))
     assert page.startswith("<!DOCTYPE html>")
-    for needle in ("http://", "https://", "<link", "<script src", "src=\"//", "@import"):
+    for needle in ("http://", "https://", "<link", "<script src", 'src="//', "@import"):
         assert needle not in page, needle
     # url(...) only for the arrowheads defined in the page itself.
     assert re.findall(r"url\((?!#b\d+-arrow\))", page) == []
@@ -130,7 +140,7 @@ def test_memory_names_the_score_peak_and_what_flash_would_keep(cross_trace):
     assert f"= {B * H * SQ * 4} B)" in page  # flash-attn's one float32 per query row
     assert "grows with seq²" in page
     # The scaling table goes past the traced length.
-    assert "<td class=\"num\">2,048</td>" in page
+    assert '<td class="num">2,048</td>' in page
 
 
 def test_fused_attention_is_one_box_and_its_scores_are_what_sdpa_would_need():
@@ -238,9 +248,18 @@ def test_no_attention_explains_how_to_get_it(cross_trace):
 # -- a real browser ----------------------------------------------------------------------------
 def _chromium(*args: str, user_data: pathlib.Path) -> subprocess.CompletedProcess:
     flags = [
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--hide-scrollbars", f"--user-data-dir={user_data}", "--enable-logging=stderr", "--v=0",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={user_data}",
+        "--enable-logging=stderr",
+        "--v=0",
     ]
     return subprocess.run(
         [CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120, check=False
@@ -262,7 +281,10 @@ def _png_pixels(data: bytes) -> list[bytes]:
     stride = width * channels
     rows, previous = [], bytearray(stride)
     for y in range(height):
-        kind_byte, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        kind_byte, line = (
+            raw[y * (stride + 1)],
+            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
+        )
         for i in range(stride):
             left = line[i - channels] if i >= channels else 0
             up = previous[i]

@@ -50,7 +50,9 @@ CASES = [  # (id, sizes, causal, window)
 ]
 
 
-@pytest.mark.parametrize(("sizes", "causal", "window"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("sizes", "causal", "window"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_flash_attn_func_equals_the_fallback(sizes, causal, window, dtype):
     q, k, v = make(dtype=dtype, **sizes)

@@ -17,6 +17,7 @@ from ._flash_contract import (
     ENTRY_POINTS,
     FLASH_DTYPES,
     FLASH_NAMESPACES,
+    KINDS,
     MAX_HEAD_DIM,
     SUSPICIOUS_HEADS,
     Spec,
@@ -40,6 +41,7 @@ from ._flash_varlen import (
 
 __all__ = [
     "ENTRY_POINTS",
+    "KINDS",
     "FLASH_DTYPES",
     "FLASH_NAMESPACES",
     "MAX_HEAD_DIM",

@@ -15,8 +15,29 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from . import _axes
+from . import _axes, _ops
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
+from .checks import ERROR, WARNING, declare
+
+# Every kind flash-attn's contract reports (the entry points, the kernels, varlen).
+KINDS = {
+    **dict.fromkeys(
+        (
+            "flash_batch", "flash_cu_seqlens_dtype", "flash_cu_seqlens_order",
+            "flash_cu_seqlens_shape", "flash_cu_seqlens_total", "flash_device",
+            "flash_device_mismatch", "flash_dtype", "flash_dtype_mismatch", "flash_gqa",
+            "flash_head_dim", "flash_head_dim_max", "flash_head_dim_multiple",
+            "flash_kv_heads", "flash_kv_seq", "flash_max_seqlen", "flash_packed",
+            "flash_rank",
+        ),
+        ERROR,
+    ),
+    "flash_stride": WARNING,
+    # A layout swap is an error when the shapes prove it, a warning when only likely.
+    "layout_bshd": (ERROR, WARNING),
+    "layout_bhsd": (ERROR, WARNING),
+}  # fmt: skip
+declare("flash", KINDS)
 
 # flash_api.cpp: "FlashAttention forward only supports head dimension at most 256".
 MAX_HEAD_DIM = 256
@@ -25,14 +46,7 @@ MAX_HEAD_DIM = 256
 SUSPICIOUS_HEADS = 256
 FLASH_DTYPES = ("float16", "bfloat16")
 FLASH_NAMESPACES = ("flash_attn", "flashattn")  # flash-attn renamed its op namespace in 2.7
-ENTRY_POINTS = (
-    "flash_attn_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_qkvpacked_func",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_varlen_qkvpacked_func",
-)
+ENTRY_POINTS = _ops.FLASH_ENTRY_POINTS
 
 
 # -- what the contract reads of a tensor -----------------------------------------------

@@ -78,7 +78,9 @@ def role_for(label: str | None, flow: str | None) -> str | None:
     return role if role in _NAME_ROLES else None
 
 
-def buffer_origin(keeps_value: bool, slices: bool, in_tensors: list, in_metas: list, modules: list) -> tuple[str, bool]:
+def buffer_origin(
+    keeps_value: bool, slices: bool, in_tensors: list, in_metas: list, modules: list
+) -> tuple[str, bool]:
     """(buffer name, sliced) for an op's output: read straight from a module buffer, or
     from a tensor that was, through ops that keep the buffer's values."""
     # Only single-tensor ops: `mask * scores` is no longer the mask.

@@ -25,6 +25,7 @@ PART = "part"  # split, chunk, unbind
 GROW = "grow"  # expand, repeat, repeat_interleave
 FACTORY = "factory"  # zeros, arange, tensor: new axes
 ATTENTION = "attention"  # scaled_dot_product_attention, multi_head_attention_forward
+FLASH = "flash"  # flash-attn's entry points and kernels, shapeguard.attention's wrappers
 EMBEDDING = "embedding"  # F.embedding: token ids -> vectors
 CONV = "conv"  # conv1d/2d/3d
 WRITE = "write"  # t[i] = v: in place, returns nothing
@@ -47,10 +48,6 @@ class Op:
     shown: bool = False  # a row of the default trace table
     rotary: bool = False  # makes rotary tables (cos, sin)
     slices: bool = False  # takes part of a tensor along some axes
-
-    @property
-    def inplace(self) -> bool:
-        return self.name.endswith("_") and not self.name.endswith("__")
 
 
 _TABLE: dict[str, Op] = {}
@@ -91,7 +88,7 @@ _ops(QUERY, """
 _CASTS = "float half bfloat16 double long int short bool byte char type_as to type cpu cuda"
 for _name in _CASTS.split():
     _op(_name, SAME, keeps_label=True, keeps_value=True, makes_mask=_name == "bool")
-for _name in "contiguous clone detach detach_ requires_grad_ cumsum".split():
+for _name in ["contiguous", "clone", "detach", "detach_", "requires_grad_", "cumsum"]:
     _op(_name, SAME, keeps_label=True, keeps_value=True)
 # fmt: off
 _ops(SAME, """
@@ -115,10 +112,45 @@ _op("logical_not", SAME, "bitwise_not", "__invert__", makes_mask=True, keeps_val
 # -- elementwise with broadcasting --------------------------------------------------------
 _op("add", BINARY, "add_", "__add__", "__radd__", "__iadd__", symbol="+", keeps_label=True)
 _op("sub", BINARY, "sub_", "__sub__", "__isub__", symbol="-", keeps_label=True, keeps_value=True)
-_op("__rsub__", BINARY, "rsub", symbol="-", reflected=frozenset({"__rsub__", "rsub"}), keeps_value=True)
-_op("mul", BINARY, "mul_", "__mul__", "__rmul__", "__imul__", "multiply", symbol="*", keeps_label=True, keeps_value=True)
-_op("div", BINARY, "div_", "__truediv__", "__itruediv__", "__idiv__", "true_divide", "divide", symbol="/", keeps_label=True)
-_op("__rdiv__", BINARY, "__rtruediv__", symbol="/", reflected=frozenset({"__rdiv__", "__rtruediv__"}))
+_op(
+    "__rsub__",
+    BINARY,
+    "rsub",
+    symbol="-",
+    reflected=frozenset({"__rsub__", "rsub"}),
+    keeps_value=True,
+)
+_op(
+    "mul",
+    BINARY,
+    "mul_",
+    "__mul__",
+    "__rmul__",
+    "__imul__",
+    "multiply",
+    symbol="*",
+    keeps_label=True,
+    keeps_value=True,
+)
+_op(
+    "div",
+    BINARY,
+    "div_",
+    "__truediv__",
+    "__itruediv__",
+    "__idiv__",
+    "true_divide",
+    "divide",
+    symbol="/",
+    keeps_label=True,
+)
+_op(
+    "__rdiv__",
+    BINARY,
+    "__rtruediv__",
+    symbol="/",
+    reflected=frozenset({"__rdiv__", "__rtruediv__"}),
+)
 _op("pow", BINARY, "pow_", "__pow__", "__ipow__", symbol="**", keeps_label=True)
 _op("__rpow__", BINARY, symbol="**", reflected=frozenset({"__rpow__"}))
 _op("__floordiv__", BINARY, "floor_divide", "__rfloordiv__", "__ifloordiv__", symbol="//")
@@ -127,12 +159,45 @@ _op("eq", BINARY, "__eq__", "eq_", symbol="compare", makes_mask=True, keeps_valu
 _op("ne", BINARY, "__ne__", "ne_", "not_equal", symbol="compare", makes_mask=True, keeps_value=True)
 for _name, _dunder in (("lt", "__lt__"), ("le", "__le__"), ("gt", "__gt__"), ("ge", "__ge__")):
     _op(_name, BINARY, _dunder, symbol="compare", makes_mask=True)
-_op("logical_and", BINARY, "__and__", "bitwise_and", "__iand__", "__rand__", makes_mask=True, keeps_value=True)
-_op("logical_or", BINARY, "__or__", "bitwise_or", "__ior__", "__ror__", makes_mask=True, keeps_value=True)
+_op(
+    "logical_and",
+    BINARY,
+    "__and__",
+    "bitwise_and",
+    "__iand__",
+    "__rand__",
+    makes_mask=True,
+    keeps_value=True,
+)
+_op(
+    "logical_or",
+    BINARY,
+    "__or__",
+    "bitwise_or",
+    "__ior__",
+    "__ror__",
+    makes_mask=True,
+    keeps_value=True,
+)
 _op("logical_xor", BINARY, "__xor__", "bitwise_xor", "__ixor__", "__rxor__", makes_mask=True)
 _op("maximum", BINARY, "minimum", "fmax", "fmin", "atan2", "hypot", "copysign")
-_op("masked_fill", BINARY, "masked_fill_", params=("input", "mask", "value"), keeps_label=True, keeps_value=True, shown=True)
-_op("where", BINARY, params=("condition", "input", "other"), keeps_label=True, keeps_value=True, shown=True)
+_op(
+    "masked_fill",
+    BINARY,
+    "masked_fill_",
+    params=("input", "mask", "value"),
+    keeps_label=True,
+    keeps_value=True,
+    shown=True,
+)
+_op(
+    "where",
+    BINARY,
+    params=("condition", "input", "other"),
+    keeps_label=True,
+    keeps_value=True,
+    shown=True,
+)
 _op("lerp", BINARY, "addcmul", "addcdiv", "copy_", "add_relu")
 
 # -- views and layouts --------------------------------------------------------------------
@@ -143,15 +208,34 @@ _op("flatten", VIEW, params=("input", "start_dim", "end_dim"))
 _op("unflatten", VIEW, params=("input", "dim", "sizes"))
 _op("squeeze", VIEW, "squeeze_", params=("input", "dim"), keeps_value=True)
 _op("unsqueeze", VIEW, "unsqueeze_", params=("input", "dim"), keeps_value=True)
-_op("transpose", LAYOUT, "transpose_", "swapaxes", "swapdims", params=("input", "dim0", "dim1"), keeps_label=True)
+_op(
+    "transpose",
+    LAYOUT,
+    "transpose_",
+    "swapaxes",
+    "swapdims",
+    params=("input", "dim0", "dim1"),
+    keeps_label=True,
+)
 _op("permute", LAYOUT, keeps_label=True)
 _op("movedim", LAYOUT, "moveaxis", params=("input", "source", "destination"), keeps_label=True)
 _op("t", LAYOUT, "t_", "T", "mT", "H", "mH", "adjoint", keeps_label=True)
 
 # -- contractions --------------------------------------------------------------------------
-_op("matmul", PRODUCT, "__matmul__", "__rmatmul__", symbol="@", reflected=frozenset({"__rmatmul__"}), shown=True)
-_op("bmm", PRODUCT, "mm", "mv", "dot", "vdot", "inner", shown=True)
-_op("baddbmm", PRODUCT, "addbmm", "addmm", params=("input", "batch1", "batch2"), shown=True)
+_op(
+    "matmul",
+    PRODUCT,
+    "__matmul__",
+    "__rmatmul__",
+    symbol="@",
+    reflected=frozenset({"__rmatmul__"}),
+    shown=True,
+)
+_op("bmm", PRODUCT, shown=True)
+_op("mm", PRODUCT, shown=True)
+_op("mv", PRODUCT, "dot", "vdot", "inner")
+_op("baddbmm", PRODUCT, params=("input", "batch1", "batch2"), shown=True)
+_op("addmm", PRODUCT, "addbmm", params=("input", "mat1", "mat2"))
 _op("linear", PRODUCT, params=("input", "weight", "bias"))
 _op("einsum", PRODUCT, shown=True)
 _op("outer", PRODUCT, "ger")
@@ -209,6 +293,22 @@ MHA = _op(
     ),
     shown=True,
 )  # fmt: skip
+# flash-attn: its Python entry points (wrapped while a trace is open), its torch.ops
+# kernels, and shapeguard.attention's own entry points. All take [batch, seq, heads, d_k].
+FLASH_ENTRY_POINTS = (
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+)
+for _name in FLASH_ENTRY_POINTS:
+    _op(_name, FLASH, shown=True)
+_op("flash_attention", FLASH, shown=True)
+_op("flash_attention_varlen", FLASH, shown=True)
+_op("_flash_attn_forward", FLASH, "_flash_attn_forward.default", shown=True)
+_op("_flash_attn_varlen_forward", FLASH, "_flash_attn_varlen_forward.default", shown=True)
 _op("embedding", EMBEDDING, params=("input", "weight", "padding_idx"))
 _op("conv1d", CONV, "conv2d", "conv3d", params=("input", "weight", "bias", "stride", "padding"))
 _op("__setitem__", WRITE)
@@ -235,6 +335,11 @@ def name_of(func) -> str:
         owner = getattr(func, "__self__", None)
         return getattr(owner, "__name__", name)
     return name
+
+
+def is_inplace(spelling: str) -> bool:
+    """`add_`, `__iadd__`: the op writes into its first operand."""
+    return (spelling.endswith("_") and not spelling.endswith("__")) or spelling.startswith("__i")
 
 
 def op_for(func) -> Op:

@@ -17,6 +17,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _axes, _config, _flash, _ops, _source
+from . import checks as _checks
 from ._axes import Axes, format_shape
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
 from ._meta import TensorMeta, buffer_origin, role_for
@@ -24,9 +25,10 @@ from ._names import dims as _dims
 from ._names import flow as _flow
 from ._names import roots as _roots
 from ._record import Event, TensorRecord, Trace
-from .checks import checkers_for
 
 _local = threading.local()
+
+_checks.declare("session", {"torch_error": _checks.ERROR})
 
 
 def current_session() -> "Session | None":
@@ -75,8 +77,10 @@ class OpCall:
             return False
         callee = site.callee
         spec = self.spec
-        return callee == self.op or callee in spec.spellings or (
-            bool(spec.symbol) and callee == spec.symbol
+        return (
+            callee == self.op
+            or callee in spec.spellings
+            or (bool(spec.symbol) and callee == spec.symbol)
         )
 
     def source_text(self, index: int) -> str | None:
@@ -360,8 +364,9 @@ class Session:
         __tracebackhide__ = True
         site = _source.user_site()
         call = OpCall(self, func, op, args, kwargs, site, spec)
-        for checker in checkers_for(op):
-            for violation in checker(call):
+        for rule in _checks.rules_for(op):
+            for violation in rule.check(call):
+                violation.severity = _checks.severity(rule, violation)
                 self.report(violation, call)
         try:
             out = func(*args, **kwargs)

@@ -18,47 +18,31 @@ pytestmark = pytest.mark.no_shapeguard
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "errors.md"
 SNIPPETS = ROOT / "docs" / "snippets"
-# Where kinds are born: the checkers, the session (torch_error), contracts and flash-attn.
-SOURCES = [
-    *sorted((ROOT / "shapeguard" / "checks").glob("*.py")),
-    ROOT / "shapeguard" / "_session.py",
-    *sorted((ROOT / "shapeguard").glob("_contract*.py")),
-    *sorted((ROOT / "shapeguard").glob("_flash*.py")),
-    ROOT / "shapeguard" / "attention.py",
-]
-_KIND_PATTERNS = (
-    re.compile(r'Violation\(\s*"(\w+)"(?:\s+if\s+[^,]+?\s+else\s+"(\w+)")?'),
-    # kind="..." as a keyword argument (ShapeError, Finding); not `kind = ...` assignments,
-    # which name other things (the contracts' dim kinds).
-    re.compile(r'\bkind="(\w+)"(?:\s+if\s+[^,\n]+?\s+else\s+"(\w+)")?'),
-)
 _BLOCK = re.compile(r"(<!-- message: (\w+) -->\n```text\n)(.*?)(\n```)", re.S)
 # Kinds whose snippet needs flash-attn's own kernel ops (torch.ops.flash_attn.*).
 NEEDS_FLASH_KERNELS = {"flash_head_dim_multiple"}
 
 
-def kinds_in(text: str) -> set[str]:
-    found = set()
-    for pattern in _KIND_PATTERNS:
-        for match in pattern.finditer(text):
-            found.update(g for g in match.groups() if g)
-    return found
-
-
 def source_kinds() -> set[str]:
-    return set().union(*(kinds_in(p.read_text()) for p in SOURCES if p.exists()))
+    """Every kind shapeguard can report: the registry's catalogue (rules declare the
+    kinds they yield; the session, contracts and flash-attn declare theirs)."""
+    from shapeguard.checks import kinds
+
+    return set(kinds())
 
 
 def page_blocks() -> dict[str, str]:
     return {m.group(2): m.group(3) for m in _BLOCK.finditer(PAGE.read_text())}
 
 
-def test_kind_scanner_finds_kinds_in_every_spelling():
-    text = (
-        'yield Violation(\n    "alpha", rel)\nViolation("beta" if x else "gamma", r)\n'
-        'kind = "not_a_kind" if m else "nor_this"\nShapeError(r, kind="zeta")\n'
-    )
-    assert kinds_in(text) == {"alpha", "beta", "gamma", "zeta"}
+def test_the_catalogue_knows_each_kind_by_family_and_severity():
+    from shapeguard.checks import kinds
+
+    catalogue = kinds()
+    assert catalogue["matmul_inner"].severities == {"error"}
+    assert catalogue["softmax_axis"].severities == {"warning"}
+    assert catalogue["torch_error"].families == {"session"}
+    assert catalogue["layout_bshd"].families == {"flash", "layout"}
 
 
 def test_every_kind_in_the_source_is_catalogued():

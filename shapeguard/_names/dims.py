@@ -344,10 +344,7 @@ def axis_name(axis: Axis, tag: str | None = None) -> str | None:
     """The name users read for an axis (None: shown by its size alone)."""
     if not axis:
         return None
-    if len(axis) == 1:
-        name = atom_name(axis[0])
-    else:
-        name = _composite_name(axis)
+    name = atom_name(axis[0]) if len(axis) == 1 else _composite_name(axis)
     if tag and name in ("seq", "seq_q", "seq_k"):
         return f"seq_{tag}"
     return name

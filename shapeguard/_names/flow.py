@@ -16,7 +16,6 @@ from typing import NamedTuple
 import torch
 
 from .. import _axes, _ops
-from .._ops import Op
 from . import dims as D
 from .dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
 
@@ -300,7 +299,9 @@ def _layout(call, outputs):
 
 
 # -- contractions ---------------------------------------------------------------------------------
-def classify_product(call, a, b, a_meta, b_meta, contract_a: Axis, contract_b: Axis, rows: Axis, cols: Axis) -> str | None:
+def classify_product(
+    call, a, b, a_meta, b_meta, contract_a: Axis, contract_b: Axis, rows: Axis, cols: Axis
+) -> str | None:
     """ "scores" for a query-key product, "context" for attention weights times values."""
     if D.size_of(contract_a) <= 1 or a_meta.param or b_meta.param:
         return None
@@ -318,7 +319,14 @@ def classify_product(call, a, b, a_meta, b_meta, contract_a: Axis, contract_b: A
     return "scores" if b_meta.op in ("transpose", "mT", "permute", "swapaxes", "t") else None
 
 
-def claim_scores(q_rows: Axis, k_cols: Axis, q_contract: Axis, k_contract: Axis, q_heads: Axis | None, k_heads: Axis | None) -> None:
+def claim_scores(
+    q_rows: Axis,
+    k_cols: Axis,
+    q_contract: Axis,
+    k_contract: Axis,
+    q_heads: Axis | None,
+    k_heads: Axis | None,
+) -> None:
     """What a query-key product says of its operands' axes."""
     for atom in q_rows:
         if D.claim_kind(atom[0], TOKEN, STRUCTURE):
@@ -385,9 +393,7 @@ def _matmul(call, a, b, outputs) -> list[Made] | None:
     a_lead = max(a.dim() - 2, 0)
     b_lead = max(b.dim() - 2, 0)
     ndim = max(a_lead, b_lead)
-    batch, btags = _batch_axes(
-        [(am, tuple(a.shape), a_lead), (bm, tuple(b.shape), b_lead)], ndim
-    )
+    batch, btags = _batch_axes([(am, tuple(a.shape), a_lead), (bm, tuple(b.shape), b_lead)], ndim)
     role = classify_product(call, a, b, am, bm, ca, cb, rows, cols)
     dims = [*batch]
     tags = list(btags)
@@ -431,7 +437,7 @@ def _product(call, outputs):
     if op == "outer" and len(args) >= 2:
         am, bm = call.meta_of(args[0]), call.meta_of(args[1])
         return [Made((*am.dims, *bm.dims))]
-    if op == "baddbmm":
+    if op in ("baddbmm", "addmm"):
         if len(args) >= 3 and all(_is_tensor(t) for t in args[:3]):
             made = _matmul(call, args[1], args[2], outputs)
             if made:
@@ -477,7 +483,9 @@ def _einsum(call):
     if not args or not isinstance(args[0], str):
         return None
     equation = args[0].replace(" ", "")
-    operands = list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else list(args[1:])
+    operands = (
+        list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else list(args[1:])
+    )
     if not operands or not all(_is_tensor(t) for t in operands):
         return None
     lhs, _, rhs = equation.partition("->")
@@ -526,7 +534,9 @@ def _einsum(call):
                 claim_scores(rows, cols, ca, cb, heads_a, heads_b)
                 _claim_operand_roles(am, bm)
                 if rows and cols and D.roots_of(rows) == D.roots_of(cols):
-                    tags = tuple("q" if x == only_a[0] else "k" if x == only_b[0] else None for x in rhs)
+                    tags = tuple(
+                        "q" if x == only_a[0] else "k" if x == only_b[0] else None for x in rhs
+                    )
                     return [Made(dims, tags, role)]
     return [Made(dims, (), role)]
 
@@ -558,7 +568,10 @@ def _reduce(call, outputs):
         axes = tuple(a for i, a in enumerate(m.dims) if i not in drop)
         tags = tuple(_tag_of(m, i) for i in range(ndim) if i not in drop) if m.tags else ()
     made = Made(axes, tags)
-    return [made if tuple(o.shape) == tuple(D.size_of(a) for a in axes) else _fallback(call, o) for o in outputs]
+    return [
+        made if tuple(o.shape) == tuple(D.size_of(a) for a in axes) else _fallback(call, o)
+        for o in outputs
+    ]
 
 
 # -- indexing --------------------------------------------------------------------------------------
@@ -574,7 +587,11 @@ def _slice_axis(axis: Axis, size: int) -> Axis:
         atom = axis[0]
         root = atom[0].find()
         name = D.atom_name(atom)
-        rank = root.rank if D.is_whole(atom) else (root.parts or {}).get((atom[1], atom[2]), ("", 0))[1]
+        rank = (
+            root.rank
+            if D.is_whole(atom)
+            else (root.parts or {}).get((atom[1], atom[2]), ("", 0))[1]
+        )
         kind, kind_rank = root.kind, root.kind_rank
         origin = f"a slice of {root.origin}" if root.origin else "a slice"
         sides = (root.q_side, root.k_side)
@@ -691,7 +708,11 @@ def _advanced_index(call, x, m, items, out):
 def _join(call, outputs):
     bound = _ops.bind(call.spec, call.args, call.kwargs)
     tensors = bound.get("tensors")
-    if not isinstance(tensors, tuple | list) or not tensors or not all(_is_tensor(t) for t in tensors):
+    if (
+        not isinstance(tensors, tuple | list)
+        or not tensors
+        or not all(_is_tensor(t) for t in tensors)
+    ):
         return None
     metas = [call.meta_of(t) for t in tensors]
     out = outputs[0]
@@ -952,7 +973,9 @@ def _conv(call, outputs):
     xm, wm = call.meta_of(x), call.meta_of(w)
     lead = x.dim() - spatial - 1  # 1 with a batch axis, 0 without
     channels = xm.dims[lead]
-    D.claim_atoms(channels, FEATURE, STRUCTURE, "channels" if D.axis_name(channels) is None else None)
+    D.claim_atoms(
+        channels, FEATURE, STRUCTURE, "channels" if D.axis_name(channels) is None else None
+    )
     D.claim_atoms(wm.dims[0], FEATURE, D.PARAM)
     out_channels = wm.dims[0]
     declared = call.declared().get("d_model")
@@ -976,7 +999,13 @@ def _conv(call, outputs):
             # Strided: new positions, read from the old ones (patches, frames).
             keep = D.axis_name(src)
             axes.append(
-                D.fresh(size, name=keep or name, rank=STRUCTURE if (keep or name) else 0,
-                        kind=TOKEN, kind_rank=STRUCTURE, origin=f"{call.op} positions")
+                D.fresh(
+                    size,
+                    name=keep or name,
+                    rank=STRUCTURE if (keep or name) else 0,
+                    kind=TOKEN,
+                    kind_rank=STRUCTURE,
+                    origin=f"{call.op} positions",
+                )
             )
     return [Made(tuple(axes))]

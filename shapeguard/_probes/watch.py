@@ -7,7 +7,7 @@ from ..checks.mask_semantics import aligned, mask_uses, triangle
 from .tree import first_output
 
 # The ops whose masks `mask_uses` reads: the only ones worth building an OpCall for.
-_MASKING_OPS = frozenset(mask_semantics.OPS)
+_MASKING_OPS = frozenset(s for op in mask_semantics.MASKING for s in op.spellings)
 
 _POSITIONAL_OPS = frozenset({"arange", "cos", "sin", "polar", "view_as_complex", "embedding"})
 _TABLE_READS = frozenset({"__getitem__", "index_select", "narrow", "embedding", "gather"})

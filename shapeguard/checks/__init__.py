@@ -1,39 +1,177 @@
-"""The checks registry: op name -> the checkers of the op families that apply to it.
+"""The checks registry: rules registered on the op table, with the kinds they raise.
 
-A checker takes an `OpCall` and yields `Violation`s; it never raises them
-itself, so the session decides (raise, warn, record) with the user's context.
-Keyed by op name, so `torch.matmul`, `Tensor.matmul` and `@` share checkers.
-Each family module lists its op names in `OPS` and defines `check(call)`;
-add a family by naming its module in `FAMILIES`.
+A rule is a function of an `OpCall` that yields `Violation`s; it never raises them
+itself, so the session decides (raise, warn, record) with the user's context. It
+is registered on ops of the op table (`_ops.py`) with the kinds it may yield and
+the severity of each::
+
+    @rule(_ops.SOFTMAX, kinds={"softmax_axis": WARNING})
+    def softmax_over_keys(call): ...
+
+Every module of this package is a family of rules, loaded on first use; a rule
+registered twice, or an op the table does not know, is an error. `KINDS` is the
+catalogue: every kind shapeguard can report, the family that owns it, and its
+severities (kinds raised outside a rule, by contracts or the session, are
+declared with `declare`).
 """
 
 import importlib
-from collections.abc import Callable, Iterator
+import pkgutil
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
+from .. import _ops
 from .._errors import Violation
+
+ERROR = "error"
+WARNING = "warning"
+_SEVERITIES = (ERROR, WARNING)
 
 Checker = Callable[..., Iterator[Violation]]
 
-FAMILIES = (
-    "matmul", "heads_view", "elementwise", "softmax", "sdpa", "mha", "flash",
-    "layout", "mask_semantics",
-)
 
-_REGISTRY: dict[str, tuple[Checker, ...]] | None = None
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A checker, the canonical names of the ops it checks, and the kinds it yields."""
 
-
-def _build() -> dict[str, tuple[Checker, ...]]:
-    registry: dict[str, list[Checker]] = {}
-    for name in FAMILIES:
-        family = importlib.import_module(f"{__name__}.{name}")
-        for op in family.OPS:
-            registry.setdefault(op, []).append(family.check)
-    return {op: tuple(checkers) for op, checkers in registry.items()}
+    check: Checker
+    family: str
+    ops: tuple[str, ...]
+    kinds: Mapping[str, frozenset[str]]  # kind -> the severities it may have
+    order: int
 
 
-def checkers_for(op: str) -> tuple[Checker, ...]:
-    """The checkers to run before `op`, in family order (empty when none)."""
-    global _REGISTRY
-    if _REGISTRY is None:
-        _REGISTRY = _build()
-    return _REGISTRY.get(op, ())
+@dataclass(frozen=True, slots=True)
+class Kind:
+    name: str
+    families: frozenset[str]
+    severities: frozenset[str]
+
+
+_RULES: list[Rule] = []
+_BY_SPELLING: dict[str, tuple[Rule, ...]] | None = None
+_DECLARED: dict[str, tuple[set[str], set[str]]] = {}
+_loaded = False
+
+
+def _family_of(module: str) -> str:
+    return module.rsplit(".", 1)[-1]
+
+
+Severities = str | tuple[str, ...]
+
+
+def _normalize(kinds: Mapping[str, Severities]) -> dict[str, frozenset[str]]:
+    out = {}
+    for kind, given in kinds.items():
+        severities = frozenset((given,) if isinstance(given, str) else given)
+        if not severities or not severities <= set(_SEVERITIES):
+            raise RuntimeError(f"kind {kind!r}: severities {given!r} are not in {_SEVERITIES}")
+        out[kind] = severities
+    return out
+
+
+def _declare(family: str, kinds: Mapping[str, frozenset[str]]) -> None:
+    for kind, severities in kinds.items():
+        families, known = _DECLARED.setdefault(kind, (set(), set()))
+        families.add(family)
+        known.update(severities)
+
+
+def rule(*ops: _ops.Op, kinds: Mapping[str, Severities], order: int = 0):
+    """Register the decorated checker on `ops` (entries of the op table).
+
+    `kinds` maps each kind the checker may yield to its severity (or the severities it
+    chooses between, the violation then saying which); `order` runs the contract of an op
+    (0, the loud errors) before the rules about silent bugs (1, 2).
+    """
+    declared = _normalize(kinds)
+    for op in ops:
+        if not isinstance(op, _ops.Op) or _ops.lookup(op.name) is not op:
+            raise RuntimeError(f"rule on {op!r}: not an op of the op table")
+
+    def register(check: Checker) -> Checker:
+        global _BY_SPELLING
+        family = _family_of(check.__module__)
+        for known in _RULES:
+            if known.check.__module__ == check.__module__ and (
+                known.check.__qualname__ == check.__qualname__
+            ):
+                raise RuntimeError(
+                    f"rule {family}.{check.__qualname__} is registered twice (duplicate registration)"
+                )
+        _RULES.append(Rule(check, family, tuple(op.name for op in ops), declared, order))
+        _declare(family, declared)
+        _BY_SPELLING = None
+        return check
+
+    return register
+
+
+def declare(family: str, kinds: Mapping[str, Severities]) -> None:
+    """Declare kinds reported outside a rule (the session, contracts, flash-attn's
+    entry points), so the catalogue knows them too."""
+    _declare(family, _normalize(kinds))
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for info in pkgutil.iter_modules(__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+def _index() -> dict[str, tuple[Rule, ...]]:
+    global _BY_SPELLING
+    _load()
+    if _BY_SPELLING is None:
+        table: dict[str, list[Rule]] = {}
+        for r in sorted(_RULES, key=lambda r: (r.order, r.family)):
+            for name in r.ops:
+                for spelling in _ops.lookup(name).spellings:
+                    table.setdefault(spelling, []).append(r)
+        _BY_SPELLING = {spelling: tuple(rules) for spelling, rules in table.items()}
+    return _BY_SPELLING
+
+
+def rules_for(spelling: str) -> tuple[Rule, ...]:
+    """The rules to run before an op, contract first (empty when none)."""
+    index = _BY_SPELLING if _BY_SPELLING is not None and _loaded else _index()
+    return index.get(spelling, ())
+
+
+def checkers_for(spelling: str) -> tuple[Checker, ...]:
+    return tuple(r.check for r in rules_for(spelling))
+
+
+def kinds() -> dict[str, Kind]:
+    """The catalogue: every kind shapeguard reports."""
+    _load()
+    # The modules that report kinds outside a rule declare them when imported.
+    from .. import _contract_report, _flash_contract, _session  # noqa: F401
+
+    return {
+        name: Kind(name, frozenset(families), frozenset(severities))
+        for name, (families, severities) in sorted(_DECLARED.items())
+    }
+
+
+def severity(r: Rule, violation: Violation) -> str:
+    """The severity `r` declares for the violation's kind (an undeclared kind is a bug)."""
+    declared = r.kinds.get(violation.kind)
+    if declared is None:
+        raise RuntimeError(
+            f"rule {r.family}.{r.check.__qualname__} yielded kind {violation.kind!r}, "
+            f"which it does not declare ({', '.join(r.kinds)})"
+        )
+    if violation.severity in declared:
+        return violation.severity
+    if len(declared) == 1:
+        return next(iter(declared))
+    raise RuntimeError(
+        f"rule {r.family}.{r.check.__qualname__} yielded {violation.kind!r} as "
+        f"{violation.severity!r}; it declares {sorted(declared)}"
+    )

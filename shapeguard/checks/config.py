@@ -2,6 +2,10 @@
 
 from .. import _axes
 from .._errors import Violation
+from . import ERROR, declare
+
+# Raised by guard at construction and by the session when a module is first entered.
+declare("config", {"head_divisibility": ERROR, "gqa_divisibility": ERROR})
 
 
 def head_counts_that_work(d_model: int, limit: int = 12) -> str:

@@ -1,44 +1,15 @@
 """Masks and broadcasting: masked_fill, where, and masks added to scores."""
 
-from .. import _axes
+from .. import _axes, _ops
 from .._errors import Violation
+from . import ERROR, WARNING, rule
 
-_ARITHMETIC = {
-    "add": "+",
-    "__add__": "+",
-    "__radd__": "+",
-    "__iadd__": "+",
-    "add_": "+",
-    "sub": "-",
-    "__sub__": "-",
-    "__rsub__": "-",
-    "__isub__": "-",
-    "sub_": "-",
-    "mul": "*",
-    "__mul__": "*",
-    "__rmul__": "*",
-    "__imul__": "*",
-    "mul_": "*",
-    "div": "/",
-    "__truediv__": "/",
-    "__rtruediv__": "/",
-    "__itruediv__": "/",
-    "div_": "/",
-}
-OPS = (*_ARITHMETIC, "masked_fill", "masked_fill_", "where")
+_MASK_KINDS = {"mask_dtype": ERROR, "mask_broadcast": ERROR}
+_ARITHMETIC = tuple(_ops.by_name(n) for n in ("add", "sub", "__rsub__", "mul", "div", "__rdiv__"))
 
 
 def _is_tensor(value) -> bool:
     return hasattr(value, "shape") and hasattr(value, "dtype")
-
-
-def check(call):
-    if call.op in ("masked_fill", "masked_fill_"):
-        yield from _check_masked_fill(call)
-    elif call.op == "where":
-        yield from _check_where(call)
-    else:
-        yield from _check_arithmetic(call)
 
 
 def ref(label: str) -> str:
@@ -106,7 +77,9 @@ def _broadcast_violation(call, kind, relation_prefix, pairs, target=None, mask=N
     return Violation(kind, relation, operands, hint)
 
 
-def _check_masked_fill(call):
+@rule(_ops.by_name("masked_fill"), kinds=_MASK_KINDS)
+def masked_fill(call):
+    """masked_fill: a bool mask that broadcasts to the tensor it fills."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
@@ -136,7 +109,9 @@ def _check_masked_fill(call):
         yield violation
 
 
-def _check_where(call):
+@rule(_ops.by_name("where"), kinds=_MASK_KINDS)
+def where(call):
+    """torch.where: a bool condition that broadcasts with both values."""
     args = call.args
     if len(args) < 3 or not _is_tensor(args[0]):
         return
@@ -165,37 +140,56 @@ def _check_where(call):
         yield violation
 
 
-def _check_arithmetic(call):
+def _operands(call):
+    """(a, b, label of a, label of b) as the source spells them (`2 - t` is reflected)."""
+    a, b = call.args[0], call.args[1]
+    la, lb = call.label(0, "a"), call.label(1, "b")
+    if call.op in call.spec.reflected:
+        return b, a, lb, la
+    return a, b, la, lb
+
+
+@rule(*_ARITHMETIC, kinds={"broadcast": ERROR, "mask_broadcast": ERROR})
+def arithmetic(call):
+    """+ - * /: the operands broadcast (in place: to the first one's shape)."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
-    a, b = args[0], args[1]
-    la, lb = call.label(0, "a"), call.label(1, "b")
-    symbol = _ARITHMETIC.get(call.op, call.op)
-    if call.op.startswith("__r"):
-        a, b, la, lb = b, a, lb, la
+    a, b, la, lb = _operands(call)
+    symbol = call.spec.symbol or call.op
     roles = (call.role(a, la), call.role(b, lb))
     mask = (lb, b) if roles[1] == "mask" else (la, a) if roles[0] == "mask" else None
     kind = "mask_broadcast" if mask is not None else "broadcast"
-    target = tuple(a.shape) if call.op.endswith("_") or call.op.startswith("__i") else None
-    prefix = f"{la} {symbol} {lb}"
-    violation = _broadcast_violation(call, kind, prefix, [(la, a), (lb, b)], target, mask)
+    target = tuple(a.shape) if _ops.is_inplace(call.op) else None
+    violation = _broadcast_violation(
+        call, kind, f"{la} {symbol} {lb}", [(la, a), (lb, b)], target, mask
+    )
     if violation is not None:
         yield violation
+
+
+@rule(*_ARITHMETIC[:3], kinds={"mask_dtype": WARNING}, order=1)
+def bool_mask_added(call):
+    """A 0/1 mask added to (or subtracted from) float scores masks nothing."""
+    args = call.args
+    if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
-    if symbol in "+-":
-        for label, tensor, other_label, other in ((la, a, lb, b), (lb, b, la, a)):
-            if not other.is_floating_point() or tensor.is_floating_point():
-                continue
-            role = call.role(tensor, label)
-            if str(tensor.dtype) == "torch.bool" or role == "mask":
-                yield Violation(
-                    "mask_dtype",
-                    f"{prefix}: {label} is a {str(tensor.dtype).removeprefix('torch.')} mask added "
-                    f"to {other_label}: it adds 0/1 and masks nothing",
-                    (call.operand(label, tensor),),
-                    f"use masked_fill(~{label}, float('-inf')) for a bool keep-mask, or an additive "
-                    f"float mask that is 0 where allowed and -inf where hidden",
-                    severity="warning",
-                )
-                return
+    a, b, la, lb = _operands(call)
+    if _axes.broadcast_shapes(tuple(a.shape), tuple(b.shape)) is None:
+        return  # the broadcast error says it
+    prefix = f"{la} {call.spec.symbol} {lb}"
+    for label, tensor, other_label, other in ((la, a, lb, b), (lb, b, la, a)):
+        if not other.is_floating_point() or tensor.is_floating_point():
+            continue
+        role = call.role(tensor, label)
+        if str(tensor.dtype) == "torch.bool" or role == "mask":
+            yield Violation(
+                "mask_dtype",
+                f"{prefix}: {label} is a {str(tensor.dtype).removeprefix('torch.')} mask added "
+                f"to {other_label}: it adds 0/1 and masks nothing",
+                (call.operand(label, tensor),),
+                f"use masked_fill(~{label}, float('-inf')) for a bool keep-mask, or an additive "
+                f"float mask that is 0 where allowed and -inf where hidden",
+                severity="warning",
+            )
+            return

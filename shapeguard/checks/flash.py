@@ -13,7 +13,8 @@ sure the call is flash-attn's (or shapeguard's).
 import functools
 import inspect
 
-from .. import _flash
+from .. import _flash, _ops
+from . import rule
 
 _KERNELS = {
     "_flash_attn_forward": (
@@ -29,15 +30,8 @@ _KERNELS = {
 _ENTRY = ("flash_attention", "flash_attention_varlen")
 _VARLEN = ("flash_attn_varlen_func", "flash_attention_varlen", "_flash_attn_varlen_forward")
 
-OPS = (
-    *_ENTRY,
-    *_flash.ENTRY_POINTS,
-    *_KERNELS,
-    *(f"{name}.default" for name in _KERNELS),
-)
-
-
-def check(call):
+@rule(*(op for op in _ops.ALL if op.family == _ops.FLASH), kinds=_flash.KINDS)
+def flash_contract(call):
     op = call.op
     kernel = op.removesuffix(".default")
     if kernel in _KERNELS:

@@ -4,11 +4,10 @@ non-contiguous."""
 
 from math import prod
 
-from .. import _axes
+from .. import _axes, _ops
 from .._errors import Violation
+from . import ERROR, WARNING, rule
 from .config import divisibility_violation
-
-OPS = ("view", "reshape")
 
 
 def _target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
@@ -20,7 +19,19 @@ def _target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
     return tuple(int(s) for s in raw)
 
 
-def check(call):
+@rule(
+    _ops.by_name("view"),
+    _ops.by_name("reshape"),
+    kinds={
+        "view_numel": ERROR,
+        "noncontiguous_view": ERROR,
+        "head_divisibility": ERROR,
+        "view_mixes_axes": WARNING,
+    },
+)
+def view(call):
+    """view / reshape: the element count, the strides view needs, and what the regrouping
+    does to the axes (a token axis cut across is data moved between tokens)."""
     args = call.args
     if not args or not hasattr(args[0], "shape"):
         return

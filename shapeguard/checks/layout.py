@@ -12,29 +12,12 @@ stays quiet.
 
 import re
 
+from .. import _ops
 from .._errors import Violation
-
-OPS = (
-    "scaled_dot_product_attention",
-    "multi_head_attention_forward",
-    "mul",
-    "__mul__",
-    "__rmul__",
-    "mul_",
-    "__imul__",
-)
+from . import WARNING, rule
 
 _SEQ_AXES = ("seq", "seq_q", "seq_k")
 _HEAD_AXES = ("heads", "kv_heads")
-
-
-def check(call):
-    if call.op == "scaled_dot_product_attention":
-        yield from _check_sdpa(call)
-    elif call.op == "multi_head_attention_forward":
-        yield from _check_mha(call)
-    else:
-        yield from _check_rotary(call)
 
 
 def _is_tensor(value) -> bool:
@@ -42,7 +25,8 @@ def _is_tensor(value) -> bool:
 
 
 # -- SDPA ----------------------------------------------------------------------------
-def _check_sdpa(call):
+@rule(_ops.SDPA, kinds={"layout_bshd": WARNING}, order=1)
+def sdpa_layout(call):
     names = ("query", "key", "value")
     tensors = [
         call.args[i] if len(call.args) > i else call.kwargs.get(n) for i, n in enumerate(names)
@@ -76,7 +60,8 @@ def _is_bshd(call, t) -> bool:
 
 
 # -- nn.MultiheadAttention -------------------------------------------------------------
-def _check_mha(call):
+@rule(_ops.MHA, kinds={"mha_batch_first": WARNING}, order=1)
+def mha_batch_first(call):
     module = call.module
     if module is None or getattr(module, "batch_first", True):
         return
@@ -119,7 +104,8 @@ def _rotary_like(call, tensor, label: str) -> bool:
     return any(_ROTARY_NAME.search(n) for n in names)
 
 
-def _check_rotary(call):
+@rule(_ops.by_name("mul"), kinds={"rotary_axis": WARNING}, order=1)
+def rotary_axis(call):
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return

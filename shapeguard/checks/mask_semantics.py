@@ -27,22 +27,19 @@ positions and counts, never values.
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import _axes
+from .. import _axes, _ops
 from .._errors import Violation
+from . import WARNING, rule
 from .elementwise import ref
 from .mha import bind_arguments
 
-OPS = (
-    "masked_fill",
-    "masked_fill_",
-    "where",
-    "add",
-    "__add__",
-    "__radd__",
-    "add_",
-    "__iadd__",
-    "scaled_dot_product_attention",
-    "multi_head_attention_forward",
+# The ops that apply a mask to scores (the probes watch them too).
+MASKING = (
+    _ops.by_name("masked_fill"),
+    _ops.by_name("where"),
+    _ops.by_name("add"),
+    _ops.SDPA,
+    _ops.MHA,
 )
 
 # A fill value at or below this hides a key (−1e9, finfo.min and −inf all do).
@@ -67,7 +64,19 @@ class _Use:
     effect: Callable[[object], str]
 
 
+@rule(
+    *MASKING,
+    kinds={
+        kind: WARNING
+        for kind in (
+            "mask_polarity", "mask_direction", "mask_axis", "mask_fully_masked",
+            "causal_buffer_unsliced", "causal_alignment",
+        )
+    },
+    order=2,
+)  # fmt: skip
 def check(call):
+    """What a mask hides, read from its values: polarity, direction, axis, empty rows."""
     import torch
 
     with torch.no_grad():
@@ -303,8 +312,8 @@ def _findings(call, use: _Use):
         return
     if shape == "causal":
         return
-    for rule in (_padding_polarity, _batch_as_query, _query_axis):
-        violation = rule(call, use, hidden)
+    for reading in (_padding_polarity, _batch_as_query, _query_axis):
+        violation = reading(call, use, hidden)
         if violation is not None:
             yield violation
             return

@@ -2,24 +2,21 @@
 
 from math import prod
 
-from .. import _axes, _source
+from .. import _axes, _ops, _source
 from .._errors import Operand, Violation
+from . import ERROR, rule
 
-OPS = ("matmul", "__matmul__", "__rmatmul__", "bmm", "mm", "baddbmm", "linear", "einsum")
+_PRODUCT_KINDS = {"matmul_inner": ERROR, "matmul_batch": ERROR, "matmul_rank": ERROR}
 
 
-def check(call):
+@rule(_ops.by_name("matmul"), _ops.by_name("bmm"), _ops.by_name("mm"), kinds=_PRODUCT_KINDS)
+def products(call):
+    """matmul, @, bmm, mm: the inner axes meet, the batch axes broadcast."""
     op = call.op
-    if op == "linear":
-        yield from _check_linear(call)
-    elif op == "einsum":
-        yield from _check_einsum(call)
-    elif op == "baddbmm":
-        yield from _check_baddbmm(call)
-    elif len(call.args) >= 2 and _is_tensor(call.args[0]) and _is_tensor(call.args[1]):
+    if len(call.args) >= 2 and _is_tensor(call.args[0]) and _is_tensor(call.args[1]):
         a, b = call.args[0], call.args[1]
         a_label, b_label = call.label(0, "a"), call.label(1, "b")
-        if op == "__rmatmul__":
+        if op in call.spec.reflected:
             a, b, a_label, b_label = b, a, b_label, a_label
         yield from check_product(call, a, b, a_label, b_label, batched=op not in ("bmm", "mm"))
         if op == "bmm" and (a.dim() != 3 or b.dim() != 3):
@@ -37,7 +34,7 @@ def _is_tensor(value) -> bool:
 
 
 def _out_prefix(call) -> str:
-    labels = call.session._output_labels(call, 1)
+    labels = call.output_labels(1)
     return f"{labels[0]} = " if labels and labels[0] else ""
 
 
@@ -150,7 +147,9 @@ def _linear_label(call) -> tuple[str, str]:
     return call.label(1, "weight"), call.label(0, "input")
 
 
-def _check_linear(call):
+@rule(_ops.by_name("linear"), kinds={"linear_in_features": ERROR})
+def linear_width(call):
+    """F.linear (every nn.Linear): the input's last axis is the layer's in_features."""
     args = call.args
     x = args[0] if args else call.kwargs.get("input")
     weight = args[1] if len(args) > 1 else call.kwargs.get("weight")
@@ -185,7 +184,9 @@ def _check_linear(call):
     )
 
 
-def _check_baddbmm(call):
+@rule(_ops.by_name("baddbmm"), kinds={**_PRODUCT_KINDS, "broadcast": ERROR})
+def baddbmm(call):
+    """baddbmm: the product's axes, and the added tensor broadcasts to it."""
     args = call.args
     if len(args) < 3 or not all(_is_tensor(a) for a in args[:3]):
         return
@@ -234,7 +235,9 @@ def _letter_sizes(spec: str, shape: tuple[int, ...]) -> dict[str, list[int]] | N
     return found
 
 
-def _check_einsum(call):
+@rule(_ops.by_name("einsum"), kinds={"einsum_dim": ERROR, "einsum_rank": ERROR})
+def einsum_sizes(call):
+    """einsum: every operand has one letter per axis, and each letter one size."""
     args = call.args
     if not args or not isinstance(args[0], str):
         return

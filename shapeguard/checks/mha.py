@@ -4,45 +4,23 @@ torch checks these with `assert` (gone under `python -O`) and names no layout;
 here the shapes are given in the layout the user passed (batch_first or not).
 """
 
+from .. import _ops
 from .._errors import Operand, Violation
+from . import ERROR, rule
 from .config import divisibility_violation
 
-OPS = ("multi_head_attention_forward",)
-
-_PARAMS = (
-    "query",
-    "key",
-    "value",
-    "embed_dim_to_check",
-    "num_heads",
-    "in_proj_weight",
-    "in_proj_bias",
-    "bias_k",
-    "bias_v",
-    "add_zero_attn",
-    "dropout_p",
-    "out_proj_weight",
-    "out_proj_bias",
-    "training",
-    "key_padding_mask",
-    "need_weights",
-    "attn_mask",
-    "use_separate_proj_weight",
-    "q_proj_weight",
-    "k_proj_weight",
-    "v_proj_weight",
-    "static_k",
-    "static_v",
-    "average_attn_weights",
-    "is_causal",
-)
+_KINDS = {
+    kind: ERROR
+    for kind in (
+        "head_divisibility", "mha_embed", "mha_batch", "mha_kv_seq", "mha_key_padding_mask",
+        "mha_attn_mask",
+    )
+}  # fmt: skip
 
 
 def bind_arguments(call) -> dict:
-    """F.multi_head_attention_forward's arguments by name; mask_semantics reads them too."""
-    bound = dict(zip(_PARAMS, call.args, strict=False))
-    bound.update(call.kwargs)
-    return bound
+    """F.multi_head_attention_forward's arguments by name (the op table's binding)."""
+    return _ops.bind(_ops.MHA, call.args, call.kwargs)
 
 
 def _user_shape(t, batch_first: bool, names=("seq", "batch", "embed_dim")) -> str:
@@ -56,7 +34,9 @@ def _user_shape(t, batch_first: bool, names=("seq", "batch", "embed_dim")) -> st
     return f"[{l_name}={length}, {n_name}={n}, {e_name}={e}]"
 
 
-def check(call):
+@rule(_ops.MHA, kinds=_KINDS)
+def mha_contract(call):
+    """nn.MultiheadAttention's contract, in the layout the user passed."""
     p = bind_arguments(call)
     query, key, value = p.get("query"), p.get("key"), p.get("value")
     embed_dim, num_heads = p.get("embed_dim_to_check"), p.get("num_heads")

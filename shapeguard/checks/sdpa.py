@@ -5,27 +5,28 @@ with is_causal without a word (pytorch#193728); these checks do not depend on
 the backend.
 """
 
-from .. import _axes
+from .. import _axes, _ops
 from .._errors import Violation
+from . import ERROR, rule
 from .elementwise import mask_hint
 
-OPS = ("scaled_dot_product_attention",)
-
-_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-
-
-def _bind(call) -> dict:
-    bound = dict(zip(_PARAMS, call.args, strict=False))
-    bound.update(call.kwargs)
-    return bound
+_KINDS = {
+    kind: ERROR
+    for kind in (
+        "sdpa_rank", "sdpa_head_dim", "sdpa_kv_seq", "sdpa_batch", "sdpa_heads", "sdpa_gqa",
+        "sdpa_mask_causal", "mask_dtype", "mask_broadcast",
+    )
+}  # fmt: skip
 
 
 def _is_tensor(value) -> bool:
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
-def check(call):
-    p = _bind(call)
+@rule(_ops.SDPA, kinds=_KINDS)
+def sdpa_contract(call):
+    """F.scaled_dot_product_attention's documented contract."""
+    p = call.bound()
     q, k, v = p.get("query"), p.get("key"), p.get("value")
     if not (_is_tensor(q) and _is_tensor(k) and _is_tensor(v)):
         return

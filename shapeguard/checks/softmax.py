@@ -1,13 +1,14 @@
 """softmax over an axis other than seq_k: legal, almost always a bug (a ShapeWarning)."""
 
+from .. import _ops
 from .._errors import Violation
-
-OPS = ("softmax", "log_softmax")
+from . import WARNING, rule
 
 _WRONG_AXES = ("seq_q", "heads", "batch", "d_k", "kv_heads", "d_model")
 
 
-def check(call):
+@rule(_ops.by_name("softmax"), _ops.by_name("log_softmax"), kinds={"softmax_axis": WARNING}, order=1)
+def softmax_over_keys(call):
     args = call.args
     if not args or not hasattr(args[0], "dim"):
         return

@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import _axes, _config, _flash, _meta, _source
+from . import _axes, _composites, _config, _flash, _meta, _source
 from ._axes import Axes, Vocabulary, format_shape
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
 from ._meta import TensorMeta
@@ -258,6 +258,7 @@ class Session:
         held, self._flash_held = self._flash_held, False
         _flash.restore(held)
         try:
+            _composites.release(self)  # a composite's suspended modes, before ours is popped
             self._mode.__exit__(None, None, None)
         finally:
             self._remove_hooks()
@@ -283,6 +284,7 @@ class Session:
         self.enter_module(module, args, {})
 
     def _on_module_exit(self, module, args, output) -> None:
+        _composites.leave(self, module, output)  # whichever session is current
         if getattr(_local, "session", None) is self:
             self.exit_module(module)
 
@@ -299,6 +301,7 @@ class Session:
                 self.vocab.add(axis, size)
         if first:
             self._name_inputs(module, args, kwargs)
+        _composites.enter(self, module, args, kwargs)
 
     def exit_module(self, module) -> None:
         stack = self.module_stack

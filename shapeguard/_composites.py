@@ -526,8 +526,21 @@ def _hooks_of(module):
 def _watch_pre(module, args):
     __tracebackhide__ = True
     hooks = _hooks_of(module)
-    if hooks is not None:
+    if hooks is None:
+        return
+    from ._session import current_session
+
+    before = current_session()
+    try:
         hooks[1](module, args, call_kwargs(module))
+    finally:
+        session = current_session()
+        if session is not None and session is not before and session.owner is module:
+            # The session the guard opened for this call sees nothing inside the
+            # suspended composite, so its module hooks go now: closing it from
+            # `_watch_post` in torch's exception path, which iterates the global forward
+            # hooks themselves, must not remove one.
+            session._remove_hooks()
 
 
 def _watch_post(module, args, output):

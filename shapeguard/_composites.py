@@ -373,6 +373,12 @@ def _state(session) -> _State:
     return state
 
 
+def suspended(session) -> bool:
+    """Whether the session is inside a composite it suspended (whose modules it sees enter)."""
+    state = session.__dict__.get("_composites")
+    return state is not None and state.suspension is not None
+
+
 def _active() -> list:
     found = getattr(_local, "active", None)
     if found is None:

@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import _axes, _composites, _config, _flash, _meta, _source
+from . import _axes, _composites, _config, _construction, _flash, _meta, _source
 from ._axes import Axes, Vocabulary, format_shape
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
 from ._meta import TensorMeta
@@ -299,6 +299,7 @@ class Session:
             self.trace.modules_seen += 1
             for axis, (_, size) in self.declared_sizes(module).items():
                 self.vocab.add(axis, size)
+            _construction.check_entered(self, module)  # head counts, before its first op
         if first:
             self._name_inputs(module, args, kwargs)
         _composites.enter(self, module, args, kwargs)

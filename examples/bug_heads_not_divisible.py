@@ -4,18 +4,20 @@
 510 of the 512 features and the head split cannot work. The tutorial guards
 this with `assert d_model % n_heads == 0`, which `python -O` removes; here the
 assert is gone and torch says `shape '[2, -1, 6, 85]' is invalid for input of
-size 7168`. shapeguard names the two sizes and lists the head counts that work.
-(With `@shapeguard.guard` on the class the same check runs when the model is
-built, before any forward.)
+size 7168`. shapeguard names the two sizes and lists the head counts that work,
+when the trace first enters the module (it declares d_model and n_heads and
+projects to d_model features, so it must split them into heads), before its
+first op; the message points at the call that entered it (below, the docs test
+harness's `shapeguard.trace(model, ...)`). With `@shapeguard.guard` on the class
+the same check runs when the model is built.
 
     python examples/bug_heads_not_divisible.py
 
 shapeguard says:
 
-    shapeguard.ShapeError: W_q(x).view(2, -1, 6, 85): cannot split d_model=512 into n_heads=6 heads: d_model=512 is not divisible by n_heads=6 (512 = 6 * 85 + 2)
-      in  MultiHeadAttention at examples/bug_heads_not_divisible.py:49
-          Q = self.W_q(x).view(B, -1, self.n_heads, self.d_k).transpose(1, 2)
-      W_q(x)  [batch=2, seq=7, d_model=512] float32
+    shapeguard.ShapeError: d_model=512 is not divisible by n_heads=6 (512 = 6 * 85 + 2) in MultiHeadAttention
+      in  MultiHeadAttention at tests/_docs_support.py:68
+          shapeguard.trace(model, *args, **kwargs)
       hint: head counts that work for d_model=512: 1, 2, 4, 8, 16, 32, 64, 128, 256; or pick d_model as a multiple of n_heads (e.g. 510)
 
 The fix: pick n_heads from the list above (8 for d_model=512), or d_model as a

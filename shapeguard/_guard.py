@@ -230,10 +230,16 @@ def _install(module, options: GuardOptions, contract=None) -> None:
 
         state.contract = contract
         state.bound = _contracts.bind_attributes(contract, module)
-    state.handles = [
-        module.register_forward_pre_hook(_pre_hook, with_kwargs=True),
-        module.register_forward_hook(_post_hook, with_kwargs=True, always_call=True),
-    ]
+    from . import _composites
+
+    if _composites.hooks_turn_off_fast_path(module):
+        # A hook on the module would turn torch's fast path off: watched from global hooks.
+        state.handles = [_composites.watch(module, _pre_hook, _post_hook)]
+    else:
+        state.handles = [
+            module.register_forward_pre_hook(_pre_hook, with_kwargs=True),
+            module.register_forward_hook(_post_hook, with_kwargs=True, always_call=True),
+        ]
     _guarded[module] = state
 
 

@@ -26,6 +26,7 @@ GROW = "grow"  # expand, repeat, repeat_interleave
 FACTORY = "factory"  # zeros, arange, tensor: new axes
 ATTENTION = "attention"  # scaled_dot_product_attention, multi_head_attention_forward
 FLASH = "flash"  # flash-attn's entry points and kernels, shapeguard.attention's wrappers
+COMPOSITE = "composite"  # torch's attention modules, checked at their boundary (_composites)
 EMBEDDING = "embedding"  # F.embedding: token ids -> vectors
 CONV = "conv"  # conv1d/2d/3d
 WRITE = "write"  # t[i] = v: in place, returns nothing
@@ -309,6 +310,17 @@ _op("flash_attention", FLASH, shown=True)
 _op("flash_attention_varlen", FLASH, shown=True)
 _op("_flash_attn_forward", FLASH, "_flash_attn_forward.default", shown=True)
 _op("_flash_attn_varlen_forward", FLASH, "_flash_attn_varlen_forward.default", shown=True)
+# torch's attention modules, recorded as one call each: their fused fast paths run unseen.
+COMPOSITES = (
+    "MultiheadAttention",
+    "TransformerEncoderLayer",
+    "TransformerEncoder",
+    "TransformerDecoderLayer",
+    "TransformerDecoder",
+    "Transformer",
+)
+for _name in COMPOSITES:
+    _op(_name, COMPOSITE, shown=True)
 _op("embedding", EMBEDDING, params=("input", "weight", "padding_idx"))
 _op("conv1d", CONV, "conv2d", "conv3d", params=("input", "weight", "bias", "stride", "padding"))
 _op("__setitem__", WRITE)

@@ -120,6 +120,16 @@ class Trace:
         session, self._session = self._session, None
         if session is not None:
             close_session(session)
+        error = exc_info[1] if len(exc_info) > 1 else None
+        if isinstance(error, AssertionError):
+            from . import _config
+            from ._construction import construction_error
+
+            # torch's bare AssertionError from nn.MultiheadAttention(1024, 12) in the block.
+            shape_error = construction_error(error) if _config.is_enabled() else None
+            if shape_error is not None:
+                self.add_finding(shape_error)
+                raise shape_error from error
 
     def settle(self, start: int = 0) -> None:
         """Fix the axis names and roles of the records from event `start` on."""

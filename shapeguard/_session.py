@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import _axes, _config, _flash, _ops, _source
+from . import _axes, _composites, _config, _construction, _flash, _ops, _source
 from . import checks as _checks
 from ._axes import Axes, format_shape
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
@@ -234,6 +234,7 @@ class Session:
         held, self._flash_held = self._flash_held, False
         _flash.restore(held)
         try:
+            _composites.release(self)  # a composite's suspended modes, before ours is popped
             self._mode.__exit__(None, None, None)
         finally:
             self._remove_hooks()
@@ -260,6 +261,7 @@ class Session:
         self.enter_module(module, args, {})
 
     def _on_module_exit(self, module, args, output) -> None:
+        _composites.leave(self, module, output)  # whichever session is current
         if getattr(_local, "session", None) is self:
             self.exit_module(module)
 
@@ -272,8 +274,10 @@ class Session:
         if key not in self._seen_modules:
             self._seen_modules.add(key)
             self.trace.modules_seen += 1
+            _construction.check_entered(self, module)  # head counts, before its first op
         if first:
             self._name_inputs(module, args, kwargs)
+        _composites.enter(self, module, args, kwargs)
 
     def exit_module(self, module) -> None:
         stack = self.module_stack

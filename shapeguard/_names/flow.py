@@ -1009,3 +1009,61 @@ def _conv(call, outputs):
                 )
             )
     return [Made(tuple(axes))]
+
+
+# -- torch's attention modules, recorded whole --------------------------------------------------
+def _batch_first(module) -> bool:
+    """The layout a torch attention module reads, from itself or its attention layers."""
+    for candidate in (
+        module,
+        getattr(module, "self_attn", None),
+        *(getattr(layer, "self_attn", None) for layer in getattr(module, "layers", ())[:1]),
+        *(
+            getattr(layer, "self_attn", None)
+            for part in (getattr(module, "encoder", None),)
+            for layer in getattr(part, "layers", ())[:1]
+        ),
+    ):
+        flag = getattr(candidate, "batch_first", None)
+        if isinstance(flag, bool):
+            return flag
+    return False
+
+
+@propagates(_ops.COMPOSITE)
+def _composite(call, outputs):
+    """nn.MultiheadAttention and the nn.Transformer* layers: their documented layout
+    ([batch, seq, d_model] with batch_first, else [seq, batch, d_model]) names the axes
+    of every 3-D input; each output has the axes of the input of its shape (the query,
+    or the target of nn.Transformer)."""
+    module = call.module
+    batch_first = _batch_first(module) if module is not None else False
+    tensors = [t for t in _tensor_args(call) if t.is_floating_point() and t.dim() == 3]
+    metas = [call.meta_of(t) for t in tensors]
+    is_mha = call.spec.name == "MultiheadAttention"
+    for index, meta in enumerate(metas):
+        seq, batch = (1, 0) if batch_first else (0, 1)
+        side = ("q" if index == 0 else "k") if is_mha else ""
+        _claim(meta.dims[seq], TOKEN, side=side)
+        _claim(meta.dims[batch], BATCH)
+        _claim(meta.dims[2], FEATURE)
+    made = []
+    for out in outputs:
+        source = None
+        candidates = list(zip(tensors, metas, strict=True))
+        if call.spec.name == "Transformer" and len(candidates) >= 2:
+            candidates = [candidates[1], candidates[0]]  # the output is the target's
+        for t, m in candidates:
+            if tuple(t.shape) == tuple(out.shape):
+                source = m
+                break
+        if source is not None:
+            made.append(Made(source.dims))
+        elif is_mha and tensors and out.dim() >= 3:
+            q, k = metas[0], metas[-1]
+            seq, batch = (1, 0) if batch_first else (0, 1)
+            dims = (q.dims[batch], *([()] * (out.dim() - 3)), q.dims[seq], k.dims[seq])
+            made.append(Made(tuple(dims), (), "attn"))
+        else:
+            made.append(_fallback(call, out))
+    return made

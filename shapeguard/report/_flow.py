@@ -22,7 +22,17 @@ FUSED_OPS = frozenset(
         "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attention",
     }
 )
-MHA_OPS = frozenset({"multi_head_attention_forward"})
+# torch's composite modules, recorded as one event each (shapeguard/_composites.py).
+COMPOSITE_OPS = frozenset(
+    {
+        "TransformerEncoderLayer",
+        "TransformerDecoderLayer",
+        "TransformerEncoder",
+        "TransformerDecoder",
+        "Transformer",
+    }
+)
+MHA_OPS = frozenset({"multi_head_attention_forward"}) | COMPOSITE_OPS
 _ANCHOR_ROLES = frozenset({"scores", "attn", "context"})
 _MATMUL_OPS = frozenset({"matmul", "__matmul__", "__rmatmul__", "bmm", "baddbmm", "einsum"})
 _MASK_OPS = frozenset({"masked_fill", "masked_fill_", "where"})
@@ -67,6 +77,8 @@ class Node:
     def title(self) -> str:
         if self.stage in ("proj", "split", "input") and self.column:
             return f"{TITLES[self.stage]} {self.column}" if self.stage != "input" else self.column
+        if self.stage == "mha" and self.events and self.events[-1].op in COMPOSITE_OPS:
+            return f"nn.{self.events[-1].op}"
         return TITLES.get(self.stage, self.stage)
 
     @property

@@ -20,6 +20,12 @@ ATTENTION_OPS = frozenset(
         "scaled_dot_product_attention",
         "multi_head_attention_forward",
         "where",
+        # torch's composite modules, recorded as one event each (shapeguard/_composites.py)
+        "TransformerEncoderLayer",
+        "TransformerDecoderLayer",
+        "TransformerEncoder",
+        "TransformerDecoder",
+        "Transformer",
     }
 )
 # The trace table's columns: (header, style, wraps). The shape column never wraps: it is

@@ -1,0 +1,142 @@
+"""Head counts inside a trace: torch's constructors, and modules as they are first entered.
+
+- `nn.MultiheadAttention(1024, 12)` (directly, or inside `nn.TransformerEncoderLayer`,
+  `nn.Transformer`, a user's `__init__`) raises torch's bare
+  `AssertionError: embed_dim must be divisible by num_heads`. When that error leaves a
+  `with shapeguard.trace():` block, `construction_error` turns it into the
+  `head_divisibility` ShapeError, in the names of the constructor the user called
+  (`d_model`/`nhead` for the nn.Transformer* classes) and at the user's line, chained
+  from torch's error. Any other AssertionError passes through untouched.
+- A traced module is checked once per session when it is first entered
+  (`entry_violations`), for modules that were never `guard`ed. A false alarm is worse
+  than a miss there: HF-style modules declare `hidden_size`, `num_heads` and `head_dim`
+  with `heads * head_dim != hidden_size` on purpose (`q_proj: Linear(hidden, heads *
+  head_dim)`). So a module is reported only when it would itself have to split a
+  d_model-wide tensor into heads: it declares d_model and the head count in its own
+  attributes (not only in a config), d_model % heads != 0, and it has a child
+  `nn.Linear(d_model, k * d_model)`, k in 1..3 (a projection, or a fused kv/qkv one).
+
+Pure Python at import: torch is imported only where a module is looked at.
+"""
+
+from types import SimpleNamespace
+
+from . import _axes, _source
+from ._errors import ShapeError
+
+_TORCH_MESSAGE = "embed_dim must be divisible by num_heads"
+# How torch's constructors that build an nn.MultiheadAttention name d_model and the heads.
+_TORCH_NAMES = (("embed_dim", "num_heads"), ("d_model", "nhead"))
+_FUSED = (1, 2, 3)  # out_features / d_model of a projection that is split into heads
+
+
+def _frames(traceback) -> list:
+    found = []
+    while traceback is not None:
+        found.append(traceback)
+        traceback = traceback.tb_next
+    return found
+
+
+def _is_torch_file(filename: str) -> bool:
+    return _source._TORCH_MODULES in filename
+
+
+def construction_error(error: BaseException) -> ShapeError | None:
+    """The head_divisibility ShapeError for torch's own `embed_dim must be divisible by
+    num_heads` AssertionError, or None for any other error."""
+    if type(error) is not AssertionError or str(error) != _TORCH_MESSAGE:
+        return None
+    frames = _frames(error.__traceback__)
+    if not frames:
+        return None
+    failing = frames[-1].tb_frame
+    if failing.f_code.co_name != "__init__" or not _is_torch_file(failing.f_code.co_filename):
+        return None  # the same words from somewhere else: not torch's check
+    user = None
+    for i, tb in enumerate(frames):
+        if not _source._is_internal(tb.tb_frame.f_code.co_filename):
+            user = i
+    called = frames[user + 1 :] if user is not None else frames
+    for tb in called:  # the outermost torch constructor: the one the user called
+        local = tb.tb_frame.f_locals
+        for d_attr, h_attr in _TORCH_NAMES:
+            d_model, heads = local.get(d_attr), local.get(h_attr)
+            if _count(d_model) and _count(heads) and d_model % heads:
+                cls = type(local["self"]).__name__ if "self" in local else "MultiheadAttention"
+                return _error(d_attr, d_model, h_attr, heads, cls, frames, user)
+    return None
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _error(d_attr, d_model, h_attr, heads, cls, frames, user) -> ShapeError:
+    from .checks.config import divisibility_violation
+
+    violation = divisibility_violation(d_attr, d_model, h_attr, heads, f" in {cls}(...)")
+    location = source = ""
+    if user is not None:
+        tb = frames[user]
+        site = _source._site_for(tb.tb_frame.f_code, tb.tb_lasti, False)
+        location, source = site.location, site.source
+    return ShapeError(
+        violation.relation,
+        kind=violation.kind,
+        op="__init__",
+        module=cls,
+        location=location,
+        source=source,
+        hint=violation.hint,
+    )
+
+
+# -- modules as they are first entered --------------------------------------------------------
+def entry_violations(module, where: str):
+    """Head-count violations a module shows by its own attributes and projections."""
+    own = {
+        name: value
+        for name, value in vars(module).items()
+        if isinstance(value, int) and not isinstance(value, bool)
+    }
+    if not own:
+        return
+    sizes = _axes.declared_sizes(SimpleNamespace(**own))  # no config: the module's own word
+    from .checks.config import check_sizes, divisibility_violation
+
+    if "d_model" in sizes and "heads" in sizes:
+        (d_attr, d_model), (h_attr, heads) = sizes["d_model"], sizes["heads"]
+        if d_model % heads and _splits_into_heads(module, d_model):
+            yield divisibility_violation(d_attr, d_model, h_attr, heads, where)
+    if "heads" in sizes and "kv_heads" in sizes:
+        yield from check_sizes({k: sizes[k] for k in ("heads", "kv_heads")}, where)
+
+
+def _splits_into_heads(module, d_model: int) -> bool:
+    from torch import nn
+
+    return any(
+        isinstance(child, nn.Linear)
+        and child.in_features == d_model
+        and child.out_features in tuple(k * d_model for k in _FUSED)
+        for child in module.children()
+    )
+
+
+def check_entered(session, module) -> None:
+    """Report a module's head-count violations when a session first enters it (raise or
+    warn as the trace says), before any of its ops runs."""
+    __tracebackhide__ = True
+    from . import _composites, _config
+    from ._session import OpCall
+
+    if not _config.is_enabled() or _composites.suspended(session):
+        return
+    path = session.module_path(module)
+    cls = type(module).__name__
+    where = f" in {path} ({cls})" if path else f" in {cls}"
+    for violation in entry_violations(module, where):
+        violation.op = "config"
+        call = OpCall(session, type(module).__init__, "config", (), {}, _source.user_site())
+        session.report(violation, call)

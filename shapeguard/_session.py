@@ -102,6 +102,12 @@ class OpCall:
         """The provenance of each axis of `tensor` (atoms of dims, see `_names.dims`)."""
         return self.session.meta_of(tensor).dims
 
+    def kind(self, tensor, dim: int, *, strong: bool = False) -> str | None:
+        """What axis `dim` of `tensor` is (batch, token, feature, copy): from any evidence,
+        or (`strong`) only from a parameter, structure or a contract, not a convention."""
+        axis = self.dims(tensor)[dim]
+        return _dims.strong_kind_of(axis) if strong else _dims.kind_of(axis)
+
     def label(self, index: int, default: str) -> str:
         """A name for positional argument `index`: the user's expression, else the name
         the tensor got when it was made, else `default`."""
@@ -368,16 +374,19 @@ class Session:
         __tracebackhide__ = True
         site = _source.user_site()
         call = OpCall(self, func, op, args, kwargs, site, spec)
+        broken = None  # the first error warn mode let through
         for rule in _checks.rules_for(op):
             for violation in rule.check(call):
                 violation.severity = _checks.severity(rule, violation)
-                self.report(violation, call)
+                found = self.report(violation, call)
+                broken = broken or found
         try:
             out = func(*args, **kwargs)
         except ShapeError:
             raise
         except RuntimeError as error:
-            raise self._torch_error(error, call) from error
+            # torch fails where a rule said it would: shapeguard's own account of it.
+            raise (broken or self._torch_error(error, call)) from error
         self._record(call, out)
         return out
 
@@ -390,8 +399,9 @@ class Session:
             source=site.source if site else "",
         )
 
-    def report(self, violation: Violation, call: OpCall) -> None:
-        """Raise or warn for one violation, and record it as a finding."""
+    def report(self, violation: Violation, call: OpCall) -> ShapeError | None:
+        """Raise or warn for one violation, and record it as a finding. In warn mode an
+        error is returned too: if torch then fails on the op, that is the error to raise."""
         __tracebackhide__ = True
         violation.op = violation.op or call.op
         context = self._context(call)
@@ -401,9 +411,10 @@ class Session:
         is_error = violation.severity == "error" or self.trace.strict
         if is_error and self.trace.mode == "raise":
             raise error
+        found = error if violation.severity == "error" else None
         key = (violation.kind, context.location)
         if key in self._warned:
-            return
+            return found
         self._warned.add(key)
         site = call.site
         warnings.warn_explicit(
@@ -412,6 +423,7 @@ class Session:
             site.filename if site else "<shapeguard>",
             site.lineno if site else 0,
         )
+        return found
 
     def _torch_error(self, error: RuntimeError, call: OpCall) -> ShapeError:
         operands = []

@@ -292,6 +292,17 @@ def strong_kind(atom: Atom) -> str | None:
     return root.kind if root.kind_rank >= PARAM else None
 
 
+def strong_kind_of(axis: Axis) -> str | None:
+    """The axis's kind, when all its atoms have it on strong evidence (not a convention)."""
+    kinds = {strong_kind(atom) for atom in axis}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def is_factor(axis: Axis) -> bool:
+    """One factor of a dim, not the dim whole (the heads or d_k of a head split)."""
+    return len(axis) == 1 and not is_whole(axis[0])
+
+
 def roots_of(axis: Axis) -> list[Dim]:
     return [atom[0].find() for atom in axis]
 

@@ -1,50 +1,57 @@
 """Layouts that run and compute the wrong thing: attention over the wrong axis.
 
-- SDPA given `[batch, seq, heads, d_k]`: it attends across heads, per token.
+- Attention (SDPA, or a hand-written query-key product) whose sequence axis holds a
+  factor of the features: `[batch, seq, heads, d_k]` where `[batch, heads, seq, d_k]`
+  was meant, so each token attends across its own heads.
 - `nn.MultiheadAttention(batch_first=False)` given `[batch, seq, embed]`: it reads the
   batch as the sequence and attends across examples.
-- rotary cos/sin whose position axis lines up with the heads (or feature) axis.
+- rotary cos/sin whose position axis lines up with the heads (or a feature) axis.
 
-Softmax over the query axis is the softmax family's (`softmax_axis`). Each rule
-needs the axis names to say so; where sizes coincide and names are unknown, it
-stays quiet.
+What an axis is comes from its provenance (`_names`): a factor of a projection's
+output features is a feature however many entries it has, so the rules hold when
+seq == heads == d_k. Softmax over the query axis is the softmax family's.
 """
-
-import re
 
 from .. import _ops
 from .._errors import Violation
+from .._names.dims import BATCH, FEATURE, TOKEN
 from . import WARNING, rule
-
-_SEQ_AXES = ("seq", "seq_q", "seq_k")
-_HEAD_AXES = ("heads", "kv_heads")
 
 
 def _is_tensor(value) -> bool:
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
+def heads_on_seq(call, t) -> bool:
+    """`t` is `[..., seq, heads, d_k]`: the axis attention runs along (-2) is a factor of
+    the features (a projection's, by its parameters), the one before it the tokens."""
+    if t.dim() < 3 or t.shape[-2] < 2:
+        return False
+    return call.kind(t, -2, strong=True) == FEATURE and call.kind(t, -3) == TOKEN
+
+
+def _bshd(call, t) -> str:
+    axes = call.axes(t)
+    return ", ".join(n or str(int(s)) for n, s in zip(axes, t.shape, strict=True))
+
+
 # -- SDPA ----------------------------------------------------------------------------
 @rule(_ops.SDPA, kinds={"layout_bshd": WARNING}, order=1)
 def sdpa_layout(call):
-    names = ("query", "key", "value")
-    tensors = [
-        call.args[i] if len(call.args) > i else call.kwargs.get(n) for i, n in enumerate(names)
-    ]
+    p = call.bound()
+    tensors = [p.get(n) for n in ("query", "key", "value")]
     if not all(_is_tensor(t) and t.dim() == 4 for t in tensors):
         return
     q, k, v = tensors
     if not (q.shape[0] == k.shape[0] == v.shape[0] and k.shape[:-1] == v.shape[:-1]):
         return  # a loud mismatch: the sdpa family reports it
-    bshd = [_is_bshd(call, t) for t in tensors]
-    if not all(bshd):
+    if not (heads_on_seq(call, q) and heads_on_seq(call, k)):
         return
-    labels = [call.label(i, n[0]) for i, n in enumerate(names)]
+    labels = [call.label(i, n) for i, n in enumerate(("q", "k", "v"))]
     lq = labels[0]
-    axes = call.axes(q)
     yield Violation(
         "layout_bshd",
-        f"scaled_dot_product_attention: {lq} is [batch, {axes[1]}, {axes[2]}, d_k]: SDPA reads "
+        f"scaled_dot_product_attention: {lq} is [{_bshd(call, q)}]: SDPA reads "
         f"axis 1 as heads and axis 2 as the sequence, so it attends across the "
         f"{q.shape[2]} heads of each token instead of across the {q.shape[1]} tokens",
         tuple(call.operand(label, t) for label, t in zip(labels, tensors, strict=True)),
@@ -54,9 +61,66 @@ def sdpa_layout(call):
     )
 
 
-def _is_bshd(call, t) -> bool:
-    axes = call.axes(t)
-    return bool(axes) and axes[2] in _HEAD_AXES and axes[1] in _SEQ_AXES
+# -- a hand-written query-key product ------------------------------------------------
+@rule(
+    _ops.by_name("matmul"),
+    _ops.by_name("einsum"),
+    kinds={"layout_bshd": WARNING},
+    order=1,
+)
+def product_layout(call):
+    """`q @ k.transpose(-2, -1)` on `[batch, seq, heads, d_k]`: the scores pair the heads
+    of each token, not the tokens."""
+    operands = _qk_operands(call)
+    if operands is None:
+        return
+    q, k, lq, lk, k_features, k_rows = operands
+    if not heads_on_seq(call, q):
+        return
+    # k is laid out [..., seq, heads, d_k] too: its rows (the keys) are features as well.
+    if call.kind(k, k_features, strong=True) != FEATURE or call.kind(k, k_rows) != FEATURE:
+        return
+    out = call.output_labels(1)
+    prefix = f"{out[0]} = " if out and out[0] else ""
+    yield Violation(
+        "layout_bshd",
+        f"{prefix}{lq} @ {lk}: {lq} is [{_bshd(call, q)}]: the product pairs the "
+        f"{q.shape[-2]} heads of each token with each other instead of the "
+        f"{q.shape[-3]} tokens, so softmax then mixes heads, not positions",
+        (call.operand(lq, q), call.operand(lk, k)),
+        "split the heads with view(batch, seq, heads, d_k).transpose(1, 2), which makes "
+        "[batch, heads, seq, d_k], for q, k and v alike, and transpose the context back with "
+        ".transpose(1, 2) before merging the heads",
+        severity="warning",
+    )
+
+
+def _qk_operands(call):
+    """(q, k, their labels, k's contracted axis, k's key axis) of a two-operand
+    product, or None: `q @ k^T` gives k transposed, einsum gives it as it is."""
+    args = call.args
+    if call.op == "einsum":
+        if len(args) != 3 or not isinstance(args[0], str) or "..." in args[0]:
+            return None
+        lhs, _, rhs = args[0].replace(" ", "").partition("->")
+        specs = lhs.split(",")
+        a, b = args[1], args[2]
+        if len(specs) != 2 or not (_is_tensor(a) and _is_tensor(b)) or a.dim() < 3:
+            return None
+        contracted = [c for c in specs[0] if c in specs[1] and c not in rhs]
+        # Only the plain q-k form: q's last letter contracted with k's last letter.
+        if contracted != [specs[0][-1]] or specs[1][-1] != specs[0][-1]:
+            return None
+        return a, b, call.label(1, "q"), call.label(2, "k"), -1, -2
+    if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
+        return None
+    a, b = args[0], args[1]
+    la, lb = call.label(0, "q"), call.label(1, "k")
+    if call.op in call.spec.reflected:
+        a, b, la, lb = b, a, lb, la
+    if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != b.shape[-2]:
+        return None
+    return a, b, la, lb, -2, -1
 
 
 # -- nn.MultiheadAttention -------------------------------------------------------------
@@ -71,16 +135,18 @@ def mha_batch_first(call):
     if root is None or type(root).__module__.startswith("torch.nn"):
         return
     query = call.args[0] if call.args else call.kwargs.get("query")
-    if not _is_tensor(query) or query.dim() != 3 or query.shape[0] == query.shape[1]:
+    if not _is_tensor(query) or query.dim() != 3:
+        return
+    # The model's own input says which axis is the batch (its usual layout): read as
+    # [seq, batch, embed], that batch axis would be attended along.
+    if call.kind(query, 0) != BATCH or call.kind(query, 1) != TOKEN:
         return
     axes = call.axes(query)
-    if not axes or axes[0] != "batch" or axes[1] not in _SEQ_AXES:
-        return
     label = call.label(0, "query")
     b, s, e = (int(n) for n in query.shape)
     yield Violation(
         "mha_batch_first",
-        f"MultiheadAttention(batch_first=False) got {label} [batch={b}, {axes[1]}={s}, "
+        f"MultiheadAttention(batch_first=False) got {label} [batch={b}, {axes[1] or 'seq'}={s}, "
         f"embed_dim={e}]: it reads [seq, batch, embed_dim], so it attends across the {b} "
         f"examples of the batch, once per token",
         (call.operand(label, query),),
@@ -91,39 +157,29 @@ def mha_batch_first(call):
 
 
 # -- rotary embeddings ---------------------------------------------------------------
-_ROTARY_NAME = re.compile(r"(^|[^a-z])(cos|sin)([^a-z]|$)|rotary|rope|freqs")
-
-
-def _rotary_like(call, tensor, label: str) -> bool:
-    meta = call.meta(tensor)
-    if meta is not None and meta.op in ("cos", "sin"):
-        return True
-    names = [label.lower()]
-    if meta is not None and meta.label:
-        names.append(meta.label.lower())
-    return any(_ROTARY_NAME.search(n) for n in names)
-
-
 @rule(_ops.by_name("mul"), kinds={"rotary_axis": WARNING}, order=1)
 def rotary_axis(call):
+    """A rotary table (made by cos, sin or polar) multiplied into q or k: each of its axes
+    but the last (the frequencies) must line up with the batch or the positions."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
     for x, c, index in ((args[0], args[1], 1), (args[1], args[0], 0)):
         if c.dim() < 2 or x.dim() < c.dim() or x.dim() < 3:
             continue  # cheap tests first: this runs on every multiplication
-        c_label = call.label(index, "cos")
-        if not _rotary_like(call, c, c_label):
+        c_meta, x_meta = call.meta(c), call.meta(x)
+        if c_meta is None or not c_meta.rotary or (x_meta is not None and x_meta.rotary):
             continue
-        x_axes = call.axes(x)
-        if not x_axes or x_axes[-1] != "d_k":
+        if call.kind(x, -1, strong=True) != FEATURE:
             continue
         lead = x.dim() - c.dim()
         for i in range(c.dim() - 1):
-            name = x_axes[lead + i]
-            if c.shape[i] == 1 or name not in (*_HEAD_AXES, "d_k", "d_model"):
+            if c.shape[i] == 1 or call.kind(x, lead + i, strong=True) != FEATURE:
                 continue
+            c_label = call.label(index, "cos")
             x_label = call.label_of(x, "q")
+            x_axes = call.axes(x)
+            name = x_axes[lead + i] or f"dim {lead + i - x.dim()}"
             yield Violation(
                 "rotary_axis",
                 f"{x_label} * {c_label}: the positions of {c_label} (axis {i - c.dim()}, size "

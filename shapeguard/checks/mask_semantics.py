@@ -447,6 +447,8 @@ def _batch_as_query(call, use: _Use, hidden) -> Violation | None:
     target = use.target
     if use.mask is None or len(target) < 3 or use.mask.dim() != 2:
         return None
+    if hidden.shape[-2] != target[-2]:
+        return None  # laid out on the key axis by the op itself (key_padding_mask)
     batch, sq = target[0], target[-2]
     if batch < 2 or tuple(use.mask.shape)[0] != batch or batch != sq:
         return None

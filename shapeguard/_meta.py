@@ -26,6 +26,8 @@ class TensorMeta:
         "sliced",
         "rotary",
         "param",
+        "flagged",
+        "laid_out",
         "_names",
         "_epoch",
     )
@@ -42,6 +44,8 @@ class TensorMeta:
         sliced: bool = False,
         rotary: bool = False,
         param: bool = False,
+        flagged: frozenset = frozenset(),
+        laid_out: bool = False,
     ) -> None:
         self.dims = dims
         self.tags = tags  # "q"/"k" on the two sequence axes of scores and what follows
@@ -54,6 +58,11 @@ class TensorMeta:
         self.sliced = sliced
         self.rotary = rotary  # computed from cos/sin: a rotary table
         self.param = param  # a parameter, or a view of one: a weight
+        # Kinds of warning already reported on the way to this tensor: the same warning on
+        # what follows from it would be the same bug again.
+        self.flagged = flagged
+        # Made by a transpose or permute (or a copy of one): its axis order was chosen.
+        self.laid_out = laid_out
         self._names: tuple[str | None, ...] | None = None
         self._epoch = -1
 

@@ -271,8 +271,14 @@ _ops(FACTORY, """
     tensor as_tensor zeros ones empty full arange randn rand randint eye linspace logspace
     zeros_like ones_like empty_like full_like rand_like randn_like randint_like new_zeros
     new_ones new_empty new_full new_tensor tril_indices triu_indices empty_strided scalar_tensor
-    randperm normal polar complex view_as_complex view_as_real one_hot bucketize searchsorted
+    randperm normal complex one_hot bucketize searchsorted
 """)
+# fmt: on
+_op("polar", FACTORY, rotary=True)  # torch.polar(ones, angles): a complex rotary table
+_op("view_as_complex", VIEW, keeps_label=True)
+_op("view_as_real", VIEW, keeps_label=True)
+# F.unfold (im2col); Tensor.unfold (a sliding window) shares the name: the rule tells them apart.
+_op("unfold", CONV, params=("input", "kernel_size", "dilation", "padding", "stride"))
 # fmt: on
 
 # -- attention, embeddings, convolutions ------------------------------------------------------

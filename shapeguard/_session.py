@@ -49,7 +49,18 @@ def _is_tensor_method(func) -> bool:
 class OpCall:
     """One intercepted call, with helpers that name its tensors for messages."""
 
-    __slots__ = ("func", "op", "spec", "args", "kwargs", "site", "session", "is_method", "_bound")
+    __slots__ = (
+        "func",
+        "op",
+        "spec",
+        "args",
+        "kwargs",
+        "site",
+        "session",
+        "is_method",
+        "flagged",
+        "_bound",
+    )
 
     def __init__(
         self, session: "Session", func, op: str, args: tuple, kwargs: dict, site, spec=None
@@ -62,6 +73,7 @@ class OpCall:
         self.kwargs = kwargs
         self.site = site
         self.is_method = _is_tensor_method(func)
+        self.flagged: frozenset = frozenset()  # kinds its rules reported, and its inputs carried
         self._bound: dict | None = None
 
     def bound(self) -> dict:
@@ -375,11 +387,19 @@ class Session:
         site = _source.user_site()
         call = OpCall(self, func, op, args, kwargs, site, spec)
         broken = None  # the first error warn mode let through
-        for rule in _checks.rules_for(op):
-            for violation in rule.check(call):
-                violation.severity = _checks.severity(rule, violation)
-                found = self.report(violation, call)
-                broken = broken or found
+        rules = _checks.rules_for(op)
+        if rules:
+            upstream = self._flagged(call)
+            reported = set()
+            for rule in rules:
+                for violation in rule.check(call):
+                    violation.severity = _checks.severity(rule, violation)
+                    if violation.severity == "warning" and violation.kind in upstream:
+                        continue  # a consequence of a warning already given upstream
+                    reported.add(violation.kind)
+                    found = self.report(violation, call)
+                    broken = broken or found
+            call.flagged = frozenset(reported) | upstream
         try:
             out = func(*args, **kwargs)
         except ShapeError:
@@ -423,6 +443,14 @@ class Session:
             site.filename if site else "<shapeguard>",
             site.lineno if site else 0,
         )
+        return found
+
+    def _flagged(self, call: OpCall) -> frozenset:
+        found: frozenset = frozenset()
+        for t in _tensors_of_args(call.args):
+            meta = self.metas.get(t)
+            if meta is not None and meta.flagged:
+                found = found | meta.flagged
         return found
 
     def _torch_error(self, error: RuntimeError, call: OpCall) -> ShapeError:
@@ -490,6 +518,7 @@ class Session:
                 sliced=sliced,
                 rotary=m.rotary,
                 param=m.param,
+                flagged=call.flagged if call.flagged else self._flagged(call),
             )
             self.metas[tensor] = meta
             out_metas.append(meta)

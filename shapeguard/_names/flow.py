@@ -26,6 +26,7 @@ class Made(NamedTuple):
     role: str | None = None
     rotary: bool = False
     param: bool = False
+    laid_out: bool = False  # a transpose or permute chose this axis order
 
 
 Rule = Callable[..., list[Made] | None]
@@ -91,12 +92,21 @@ def _first(call):
     return None
 
 
+# Families whose unknown members usually keep their input's axes (an activation, an
+# elementwise op the table does not list); any other op's output is new.
+_SHAPE_KEEPING = frozenset({_ops.OTHER, _ops.SAME, _ops.BINARY})
+
+
 def _fallback(call, out) -> Made:
-    """Same shape as an input: that input's axes; else new axes."""
+    """For an op of an elementwise-like family, the axes of its input of the output's
+    shape, when exactly one input has it; else new axes (never a guess from a size that
+    happens to coincide, as a product's output with its input's)."""
     shape = tuple(out.shape)
-    for t in _tensor_args(call):
-        if tuple(t.shape) == shape:
-            m = call.meta_of(t)
+    if call.spec.family in _SHAPE_KEEPING:
+        same = [t for t in _tensor_args(call) if tuple(t.shape) == shape]
+        metas = {id(m): m for m in (call.meta_of(t) for t in same)}
+        if len(metas) == 1:
+            m = next(iter(metas.values()))
             return Made(m.dims, m.tags, m.role if call.spec.keeps_label else None, m.rotary)
     return Made(D.fresh_axes(shape, origin=call.op))
 
@@ -131,10 +141,11 @@ def _same(call, outputs):
     if spec.name in ("softmax", "log_softmax"):
         role = "attn" if m.role == "scores" else None
     out = []
+    laid_out = m.laid_out and spec.keeps_value  # a copy keeps the chosen order
     for o in outputs:
         if tuple(o.shape) != tuple(x.shape):
             return None
-        out.append(Made(m.dims, m.tags, role, spec.rotary or m.rotary, m.param))
+        out.append(Made(m.dims, m.tags, role, spec.rotary or m.rotary, m.param, laid_out))
     return out
 
 
@@ -206,6 +217,10 @@ def _view(call, outputs):
         return None
     m = call.meta_of(x)
     out = outputs[0]
+    if call.spec.name == "view_as_complex" and x.dim() >= 1 and out.dim() == x.dim() - 1:
+        return [Made(m.dims[:-1], m.tags[:-1] if m.tags else (), m.role, m.rotary, m.param)]
+    if call.spec.name == "view_as_real" and out.dim() == x.dim() + 1:
+        return [Made((*m.dims, D.fresh(2, origin="real and imaginary")), (), m.role, m.rotary)]
     axes, _ = regroup_view(m, x.shape, out.shape)
     _name_head_split(call, m, x.shape, out.shape, axes)
     by_axis = {a: _tag_of(m, i) for i, a in enumerate(m.dims) if a}
@@ -295,7 +310,8 @@ def _layout(call, outputs):
         return None
     dims = tuple(m.dims[i] for i in order)
     tags = tuple(_tag_of(m, i) for i in order) if m.tags else ()
-    return [Made(dims, tags, m.role, m.rotary, m.param)]
+    moved = order != list(range(len(order)))
+    return [Made(dims, tags, m.role, m.rotary, m.param, moved or m.laid_out)]
 
 
 # -- contractions ---------------------------------------------------------------------------------
@@ -307,10 +323,12 @@ def classify_product(
         return None
     if a_meta.role == "attn":
         return "context"
-    ka, kb = D.kind_of(contract_a), D.kind_of(contract_b)
+    # Strong evidence only: a convention (a root input read as [batch, seq, features])
+    # must not decide what a product is.
+    ka, kb = D.strong_kind_of(contract_a), D.strong_kind_of(contract_b)
     if TOKEN in (ka, kb):
         return "context" if a_meta.role in ("attn", None) else None
-    kr, kc = D.kind_of(rows), D.kind_of(cols)
+    kr, kc = D.strong_kind_of(rows), D.strong_kind_of(cols)
     if FEATURE in (kr, kc) or ka not in (FEATURE, None) or kb not in (FEATURE, None):
         return None
     if TOKEN in (kr, kc) or FEATURE in (ka, kb):
@@ -328,12 +346,8 @@ def claim_scores(
     k_heads: Axis | None,
 ) -> None:
     """What a query-key product says of its operands' axes."""
-    for atom in q_rows:
-        if D.claim_kind(atom[0], TOKEN, STRUCTURE):
-            atom[0].find().q_side = True
-    for atom in k_cols:
-        if D.claim_kind(atom[0], TOKEN, STRUCTURE):
-            atom[0].find().k_side = True
+    _claim(q_rows, TOKEN, "seq", side="q")
+    _claim(k_cols, TOKEN, "seq", side="k")
     for axis in (q_contract, k_contract):
         if len(axis) == 1 and D.claim_kind(axis[0][0], FEATURE, STRUCTURE):
             D.claim_part(axis[0], "d_k", STRUCTURE)
@@ -438,13 +452,16 @@ def _product(call, outputs):
         am, bm = call.meta_of(args[0]), call.meta_of(args[1])
         return [Made((*am.dims, *bm.dims))]
     if op in ("baddbmm", "addmm"):
-        if len(args) >= 3 and all(_is_tensor(t) for t in args[:3]):
-            made = _matmul(call, args[1], args[2], outputs)
+        bound = call.bound()
+        operands = [bound.get(name) for name in call.spec.params[:3]]
+        if len(operands) == 3 and all(_is_tensor(t) for t in operands):
+            base_t, b1, b2 = operands
+            made = _matmul(call, b1, b2, outputs)
             if made:
-                base = call.meta_of(args[0])
+                base = call.meta_of(base_t)
                 for pos, axis in enumerate(made[0].dims):
-                    k = pos - (len(made[0].dims) - args[0].dim())
-                    if k >= 0 and args[0].shape[k] != 1 and axis:
+                    k = pos - (len(made[0].dims) - base_t.dim())
+                    if k >= 0 and base_t.shape[k] != 1 and axis:
                         D.line_up(axis, base.dims[k])
             return made
         return None
@@ -699,6 +716,11 @@ def _advanced_index(call, x, m, items, out):
     ):
         return None
     im = call.meta_of(index)
+    if k == 0 and m.param and x.dim() >= 2 and not index.dtype.is_floating_point:
+        # Rows of a parameter looked up by index (a relative-position bias table): an
+        # embedding, whose columns are features (the heads of a bias table).
+        for axis in m.dims[1:]:
+            D.claim_atoms(axis, FEATURE, D.PARAM)
     axes = (*m.dims[:k], *im.dims, *m.dims[k + 1 :])
     return [Made(tuple(axes))]
 
@@ -863,7 +885,8 @@ def _grow(call, outputs):
 # -- new tensors, attention, embeddings, convolutions ---------------------------------------------
 @propagates(_ops.FACTORY)
 def _factory(call, outputs):
-    return [Made(D.fresh_axes(tuple(o.shape), origin=call.op)) for o in outputs]
+    rotary = call.spec.rotary
+    return [Made(D.fresh_axes(tuple(o.shape), origin=call.op), rotary=rotary) for o in outputs]
 
 
 @propagates(_ops.ATTENTION)
@@ -902,8 +925,8 @@ def _sdpa(q, k, v, qm, km, vm, outputs):
         return None
     _claim(qm.dims[-1], FEATURE, "d_k")
     _claim(km.dims[-1], FEATURE, "d_k")
-    _claim(qm.dims[-2], TOKEN, side="q")
-    _claim(km.dims[-2], TOKEN, side="k")
+    _claim(qm.dims[-2], TOKEN, "seq", side="q")
+    _claim(km.dims[-2], TOKEN, "seq", side="k")
     if k.shape[-2] == v.shape[-2] and k.shape[-2] > 1:
         D.line_up(km.dims[-2], vm.dims[-2])
     if q.dim() >= 4:
@@ -960,8 +983,27 @@ def _embedding(call, outputs):
 _SPATIAL = {1: (None,), 2: ("height", "width"), 3: ("depth", "height", "width")}
 
 
+def _im2col(call, outputs):
+    """F.unfold: [N, C, H, W] -> [N, C * kh * kw, L], the L patch positions last."""
+    x = _first(call)
+    out = outputs[0]
+    if x is None or x.dim() != 4 or out.dim() != 3:
+        return None
+    xm = call.meta_of(x)
+    channels = xm.dims[1]
+    D.claim_atoms(channels, FEATURE, STRUCTURE, "channels" if D.axis_name(channels) is None else None)
+    for axis, name in ((xm.dims[2], "height"), (xm.dims[3], "width")):
+        D.claim_atoms(axis, TOKEN, STRUCTURE, name if D.axis_name(axis) is None else None)
+    kernel = int(out.shape[1]) // max(D.size_of(channels), 1)
+    features = D.normalize((*channels, *D.fresh(kernel, kind=FEATURE, kind_rank=STRUCTURE, origin="unfold kernel positions")))
+    patches = D.fresh(int(out.shape[2]), name="seq", rank=STRUCTURE, kind=TOKEN, kind_rank=STRUCTURE, origin="unfold patches")
+    return [Made((xm.dims[0], features, patches))]
+
+
 @propagates(_ops.CONV)
 def _conv(call, outputs):
+    if call.spec.name == "unfold":
+        return None if call.is_method else _im2col(call, outputs)
     bound = _ops.bind(call.spec, call.args, call.kwargs)
     x, w = bound.get("input"), bound.get("weight")
     if not (_is_tensor(x) and _is_tensor(w)):

@@ -3,8 +3,8 @@ than anything the ops that consume them say).
 
 - token ids (integers) are `[batch, seq]` (`[seq]` alone);
 - a float `[batch, seq, features]` activation, `[batch, features]` for 2-D;
-- pixel values and other 4-D floats: only the batch is assumed (a conv names
-  channels, height and width; attention names heads, seq and d_k);
+- a 4-D float is an image `[batch, channels, height, width]` (q, k, v passed in as
+  `[batch, heads, seq, d_k]` are renamed by the attention that reads them);
 - a mask (bool, or named like one) is named by the op that applies it; until then
   its axes take the names of the main input's batch and seq where their sizes say
   so unambiguously, as a last resort that decides nothing.
@@ -34,6 +34,10 @@ def claim_input(axes: tuple[Axis, ...], tensor, label: str, declared: dict) -> N
         return
     if ndim == 3:
         D.claim_atoms(axes[1], TOKEN, CONVENTION, "seq")
+    if ndim == 4:
+        D.claim_atoms(axes[1], FEATURE, CONVENTION, "channels")
+        D.claim_atoms(axes[2], TOKEN, CONVENTION, "height")
+        D.claim_atoms(axes[3], TOKEN, CONVENTION, "width")
     if ndim in (2, 3):
         D.claim_atoms(axes[-1], FEATURE, CONVENTION)
         d_model = declared.get("d_model")

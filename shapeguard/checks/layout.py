@@ -30,6 +30,15 @@ def heads_on_seq(call, t) -> bool:
     return call.kind(t, -2, strong=True) == FEATURE and call.kind(t, -3) == TOKEN
 
 
+def _head_split(heads, d_k) -> bool:
+    """`heads` and `d_k` are the outer and inner factor of one dim (a head split of one
+    projection's features), as in q [.., heads, d_k]; attention weights are not."""
+    if len(heads) != 1 or len(d_k) != 1:
+        return False
+    (h, h_stride, _), (d, d_stride, d_size) = heads[0], d_k[0]
+    return h.find() is d.find() and h_stride == d_stride * d_size
+
+
 def _bshd(call, t) -> str:
     axes = call.axes(t)
     return ", ".join(n or str(int(s)) for n, s in zip(axes, t.shape, strict=True))
@@ -75,7 +84,7 @@ def product_layout(call):
     if operands is None:
         return
     q, k, lq, lk, k_features, k_rows = operands
-    if not heads_on_seq(call, q):
+    if not heads_on_seq(call, q) or not _head_split(call.dims(q)[-2], call.dims(q)[-1]):
         return
     # k is laid out [..., seq, heads, d_k] too: its rows (the keys) are features as well.
     if call.kind(k, k_features, strong=True) != FEATURE or call.kind(k, k_rows) != FEATURE:
@@ -159,8 +168,9 @@ def mha_batch_first(call):
 # -- rotary embeddings ---------------------------------------------------------------
 @rule(_ops.by_name("mul"), kinds={"rotary_axis": WARNING}, order=1)
 def rotary_axis(call):
-    """A rotary table (made by cos, sin or polar) multiplied into q or k: each of its axes
-    but the last (the frequencies) must line up with the batch or the positions."""
+    """A rotary table (made by cos, sin or polar, or complex: a rotation) multiplied into
+    q or k: each of its axes but the last (the frequencies) must line up with the batch or
+    the positions, never with a factor of the features."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
@@ -168,7 +178,8 @@ def rotary_axis(call):
         if c.dim() < 2 or x.dim() < c.dim() or x.dim() < 3:
             continue  # cheap tests first: this runs on every multiplication
         c_meta, x_meta = call.meta(c), call.meta(x)
-        if c_meta is None or not c_meta.rotary or (x_meta is not None and x_meta.rotary):
+        rotary = c.is_complex() or (c_meta is not None and c_meta.rotary)
+        if not rotary or (x_meta is not None and x_meta.rotary):
             continue
         if call.kind(x, -1, strong=True) != FEATURE:
             continue
@@ -176,6 +187,8 @@ def rotary_axis(call):
         for i in range(c.dim() - 1):
             if c.shape[i] == 1 or call.kind(x, lead + i, strong=True) != FEATURE:
                 continue
+            if call.kind(c, i, strong=True) == FEATURE:
+                continue  # a per-head table lined up with the heads
             c_label = call.label(index, "cos")
             x_label = call.label_of(x, "q")
             x_axes = call.axes(x)

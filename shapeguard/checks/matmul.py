@@ -187,11 +187,12 @@ def linear_width(call):
 @rule(_ops.by_name("baddbmm"), kinds={**_PRODUCT_KINDS, "broadcast": ERROR})
 def baddbmm(call):
     """baddbmm: the product's axes, and the added tensor broadcasts to it."""
-    args = call.args
-    if len(args) < 3 or not all(_is_tensor(a) for a in args[:3]):
+    p = call.bound()
+    base, b1, b2 = p.get("input"), p.get("batch1"), p.get("batch2")
+    if not all(_is_tensor(a) for a in (base, b1, b2)):
         return
-    base, b1, b2 = args[:3]
-    l1, l2 = call.label(1, "batch1"), call.label(2, "batch2")
+    l1 = call.label(1, "batch1") if len(call.args) > 1 else "batch1"
+    l2 = call.label(2, "batch2") if len(call.args) > 2 else "batch2"
     found = list(check_product(call, b1, b2, l1, l2, batched=False))
     yield from found
     if found or b1.dim() != 3 or b2.dim() != 3:

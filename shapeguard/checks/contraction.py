@@ -1,0 +1,133 @@
+"""A contraction pairs axes of one kind: Q.d_k with K.d_k, attn.seq_k with V.seq.
+
+When seq == d_k, `attn @ V.transpose(-2, -1)`, `torch.matmul(q, k)` (k never
+transposed) and einsum subscripts that name the wrong axis all run, and sum
+features against positions. The axes' provenance (a projection's features, the
+positions attention runs along) tells the two apart whatever their sizes.
+"""
+
+from .. import _ops
+from .._errors import Violation
+from .._names.dims import FEATURE, TOKEN
+from . import WARNING, rule
+
+_PAIRED = {TOKEN, FEATURE}
+
+
+def _is_tensor(value) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _clash(call, a, a_dim: int, b, b_dim: int) -> tuple[str, str] | None:
+    """(a's kind, b's kind) when the two contracted axes are of different kinds that
+    both are known, one of them from structure or a parameter (not a convention)."""
+    ka, kb = call.kind(a, a_dim), call.kind(b, b_dim)
+    if ka == kb or ka not in _PAIRED or kb not in _PAIRED:
+        return None
+    if call.kind(a, a_dim, strong=True) is None and call.kind(b, b_dim, strong=True) is None:
+        return None
+    return ka, kb
+
+
+@rule(_ops.by_name("matmul"), _ops.by_name("bmm"), kinds={"contraction_axes": WARNING}, order=1)
+def product_axes(call):
+    args = call.args
+    if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
+        return
+    a, b = args[0], args[1]
+    la, lb = call.label(0, "a"), call.label(1, "b")
+    if call.op in call.spec.reflected:
+        a, b, la, lb = b, a, lb, la
+    if a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2] or a.shape[-1] < 2:
+        return  # a loud mismatch (matmul_inner) or nothing to pair
+    clash = _clash(call, a, -1, b, -2)
+    if clash is None:
+        return
+    base = lb.removesuffix("^T")
+    if clash == (TOKEN, FEATURE):
+        # a weighs positions (attention weights), b's rows are features: b is transposed.
+        made = call.meta(b)
+        transposed = made is not None and made.op in ("transpose", "mT", "permute", "swapaxes")
+        fix = (
+            f"use torch.matmul({la}, {base}) ({la} @ {base}), without the transpose: the values "
+            f"are already [.., seq_k, d_k]"
+            if transposed and base != lb
+            else f"lay {lb} out as [.., seq_k, d_k], the positions second to last, so that "
+            f"{la} @ {lb} sums over the keys"
+        )
+    else:
+        fix = (
+            f"{lb} is [.., seq, d_k]: transpose it so the features meet, "
+            f"torch.matmul({la}, {lb}.transpose(-2, -1))"
+        )
+    out = call.output_labels(1)
+    prefix = f"{out[0]} = " if out and out[0] else ""
+    yield Violation(
+        "contraction_axes",
+        f"{prefix}{la} @ {lb}: contracts {la}.{call.axis(a, -1)} ({a.shape[-1]}) with "
+        f"{lb}.{call.axis(b, -2)} ({b.shape[-2]}): a {clash[0]} axis with a {clash[1]} axis, "
+        "which runs only because their sizes are equal",
+        (call.operand(la, a), call.operand(lb, b)),
+        fix,
+        severity="warning",
+    )
+
+
+@rule(_ops.by_name("einsum"), kinds={"contraction_axes": WARNING}, order=1)
+def einsum_axes(call):
+    args = call.args
+    if not args or not isinstance(args[0], str):
+        return
+    equation = args[0].replace(" ", "")
+    operands = list(args[1:]) if len(args) > 2 else list(args[1]) if len(args) == 2 else []
+    if len(operands) != 2 or not all(_is_tensor(t) for t in operands) or "..." in equation:
+        return
+    lhs, arrow, rhs = equation.partition("->")
+    specs = lhs.split(",")
+    if not arrow or len(specs) != 2 or any(len(s) != t.dim() for s, t in zip(specs, operands, strict=True)):
+        return
+    a, b = operands
+    for letter in specs[0]:
+        if letter in rhs or letter not in specs[1]:
+            continue
+        i, j = specs[0].index(letter), specs[1].index(letter)
+        if a.shape[i] != b.shape[j] or a.shape[i] < 2:
+            return  # a loud mismatch (einsum_dim)
+        clash = _clash(call, a, i, b, j)
+        if clash is None:
+            continue
+        la, lb = call.label(1, "a"), call.label(2, "b")
+        fixed = _fixed_equation(call, specs, rhs, b, j, clash[0])
+        hint = (
+            f"give each axis the letter of what it holds: {lb} is "
+            f"[{', '.join(n or '?' for n in call.axes(b))}]"
+        )
+        if fixed is not None:
+            hint += f", so write '{fixed}'"
+        yield Violation(
+            "contraction_axes",
+            f"einsum '{args[0]}': '{letter}' contracts {la}.{call.axis(a, i)} ({a.shape[i]}) "
+            f"with {lb}.{call.axis(b, j)} ({b.shape[j]}): a {clash[0]} axis with a {clash[1]} "
+            "axis, which runs only because their sizes are equal",
+            (call.operand(la, a), call.operand(lb, b)),
+            hint,
+            severity="warning",
+        )
+        return
+
+
+def _fixed_equation(call, specs, rhs, b, j: int, kind: str) -> str | None:
+    """The equation with b's contracted letter moved onto b's axis of the kind it meets in
+    a (swapped with the letter there), when exactly one such axis has an output letter."""
+    spec = specs[1]
+    candidates = [
+        p
+        for p in range(len(spec))
+        if p != j and spec[p] in rhs and spec[p] not in specs[0] and call.kind(b, p) == kind
+    ]
+    if len(candidates) != 1:
+        return None
+    p = candidates[0]
+    letters = list(spec)
+    letters[j], letters[p] = letters[p], letters[j]
+    return f"{specs[0]},{''.join(letters)}->{rhs}"

@@ -58,8 +58,8 @@ class TensorMeta:
         self.sliced = sliced
         self.rotary = rotary  # computed from cos/sin: a rotary table
         self.param = param  # a parameter, or a view of one: a weight
-        # Kinds of warning already reported on the way to this tensor: the same warning on
-        # what follows from it would be the same bug again.
+        # (kind, id of the module) of the warnings reported on the way to this tensor: a
+        # warning on what follows from it in the same block would be the same bug again.
         self.flagged = flagged
         # Made by a transpose or permute (or a copy of one): its axis order was chosen.
         self.laid_out = laid_out

@@ -390,13 +390,18 @@ class Session:
         rules = _checks.rules_for(op)
         if rules:
             upstream = self._flagged(call)
+            here = id(self.module_stack[-1]) if self.module_stack else None
+            on_stack = {id(m) for m in self.module_stack} | {None}
+            consequence = any(module in on_stack for _, module in upstream)
             reported = set()
             for rule in rules:
                 for violation in rule.check(call):
                     violation.severity = _checks.severity(rule, violation)
-                    if violation.severity == "warning" and violation.kind in upstream:
-                        continue  # a consequence of a warning already given upstream
-                    reported.add(violation.kind)
+                    if violation.severity == "warning" and consequence:
+                        # A tensor of this block already carries a warning: what follows
+                        # from it is that bug again, in other words.
+                        continue
+                    reported.add((violation.kind, here))
                     found = self.report(violation, call)
                     broken = broken or found
             call.flagged = frozenset(reported) | upstream
@@ -519,6 +524,7 @@ class Session:
                 rotary=m.rotary,
                 param=m.param,
                 flagged=call.flagged if call.flagged else self._flagged(call),
+                laid_out=m.laid_out,
             )
             self.metas[tensor] = meta
             out_metas.append(meta)

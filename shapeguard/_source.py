@@ -16,7 +16,8 @@ import sys
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
-_SKIP_PACKAGES = ("torch", "jaxtyping", "beartype", "typing_extensions", "shapeguard")
+# einops calls torch from its own backend: the user's line is the rearrange call.
+_SKIP_PACKAGES = ("torch", "jaxtyping", "beartype", "typing_extensions", "shapeguard", "einops")
 
 
 @functools.lru_cache(maxsize=1)
@@ -52,6 +53,7 @@ class Site:
     receiver: str = ""  # "K" in K.transpose(-2, -1); "" for plain function calls
     args: tuple[str, ...] = ()  # operand expressions, left to right
     in_module: bool = False  # the op ran inside a module's forward called from this line
+    scope: int = 0  # the first line of the function the expression is in
 
     @property
     def location(self) -> str:
@@ -70,6 +72,43 @@ def display_path(filename: str) -> str:
 
 # Frames of torch's own nn.Module forwards: an op there ran inside a module the user called.
 _TORCH_MODULES = os.sep + os.path.join("torch", "nn", "modules") + os.sep
+
+
+def user_frame() -> FrameType | None:
+    """The innermost frame on the current stack that is the user's."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if not _is_internal(frame.f_code.co_filename):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def function_node(filename: str, scope: int) -> ast.AST | None:
+    """The function (or lambda) of `filename` that starts at line `scope`."""
+    key = (filename, scope)
+    if key in _functions:
+        return _functions[key]
+    found = None
+    lines = linecache.getlines(filename)
+    try:
+        tree = ast.parse("".join(lines)) if lines else None
+    except (SyntaxError, ValueError):
+        tree = None
+    if tree is not None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if scope in (node.lineno, first):
+                    found = node
+                    break
+    if len(_functions) > 4096:
+        _functions.clear()
+    _functions[key] = found
+    return found
+
+
+_functions: dict[tuple[str, int], ast.AST | None] = {}
 
 
 def user_site() -> Site | None:
@@ -114,13 +153,15 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
     source = linecache.getline(filename, lineno).strip()
     node_index = _file_index(filename)
     if node_index is None or col is None:
-        return Site(filename, lineno, source, in_module=in_module)
+        return Site(filename, lineno, source, in_module=in_module, scope=code.co_firstlineno)
     found = node_index.get((lineno, col, end_lineno, end_col))
     if found is None:
-        return Site(filename, lineno, source, in_module=in_module)
+        return Site(filename, lineno, source, in_module=in_module, scope=code.co_firstlineno)
     node, targets = found
     callee, receiver, args = _describe(node)
-    return Site(filename, lineno, source, targets, callee, receiver, args, in_module)
+    return Site(
+        filename, lineno, source, targets, callee, receiver, args, in_module, code.co_firstlineno
+    )
 
 
 _NodeIndex = dict[tuple[int, int, int, int], tuple[ast.AST, tuple[str, ...]]]

@@ -182,14 +182,20 @@ def line_up(x: Axis, y: Axis) -> None:
         if x_whole and y_whole:
             unify(rx, ry)
             return
-        # A whole dim of its own (a rotary table, a bias) lined up with a factor of
-        # another: it reads as that factor.
+        # A whole dim of its own (a rotary table, a bias, a cache) lined up with a factor
+        # of another: it reads as that factor, and is of its kind.
         if x_whole and not y_whole and _anonymous(rx):
-            rx.alias = y[0]
-            _epoch[0] += 1
+            _alias(rx, y[0])
         elif y_whole and not x_whole and _anonymous(ry):
-            ry.alias = x[0]
-            _epoch[0] += 1
+            _alias(ry, x[0])
+
+
+def _alias(root: Dim, atom: Atom) -> None:
+    root.alias = atom
+    other = atom[0].find()
+    if other.kind is not None and other.kind_rank >= PARAM:
+        claim_kind(root, other.kind, other.kind_rank)
+    _epoch[0] += 1
 
 
 def _anonymous(root: Dim) -> bool:

@@ -6,11 +6,11 @@ from math import prod
 
 from .. import _axes, _ops
 from .._errors import Violation
-from . import ERROR, WARNING, rule
+from . import ERROR, rule
 from .config import divisibility_violation
 
 
-def _target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
+def target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
     raw = args[1:] if len(args) > 1 else (kwargs.get("shape") or kwargs.get("size") or ())
     if len(raw) == 1 and isinstance(raw[0], tuple | list):  # torch.Size is a tuple
         raw = tuple(raw[0])
@@ -26,17 +26,16 @@ def _target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
         "view_numel": ERROR,
         "noncontiguous_view": ERROR,
         "head_divisibility": ERROR,
-        "view_mixes_axes": WARNING,
     },
 )
 def view(call):
-    """view / reshape: the element count, the strides view needs, and what the regrouping
-    does to the axes (a token axis cut across is data moved between tokens)."""
+    """view / reshape: the element count, and the strides view needs (what the regrouping
+    does to the axes is the regroup family's)."""
     args = call.args
     if not args or not hasattr(args[0], "shape"):
         return
     x = args[0]
-    target = _target_shape(args, call.kwargs)
+    target = target_shape(args, call.kwargs)
     if target is None:
         return
     shape = tuple(int(s) for s in x.shape)
@@ -55,135 +54,6 @@ def view(call):
     ):
         yield _noncontiguous_violation(call, x, label, expr, shape, resolved)
         return
-    mixing = _mixing_violation(call, x, label, expr, shape, resolved)
-    if mixing is not None:
-        yield mixing
-
-
-# Axes whose elements are separate tokens or examples: regrouping them with
-# another axis moves data between tokens.
-_TOKEN_AXES = ("batch", "seq", "seq_q", "seq_k")
-_SEQ_AXES = ("seq", "seq_q", "seq_k")
-
-
-def _mixing_violation(call, x, label: str, expr: str, shape, resolved) -> Violation | None:
-    """A view whose target axes cut across a token axis (batch or seq): legal, and almost
-    always a head split or merge done in the wrong order, or a reshape used as a transpose.
-
-    Splitting a token axis, or merging it whole with its neighbors (`[B, S, E] ->
-    [B * S, E]`, or `[S, B, E] -> [S, B * H, d_k]`) keeps each token's data together
-    and is not reported; only a target axis that straddles a token axis's boundary is.
-    """
-    axes = call.axes(x)
-    if not axes:
-        return None
-    for gi, gj in _axes.view_groups(shape, resolved) or []:
-        real_i = [i for i in gi if shape[i] != 1]
-        real_j = [j for j in gj if resolved[j] != 1]
-        if len(real_i) < 2 or len(real_j) < 2:
-            continue
-        for t in real_i:
-            if axes[t] in _TOKEN_AXES and _straddles(shape, real_i, t, resolved, real_j):
-                return _mixing(call, x, label, expr, shape, resolved, axes, real_i, real_j, t)
-    return None
-
-
-def _straddles(shape, real_i: list[int], t: int, target, real_j: list[int]) -> bool:
-    """Whether some target axis covers part of source axis `t` and part of another.
-
-    In the flat memory of one view group, axis `t` spans the strides [inner, outer);
-    a target axis is fine when it lies inside that span, outside it, or contains it
-    whole, with the boundaries dividing evenly."""
-    inner = prod(shape[i] for i in real_i if i > t)
-    outer = inner * shape[t]
-    for j in real_j:
-        lo = prod(target[k] for k in real_j if k > j)
-        hi = lo * target[j]
-        inside = lo >= inner and hi <= outer and lo % inner == 0 and outer % hi == 0
-        outside = (hi <= inner and inner % hi == 0) or (lo >= outer and lo % outer == 0)
-        contains = lo <= inner and hi >= outer and inner % lo == 0 and hi % outer == 0
-        if not (inside or outside or contains):
-            return True
-    return False
-
-
-def _mixing(call, x, label, expr, shape, resolved, axes, real_i, real_j, t) -> Violation:
-    names = [axes[i] or f"dim {i}" for i in real_i]
-    src = ", ".join(f"{n}={shape[i]}" for n, i in zip(names, real_i, strict=True))
-    dst = ", ".join(str(resolved[j]) for j in real_j)
-    token = axes[t]
-    declared = call.declared()
-    regroup = f"regroups [{src}] as [{dst}]"
-    if token in _SEQ_AXES and "heads" in names[: real_i.index(t)]:
-        relation = (
-            f"{expr}: merges heads back before moving them next to d_k: {regroup}, "
-            "so each output token holds pieces of other tokens"
-        )
-        hint = (
-            f"transpose first: {label}.transpose(1, 2).contiguous().view(batch, seq, heads * d_k)"
-            f"{_sizes_merge(shape, axes)}"
-        )
-    elif token in _SEQ_AXES and _carves_heads(names, real_i, t, resolved, real_j, declared):
-        relation = f"{expr}: carves heads out of the {token} axis: {regroup}"
-        hint = _carve_hint(label, shape, real_i, declared)
-    elif token == "batch" and any(n in _SEQ_AXES for n in names):
-        relation = (
-            f"{expr}: folds batch into {_other_token(names)}: {regroup}, "
-            "moving data across the batch axis"
-        )
-        hint = (
-            f"reshape reinterprets memory and does not swap axes; to exchange batch and "
-            f"{_other_token(names)} use {label}.transpose({real_i[0]}, {real_i[1]})"
-        )
-    else:
-        relation = f"{expr}: {regroup}, moving data across the {token} axis"
-        hint = _carve_hint(label, shape, real_i, declared)
-    operands = (call.operand(label, x),)
-    return Violation("view_mixes_axes", relation, operands, hint, severity="warning")
-
-
-def _other_token(names: list[str]) -> str:
-    return next(n for n in names if n in _SEQ_AXES)
-
-
-def _carves_heads(names, real_i, t, resolved, real_j, declared) -> bool:
-    """The token axis comes first and the target group leads with a head count."""
-    heads = declared.get("heads") or declared.get("kv_heads")
-    if real_i.index(t) != 0 or len(real_j) < 3:
-        return False
-    return heads is None or resolved[real_j[0]] in (
-        declared.get("heads", ("", 0))[1],
-        declared.get("kv_heads", ("", 0))[1],
-    )
-
-
-def _sizes_merge(shape, axes) -> str:
-    if len(shape) != 4:
-        return ""
-    b, h, s, d = shape
-    return f", i.e. .transpose(1, 2).reshape({b}, {s}, {h * d})"
-
-
-def _carve_hint(call_label: str, shape, real_i: list[int], declared) -> str:
-    label = call_label
-    heads = declared.get("heads")
-    d_k = declared.get("d_k")
-    features = shape[real_i[-1]]
-    if heads is not None and d_k is not None and features != heads[1] * d_k[1]:
-        # `W_k(x)` was made by the layer W_k: name the layer to fix.
-        made = label.endswith(")") and "(" in label
-        maker = label.split("(", 1)[0] if made else f"what made {label}"
-        return (
-            f"{label} has {features} features but {heads[0]} * {d_k[0]} = {heads[1] * d_k[1]}: "
-            f"the -1 absorbed the difference into the sequence axis; check {maker}"
-        )
-    sizes = ""
-    if heads is not None and d_k is not None and len(shape) == 3:
-        sizes = f", i.e. view({shape[0]}, {shape[1]}, {heads[1]}, {d_k[1]}).transpose(1, 2)"
-    return (
-        f"split heads out of the feature axis, then move them: "
-        f"use {label}.view(batch, seq, heads, d_k).transpose(1, 2){sizes}"
-    )
 
 
 def _numel_violation(call, x, label: str, expr: str, shape, target) -> Violation:

@@ -1,0 +1,213 @@
+"""What the user's own code says an axis of a view is meant to be.
+
+`q.view(B, self.n_heads, S, self.d_k)` names its target axes: `self.n_heads` is the
+module's head count, `S` came from `B, S, _ = x.shape`, so it is x's sequence
+axis. Where sizes differ, provenance alone shows a wrong view (it cuts across
+axes); where they coincide (seq == heads == 4) the view is legal and the data
+lands on the wrong axis without a trace in the shapes. The user's names are then
+the only witness, and a contradiction between them and provenance is the bug.
+
+Only plain spellings are read: `self.<attribute>` for a declared size, a shape
+read (`x.shape[1]`, `x.size(1)`, `B, S, _ = x.shape`), names assigned from those
+in the same function, and products of them (`C * p * p`). Anything else has no
+intent, and nothing is reported from it.
+"""
+
+import ast
+from dataclasses import dataclass
+
+from .. import _source
+from .._axes import ATTRIBUTE_AXES
+from . import dims as D
+from .dims import FEATURE, Axis
+
+_ATTRIBUTE_NAMES = {attr: axis for axis, attrs in ATTRIBUTE_AXES.items() for attr in attrs}
+_DEPTH = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """What one target size of a view stands for."""
+
+    text: str  # the user's expression: "self.n_heads", "h", "N"
+    kind: str | None  # the kind the user means (a declared head count is a feature)
+    name: str | None  # "heads", "d_k", "seq", ...
+    axis: Axis | None = None  # for a shape read: the axis it was read from
+    part: bool = False  # a factor of the size (`C` in `C * p * p`), not all of it
+
+
+def view_intents(call, count: int) -> list[Intent | None]:
+    """One entry per target size of the view `call` (None where the code says nothing)."""
+    site = call.site
+    if site is None or not call._site_matches():
+        return []
+    texts = list(site.args)
+    if len(texts) == 1 and count > 1:
+        texts = _source.sequence_items(texts[0]) or []  # view((B, S, h, d))
+    if len(texts) != count:
+        return []
+    aliases, assigned = _aliases(site)
+    frame = None
+    found: list[Intent | None] = []
+    for text in texts:
+        try:
+            node = ast.parse(text, mode="eval").body
+        except SyntaxError:
+            found.append(None)
+            continue
+        read = _read(node, aliases, 0)
+        if read is None:
+            found.append(None)
+            continue
+        if read[0] == "attr":
+            axis_name = _ATTRIBUTE_NAMES.get(read[1])
+            found.append(Intent(text, FEATURE, axis_name) if axis_name else None)
+            continue
+        _, tensor_name, index, part, line = read
+        # The shape was read at `line`; the tensor now under that name is the one read only
+        # if nothing was assigned to the name in between (q = q.transpose(1, 2) would be).
+        if any(line < at <= site.lineno for at in assigned.get(tensor_name, ())):
+            found.append(None)
+            continue
+        if frame is None:
+            frame = _source.user_frame()
+        found.append(_shape_intent(call, frame, text, tensor_name, index, part))
+    return found
+
+
+def _shape_intent(call, frame, text: str, tensor_name: str, index: int, part: bool):
+    tensor = frame.f_locals.get(tensor_name) if frame is not None else None
+    if tensor is None or not hasattr(tensor, "dim") or not -tensor.dim() <= index < tensor.dim():
+        return None
+    axis = call.meta_of(tensor).dims[index]
+    if not axis:
+        return None
+    return Intent(text, D.kind_of(axis), D.axis_name(axis), axis, part)
+
+
+def _read(node: ast.AST, aliases: dict, depth: int):
+    """("attr", name) or ("shape", tensor, index, part, line read), or None."""
+    if depth > _DEPTH:
+        return None
+    if isinstance(node, ast.Attribute) and _is_self(node.value):
+        return ("attr", node.attr)
+    if isinstance(node, ast.Name):
+        value = aliases.get(node.id)
+        if isinstance(value, tuple):
+            return value
+        return _read(value, aliases, depth + 1) if value is not None else None
+    shape = _shape_read(node)
+    if shape is not None:
+        return ("shape", *shape, False, getattr(node, "lineno", 0))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        reads = [_read(side, aliases, depth + 1) for side in (node.left, node.right)]
+        shapes = [r for r in reads if r is not None and r[0] == "shape"]
+        if len(shapes) == 1:
+            _, tensor, index, _, line = shapes[0]
+            return ("shape", tensor, index, True, line)
+    return None
+
+
+def _shape_read(node: ast.AST) -> tuple[str, int] | None:
+    """`x.shape[i]` or `x.size(i)`: (x, i)."""
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "shape"
+        and isinstance(node.value.value, ast.Name)
+    ):
+        index = _constant_int(node.slice)
+        return (node.value.value.id, index) if index is not None else None
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "size"
+        and isinstance(node.func.value, ast.Name)
+        and len(node.args) == 1
+    ):
+        index = _constant_int(node.args[0])
+        return (node.func.value.id, index) if index is not None else None
+    return None
+
+
+def _constant_int(node: ast.AST) -> int | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _constant_int(node.operand)
+        return -inner if inner is not None else None
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    return None
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+_alias_cache: dict[tuple[str, int], tuple[dict, dict]] = {}
+
+
+def _aliases(site) -> tuple[dict, dict]:
+    """The function's simple assignments, name -> its value (an ast node) or a shape read
+    (`B, S, _ = x.shape` gives B -> ("shape", "x", 0, False, line)); and the lines at which
+    each name is assigned (to tell whether a tensor name still holds the tensor read)."""
+    key = (site.filename, site.scope)
+    found = _alias_cache.get(key)
+    if found is not None:
+        return found
+    aliases: dict = {}
+    assigned: dict[str, list[int]] = {}
+    func = _source.function_node(site.filename, site.scope)
+    if func is not None:
+        for node in ast.walk(func):
+            for target in _targets(node):
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        assigned.setdefault(name.id, []).append(node.lineno)
+            if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+                continue
+            target, value = node.targets[0], node.value
+            if isinstance(target, ast.Name):
+                aliases[target.id] = value
+            elif isinstance(target, ast.Tuple):
+                _unpack(target, value, aliases)
+    found = (aliases, assigned)
+    if len(_alias_cache) > 4096:
+        _alias_cache.clear()
+    _alias_cache[key] = found
+    return found
+
+
+def _targets(node: ast.AST) -> list:
+    if isinstance(node, ast.Assign):
+        return list(node.targets)
+    if isinstance(node, ast.AugAssign | ast.AnnAssign | ast.For | ast.AsyncFor):
+        return [node.target]
+    if isinstance(node, ast.With | ast.AsyncWith):
+        return [item.optional_vars for item in node.items if item.optional_vars is not None]
+    if isinstance(node, ast.NamedExpr):
+        return [node.target]
+    return []
+
+
+def _unpack(target: ast.Tuple, value: ast.AST, found: dict) -> None:
+    names = [e.id if isinstance(e, ast.Name) else None for e in target.elts]
+    if isinstance(value, ast.Tuple) and len(value.elts) == len(names):
+        for name, item in zip(names, value.elts, strict=True):
+            if name is not None:
+                found[name] = item
+        return
+    tensor = None
+    if isinstance(value, ast.Attribute) and value.attr == "shape" and isinstance(value.value, ast.Name):
+        tensor = value.value.id  # B, S, _ = x.shape
+    elif (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr == "size"
+        and not value.args
+        and isinstance(value.func.value, ast.Name)
+    ):
+        tensor = value.func.value.id  # B, T, C = x.size()
+    if tensor is not None:
+        for index, name in enumerate(names):
+            if name is not None and name != "_":
+                found[name] = ("shape", tensor, index, False, value.lineno)

@@ -324,7 +324,9 @@ class Session:
                 mains.append((tensor, meta))
         _roots.pair_sequences(mains)
         for meta in masks:
-            _roots.guess_mask(meta.dims, mains[0][1].dims if mains else ())
+            main = mains[0][1].dims if mains else ()
+            _roots.guess_mask(meta.dims, main)
+            _roots.mask_batch(meta.dims, main)
 
     def meta_of(self, tensor) -> TensorMeta:
         """The meta of `tensor`; one first seen here (a tensor made outside the trace, a

@@ -54,6 +54,7 @@ class Site:
     args: tuple[str, ...] = ()  # operand expressions, left to right
     in_module: bool = False  # the op ran inside a module's forward called from this line
     scope: int = 0  # the first line of the function the expression is in
+    keywords: tuple[tuple[str, str], ...] = ()  # keyword arguments of a call: (name, expression)
 
     @property
     def location(self) -> str:
@@ -159,8 +160,22 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
         return Site(filename, lineno, source, in_module=in_module, scope=code.co_firstlineno)
     node, targets = found
     callee, receiver, args = _describe(node)
+    keywords = (
+        tuple((k.arg, ast.unparse(k.value)) for k in node.keywords if k.arg)
+        if isinstance(node, ast.Call)
+        else ()
+    )
     return Site(
-        filename, lineno, source, targets, callee, receiver, args, in_module, code.co_firstlineno
+        filename,
+        lineno,
+        source,
+        targets,
+        callee,
+        receiver,
+        args,
+        in_module,
+        code.co_firstlineno,
+        keywords,
     )
 
 

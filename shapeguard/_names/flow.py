@@ -991,12 +991,26 @@ def _im2col(call, outputs):
         return None
     xm = call.meta_of(x)
     channels = xm.dims[1]
-    D.claim_atoms(channels, FEATURE, STRUCTURE, "channels" if D.axis_name(channels) is None else None)
+    D.claim_atoms(
+        channels, FEATURE, STRUCTURE, "channels" if D.axis_name(channels) is None else None
+    )
     for axis, name in ((xm.dims[2], "height"), (xm.dims[3], "width")):
         D.claim_atoms(axis, TOKEN, STRUCTURE, name if D.axis_name(axis) is None else None)
     kernel = int(out.shape[1]) // max(D.size_of(channels), 1)
-    features = D.normalize((*channels, *D.fresh(kernel, kind=FEATURE, kind_rank=STRUCTURE, origin="unfold kernel positions")))
-    patches = D.fresh(int(out.shape[2]), name="seq", rank=STRUCTURE, kind=TOKEN, kind_rank=STRUCTURE, origin="unfold patches")
+    features = D.normalize(
+        (
+            *channels,
+            *D.fresh(kernel, kind=FEATURE, kind_rank=STRUCTURE, origin="unfold kernel positions"),
+        )
+    )
+    patches = D.fresh(
+        int(out.shape[2]),
+        name="seq",
+        rank=STRUCTURE,
+        kind=TOKEN,
+        kind_rank=STRUCTURE,
+        origin="unfold patches",
+    )
     return [Made((xm.dims[0], features, patches))]
 
 

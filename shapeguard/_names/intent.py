@@ -39,17 +39,25 @@ class Intent:
 def view_intents(call, count: int) -> list[Intent | None]:
     """One entry per target size of the view `call` (None where the code says nothing)."""
     site = call.site
-    if site is None or not call._site_matches():
+    if site is None:
         return []
-    texts = list(site.args)
-    if len(texts) == 1 and count > 1:
-        texts = _source.sequence_items(texts[0]) or []  # view((B, S, h, d))
+    if site.callee in _EINOPS and not site.in_module:
+        texts = _einops_texts(site, count)
+    elif call._site_matches():
+        texts = list(site.args)
+        if len(texts) == 1 and count > 1:
+            texts = _source.sequence_items(texts[0]) or []  # view((B, S, h, d))
+    else:
+        return []
     if len(texts) != count:
         return []
     aliases, assigned = _aliases(site)
     frame = None
     found: list[Intent | None] = []
     for text in texts:
+        if text is None:
+            found.append(None)
+            continue
         try:
             node = ast.parse(text, mode="eval").body
         except SyntaxError:
@@ -73,6 +81,30 @@ def view_intents(call, count: int) -> list[Intent | None]:
             frame = _source.user_frame()
         found.append(_shape_intent(call, frame, text, tensor_name, index, part))
     return found
+
+
+_EINOPS = ("rearrange", "repeat", "reduce")
+
+
+def _einops_texts(site, count: int) -> list[str | None]:
+    """For the reshape einops makes first, `rearrange(t, "(h b) s d -> ...", h=self.n_heads)`,
+    one axis per letter of the pattern's left side: the expression bound to the letter."""
+    if len(site.args) < 2:
+        return []
+    try:
+        pattern = ast.literal_eval(site.args[1])
+    except (ValueError, SyntaxError):
+        return []
+    if not isinstance(pattern, str) or "->" not in pattern:
+        return []
+    left = pattern.split("->", 1)[0]
+    if "..." in left or "(" not in left:
+        return []  # no split of a group: einops makes no such reshape
+    letters = left.replace("(", " ").replace(")", " ").split()
+    if len(letters) != count:
+        return []
+    bound = dict(site.keywords)
+    return [bound.get(letter) for letter in letters]
 
 
 def _shape_intent(call, frame, text: str, tensor_name: str, index: int, part: bool):
@@ -197,7 +229,11 @@ def _unpack(target: ast.Tuple, value: ast.AST, found: dict) -> None:
                 found[name] = item
         return
     tensor = None
-    if isinstance(value, ast.Attribute) and value.attr == "shape" and isinstance(value.value, ast.Name):
+    if (
+        isinstance(value, ast.Attribute)
+        and value.attr == "shape"
+        and isinstance(value.value, ast.Name)
+    ):
         tensor = value.value.id  # B, S, _ = x.shape
     elif (
         isinstance(value, ast.Call)

@@ -62,6 +62,15 @@ def guess_mask(axes: tuple[Axis, ...], main: tuple[Axis, ...]) -> None:
             D.claim_part(axis[0], name, GUESS)
 
 
+def mask_batch(axes: tuple[Axis, ...], main: tuple[Axis, ...]) -> None:
+    """A mask handed in beside the main input, as long on its first axis as the main
+    input's batch: batch-first like it, by convention (attention names it for good)."""
+    if len(axes) < 2 or not main or not main[0] or not axes[0]:
+        return
+    if D.axis_name(main[0]) == "batch" and D.size_of(axes[0]) == D.size_of(main[0]):
+        D.claim_atoms(axes[0], BATCH, CONVENTION)
+
+
 def pair_sequences(inputs: list) -> None:
     """Two or more activations `[batch, seq, features]` (`forward(x, memory)`): the first
     one's positions are the queries, the others' the keys, until attention says more."""

@@ -84,7 +84,11 @@ def einsum_axes(call):
         return
     lhs, arrow, rhs = equation.partition("->")
     specs = lhs.split(",")
-    if not arrow or len(specs) != 2 or any(len(s) != t.dim() for s, t in zip(specs, operands, strict=True)):
+    if (
+        not arrow
+        or len(specs) != 2
+        or any(len(s) != t.dim() for s, t in zip(specs, operands, strict=True))
+    ):
         return
     a, b = operands
     for letter in specs[0]:

@@ -29,6 +29,7 @@ from . import WARNING, rule
 from .heads_view import target_shape, view_compatible
 
 _SEQ_AXES = ("seq", "seq_q", "seq_k")
+_EINOPS = ("rearrange", "repeat", "reduce", "pack", "unpack")
 _TOKENS = (BATCH, TOKEN)
 
 
@@ -137,14 +138,24 @@ class _View:
             f"its cuts ({', '.join(str(self.resolved[j]) for j in real_j)}) do not fall between "
             f"those factors"
         )
+        if self.call.site is not None and self.call.site.callee in _EINOPS:
+            letters = " ".join((D.atom_name(a) or "x")[0] for a in D.normalize(source))
+            hint = (
+                f"the pattern must unfold the group in the order it was folded, "
+                f"[{folded}]: write ({letters}) on the left of the arrow, as in the fold"
+            )
+        else:
+            hint = (
+                f"unfold in the order of the fold, [{folded}]: "
+                f"{self.label}.view(batch, heads, ...), i.e. view({sizes}, ...), then move axes "
+                "with transpose or permute"
+            )
         return Violation(
             "batch_mixing",
             f"{self.expr}: unfolds [{folded}] ({self.x.shape[i]}) in another order than it was "
             f"folded: {why}, so examples trade their data",
             self._operands(),
-            f"unfold in the order of the fold, [{folded}]: "
-            f"{self.label}.view(batch, heads, ...), i.e. view({sizes}, ...), then move axes "
-            "with transpose or permute",
+            hint,
             severity="warning",
         )
 
@@ -245,6 +256,9 @@ class _View:
         return None
 
     def _merge_violation(self, real_i, real_j) -> Violation:
+        # The heads that belong with the merged d_k may sit on an axis of their own just
+        # outside the group (seq == heads: [heads, seq, d_k] -> [heads, seq * d_k]).
+        real_i = self._with_heads(real_i)
         names = [self.axes[i] or f"dim {i}" for i in real_i]
         regroup = self._regroup_text(real_i, real_j)
         if "heads" in names and any(n in _SEQ_AXES for n in names):
@@ -264,6 +278,17 @@ class _View:
             hint = self._reorder_hint(real_i, real_j)
         return Violation("view_mixes_axes", relation, self._operands(), hint, severity="warning")
 
+    def _with_heads(self, real_i: list[int]) -> list[int]:
+        """`real_i` and, before it, the source axis of the heads that belong with a merged
+        d_k, when that axis is not in the group (an attention output's heads are the
+        queries', its d_k the values': they are one head split by what attention did)."""
+        if not any(self.axes[i] == "d_k" for i in real_i):
+            return real_i
+        for h in range(real_i[0] - 1, -1, -1):
+            if self.axes[h] in ("heads", "kv_heads") and D.is_factor(self.meta.dims[h]):
+                return [h, *real_i]
+        return real_i
+
     # -- the user's own names say otherwise ----------------------------------------------------
     def named_otherwise(self) -> Violation | None:
         """Sizes coincide, the view is legal, and the user's names for its target sizes
@@ -281,7 +306,11 @@ class _View:
                 wanted = {a[0].find() for a in intent.axis}
                 if wanted <= {a[0].find() for a in held}:
                     continue
-            if intent.kind is None or held_kind in (None, "mixed", COPY) or held_kind == intent.kind:
+            if (
+                intent.kind is None
+                or held_kind in (None, "mixed", COPY)
+                or held_kind == intent.kind
+            ):
                 continue
             return self._intent_violation(j, intent, held, held_kind)
         return None

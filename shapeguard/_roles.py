@@ -1,5 +1,6 @@
 """Canonical roles (Q, K, V, scores, attn, mask, context, out) from the names users pick."""
 
+import functools
 import re
 
 ROLES = ("Q", "K", "V", "scores", "attn", "mask", "context", "out")
@@ -27,6 +28,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 _LEADING_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9.]*")
 
 
+@functools.lru_cache(maxsize=4096)
 def canonical_role(label: str | None) -> str | None:
     """`Q` for `query_states`, `mask` for `attn_mask`, None when the name says nothing.
 

@@ -60,6 +60,8 @@ class OpCall:
         "is_method",
         "flagged",
         "_bound",
+        "_metas",
+        "_tensors",
     )
 
     def __init__(
@@ -75,6 +77,19 @@ class OpCall:
         self.is_method = _is_tensor_method(func)
         self.flagged: frozenset = frozenset()  # kinds its rules reported, and its inputs carried
         self._bound: dict | None = None
+        # Metas looked up during this call, by id: the weak table is slow to query, and the
+        # rules, the axis rule and the record all read the same few tensors.
+        self._metas: dict[int, TensorMeta] = {}
+        self._tensors: list | None = None
+
+    def tensors(self) -> list:
+        """The tensor arguments, positional (and in lists: torch.cat) then keyword."""
+        found = self._tensors
+        if found is None:
+            found = _tensors_of_args(self.args)
+            found += [v for v in self.kwargs.values() if isinstance(v, torch.Tensor)]
+            self._tensors = found
+        return found
 
     def bound(self) -> dict:
         """The arguments by parameter name, as the op table declares them."""
@@ -104,15 +119,25 @@ class OpCall:
         return texts[index] if index < len(texts) else None
 
     def meta(self, tensor) -> TensorMeta | None:
-        return self.session.metas.get(tensor) if isinstance(tensor, torch.Tensor) else None
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        found = self._metas.get(id(tensor))
+        if found is None:
+            found = self.session.metas.get(tensor)
+            if found is not None:
+                self._metas[id(tensor)] = found
+        return found
 
     def meta_of(self, tensor) -> TensorMeta:
         """The tensor's meta; a tensor first seen here gets new axes of its own."""
-        return self.session.meta_of(tensor)
+        found = self._metas.get(id(tensor))
+        if found is None:
+            found = self._metas[id(tensor)] = self.session.meta_of(tensor)
+        return found
 
     def dims(self, tensor):
         """The provenance of each axis of `tensor` (atoms of dims, see `_names.dims`)."""
-        return self.session.meta_of(tensor).dims
+        return self.meta_of(tensor).dims
 
     def kind(self, tensor, dim: int, *, strong: bool = False) -> str | None:
         """What axis `dim` of `tensor` is (batch, token, feature, copy): from any evidence,
@@ -138,7 +163,7 @@ class OpCall:
 
     def axes(self, tensor) -> Axes:
         """The names of the tensor's axes (None where only the size is known)."""
-        return self.session.meta_of(tensor).axes
+        return self.meta_of(tensor).axes
 
     def role(self, tensor, label: str | None = None) -> str | None:
         meta = self.meta(tensor)
@@ -390,8 +415,9 @@ class Session:
         call = OpCall(self, func, op, args, kwargs, site, spec)
         broken = None  # the first error warn mode let through
         rules = _checks.rules_for(op)
+        upstream = self._flagged(call)
+        call.flagged = upstream
         if rules:
-            upstream = self._flagged(call)
             here = id(self.module_stack[-1]) if self.module_stack else None
             on_stack = {id(m) for m in self.module_stack} | {None}
             consequence = any(module in on_stack for _, module in upstream)
@@ -454,8 +480,8 @@ class Session:
 
     def _flagged(self, call: OpCall) -> frozenset:
         found: frozenset = frozenset()
-        for t in _tensors_of_args(call.args):
-            meta = self.metas.get(t)
+        for t in call.tensors():
+            meta = call.meta(t)
             if meta is not None and meta.flagged:
                 found = found | meta.flagged
         return found
@@ -501,9 +527,8 @@ class Session:
         if not outputs:
             return
         spec = call.spec
-        in_tensors = _tensors_of_args(call.args)  # cat/stack take a list of tensors
-        in_tensors += [v for v in call.kwargs.values() if isinstance(v, torch.Tensor)]
-        in_metas = [self.meta_of(t) for t in in_tensors]
+        in_tensors = call.tensors()
+        in_metas = [call.meta_of(t) for t in in_tensors]
         made = _flow.propagate(call, outputs)
         labels = self._output_labels(call, len(outputs))
         first_label = in_metas[0].label if in_metas else None
@@ -525,7 +550,7 @@ class Session:
                 sliced=sliced,
                 rotary=m.rotary,
                 param=m.param,
-                flagged=call.flagged if call.flagged else self._flagged(call),
+                flagged=call.flagged,
                 laid_out=m.laid_out,
             )
             self.metas[tensor] = meta

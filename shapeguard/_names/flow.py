@@ -72,14 +72,7 @@ def _dim(d, ndim: int) -> int | None:
 
 
 def _tensor_args(call) -> list:
-    found = []
-    for a in call.args:
-        if _is_tensor(a):
-            found.append(a)
-        elif isinstance(a, tuple | list):
-            found.extend(t for t in a if _is_tensor(t))
-    found.extend(v for v in call.kwargs.values() if _is_tensor(v))
-    return found
+    return call.tensors()
 
 
 def _first(call):
@@ -152,7 +145,7 @@ def _same(call, outputs):
 # -- elementwise with broadcasting --------------------------------------------------------------
 @propagates(_ops.BINARY)
 def _binary(call, outputs):
-    tensors = [t for t in _tensor_args(call) if t.dim() > 0 or len(_tensor_args(call)) == 1]
+    tensors = _tensor_args(call)
     if not tensors:
         return None
     out = outputs[0]

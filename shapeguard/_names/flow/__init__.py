@@ -1,0 +1,35 @@
+"""How each op family makes the axes of its outputs from the axes of its inputs.
+
+One rule per family of the op table (`_ops.py`), registered with `@propagates`.
+A rule returns, per output tensor, a `Made`: its axes (atoms, see `dims`), the
+q/k tags of its sequence axes, the role data flow gives it (scores for a
+query-key product, attn for their softmax, context for attn @ V) and whether
+it is a rotary table. Rules also record what an op tells about its inputs: a
+Linear reads its input's last axis as features, attention runs along seq_k,
+an embedding's output width is d_model. Sizes name nothing here except where a
+module declares them (`declared`), and only for feature axes.
+"""
+
+from .. import dims as D
+from . import attention, elementwise, inputs, products, views  # noqa: F401  (they register)
+from .base import _RULES, Made, _fallback, propagates
+from .products import classify_product
+from .views import layout_order, regroup_view
+
+__all__ = ["Made", "classify_product", "layout_order", "propagate", "propagates", "regroup_view"]
+
+
+def propagate(call, outputs: list) -> list[Made]:
+    """The axes of each output of `call` (an `OpCall`)."""
+    rule = _RULES.get(call.spec.family)
+    made = rule(call, outputs) if rule is not None else None
+    if made is None or len(made) != len(outputs):
+        made = [_fallback(call, out) for out in outputs]
+    fixed = []
+    for m, out in zip(made, outputs, strict=True):
+        if len(m.dims) != out.dim() or any(
+            D.size_of(a) != int(s) for a, s in zip(m.dims, out.shape, strict=True)
+        ):
+            m = _fallback(call, out)
+        fixed.append(m)
+    return fixed

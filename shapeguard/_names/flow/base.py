@@ -1,0 +1,112 @@
+"""What every axis rule shares: the result type, the registry, small helpers."""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from ... import _ops
+from .. import dims as D
+from ..dims import STRUCTURE, Axis
+
+
+class Made(NamedTuple):
+    dims: tuple[Axis, ...]
+    tags: tuple[str | None, ...] = ()
+    role: str | None = None
+    rotary: bool = False
+    param: bool = False
+    laid_out: bool = False  # a transpose or permute chose this axis order
+
+
+Rule = Callable[..., list[Made] | None]
+_RULES: dict[str, Rule] = {}
+
+
+def propagates(*families: str):
+    def register(rule: Rule) -> Rule:
+        for family in families:
+            if family in _RULES:
+                raise RuntimeError(f"axis rule for {family!r} registered twice")
+            _RULES[family] = rule
+        return rule
+
+    return register
+
+
+# -- shared helpers ---------------------------------------------------------------------------
+def _is_tensor(x) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def _dim(d, ndim: int) -> int | None:
+    if isinstance(d, int) and not isinstance(d, bool) and ndim:
+        return d % ndim
+    return None
+
+
+def _tensor_args(call) -> list:
+    return call.tensors()
+
+
+def _first(call):
+    for a in call.args:
+        if _is_tensor(a):
+            return a
+    for v in call.kwargs.values():
+        if _is_tensor(v):
+            return v
+    return None
+
+
+# Families whose unknown members usually keep their input's axes (an activation, an
+# elementwise op the table does not list); any other op's output is new.
+_SHAPE_KEEPING = frozenset({_ops.OTHER, _ops.SAME, _ops.BINARY})
+
+
+def _fallback(call, out) -> Made:
+    """For an op of an elementwise-like family, the axes of its input of the output's
+    shape, when exactly one input has it; else new axes (never a guess from a size that
+    happens to coincide, as a product's output with its input's)."""
+    shape = tuple(out.shape)
+    if call.spec.family in _SHAPE_KEEPING:
+        same = [t for t in _tensor_args(call) if tuple(t.shape) == shape]
+        metas = {id(m): m for m in (call.meta_of(t) for t in same)}
+        if len(metas) == 1:
+            m = next(iter(metas.values()))
+            return Made(m.dims, m.tags, m.role if call.spec.keeps_label else None, m.rotary)
+    return Made(D.fresh_axes(shape, origin=call.op))
+
+
+def _tag_of(meta, i: int):
+    return meta.tags[i] if i < len(meta.tags) else None
+
+
+def _tags(tags: list) -> tuple:
+    return tuple(tags) if any(tags) else ()
+
+
+def _main(call, out):
+    """The operand an elementwise result stands for: the input of the result's shape."""
+    shape = tuple(out.shape)
+    tensors = _tensor_args(call)
+    for t in tensors:
+        if tuple(t.shape) == shape:
+            return t
+    return tensors[0] if tensors else None
+
+
+def _claim(axis: Axis, kind: str, name: str | None = None, side: str = "") -> None:
+    """What attention says of an axis; never against a kind a parameter already gave it."""
+    if not axis:
+        return
+    if any(not D.claim_kind(atom[0], kind, STRUCTURE) for atom in axis):
+        return
+    if name is not None and len(axis) == 1:
+        D.claim_part(axis[0], name, STRUCTURE)
+    for atom in axis:
+        root = atom[0].find()
+        if side == "q":
+            root.q_side = True
+        elif side == "k":
+            root.k_side = True

@@ -1,0 +1,105 @@
+"""Shape-preserving ops, elementwise ops with broadcasting, reductions."""
+
+from ... import _ops
+from .. import dims as D
+from ..dims import Axis
+from .base import (
+    Made,
+    _fallback,
+    _first,
+    _is_tensor,
+    _main,
+    _tag_of,
+    _tags,
+    _tensor_args,
+    propagates,
+)
+
+
+# -- shape-preserving -----------------------------------------------------------------------------
+@propagates(_ops.SAME)
+def _same(call, outputs):
+    x = _first(call)
+    if x is None:
+        return None
+    m = call.meta_of(x)
+    spec = call.spec
+    role = m.role if spec.keeps_label else None
+    if spec.name in ("softmax", "log_softmax"):
+        role = "attn" if m.role == "scores" else None
+    out = []
+    laid_out = m.laid_out and spec.keeps_value  # a copy keeps the chosen order
+    for o in outputs:
+        if tuple(o.shape) != tuple(x.shape):
+            return None
+        out.append(Made(m.dims, m.tags, role, spec.rotary or m.rotary, m.param, laid_out))
+    return out
+
+
+# -- elementwise with broadcasting --------------------------------------------------------------
+@propagates(_ops.BINARY)
+def _binary(call, outputs):
+    tensors = _tensor_args(call)
+    if not tensors:
+        return None
+    out = outputs[0]
+    ndim = out.dim()
+    metas = [call.meta_of(t) for t in tensors]
+    main = _main(call, out)
+    axes: list[Axis] = []
+    tags: list[str | None] = []
+    for pos in range(ndim):
+        chosen: Axis = ()
+        tag = None
+        for t, m in zip(tensors, metas, strict=True):
+            k = pos - (ndim - t.dim())
+            if k < 0 or t.shape[k] == 1:
+                continue
+            axis = m.dims[k]
+            if not chosen:
+                chosen, tag = axis, _tag_of(m, k)
+            else:
+                D.line_up(chosen, axis)
+                tag = tag or _tag_of(m, k)
+        axes.append(chosen)
+        tags.append(tag)
+    main_meta = call.meta_of(main) if main is not None else metas[0]
+    role = main_meta.role if call.spec.keeps_label or call.spec.makes_mask else None
+    # A rotary table scaled by a number is still one; q * cos is not.
+    big = [m for t, m in zip(tensors, metas, strict=True) if t.numel() > 1]
+    rotary = bool(big) and all(m.rotary for m in big)
+    made = Made(tuple(axes), _tags(tags), role, rotary)
+    return [made for _ in outputs]
+
+
+# -- reductions -------------------------------------------------------------------------------------
+@propagates(_ops.REDUCE)
+def _reduce(call, outputs):
+    x = _first(call)
+    if x is None:
+        return None
+    args = call.args
+    if len(args) > 1 and _is_tensor(args[1]):  # torch.max(a, b): elementwise
+        return _binary(call, outputs)
+    m = call.meta_of(x)
+    bound = _ops.bind(call.spec, args, call.kwargs)
+    dim, keepdim = bound.get("dim"), bool(bound.get("keepdim", False))
+    ndim = x.dim()
+    if dim is None or isinstance(dim, bool):
+        drop = set(range(ndim))
+    else:
+        dims = dim if isinstance(dim, tuple | list) else (dim,)
+        if not all(isinstance(d, int) for d in dims):
+            return None
+        drop = {d % ndim for d in dims} if ndim else set()
+    if keepdim:
+        axes = tuple(() if i in drop else a for i, a in enumerate(m.dims))
+        tags = tuple(None if i in drop else _tag_of(m, i) for i in range(ndim)) if m.tags else ()
+    else:
+        axes = tuple(a for i, a in enumerate(m.dims) if i not in drop)
+        tags = tuple(_tag_of(m, i) for i in range(ndim) if i not in drop) if m.tags else ()
+    made = Made(axes, tags)
+    return [
+        made if tuple(o.shape) == tuple(D.size_of(a) for a in axes) else _fallback(call, o)
+        for o in outputs
+    ]

@@ -1,0 +1,119 @@
+"""Where axes come in: new tensors, embeddings of token ids, convolutions over images and audio."""
+
+from ... import _ops
+from .. import dims as D
+from ..dims import FEATURE, STRUCTURE, TOKEN
+from .base import Made, _first, _is_tensor, propagates
+
+
+@propagates(_ops.FACTORY)
+def _factory(call, outputs):
+    rotary = call.spec.rotary
+    return [Made(D.fresh_axes(tuple(o.shape), origin=call.op), rotary=rotary) for o in outputs]
+
+
+@propagates(_ops.EMBEDDING)
+def _embedding(call, outputs):
+    bound = _ops.bind(call.spec, call.args, call.kwargs)
+    ids, w = bound.get("input"), bound.get("weight")
+    if not (_is_tensor(ids) and _is_tensor(w)) or w.dim() != 2:
+        return None
+    im, wm = call.meta_of(ids), call.meta_of(w)
+    width = wm.dims[1]
+    D.claim_atoms(width, FEATURE, D.PARAM)
+    declared = call.declared()
+    for axis, names in (("d_model", "d_model"), ("heads", "heads")):
+        hit = declared.get(axis)
+        if hit is not None and hit[1] == w.shape[1] and len(width) == 1:
+            D.claim_part(width[0], names, D.DECLARED)
+            break
+    if ids.dim() == 1 and ids.numel() > 1:
+        D.claim_atoms(im.dims[0], TOKEN, STRUCTURE)
+    return [Made((*im.dims, width), im.tags + (None,) if im.tags else ())]
+
+
+_SPATIAL = {1: (None,), 2: ("height", "width"), 3: ("depth", "height", "width")}
+
+
+def _im2col(call, outputs):
+    """F.unfold: [N, C, H, W] -> [N, C * kh * kw, L], the L patch positions last."""
+    x = _first(call)
+    out = outputs[0]
+    if x is None or x.dim() != 4 or out.dim() != 3:
+        return None
+    xm = call.meta_of(x)
+    channels = xm.dims[1]
+    D.claim_atoms(
+        channels, FEATURE, STRUCTURE, "channels" if D.axis_name(channels) is None else None
+    )
+    for axis, name in ((xm.dims[2], "height"), (xm.dims[3], "width")):
+        D.claim_atoms(axis, TOKEN, STRUCTURE, name if D.axis_name(axis) is None else None)
+    kernel = int(out.shape[1]) // max(D.size_of(channels), 1)
+    features = D.normalize(
+        (
+            *channels,
+            *D.fresh(kernel, kind=FEATURE, kind_rank=STRUCTURE, origin="unfold kernel positions"),
+        )
+    )
+    patches = D.fresh(
+        int(out.shape[2]),
+        name="seq",
+        rank=STRUCTURE,
+        kind=TOKEN,
+        kind_rank=STRUCTURE,
+        origin="unfold patches",
+    )
+    return [Made((xm.dims[0], features, patches))]
+
+
+@propagates(_ops.CONV)
+def _conv(call, outputs):
+    if call.spec.name == "unfold":
+        return None if call.is_method else _im2col(call, outputs)
+    bound = _ops.bind(call.spec, call.args, call.kwargs)
+    x, w = bound.get("input"), bound.get("weight")
+    if not (_is_tensor(x) and _is_tensor(w)):
+        return None
+    spatial = w.dim() - 2
+    out = outputs[0]
+    if x.dim() not in (spatial + 1, spatial + 2) or out.dim() != x.dim():
+        return None
+    xm, wm = call.meta_of(x), call.meta_of(w)
+    lead = x.dim() - spatial - 1  # 1 with a batch axis, 0 without
+    channels = xm.dims[lead]
+    D.claim_atoms(
+        channels, FEATURE, STRUCTURE, "channels" if D.axis_name(channels) is None else None
+    )
+    D.claim_atoms(wm.dims[0], FEATURE, D.PARAM)
+    out_channels = wm.dims[0]
+    declared = call.declared().get("d_model")
+    if declared is not None and declared[1] == w.shape[0] and len(out_channels) == 1:
+        D.claim_part(out_channels[0], "d_model", D.DECLARED)
+    elif len(out_channels) == 1:
+        D.claim_part(out_channels[0], "channels", D.PARAM)
+    axes = [*xm.dims[:lead], out_channels]
+    names = _SPATIAL.get(spatial, (None,) * spatial)
+    for i in range(spatial):
+        src = xm.dims[lead + 1 + i]
+        name = names[i]
+        if D.axis_name(src) is None and name is not None:
+            D.claim_atoms(src, TOKEN, STRUCTURE, name)
+        else:
+            D.claim_atoms(src, TOKEN, STRUCTURE)
+        size = int(out.shape[lead + 1 + i])
+        if size == D.size_of(src):
+            axes.append(src)
+        else:
+            # Strided: new positions, read from the old ones (patches, frames).
+            keep = D.axis_name(src)
+            axes.append(
+                D.fresh(
+                    size,
+                    name=keep or name,
+                    rank=STRUCTURE if (keep or name) else 0,
+                    kind=TOKEN,
+                    kind_rank=STRUCTURE,
+                    origin=f"{call.op} positions",
+                )
+            )
+    return [Made(tuple(axes))]

@@ -1,0 +1,436 @@
+"""Views, layouts, indexing, joins, parts and growth: axes moved, cut, merged, copied."""
+
+import torch
+
+from ... import _axes, _ops
+from .. import dims as D
+from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
+from .base import (
+    Made,
+    _dim,
+    _first,
+    _is_tensor,
+    _tag_of,
+    _tags,
+    propagates,
+)
+
+
+# -- views ------------------------------------------------------------------------------------------
+def regroup_view(meta, src_shape, dst_shape) -> tuple[list[Axis], list[bool]]:
+    """Axes of a view from `src_shape` to `dst_shape`, and per target axis whether it
+    came out of an entangled group (then it is a new axis)."""
+    src_shape, dst_shape = tuple(int(s) for s in src_shape), tuple(int(s) for s in dst_shape)
+    out: list[Axis] = [()] * len(dst_shape)
+    entangled = [False] * len(dst_shape)
+    groups = _axes.view_groups(src_shape, dst_shape)
+    if groups is None:
+        whole = D.regroup(meta.dims, dst_shape)
+        if whole is not None:
+            return whole, entangled
+        return [D.fresh(s, origin="view") for s in dst_shape], [True] * len(dst_shape)
+    for gi, gj in groups:
+        made = D.regroup([meta.dims[i] for i in gi], [dst_shape[j] for j in gj])
+        if made is None:
+            for j in gj:
+                out[j] = D.fresh(dst_shape[j], origin="an entangled view")
+                entangled[j] = True
+        else:
+            for j, axis in zip(gj, made, strict=True):
+                out[j] = axis
+    return out, entangled
+
+
+@propagates(_ops.VIEW)
+def _view(call, outputs):
+    x = _first(call)
+    if x is None:
+        return None
+    m = call.meta_of(x)
+    out = outputs[0]
+    if call.spec.name == "view_as_complex" and x.dim() >= 1 and out.dim() == x.dim() - 1:
+        return [Made(m.dims[:-1], m.tags[:-1] if m.tags else (), m.role, m.rotary, m.param)]
+    if call.spec.name == "view_as_real" and out.dim() == x.dim() + 1:
+        return [Made((*m.dims, D.fresh(2, origin="real and imaginary")), (), m.role, m.rotary)]
+    axes, _ = regroup_view(m, x.shape, out.shape)
+    _name_head_split(call, m, x.shape, out.shape, axes)
+    by_axis = {a: _tag_of(m, i) for i, a in enumerate(m.dims) if a}
+    tags = _tags([by_axis.get(a) for a in axes])
+    return [Made(tuple(axes), tags, m.role, m.rotary, m.param)]
+
+
+def _name_head_split(call, meta, src_shape, dst_shape, axes) -> None:
+    """A view that cuts a feature axis into [.., heads, d_k] names the two factors, when
+    the module declares those sizes (the second source of names, after structure)."""
+    groups = _axes.view_groups(tuple(src_shape), tuple(dst_shape)) or []
+    declared = None
+    for gi, gj in groups:
+        real_i = [i for i in gi if src_shape[i] != 1]
+        real_j = [j for j in gj if dst_shape[j] != 1]
+        if len(real_i) != 1 or len(real_j) < 2:
+            continue
+        if D.kind_of(meta.dims[real_i[0]]) in (TOKEN, BATCH):
+            continue
+        a, b = real_j[-2], real_j[-1]
+        if len(axes[a]) != 1 or len(axes[b]) != 1:
+            continue
+        if declared is None:
+            declared = {axis: size for axis, (_, size) in call.declared().items()}
+        if dst_shape[b] != declared.get("d_k"):
+            continue
+        if dst_shape[a] == declared.get("heads"):
+            heads = "heads"
+        elif dst_shape[a] == declared.get("kv_heads"):
+            heads = "kv_heads"
+        else:
+            continue
+        D.claim_part(axes[b][0], "d_k", D.DECLARED)
+        D.claim_part(axes[a][0], heads, D.DECLARED)
+
+
+# -- layouts --------------------------------------------------------------------------------------
+def layout_order(call, ndim: int) -> list[int] | None:
+    """The permutation a layout op applies: output axis i is input axis order[i]."""
+    op, args = call.op, call.args
+    if op in ("transpose", "transpose_", "swapaxes", "swapdims"):
+        bound = _ops.bind(call.spec, args, call.kwargs)
+        d0, d1 = _dim(bound.get("dim0"), ndim), _dim(bound.get("dim1"), ndim)
+        if d0 is None or d1 is None:
+            return None
+        order = list(range(ndim))
+        order[d0], order[d1] = order[d1], order[d0]
+        return order
+    if op == "permute":
+        rest = args[1:]
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], tuple | list) else rest
+        dims = dims or call.kwargs.get("dims", ())
+        if len(dims) != ndim:
+            return None
+        return [int(d) % ndim for d in dims]
+    if op in ("movedim", "moveaxis"):
+        bound = _ops.bind(call.spec, args, call.kwargs)
+        src, dst = bound.get("source"), bound.get("destination")
+        src = [src] if isinstance(src, int) else list(src or ())
+        dst = [dst] if isinstance(dst, int) else list(dst or ())
+        if len(src) != len(dst):
+            return None
+        src, dst = [s % ndim for s in src], [d % ndim for d in dst]
+        rest = [i for i in range(ndim) if i not in src]
+        order: list[int | None] = [None] * ndim
+        for s, d in zip(src, dst, strict=True):
+            order[d] = s
+        it = iter(rest)
+        return [o if o is not None else next(it) for o in order]
+    if op in ("mT", "mH") or (op in ("t", "t_", "T", "H", "adjoint") and ndim <= 2):
+        if ndim < 2:
+            return list(range(ndim))
+        return [*range(ndim - 2), ndim - 1, ndim - 2]
+    if op in ("T", "H"):
+        return list(reversed(range(ndim)))
+    return None
+
+
+@propagates(_ops.LAYOUT)
+def _layout(call, outputs):
+    x = _first(call)
+    if x is None:
+        return None
+    m = call.meta_of(x)
+    order = layout_order(call, x.dim())
+    if order is None:
+        return None
+    dims = tuple(m.dims[i] for i in order)
+    tags = tuple(_tag_of(m, i) for i in order) if m.tags else ()
+    moved = order != list(range(len(order)))
+    return [Made(dims, tags, m.role, m.rotary, m.param, moved or m.laid_out)]
+
+
+# -- indexing --------------------------------------------------------------------------------------
+def _slice_axis(axis: Axis, size: int) -> Axis:
+    """Part of an axis along it (`x[:, :T]`): a new dim that keeps the name and kind."""
+    if size == D.size_of(axis):
+        return axis
+    if size == 1:
+        return ()
+    name, rank, kind, kind_rank, origin = None, 0, None, 0, "a slice"
+    sides = (False, False)
+    if len(axis) == 1:
+        atom = axis[0]
+        root = atom[0].find()
+        name = D.atom_name(atom)
+        rank = (
+            root.rank
+            if D.is_whole(atom)
+            else (root.parts or {}).get((atom[1], atom[2]), ("", 0))[1]
+        )
+        kind, kind_rank = root.kind, root.kind_rank
+        origin = f"a slice of {root.origin}" if root.origin else "a slice"
+        sides = (root.q_side, root.k_side)
+        if name in ("seq_q", "seq_k"):
+            name = "seq"
+    elif axis:
+        kind = D.kind_of(axis)
+        kind_rank = D.CONVENTION if kind else 0
+    made = D.fresh(size, name=name, rank=rank, kind=kind, kind_rank=kind_rank, origin=origin)
+    if made:
+        made[0][0].q_side, made[0][0].k_side = sides
+    return made
+
+
+@propagates(_ops.INDEX)
+def _index(call, outputs):
+    x = _first(call)
+    if x is None:
+        return None
+    m = call.meta_of(x)
+    op = call.spec.name
+    out = outputs[0]
+    ndim = x.dim()
+    if op == "__getitem__" and len(call.args) >= 2:
+        return _getitem(call, x, m, call.args[1], out)
+    bound = _ops.bind(call.spec, call.args, call.kwargs)
+    d = _dim(bound.get("dim"), ndim)
+    if d is None:
+        return None
+    if op == "select":
+        return [Made(m.dims[:d] + m.dims[d + 1 :], _drop_tag(m, d))]
+    if op == "narrow":
+        axes = list(m.dims)
+        axes[d] = _slice_axis(m.dims[d], int(out.shape[d]))
+        return [Made(tuple(axes), m.tags, m.role)]
+    index = bound.get("index")
+    if op == "index_select" and _is_tensor(index) and index.dim() == 1:
+        axes = list(m.dims)
+        axes[d] = call.meta_of(index).dims[0] if index.numel() > 1 else ()
+        return [Made(tuple(axes))]
+    if op in ("gather", "take_along_dim") and _is_tensor(index) and index.dim() == ndim:
+        im = call.meta_of(index)
+        axes = tuple(
+            im.dims[i] if i == d or index.shape[i] != x.shape[i] else m.dims[i] for i in range(ndim)
+        )
+        return [Made(axes)]
+    return None
+
+
+def _drop_tag(m, d: int) -> tuple:
+    return tuple(t for i, t in enumerate(m.tags) if i != d) if m.tags else ()
+
+
+def _getitem(call, x, m, index, out):
+    items = index if isinstance(index, tuple) else (index,)
+    tensors = [i for i in items if _is_tensor(i)]
+    if tensors:
+        return _advanced_index(call, x, m, items, out)
+    consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+    axes: list[Axis] = []
+    tags: list = []
+    pos = 0
+    for item in items:
+        if item is None:
+            axes.append(())
+            tags.append(None)
+        elif item is Ellipsis:
+            keep = x.dim() - consumed
+            if keep < 0:
+                return None
+            for k in range(pos, pos + keep):
+                axes.append(m.dims[k])
+                tags.append(_tag_of(m, k))
+            pos += keep
+        elif isinstance(item, slice):
+            if pos >= x.dim():
+                return None
+            axes.append(m.dims[pos])  # sized below, from the output
+            tags.append(_tag_of(m, pos))
+            pos += 1
+        elif isinstance(item, int) and not isinstance(item, bool):
+            pos += 1
+        else:
+            return None
+    for k in range(pos, x.dim()):
+        axes.append(m.dims[k])
+        tags.append(_tag_of(m, k))
+    if len(axes) != out.dim():
+        return None
+    sized = tuple(_slice_axis(a, int(s)) for a, s in zip(axes, out.shape, strict=True))
+    return [Made(sized, _tags(tags), m.role, m.rotary, m.param)]
+
+
+def _advanced_index(call, x, m, items, out):
+    """One integer tensor index among slices (`table[idx]`, `x[:, idx]`): the indexed
+    axis becomes the index's axes; anything else is a new tensor."""
+    if Ellipsis in items or None in items:
+        return None
+    tensors = [(k, i) for k, i in enumerate(items) if _is_tensor(i)]
+    if len(tensors) != 1:
+        return None
+    k, index = tensors[0]
+    if index.dtype == torch.bool or any(
+        not (isinstance(i, slice) and i == slice(None)) for j, i in enumerate(items) if j != k
+    ):
+        return None
+    im = call.meta_of(index)
+    if k == 0 and m.param and x.dim() >= 2 and not index.dtype.is_floating_point:
+        # Rows of a parameter looked up by index (a relative-position bias table): an
+        # embedding, whose columns are features (the heads of a bias table).
+        for axis in m.dims[1:]:
+            D.claim_atoms(axis, FEATURE, D.PARAM)
+    axes = (*m.dims[:k], *im.dims, *m.dims[k + 1 :])
+    return [Made(tuple(axes))]
+
+
+# -- joins and parts ------------------------------------------------------------------------------
+@propagates(_ops.JOIN)
+def _join(call, outputs):
+    bound = _ops.bind(call.spec, call.args, call.kwargs)
+    tensors = bound.get("tensors")
+    if (
+        not isinstance(tensors, tuple | list)
+        or not tensors
+        or not all(_is_tensor(t) for t in tensors)
+    ):
+        return None
+    metas = [call.meta_of(t) for t in tensors]
+    out = outputs[0]
+    ndim = tensors[0].dim()
+    dim = bound.get("dim", 0)
+    if call.spec.name == "stack":
+        d = _dim(dim, ndim + 1)
+        if d is None:
+            return None
+        lined = _line_up_all(tensors, metas, range(ndim))
+        axes = (*lined[:d], D.fresh(len(tensors), origin="stack"), *lined[d:])
+        return [Made(tuple(axes))]
+    d = _dim(dim, ndim)
+    if d is None or out.dim() != ndim:
+        return None
+    lined = _line_up_all(tensors, metas, [i for i in range(ndim) if i != d])
+    parts = [m.dims[d] for m in metas]
+    axes = list(lined)
+    axes.insert(d, _joined_axis(parts, int(out.shape[d])))
+    tags = [_tag_of(metas[0], i) for i in range(ndim)]
+    return [Made(tuple(axes), _tags(tags), _common_role(metas), all(m.rotary for m in metas))]
+
+
+def _line_up_all(tensors, metas, positions) -> list[Axis]:
+    axes = []
+    for i in positions:
+        chosen: Axis = ()
+        for t, m in zip(tensors, metas, strict=True):
+            if t.shape[i] == 1:
+                continue
+            if not chosen:
+                chosen = m.dims[i]
+            else:
+                D.line_up(chosen, m.dims[i])
+        axes.append(chosen)
+    return axes
+
+
+def _joined_axis(parts: list[Axis], size: int) -> Axis:
+    """The axis a concatenation makes: a new dim, named and kinded like its parts when
+    they agree (a cache of seq + new seq is seq; two halves of d_k are d_k)."""
+    names = {D.axis_name(p) for p in parts if p}
+    kinds = {D.kind_of(p) for p in parts if p} - {None}
+    name = names.pop() if len(names) == 1 else None
+    if name in ("seq_q", "seq_k"):
+        name = "seq"
+    kind = kinds.pop() if len(kinds) == 1 else None
+    made = D.fresh(
+        size,
+        name=name,
+        rank=D.CONVENTION if name else 0,
+        kind=kind,
+        kind_rank=D.CONVENTION if kind else 0,
+        origin="a concatenation",
+    )
+    if made:
+        roots = [a[0].find() for p in parts for a in p]
+        made[0][0].q_side = any(r.q_side for r in roots)
+        made[0][0].k_side = any(r.k_side for r in roots)
+    return made
+
+
+def _common_role(metas) -> str | None:
+    roles = {m.role for m in metas}
+    return roles.pop() if len(roles) == 1 else None
+
+
+@propagates(_ops.PART)
+def _part(call, outputs):
+    x = _first(call)
+    if x is None:
+        return None
+    m = call.meta_of(x)
+    ndim = x.dim()
+    bound = _ops.bind(call.spec, call.args, call.kwargs)
+    d = _dim(bound.get("dim", 0), ndim)
+    if d is None:
+        return None
+    if call.spec.name == "unbind":
+        return [Made(m.dims[:d] + m.dims[d + 1 :], _drop_tag(m, d), m.role) for _ in outputs]
+    made = []
+    declared = None
+    for out in outputs:
+        if out.dim() != ndim:
+            return None
+        axes = list(m.dims)
+        size = int(out.shape[d])
+        part = _slice_axis(m.dims[d], size)
+        if part is not m.dims[d] and part and D.kind_of(m.dims[d]) == FEATURE:
+            if declared is None:
+                declared = call.declared()
+            d_model = declared.get("d_model")
+            if d_model is not None and size == d_model[1] and D.atom_name(part[0]) is None:
+                D.claim_part(part[0], "d_model", D.DECLARED)
+        axes[d] = part
+        made.append(Made(tuple(axes), m.tags, m.role, m.rotary))
+    return made
+
+
+# -- growth ----------------------------------------------------------------------------------------
+def _copy(size: int) -> Axis:
+    return D.fresh(size, kind=COPY, kind_rank=STRUCTURE, origin="a broadcast copy")
+
+
+@propagates(_ops.GROW)
+def _grow(call, outputs):
+    x = _first(call)
+    if x is None:
+        return None
+    m = call.meta_of(x)
+    out = outputs[0]
+    op = call.spec.name
+    shape, new = tuple(x.shape), tuple(out.shape)
+    if op in ("expand", "expand_as", "broadcast_to"):
+        lead = len(new) - len(shape)
+        if lead < 0:
+            return None
+        axes: list[Axis] = [_copy(s) for s in new[:lead]]
+        for k, (old, size) in enumerate(zip(shape, new[lead:], strict=True)):
+            axes.append(m.dims[k] if old == size else _copy(size))
+        tags = (None,) * lead + m.tags if m.tags else ()
+        return [Made(tuple(axes), tags, m.role, m.rotary)]
+    if op in ("repeat", "tile"):
+        reps = call.args[1:]
+        if len(reps) == 1 and isinstance(reps[0], tuple | list):
+            reps = tuple(reps[0])
+        if not reps or not all(isinstance(r, int) for r in reps):
+            return None
+        reps = (1,) * (len(shape) - len(reps)) + tuple(reps)
+        lead = len(reps) - len(shape)
+        axes = [_copy(r) for r in reps[:lead]]
+        for k, r in enumerate(reps[lead:]):
+            # repeat tiles whole blocks: the copy is the outer factor.
+            axes.append(D.normalize((*_copy(r), *m.dims[k])) if r > 1 else m.dims[k])
+        return [Made(tuple(axes), (), m.role)]
+    if op == "repeat_interleave":
+        bound = _ops.bind(call.spec, call.args, call.kwargs)
+        repeats, d = bound.get("repeats"), _dim(bound.get("dim"), x.dim())
+        if not isinstance(repeats, int) or d is None:
+            return None
+        axes = list(m.dims)
+        # Each element repeated in place: the copy is the inner factor.
+        axes[d] = D.normalize((*m.dims[d], *_copy(repeats))) if repeats > 1 else m.dims[d]
+        return [Made(tuple(axes), m.tags, m.role)]
+    return None

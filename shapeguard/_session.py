@@ -245,6 +245,7 @@ class Session:
         self.owner_depth = 0
         self.metas: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
         self._first_event = len(trace.events)
+        self._state_names: dict[int, str] | None = None
         self.module_stack: list = []
         self._paths: dict[int, str] | None = None
         self._seen_modules: set[int] = set()
@@ -359,10 +360,30 @@ class Session:
         meta = self.metas.get(tensor)
         if meta is None:
             param = isinstance(tensor, torch.nn.Parameter)
-            origin = "a parameter" if param else "a tensor made outside the trace"
-            meta = TensorMeta(_dims.fresh_axes(tuple(tensor.shape), origin), param=param)
+            name = self._state_name(tensor)
+            axes = _dims.fresh_axes(tuple(tensor.shape))
+            for i, axis in enumerate(axes):
+                for dim, _, _ in axis:
+                    dim.origin = (
+                        f"axis {i} of {name}"
+                        if name
+                        else "a parameter"
+                        if param
+                        else "a tensor made outside the trace"
+                    )
+            meta = TensorMeta(axes, param=param)
             self.metas[tensor] = meta
         return meta
+
+    def _state_name(self, tensor) -> str:
+        """The qualified name of a parameter or buffer of the root module (for messages)."""
+        if self._state_names is None:
+            root = self.root
+            self._state_names = {}
+            if root is not None and hasattr(root, "named_parameters"):
+                for name, value in (*root.named_parameters(), *root.named_buffers()):
+                    self._state_names[id(value)] = name
+        return self._state_names.get(id(tensor), "")
 
     def declared_sizes(self, module) -> dict[str, tuple[str, int]]:
         """`_axes.declared_sizes`, read once per module per session."""

@@ -62,6 +62,8 @@ def regroup(call):
         return
     label = call.label(0, "input")
     expr = f"{label}.{call.op}({', '.join(str(s) for s in target)})"
+    # Hints start from the tensor itself: `y.contiguous().view(...)` is fixed on `y`.
+    label = label.removesuffix(".contiguous()")
     view = _View(call, x, label, expr, shape, resolved, groups)
     for finding in (
         view.batch_unfold,
@@ -258,7 +260,7 @@ class _View:
     def _merge_violation(self, real_i, real_j) -> Violation:
         # The heads that belong with the merged d_k may sit on an axis of their own just
         # outside the group (seq == heads: [heads, seq, d_k] -> [heads, seq * d_k]).
-        real_i = self._with_heads(real_i)
+        real_i, real_j = self._with_heads(real_i, real_j)
         names = [self.axes[i] or f"dim {i}" for i in real_i]
         regroup = self._regroup_text(real_i, real_j)
         if "heads" in names and any(n in _SEQ_AXES for n in names):
@@ -278,16 +280,19 @@ class _View:
             hint = self._reorder_hint(real_i, real_j)
         return Violation("view_mixes_axes", relation, self._operands(), hint, severity="warning")
 
-    def _with_heads(self, real_i: list[int]) -> list[int]:
-        """`real_i` and, before it, the source axis of the heads that belong with a merged
-        d_k, when that axis is not in the group (an attention output's heads are the
-        queries', its d_k the values': they are one head split by what attention did)."""
+    def _with_heads(self, real_i: list[int], real_j: list[int]) -> tuple[list[int], list[int]]:
+        """The group, and before it the source axis of the heads that belong with a merged
+        d_k, with where it lands, when it is not in the group (an attention output's heads
+        are the queries', its d_k the values': one head split, by what attention did)."""
         if not any(self.axes[i] == "d_k" for i in real_i):
-            return real_i
+            return real_i, real_j
         for h in range(real_i[0] - 1, -1, -1):
             if self.axes[h] in ("heads", "kv_heads") and D.is_factor(self.meta.dims[h]):
-                return [h, *real_i]
-        return real_i
+                for gi, gj in self.groups:
+                    if h in gi:
+                        landed = [j for j in gj if self.resolved[j] != 1]
+                        return [h, *real_i], [*landed, *real_j]
+        return real_i, real_j
 
     # -- the user's own names say otherwise ----------------------------------------------------
     def named_otherwise(self) -> Violation | None:
@@ -316,7 +321,7 @@ class _View:
         return None
 
     def _intent_violation(self, j: int, intent, held, held_kind) -> Violation:
-        held_name = D.axis_name(held) or held_kind
+        held_name = D.axis_name(held) or " * ".join(D.describe_atom(a) for a in held)
         size = self.resolved[j]
         said = f"{intent.text} ({intent.name})" if intent.name else intent.text
         if intent.kind == FEATURE and held_kind == BATCH:
@@ -334,7 +339,7 @@ class _View:
             f"{self.expr}: axis {j} is {said} but receives {held_name} ({held_kind} axis): "
             f"a view keeps memory order, and only the coinciding sizes ({size}) let it run"
         )
-        if intent.kind == FEATURE and held_kind == TOKEN:
+        if intent.name in ("heads", "kv_heads") and held_kind == TOKEN:
             real_i = [i for i in range(len(self.shape)) if self.shape[i] != 1]
             hint = _carve_hint(self.label, self.shape, real_i[-1:], self.call.declared())
         else:

@@ -62,13 +62,21 @@ def _constant_along(bias, target_ndim: int, key: int) -> bool:
     return along == 1 and any(int(s) > 1 for s in bias.shape)
 
 
-def _violation(call, where: str, label: str, bias, scores_shape, key: int) -> Violation:
+def _violation(
+    call, where: str, label: str, bias, scores_shape, key: int, *, masked=False
+) -> Violation:
     ndim = len(scores_shape)
     sq, sk = scores_shape[key - 1], scores_shape[key]
+    what = (
+        f"{label} {list(bias.shape)} adds one value per query row to the keys it keeps (its "
+        "bias is constant along seq_k)"
+        if masked
+        else f"{label} {list(bias.shape)} is constant along seq_k (one value for all {sk} keys "
+        "of a query)"
+    )
     return Violation(
         "score_bias_constant",
-        f"{where}: {label} {list(bias.shape)} is constant along seq_k (one value for all "
-        f"{sk} keys of a query): softmax over the keys cancels it, so it has no effect",
+        f"{where}: {what}: softmax over the keys cancels it, so it has no effect",
         (call.operand(label, bias),),
         f"lay the bias out along the keys: [.., 1, seq_k] for a bias per key, or "
         f"[.., seq_q, seq_k] = [.., {sq}, {sk}] for one of both (ALiBi: -slope * (i - j)); "
@@ -139,4 +147,4 @@ def sdpa_bias(call):
         per_row_constant = bool((high == low).all())
         varies = bool((high != high[0]).any())
     if per_row_constant and varies:
-        yield _violation(call, "scaled_dot_product_attention", label, mask, target, -1)
+        yield _violation(call, "scaled_dot_product_attention", label, mask, target, -1, masked=True)

@@ -28,6 +28,9 @@ PROBES = (
 )
 
 
+SCHEMA_VERSION = 1
+
+
 @dataclass(slots=True)
 class CheckReport:
     """What `check` found: the trace's findings as one result, then one result per probe.
@@ -36,7 +39,8 @@ class CheckReport:
         model: the module's class name.
         results: `ProbeResult`s (name, status, message, deviation, tolerance, op).
         findings: the trace's `Finding`s.
-        dtype: the dtype the probes ran in ("float64" unless the module refused it).
+        dtype: the dtype the probes ran in ("float64" unless the module refused it; ""
+            when no probe ran).
     """
 
     model: str
@@ -46,12 +50,40 @@ class CheckReport:
 
     @property
     def passed(self) -> bool:
-        """True when no probe failed and the trace found nothing."""
+        """True when no probe failed and the trace found nothing (see `verdict`: a
+        report where no probe ran passes, but says so)."""
         return all(r.passed for r in self.results)
 
     @property
     def failed(self) -> list[ProbeResult]:
         return [r for r in self.results if not r.passed]
+
+    @property
+    def probes(self) -> list[ProbeResult]:
+        """The semantic probes' results (every result but the trace's)."""
+        return [r for r in self.results if r.name != "shape checks"]
+
+    @property
+    def verdict(self) -> str:
+        """ "failed", "passed", or "not probed" (nothing failed, but no probe ran)."""
+        if not self.passed:
+            return "failed"
+        if not any(r.ran for r in self.probes):
+            return "not probed"
+        return "passed"
+
+    def summary(self) -> str:
+        """The last line of the table: what ran, and the verdict."""
+        ran = [r for r in self.results if r.ran]
+        skipped = len(self.results) - len(ran)
+        where = f" in {self.dtype}" if self.dtype else ""
+        more = f", {skipped} skipped" if skipped else ""
+        head = f"{len(ran)} of {len(self.results)} checks ran{where}{more}"
+        if self.verdict == "failed":
+            return f"{head}; failed ({len(self.failed)} of {len(ran)})"
+        if self.verdict == "not probed":
+            return f"{head}; no probe ran, so only the shape checks passed"
+        return f"{head}; passed"
 
     def render(self, width: int | None = 100, *, color: bool = False) -> str:
         """The report as a table (plain text unless `color`), then each failure in full."""
@@ -79,21 +111,38 @@ class CheckReport:
         console.print(table)
         for r in self.failed:
             console.print(Text(f"{r.name}: {r.message}"), soft_wrap=True)
-        verdict = "passed" if self.passed else f"failed ({len(self.failed)} of {len(self.results)})"
-        console.print(Text(f"{len(self.results)} checks in {self.dtype}; {verdict}"))
+        console.print(Text(self.summary()))
         return console.export_text(styles=color).rstrip() + "\n"
 
     def __str__(self) -> str:
         return self.render()
 
     def to_dict(self) -> dict:
+        """The report as JSON-ready values: every probe's result, the trace's findings
+        and the verdict (schema "shapeguard.check", docs/json-schema.md)."""
+        from ._version import __version__
+
+        counts = {status: 0 for status in ("passed", "failed", "skipped")}
+        for r in self.results:
+            counts[r.status] = counts.get(r.status, 0) + 1
         return {
+            "schema": "shapeguard.check",
+            "schema_version": SCHEMA_VERSION,
+            "shapeguard_version": __version__,
             "model": self.model,
             "passed": self.passed,
-            "dtype": self.dtype,
+            "verdict": self.verdict,
+            "dtype": self.dtype or None,
+            "counts": counts,
+            "summary": self.summary(),
             "results": [r.to_dict() for r in self.results],
             "findings": [f.to_dict() for f in self.findings],
         }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        import json
+
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
 
 class _Sink:

@@ -331,9 +331,41 @@ def test_report_renders_a_plain_table_and_each_failure_in_full():
         line.startswith("│ head-permutation invariance") and "failed" in line for line in lines
     )
     assert "head-permutation invariance: permuting the 3 heads of Attention" in text
-    assert lines[-1] == "8 checks in float64; failed (3 of 8)"
+    assert lines[-1] == "6 of 8 checks ran in float64, 2 skipped; failed (3 of 6)"
     assert str(report) == report.render()
     assert report.to_dict()["passed"] is False
+
+
+def test_report_as_json_carries_every_probe_with_its_reason_and_verdict():
+    import json
+
+    report = check(Attention("merge"), torch.randn(B, S, D))
+    data = json.loads(report.to_json())
+    assert data["schema"] == "shapeguard.check" and data["schema_version"] == 1
+    assert data["verdict"] == "failed" and data["passed"] is False
+    assert [r["name"] for r in data["results"]] == [r.name for r in report.results]
+    assert data["counts"] == {
+        status: sum(r.status == status for r in report.results)
+        for status in ("passed", "failed", "skipped")
+    }
+    failed = next(r for r in data["results"] if r["name"] == "head-permutation invariance")
+    assert failed["status"] == "failed" and failed["deviation"] > failed["tolerance"]
+    assert failed["hint"].startswith("heads are not kept apart")
+    assert "merged by reshape at" in failed["op"]
+    skipped = next(r for r in data["results"] if r["status"] == "skipped")
+    assert skipped["reason"] == skipped["message"].splitlines()[0]
+    assert data["summary"] == report.summary()
+
+
+def test_the_summary_never_says_passed_when_no_probe_ran():
+    class Constant(nn.Module):
+        def forward(self, x):
+            return x.sum() * 0  # no batch axis in the output: no probe applies
+
+    report = check(Constant(), torch.randn(B, D))
+    assert report.passed and report.verdict == "not probed"
+    assert report.summary().endswith("no probe ran, so only the shape checks passed")
+    assert report.to_dict()["verdict"] == "not probed"
 
 
 def _line(text: str) -> int:

@@ -25,6 +25,7 @@ PROBES = (
     _probes.token_permutation,
     _probes.head_permutation,
     _probes.length_change,
+    _probes.decode_consistency,
 )
 
 
@@ -264,6 +265,9 @@ class _Traced:
     watch: object
     out_axes: tuple = ()
     error: Exception | None = None
+    # The inputs' and outputs' metas when the forward ended (their axis provenance).
+    in_metas: dict = field(default_factory=dict)
+    out_metas: list = field(default_factory=list)  # (path, tensor, meta) of floating outputs
 
 
 def _trace(model, args: tuple, kwargs: dict) -> _Traced:
@@ -285,6 +289,14 @@ def _trace(model, args: tuple, kwargs: dict) -> _Traced:
             first = _probes.first_output(out)
             meta = session.metas.get(first) if first is not None else None
             traced.out_axes = meta.axes if meta is not None else ()
+            traced.in_metas = {
+                path: session.metas.get(t) for path, t in _probes.leaves((args, kwargs))
+            }
+            traced.out_metas = [
+                (path, t, session.metas.get(t))
+                for path, t in _probes.leaves(out)
+                if t.is_floating_point()
+            ]
     except Exception as error:
         traced.error = error
     finally:
@@ -322,21 +334,26 @@ def _shape_result(traced: _Traced) -> ProbeResult:
 
 # -- the probes -------------------------------------------------------------------------
 def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
-    """The float64 copy, its inputs and reference output, for the probes; or a skipped
+    """The float64 copy, its inputs and reference outputs, for the probes; or a skipped
     result saying why the probes cannot run."""
     import inspect
 
     import torch
 
     from . import _config
+    from ._probes import intent
+    from ._probes.layout import read_layout
 
     try:
         params = [p for p in inspect.signature(type(work).forward).parameters if p != "self"]
     except (TypeError, ValueError):
         params = []
     names = [params[i] if i < len(params) else f"arg{i}" for i in range(len(args))]
-    names = [_leaf_name(path, names) for path, _ in _probes.leaves((args, kwargs))]
-    layout = _probes.read_layout(work, args, kwargs, names)
+    found = _probes.leaves((args, kwargs))
+    if not found:
+        return _probes.skipped("probes", "the module takes no tensor input")
+    leaf_names = {path: _leaf_name(path, names) for path, _ in found}
+    layout = read_layout(found, leaf_names, traced.in_metas, traced.watch, traced.out_metas)
     if isinstance(layout, str):
         return _probes.skipped("probes", layout)
     _config._disabled_by_api = True  # probe runs are plain forwards, guarded or not
@@ -345,39 +362,75 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
         try:
             candidate = work if dtype is None else _copy_as(work, dtype)
             inputs = (args, kwargs) if dtype is None else _inputs_as((args, kwargs), dtype)
-            reference = _probes.first_output(candidate(*inputs[0], **inputs[1]))
+            output = candidate(*inputs[0], **inputs[1])
         except Exception:
             if dtype is None:
                 raise
             continue  # float64 refused (a float32 constant, an op without double): as given
         break
+    reference = _probes.first_output(output)
     if reference is None:
         return _probes.skipped("probes", "the module returned no floating-point tensor")
     report.dtype = str(reference.dtype).removeprefix("torch.")
-    out_batch, out_seq = _output_axes(layout, reference, traced.out_axes)
-    watch = traced.watch
-    declared = _probes.declared_sizes(work)
+    refs = {}
+    for leaf in layout.outputs:
+        value = _probes.pick(output, leaf.path)
+        if isinstance(value, torch.Tensor):
+            refs[leaf.path] = value
+    out_batch, out_seq = _first_axes(layout, output, reference)
     if causal is True:
         why = "declared with causal=True"
     elif causal is False:
         why = ""
     else:
-        why = watch.causal
-    return _probes.Subject(
+        why = traced.watch.causal or intent.declared_causal(work)
+    subject = _probes.Subject(
         model=candidate,
         inputs=inputs,
         layout=layout,
         reference=reference,
         out_batch=out_batch,
         out_seq=out_seq,
-        watch=watch,
+        watch=traced.watch,
         events=traced.trace.events,
-        declared=declared,
+        declared=_probes.declared_sizes(work),
         rtol=_probes.rtol_for(reference.dtype),
         generator=generator,
         causal=why,
         traced_model=work,
+        refs=refs,
+        findings=traced.trace.findings,
+        distributed=intent.sharded(work, (args, kwargs)),
     )
+    subject.rtol = _tolerance(subject)
+    return subject
+
+
+def _tolerance(s) -> float:
+    """The tolerance of the least precise dtype the module computes in: one example run
+    under a scan of every op's output dtype (a float64 copy may cast to float32 inside)."""
+    import torch
+
+    scan = _probes.DtypeScan()
+    inputs = s.inputs
+    if s.layout.batch_size:
+        inputs = _probes.take_examples(s.layout, inputs, torch.tensor([0]))
+    try:
+        with scan:
+            s.model(*inputs[0], **inputs[1])
+    except Exception:
+        return s.rtol
+    return max(s.rtol, _probes.tolerance(scan.dtypes))
+
+
+def _first_axes(layout, output, reference) -> tuple[int | None, int | None]:
+    """The batch and query axes of the first floating output, from the layout."""
+    for leaf in layout.outputs:
+        if _probes.pick(output, leaf.path) is reference:
+            batch = leaf.batch[0] if len(leaf.batch) == 1 else None
+            seq = next((d for d, g in leaf.seq.items() if g == 0), None)
+            return batch, seq
+    return None, None
 
 
 def _leaf_name(path: tuple, positional: list[str]) -> str:
@@ -392,27 +445,6 @@ def _copy_as(module, dtype):
 
 def _inputs_as(inputs, dtype):
     return _probes.rebuild(inputs, lambda _, t: t.to(dtype) if t.is_floating_point() else t)
-
-
-def _output_axes(layout, out, axes) -> tuple[int | None, int | None]:
-    """The output's batch and seq axes: its axis names from the trace when their sizes
-    agree with the inputs', else the input's layout when those sizes agree."""
-    size = {"batch": layout.batch_size, "seq": layout.lengths[0]}
-
-    def pick(names, kind, fallback):
-        named = (
-            [d for d, n in enumerate(axes or ()) if n in names]
-            if len(axes or ()) == out.dim()
-            else []
-        )
-        for d in [*named, fallback]:
-            if d < out.dim() and out.shape[d] == size[kind]:
-                return d
-        return None
-
-    batch = pick(("batch",), "batch", layout.batch_dim)
-    seq = pick(("seq", "seq_q"), "seq", layout.seq_dim)
-    return batch, (seq if seq != batch else None)
 
 
 def _run_probe(probe, subject) -> ProbeResult:

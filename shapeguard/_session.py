@@ -335,6 +335,7 @@ class Session:
         names = _parameter_names(type(module))
         tensors = [(names[i] if i < len(names) else f"arg{i}", a) for i, a in enumerate(args)]
         tensors += list(kwargs.items())
+        tensors = [leaf for name, value in tensors for leaf in _nested_tensors(name, value)]
         declared = self.declared_sizes(module)
         mains, masks = [], []
         for name, tensor in tensors:
@@ -634,6 +635,26 @@ def _tensors_of_args(args: tuple) -> list:
             found.append(a)
         elif isinstance(a, tuple | list):
             found.extend(t for t in a if isinstance(t, torch.Tensor))
+    return found
+
+
+def _nested_tensors(name: str, value, depth: int = 0) -> list:
+    """(label, tensor) for a root input and the tensors nested in it: a dict or dataclass
+    batch (`batch.input_ids`), a few levels deep. Tuples are not looked into (a legacy
+    cache is a tuple of tuples of past keys and values, not a batch)."""
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if depth >= 3:
+        return []
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
+        items = [(f, getattr(value, f, None)) for f in value.__dataclass_fields__]
+    else:
+        return []
+    found = []
+    for key, item in items:
+        found += _nested_tensors(f"{name}.{key}", item, depth + 1)
     return found
 
 

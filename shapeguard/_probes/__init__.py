@@ -26,31 +26,39 @@ op where a difference first appears). The probes: `batch`, `sequence`, and `head
 """
 
 from .batch import batch_independence, sub_batch
-from .compare import rtol_for
+from .compare import DtypeScan, rtol_for, tolerance
+from .decode import decode_consistency
+from .edits import take_examples
 from .heads import head_permutation
 from .layout import read_layout
-from .result import ProbeResult, skipped
+from .result import ProbeResult, not_applicable, skipped
 from .sequence import causality, key_padding, length_change, token_permutation
 from .subject import Subject, declared_sizes
-from .tree import first_output, leaves, rebuild
+from .tree import first_output, leaves, pick, rebuild
 from .watch import Watch
 
 __all__ = [
+    "DtypeScan",
     "ProbeResult",
     "Subject",
     "Watch",
     "batch_independence",
     "causality",
     "declared_sizes",
+    "decode_consistency",
     "first_output",
     "head_permutation",
     "key_padding",
     "leaves",
     "length_change",
+    "not_applicable",
+    "pick",
     "read_layout",
     "rebuild",
     "rtol_for",
     "skipped",
     "sub_batch",
+    "take_examples",
     "token_permutation",
+    "tolerance",
 ]

@@ -3,12 +3,14 @@
 import torch
 
 from ..checks import mask_semantics
-from ..checks.mask_semantics import aligned, mask_uses, triangle
+from ..checks.mask_semantics import mask_uses
 from .tree import first_output
 
 # The ops whose masks `mask_uses` reads: the only ones worth building an OpCall for.
 _MASKING_OPS = frozenset(s for op in mask_semantics.MASKING for s in op.spellings)
 
+# Ops that may mask attention weights after the softmax (masks.after_softmax).
+_WEIGHT_MASKING = frozenset({"masked_fill", "masked_fill_", "mul", "__mul__", "__rmul__", "mul_"})
 _POSITIONAL_OPS = frozenset({"arange", "cos", "sin", "polar", "view_as_complex", "embedding"})
 _TABLE_READS = frozenset({"__getitem__", "index_select", "narrow", "embedding", "gather"})
 
@@ -31,6 +33,8 @@ class Watch:
         self.masked = ""  # where a mask is applied
         self.positional = ""  # where a positional term is computed
         self.linears: list[tuple] = []  # (module, input role, output role)
+        self.embedded: list[tuple] = []  # (axes of the ids an embedding read, table rows)
+        self.mask_uses: list = []  # masks.MaskUse: how each op applied its mask
         self.values: list[tuple] | None = [] if keep_values else None
 
         class _Mode(TorchFunctionMode):
@@ -61,7 +65,9 @@ class Watch:
         return op
 
     def _before(self, func, op: str, args, kwargs) -> None:
-        if op not in _MASKING_OPS:
+        if op == "embedding":
+            self._embedding(args, kwargs)
+        if op not in _MASKING_OPS and op not in _WEIGHT_MASKING:
             return
         from .._session import OpCall
 
@@ -71,10 +77,51 @@ class Watch:
             self.causal = f"{op}(is_causal=True)"
         for use in mask_uses(call):
             self.masked = self.masked or use.op
-            hidden = aligned(use.hidden, len(use.target))
-            square = hidden.shape[-2:] == use.target[-2:] and min(use.target[-2:]) > 1
-            if square and not self.causal and triangle(hidden):
+            self._mask_use(call, use)
+        self._weights_masked(call)
+
+    def _weights_masked(self, call) -> None:
+        """A mask applied after the softmax: recorded for the probes (its polarity)."""
+        from . import masks
+
+        found = masks.after_softmax(call)
+        if found is None:
+            return
+        op, hidden, target = found
+        self.masked = self.masked or op
+        keys, queries = masks.key_axis(call, "masked_fill")
+        unseen = masks.unseen_keys(hidden, target)
+        kept = masks.kept(hidden, self.mask_uses)
+        extra = masks.beyond_padding(hidden, target, unseen)
+        self.mask_uses.append(masks.MaskUse(op, target, unseen, keys, queries, kept, extra))
+
+    def _mask_use(self, call, use) -> None:
+        """What the probes keep of a mask use: its padding, its key axis, causal or not."""
+        from . import masks
+
+        if use.kind != "combined":
+            keys, queries = masks.key_axis(call, use.op)
+            unseen = masks.unseen_keys(use.hidden, use.target)
+            hidden = masks.kept(use.hidden, self.mask_uses)
+            extra = masks.beyond_padding(use.hidden, use.target, unseen)
+            self.mask_uses.append(
+                masks.MaskUse(use.op, use.target, unseen, keys, queries, hidden, extra)
+            )
+        if not self.causal:
+            shape = masks.causal_pattern(use.hidden, use.target)
+            if shape == "triangle":
                 self.causal = f"a triangular mask in {use.op}"
+            elif shape == "band":
+                self.causal = f"a mask near the diagonal in {use.op}"
+
+    def _embedding(self, args, kwargs) -> None:
+        ids = args[0] if args else kwargs.get("input")
+        table = args[1] if len(args) > 1 else kwargs.get("weight")
+        if not isinstance(ids, torch.Tensor) or not isinstance(table, torch.Tensor):
+            return
+        meta = self.session.metas.get(ids)
+        if meta is not None and table.dim() == 2:
+            self.embedded.append((meta.dims, int(table.shape[0])))
 
     def _after(self, op: str, args, out, count: int) -> None:
         session = self.session

@@ -2,7 +2,7 @@
 
 from ... import _ops
 from .. import dims as D
-from ..dims import COPY, FEATURE, STRUCTURE, TOKEN, Axis
+from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
 from .base import Made, _claim, _is_tensor, _tag_of, _tags, propagates
 
 
@@ -23,6 +23,8 @@ def classify_product(
     kr, kc = D.strong_kind_of(rows), D.strong_kind_of(cols)
     if FEATURE in (kr, kc) or ka not in (FEATURE, None) or kb not in (FEATURE, None):
         return None
+    if BATCH in (D.kind_of(rows), D.kind_of(cols)) and D.roots_of(rows) != D.roots_of(cols):
+        return None  # examples against other examples (CLIP's image-text logits)
     if TOKEN in (kr, kc) or FEATURE in (ka, kb):
         return "scores"
     # Nothing known: a product of a tensor with a transposed one along their last axes.

@@ -104,6 +104,6 @@ def _cannot_run(s: Subject, name: str) -> ProbeResult | None:
         return skipped(name, "needs a batch of 2 or more")
     if not s.outputs(batch=True):
         return not_applicable(name, "no output has a batch axis whose examples can be told apart")
-    if s.layout.ambiguous:
-        return skipped(name, s.layout.ambiguous)
+    if s.layout.ambiguous_batch:
+        return skipped(name, s.layout.ambiguous_batch)
     return None

@@ -73,18 +73,84 @@ def find_heads(model, watch: Watch | None, traced=None) -> list[HeadGroup]:
     `traced` is the copy the trace ran, when it is not `model` (names are the same)."""
     names = {id(m): n for n, m in (traced or model).named_modules()}
     groups: list[HeadGroup] = []
-    traced = _from_trace(model, watch, names) if watch is not None else None
-    if traced is not None:
-        groups.append(traced)
+    traced_group = _from_trace(model, watch, names) if watch is not None else None
+    if traced_group is not None:
+        groups.append(traced_group)
     seen = {g.name for g in groups}
+    by_name = dict((traced or model).named_modules())
     for name, module in model.named_modules():
         if name in seen:
             continue
-        group = _from_attributes(name, module)
+        group = _from_attributes(name, module, watch, by_name.get(name))
         if group is not None:
+            if not group.has_out and watch is not None:
+                _out_by_call_order(model, group, watch, names)
             groups.append(group)
             seen.add(name)
     return groups
+
+
+def refused(model, watch: Watch | None, traced=None) -> str:
+    """Why a packed Q/K/V projection cannot be permuted by head blocks, when one cannot:
+    its output is not cut into [Q | K | V] blocks of heads (CodeGen's [mp_num, ...]
+    layout, GPT-NeoX's [heads, 3 * d_k])."""
+    if watch is None:
+        return ""
+    by_name = dict((traced or model).named_modules())
+    for name, module in model.named_modules():
+        sizes = _sizes(module)
+        if sizes is None:
+            continue
+        packed = next((n for n in _PACKED if _is_projection(getattr(module, n, None))), None)
+        if packed is None or isinstance(module, torch.nn.MultiheadAttention):
+            continue
+        if any(_is_projection(getattr(module, q, None)) for q, _, _ in _QKV):
+            continue
+        why = _packed_layout(by_name.get(name, module), packed, watch, *sizes)
+        if why:
+            return f"{name or type(module).__name__}.{packed}: {why}"
+    return ""
+
+
+def _packed_layout(module, packed: str, watch: Watch, heads: int, kv: int, d_k: int) -> str:
+    """"" when the packed projection's output is cut into [Q | K | V] head blocks (split
+    into its three parts, or viewed as [..., 3, heads, d_k]); else what was done to it."""
+    part = getattr(module, packed, None)
+    use = watch.first_use.get(id(part)) if part is not None else None
+    if use is None:
+        return ""  # never seen: the attribute layout stands
+    from .. import _ops
+
+    op, shapes = use
+    family = _ops.lookup(op).family
+    widths = [heads * d_k, kv * d_k, kv * d_k]
+    if family == _ops.PART and [s[-1] for s in shapes] == widths:
+        return ""
+    if family == _ops.INDEX and shapes and shapes[0][-1] == widths[0]:
+        return ""  # sliced: the queries first, [Q | K | V]
+    if family == _ops.VIEW and shapes and shapes[0][-3:] == (3, heads, d_k) and kv == heads:
+        return ""
+    got = " and ".join(str(list(s)) for s in shapes)
+    return f"its output is cut by {op} into {got}, not into Q, K, V blocks of whole heads"
+
+
+def _out_by_call_order(model, group: HeadGroup, watch: Watch, names: dict) -> None:
+    """The output projection of a layer that keeps it elsewhere (BERT's SelfOutput.dense):
+    the first Linear called after the layer's value projection that reads heads * d_k
+    features."""
+    value = next((r.param.rpartition(".")[0] for r in reversed(group.rows) if r.kv), None)
+    calls = [names.get(id(module)) for module, _, _ in watch.linears]
+    if value not in calls:
+        return
+    width = group.heads * group.d_k
+    for name in calls[calls.index(value) + 1 :]:
+        if not name:
+            continue
+        module = model.get_submodule(name)
+        if _is_projection(module) and module.weight.shape[1 - _out_axis(module)] == width:
+            group.rows += _out_columns(_prefix(name), module, group.heads, group.d_k)
+            group.has_out = True
+            return
 
 
 def _sizes(module) -> tuple[int, int, int] | None:
@@ -135,7 +201,7 @@ def _prefix(name: str) -> str:
     return f"{name}." if name else ""
 
 
-def _from_attributes(name: str, module) -> HeadGroup | None:
+def _from_attributes(name: str, module, watch=None, traced=None) -> HeadGroup | None:
     sizes = _sizes(module)
     if sizes is None:
         return None
@@ -169,6 +235,8 @@ def _from_attributes(name: str, module) -> HeadGroup | None:
             return None
         part = getattr(module, packed)
         if part.weight.shape[_out_axis(part)] != (heads + 2 * kv) * d_k:
+            return None
+        if watch is not None and _packed_layout(traced or module, packed, watch, heads, kv, d_k):
             return None
         for offset, count, is_kv in (
             (0, heads, False),

@@ -64,7 +64,8 @@ class Layout:
     batch_size: int | None
     lengths: list[int]  # the length of each token group; group 0 holds the queries
     leaves: dict[tuple, Leaf]
-    ambiguous: str = ""  # why some axes cannot be told apart, if they cannot
+    ambiguous: str = ""  # why some token axes cannot be told apart, if they cannot
+    ambiguous_batch: str = ""  # why some input's batch axis cannot be told, if it cannot
     batch_dim: int = 0
     seq_dim: int = 1
     outputs: list[OutLeaf] = field(default_factory=list)
@@ -165,6 +166,18 @@ def read_layout(
             if batch_size is None:
                 batch_size = int(t.shape[batch_axis[path]])
 
+    if batch_size is None:
+        # A batch of one has no batch dim (a size-1 axis carries nothing): the leading
+        # axis of ids and data, by the batch-first convention.
+        for path, t in found:
+            if kinds[path] in ("ids", "data") and t.dim() >= 2 and t.shape[0] == 1:
+                batch_axis[path] = 0
+                batch_size = 1
+        for path, t in found:
+            lead = t.dim() >= 2 and t.shape[0] == 1 and batch_axis[path] is None
+            if kinds[path] not in ("ids", "data") and batch_size == 1 and lead:
+                batch_axis[path] = 0
+
     # Token groups: distinct token roots of ids and data, in order of appearance.
     group_of: dict[int, int] = {}
     group_roots: list = []
@@ -250,10 +263,12 @@ def read_layout(
                 and int(t.shape[d]) > 1
                 and _kind(dims[path][d]) != D.FEATURE
             ]
-            if loose and leaf.batch is not None:
+            applied = [d for d in loose if any(u.target[-1] == t.shape[d] for u in watch.mask_uses)]
+            # A mask no op applied (an all-ones mask the module skipped) is left as it is.
+            if applied and leaf.batch is not None and leaf.kind == "mask":
                 layout.ambiguous = (
                     f"{leaf.name} {list(t.shape)}: batch and seq (or two sequences) are both "
-                    f"{int(t.shape[loose[0]])}, so its axes cannot be told apart; use distinct sizes"
+                    f"{int(t.shape[applied[0]])}, so its axes cannot be told apart; use distinct sizes"
                 )
     layout.outputs = _out_leaves(outputs, batch_roots, group_of, batch_size)
     return layout
@@ -331,6 +346,8 @@ def _by_size(layout: Layout, leaf: Leaf, t: torch.Tensor, axes, uses, group_root
                 f"{leaf.name} {list(t.shape)}: batch and seq (or two sequences) are both "
                 f"{size}, so its axes cannot be told apart; use distinct sizes"
             )
+            if is_batch:
+                layout.ambiguous_batch = layout.ambiguous_batch or layout.ambiguous
 
 
 def _square_causal(layout: Layout, t: torch.Tensor, uses, group_roots) -> int | None:
@@ -455,11 +472,16 @@ def _polarity(rows, candidates, uses, group_roots, layout):
         unseen = use.unseen.expand(rows.shape)
         for polarity, pad in (("keep", ~rows), ("hide", rows)):
             if bool((unseen == pad).all()):
-                fits.append((polarity, (groups or candidates)[0], bool(unseen.any())))
-    # A use that hid some keys is evidence; one that hid none only agrees.
-    strong = [f for f in fits if f[2]]
-    for polarity, group, _ in strong or fits:
-        return polarity, group
+                strength = 2 if bool(unseen.any()) else 0 if use.extra else 1
+                fits.append((strength, polarity, (groups or candidates)[0]))
+    # A use that hid some keys is evidence; one that hid none only agrees, and a mask
+    # that hides nothing else (a padding mask, all ones) agrees better than a causal one.
+    if fits:
+        best = max(f[0] for f in fits)
+        chosen = {(p, g) for strength, p, g in fits if strength == best}
+        if len(chosen) == 1 and (best > 0 or len(candidates) == 1):
+            return chosen.pop()
+        return None, None
     if not any(u.unseen.shape[-1] == length for u in uses):
         # No op applied it (SDPA is_causal with an all-ones mask): nothing was hidden, so
         # a uniform mask marks no padding under one polarity only.

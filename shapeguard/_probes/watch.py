@@ -1,6 +1,9 @@
 """What one traced forward tells the probes: causal, masked, positional, its projections."""
 
+from contextlib import contextmanager
+
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..checks import mask_semantics
 from ..checks.mask_semantics import mask_uses
@@ -34,6 +37,10 @@ class Watch:
         self.positional = ""  # where a positional term is computed
         self.linears: list[tuple] = []  # (module, input role, output role)
         self.embedded: list[tuple] = []  # (axes of the ids an embedding read, table rows)
+        # id(Linear) -> (op, output shapes) of the first op that read its output: how a
+        # packed projection is cut into Q, K, V.
+        self.first_use: dict[int, tuple] = {}
+        self._made_by = WeakTensorKeyDictionary()
         self.mask_uses: list = []  # masks.MaskUse: how each op applied its mask
         self.values: list[tuple] | None = [] if keep_values else None
 
@@ -43,10 +50,13 @@ class Watch:
                 op = op_name(func)
                 if op in skip:
                     return func(*args, **kwargs)
-                count = len(watch.session.trace.events)
-                watch._before(func, op, args, kwargs)
+                session = watch.session
+                count = len(session.trace.events)
+                with _unobserved(session):
+                    watch._before(func, op, args, kwargs)
                 out = func(*args, **kwargs)
-                watch._after(op, args, out, count)
+                with _unobserved(session):
+                    watch._after(op, args, out, count)
                 return out
 
         self.mode = _Mode()
@@ -127,7 +137,19 @@ class Watch:
         session = self.session
         if op in _POSITIONAL_OPS or (op in _TABLE_READS and _reads_a_table(session, args)):
             self.positional = self.positional or self._where(count, op)
+        if self._made_by:
+            for a in args:
+                key = self._made_by.get(a) if isinstance(a, torch.Tensor) else None
+                if key is None or key in self.first_use:
+                    continue
+                outs = out if isinstance(out, tuple | list) else (out,)
+                if isinstance(out, torch.Tensor) and out.dim() and out.shape[-1] == a.shape[-1]:
+                    self._made_by[out] = key  # unsqueeze, a cast: still the projection's
+                    continue
+                shapes = tuple(tuple(o.shape) for o in outs if isinstance(o, torch.Tensor))
+                self.first_use[key] = (op, shapes)
         if op == "linear" and session.module_stack and isinstance(out, torch.Tensor):
+            self._made_by[out] = id(session.module_stack[-1])
             meta_in, meta_out = session.metas.get(args[0]), session.metas.get(out)
             self.linears.append(
                 (
@@ -141,6 +163,18 @@ class Watch:
             meta = session.metas.get(out)
             axes = meta.axes if meta else ()
             self.values.append((op, self._where(count, op), out.detach().clone(), axes))
+
+
+@contextmanager
+def _unobserved(session):
+    """The watch's own torch calls (reading a mask's values) are not the model's: the
+    session lets them through unrecorded, as it does its checkers' calls."""
+    before = session._dispatching
+    session._dispatching = True
+    try:
+        yield
+    finally:
+        session._dispatching = before
 
 
 def _reads_a_table(session, args) -> bool:

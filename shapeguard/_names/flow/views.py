@@ -290,8 +290,17 @@ def _join(call, outputs):
         or not all(_is_tensor(t) for t in tensors)
     ):
         return None
-    metas = [call.meta_of(t) for t in tensors]
     out = outputs[0]
+    if call.spec.name != "stack":
+        # Empty parts add nothing (a cache's first update: cat of an empty past and the
+        # new keys): the join of one part is that part, its axes kept.
+        kept = [t for t in tensors if t.numel() or t.dim() == out.dim()]
+        kept = [t for t in kept if t.numel()] or kept
+        if len(kept) == 1 and tuple(kept[0].shape) == tuple(out.shape):
+            m = call.meta_of(kept[0])
+            return [Made(m.dims, m.tags, m.role, m.rotary)]
+        tensors = [t for t in tensors if t.dim() == out.dim()] or tensors
+    metas = [call.meta_of(t) for t in tensors]
     ndim = tensors[0].dim()
     dim = bound.get("dim", 0)
     if call.spec.name == "stack":

@@ -356,6 +356,8 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
     layout = read_layout(found, leaf_names, traced.in_metas, traced.watch, traced.out_metas)
     if isinstance(layout, str):
         return _probes.skipped("probes", layout)
+    for pending in layout.pending:
+        _settle_pending(work, args, kwargs, layout, pending, leaf_names)
     _config._disabled_by_api = True  # probe runs are plain forwards, guarded or not
     generator = torch.Generator().manual_seed(seed)
     for dtype in (torch.float64, None):
@@ -404,6 +406,22 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
     )
     subject.rtol = _tolerance(subject)
     return subject
+
+
+def _settle_pending(work, args, kwargs, layout, pending, leaf_names) -> None:
+    """A uniform mask no op applied, as long as two sequences (an all-ones attention_mask
+    of an encoder-decoder with equal lengths): pad one key and trace again, to see which
+    sequence the module applies it to."""
+    from ._probes.layout import padded_once, read_layout, settle_pending
+
+    inputs = padded_once(layout, (args, kwargs), pending)
+    retraced = _trace(work, *inputs)
+    if retraced.error is not None:
+        return
+    found = _probes.leaves(inputs)
+    again = read_layout(found, leaf_names, retraced.in_metas, retraced.watch, retraced.out_metas)
+    if not isinstance(again, str):
+        settle_pending(layout, pending, again)
 
 
 def _tolerance(s) -> float:

@@ -113,7 +113,7 @@ def refused(model, watch: Watch | None, traced=None) -> str:
 
 
 def _packed_layout(module, packed: str, watch: Watch, heads: int, kv: int, d_k: int) -> str:
-    """"" when the packed projection's output is cut into [Q | K | V] head blocks (split
+    """ "" when the packed projection's output is cut into [Q | K | V] head blocks (split
     into its three parts, or viewed as [..., 3, heads, d_k]); else what was done to it."""
     part = getattr(module, packed, None)
     use = watch.first_use.get(id(part)) if part is not None else None

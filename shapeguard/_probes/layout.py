@@ -74,6 +74,9 @@ class Layout:
     pads: dict[int, torch.Tensor] = field(default_factory=dict)  # group -> bool [batch, len]
     made_inside: str = ""  # why no group is kept by the outputs (patches of an image, ...)
     polarity_unknown: str = ""  # a mask whose polarity the trace could not read
+    # Uniform masks no op applied, as long as two sequences: (path, token axis, groups,
+    # polarity). `resolve_pending` pads one key and retraces to see which it pads.
+    pending: list = field(default_factory=list)
 
     def padded(self, group: int) -> torch.Tensor | None:
         """bool [batch, length] of padded positions of a group (None: no padding known)."""
@@ -384,10 +387,11 @@ def _read_masks(layout: Layout, found, dims, watch, group_roots) -> None:
     pads: dict[int, torch.Tensor] = {}
     for path, t in found:
         leaf = layout.leaves[path]
-        if leaf.kind not in ("mask", "other") or t.device.type != "cpu":
+        if leaf.kind not in ("mask", "other", "ids") or t.device.type != "cpu":
             continue
-        if leaf.kind == "other" and not _binary(t):
-            continue  # position ids, offsets: not a mask
+        if leaf.kind in ("other", "ids") and not _binary(t):
+            continue  # position ids, offsets, token ids: not a mask (OPT's 0/1 mask is
+            # read by a position embedding through its cumsum, and is still a mask)
         if leaf.batch is None and len(leaf.seq) == 2:
             continue  # a [seq_q, seq_k] mask
         marked = _marked(t)
@@ -398,6 +402,10 @@ def _read_masks(layout: Layout, found, dims, watch, group_roots) -> None:
             continue
         rows, seq_axis, candidates = fit
         polarity, group = _polarity(rows, candidates, uses, group_roots, layout)
+        uniform = bool(rows.all()) or not bool(rows.any())
+        if polarity is None and uniform and len(candidates) > 1:
+            layout.pending.append((path, seq_axis, candidates, "keep" if rows.all() else "hide"))
+            continue
         if polarity is None:
             if leaf.kind == "mask" and bool(rows.any()) and not bool(rows.all()):
                 layout.polarity_unknown = layout.polarity_unknown or (
@@ -526,3 +534,39 @@ def _path_name(path: tuple) -> str:
 
 def input_leaves(args: tuple, kwargs: dict) -> list[tuple[tuple, torch.Tensor]]:
     return leaves((args, kwargs))
+
+
+def padded_once(layout: Layout, inputs, pending):
+    """The inputs with the last key of example 0 marked as padding in a pending mask."""
+    from .tree import rebuild
+
+    path, seq_axis, _, polarity = pending
+    leaf = layout.leaves[path]
+
+    def mark(p, t):
+        if p != path:
+            return t
+        t = t.clone()
+        index = [slice(None)] * t.dim()
+        index[leaf.batch if leaf.batch is not None else 0] = 0
+        index[seq_axis] = t.shape[seq_axis] - 1
+        t[tuple(index)] = 0 if polarity == "keep" else 1
+        return t
+
+    return rebuild(inputs, mark)
+
+
+def settle_pending(layout: Layout, pending, retraced: Layout) -> None:
+    """Take the group a pending mask pads from a retrace with one key padded."""
+    path, seq_axis, candidates, polarity = pending
+    found = retraced.leaves.get(path)
+    if found is None or not found.padding or retraced.lengths != layout.lengths:
+        return
+    (group,) = set(found.seq.values())
+    if group not in candidates:
+        return
+    leaf = layout.leaves[path]
+    leaf.kind, leaf.padding, leaf.polarity = "mask", True, polarity
+    leaf.seq = {seq_axis: group}
+    batch = layout.batch_size or 1
+    layout.pads.setdefault(group, torch.zeros(batch, layout.lengths[group], dtype=torch.bool))

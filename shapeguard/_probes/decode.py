@@ -317,10 +317,18 @@ def _prefill(length: int) -> int:
 
 def _cause(s, protocol, lo, hi, step, findings, error) -> str:
     for f in findings:
+        if f.kind == "torch_error":
+            stale = _stale(f.message, lo, hi)
+            if stale:
+                return stale
         first = f.message.splitlines()[0]
         return f"the trace of this step found {f.kind}: {first}"
-    if error is not None and step == 0:
-        return f"the module fails when given {protocol.describe()} (see the error above)"
+    if error is not None:
+        stale = _stale(str(error), lo, hi)
+        if stale:
+            return stale
+        if step == 0:
+            return f"the module fails when given {protocol.describe()} (see the error above)"
     if step == 0:
         return (
             "the prefill alone differs from the full forward: the module's output depends on "
@@ -338,6 +346,21 @@ def _cause(s, protocol, lo, hi, step, findings, error) -> str:
     )
 
 
+def _stale(message: str, lo: int, hi: int) -> str:
+    """A size mismatch between the cache's old length and cached + new: something the
+    module kept from an earlier step (a mask, positions) was not extended."""
+    import re
+
+    sizes = {int(n) for n in re.findall(r"\((\d+)\)", message.splitlines()[0] if message else "")}
+    if sizes == {lo, hi} and hi > lo > 0:
+        return (
+            f"a tensor as long as the cache before this step ({lo}) meets one as long as "
+            f"cached + new ({hi}): something kept from an earlier step (a padding mask, "
+            "positions) was not extended by the new token"
+        )
+    return ""
+
+
 def _hint(cause: str) -> str:
     if "positions restart" in cause:
         return (
@@ -348,8 +371,11 @@ def _hint(cause: str) -> str:
         return "on a decode step pass is_causal=False (a single query may see every cached key)"
     if "cache_axis" in cause:
         return "concatenate the cached keys and values along the sequence axis"
-    if "mask_cache_length" in cause:
-        return "build the step's mask over cached + new keys: [.., new, cached + new]"
+    if "mask_cache_length" in cause or "not extended" in cause:
+        return (
+            "build each step's mask over cached + new keys, [.., new, cached + new], and "
+            "extend a padding mask by the new tokens"
+        )
     return "compare the step's keys, values and mask with the full forward's at the same position"
 
 

@@ -39,7 +39,9 @@ class Subject:
     refs: dict = field(default_factory=dict)  # path -> reference output leaf
     findings: list = field(default_factory=list)  # the trace's findings
     distributed: str = ""  # why the module's state is sharded (DTensor), when it is
-    cache: object = None  # decode.Protocol, when the module keeps a cache
+    # A function giving this subject in the dtype the module was given (the probes run
+    # on a float64 copy); a failure there is confirmed as given.
+    as_given: object = None
 
     def run(self, inputs) -> torch.Tensor:
         """The first floating output of one forward."""

@@ -24,6 +24,11 @@ def per_head_bias(events) -> str:
             ):
                 return describe_event(event)  # a float attn_mask per head: T5's bias
             continue
+        if event.op == "baddbmm" and len(event.inputs) >= 3 and event.outputs:
+            bias, out = event.inputs[0], event.outputs[0]
+            if len(bias.shape) == 3 and len(out.shape) == 3 and bias.shape[0] == out.shape[0] > 1:
+                return describe_event(event)  # BLOOM's ALiBi per [batch * heads]
+            continue
         if event.op not in adds or len(event.inputs) < 2:
             continue
         scores = next((r for r in event.inputs if r.role == "scores"), None)

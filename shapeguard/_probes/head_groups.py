@@ -41,7 +41,7 @@ _QKV = (
     ("q_lin", "k_lin", "v_lin"),
     ("q", "k", "v"),
 )
-_PACKED = ("c_attn", "qkv", "qkv_proj", "Wqkv", "to_qkv", "in_proj", "W_qkv")
+_PACKED = ("c_attn", "qkv", "qkv_proj", "Wqkv", "to_qkv", "in_proj", "W_qkv", "query_key_value")
 _OUT = ("out", "o_proj", "out_proj", "c_proj", "to_out", "wo", "proj", "W_o", "out_lin", "o")
 
 
@@ -107,9 +107,12 @@ def refused(model, watch: Watch | None, traced=None) -> str:
         if any(_is_projection(getattr(module, q, None)) for q, _, _ in _QKV):
             continue
         why = _packed_layout(by_name.get(name, module), packed, watch, *sizes)
-        if why:
+        if why and why != INTERLEAVED:
             return f"{name or type(module).__name__}.{packed}: {why}"
     return ""
+
+
+INTERLEAVED = "interleaved"
 
 
 def _packed_layout(module, packed: str, watch: Watch, heads: int, kv: int, d_k: int) -> str:
@@ -118,7 +121,9 @@ def _packed_layout(module, packed: str, watch: Watch, heads: int, kv: int, d_k: 
     part = getattr(module, packed, None)
     use = watch.first_use.get(id(part)) if part is not None else None
     if use is None:
-        return ""  # never seen: the attribute layout stands
+        # Not seen as a linear call (FalconLinear computes x @ W.T itself): how its output
+        # is cut is unknown, and a guess would permute the wrong rows.
+        return "the trace saw no linear call of it, so how its output is cut is unknown"
     from .. import _ops
 
     op, shapes = use
@@ -130,6 +135,10 @@ def _packed_layout(module, packed: str, watch: Watch, heads: int, kv: int, d_k: 
         return ""  # sliced: the queries first, [Q | K | V]
     if family == _ops.VIEW and shapes and shapes[0][-3:] == (3, heads, d_k) and kv == heads:
         return ""
+    if family == _ops.VIEW and shapes and kv == heads:
+        tail = shapes[0]
+        if tail[-2:] == (heads, 3 * d_k) or tail[-3:] == (heads, 3, d_k):
+            return INTERLEAVED  # GPT-NeoX, BLOOM: each head's [q | k | v] together
     got = " and ".join(str(list(s)) for s in shapes)
     return f"its output is cut by {op} into {got}, not into Q, K, V blocks of whole heads"
 
@@ -138,12 +147,13 @@ def _out_by_call_order(model, group: HeadGroup, watch: Watch, names: dict) -> No
     """The output projection of a layer that keeps it elsewhere (BERT's SelfOutput.dense):
     the first Linear called after the layer's value projection that reads heads * d_k
     features."""
-    value = next((r.param.rpartition(".")[0] for r in reversed(group.rows) if r.kv), None)
     calls = [names.get(id(module)) for module, _, _ in watch.linears]
-    if value not in calls:
+    projections = {r.param.rpartition(".")[0] for r in group.rows}
+    seen = [i for i, name in enumerate(calls) if name in projections]
+    if not seen:
         return
     width = group.heads * group.d_k
-    for name in calls[calls.index(value) + 1 :]:
+    for name in calls[max(seen) + 1 :]:
         if not name:
             continue
         module = model.get_submodule(name)
@@ -236,14 +246,18 @@ def _from_attributes(name: str, module, watch=None, traced=None) -> HeadGroup | 
         part = getattr(module, packed)
         if part.weight.shape[_out_axis(part)] != (heads + 2 * kv) * d_k:
             return None
-        if watch is not None and _packed_layout(traced or module, packed, watch, heads, kv, d_k):
+        layout = _packed_layout(traced or module, packed, watch, heads, kv, d_k) if watch else ""
+        if layout == INTERLEAVED:
+            rows += _proj_rows(f"{base}{packed}.", part, 0, heads, 3 * d_k, False)
+        elif layout:
             return None
-        for offset, count, is_kv in (
-            (0, heads, False),
-            (heads * d_k, kv, True),
-            ((heads + kv) * d_k, kv, True),
-        ):
-            rows += _proj_rows(f"{base}{packed}.", part, offset, count, d_k, is_kv)
+        else:
+            for offset, count, is_kv in (
+                (0, heads, False),
+                (heads * d_k, kv, True),
+                ((heads + kv) * d_k, kv, True),
+            ):
+                rows += _proj_rows(f"{base}{packed}.", part, offset, count, d_k, is_kv)
     out_name = next((n for n in _OUT if _is_projection(getattr(module, n, None))), None)
     if out_name is not None:
         rows += _out_columns(f"{base}{out_name}.", getattr(module, out_name), heads, d_k)

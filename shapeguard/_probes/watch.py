@@ -12,6 +12,8 @@ from .tree import first_output
 # The ops whose masks `mask_uses` reads: the only ones worth building an OpCall for.
 _MASKING_OPS = frozenset(s for op in mask_semantics.MASKING for s in op.spellings)
 
+# Ops a projection module computes its output with (nn.Linear, Conv1D, FalconLinear).
+_PROJECTING = frozenset({"linear", "addmm", "matmul", "__matmul__"})
 # Ops that may mask attention weights after the softmax (masks.after_softmax).
 _WEIGHT_MASKING = frozenset({"masked_fill", "masked_fill_", "mul", "__mul__", "__rmul__", "mul_"})
 _POSITIONAL_OPS = frozenset({"arange", "cos", "sin", "polar", "view_as_complex", "embedding"})
@@ -148,8 +150,11 @@ class Watch:
                     continue
                 shapes = tuple(tuple(o.shape) for o in outs if isinstance(o, torch.Tensor))
                 self.first_use[key] = (op, shapes)
-        if op == "linear" and session.module_stack and isinstance(out, torch.Tensor):
-            self._made_by[out] = id(session.module_stack[-1])
+        if op in _PROJECTING and session.module_stack and isinstance(out, torch.Tensor):
+            module = session.module_stack[-1]
+            weight = getattr(module, "weight", None)
+            if op == "linear" or (isinstance(weight, torch.Tensor) and weight.dim() == 2):
+                self._made_by[out] = id(module)  # GPT-2's Conv1D (addmm), FalconLinear (@)
             meta_in, meta_out = session.metas.get(args[0]), session.metas.get(out)
             self.linears.append(
                 (

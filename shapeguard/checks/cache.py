@@ -73,14 +73,13 @@ def cache_grown_along(call):
     items = _source.sequence_items(call.source_text(0) or "") or []
     past_label = items[0] if len(items) == 2 else "the cache"
     new_label = items[1] if len(items) == 2 else "the new keys"
-    grows = call.axis(new, d)
-    seq = call.axis(new, e)
-    seq = f"{seq}, axis {e}" if not seq.startswith("dim ") else f"axis {e}"
+    grows, seq = (
+        f"{name} (axis {i})" if (name := D.axis_name(axes[i])) else f"axis {i}" for i in (d, e)
+    )
     yield Violation(
         "cache_axis",
-        f"torch.cat: the cache {past_label} grows along {grows} (axis {d}) with {new_label}: "
-        f"a cache of keys or values grows along the sequence ({seq}), one position per new "
-        "token",
+        f"torch.cat: the cache {past_label} grows along {grows} with {new_label}: "
+        f"a cache of keys or values grows along the sequence, {seq}, one position per new token",
         (call.operand(past_label, past), call.operand(new_label, new)),
         f"concatenate along the sequence axis: torch.cat([{past_label}, {new_label}], dim={e})",
     )
@@ -163,8 +162,12 @@ def mask_key_length(call):
             else "it does not line up with them"
         )
         hint = (
-            f"build the mask over cached + new keys, [{sq}, {sk}]: the new queries are the "
-            f"last {sq} positions, so query i sees keys 0..{cached} + i"
+            f"build the mask over cached + new keys, [1, {sk}]: the new query is the last "
+            f"position and sees all {sk} keys"
+            if sq == 1
+            else f"build the mask over cached + new keys, [{sq}, {sk}]: the new queries are "
+            f"the last {sq} positions, so query i sees keys 0..{cached} + i, e.g. "
+            f"torch.ones({sq}, {sk}, dtype=torch.bool).tril({cached})"
         )
         severity = WARNING if sq == 1 else ERROR
     elif mk == cached:

@@ -6,7 +6,7 @@ models (built from configs) pass with their own cache and a StaticCache.
 
 import pytest
 import torch
-from cached_attention import B, D, S, CachedAttention
+from cached_attention import B, CachedAttention, D, S
 
 from shapeguard._check import check, run_check
 
@@ -55,7 +55,9 @@ def test_rotary_positions_restarting_at_zero(style):
     assert lines[0].endswith("; the first position that differs is 4")
     assert lines[1].startswith("  likely cause: positions restart at 0 on this step: ")
     assert "cached_attention.py:" in lines[1]
-    assert lines[1].endswith("gives the values of position 0, not of position 4 (the cache holds 4 tokens)")
+    assert lines[1].endswith(
+        "gives the values of position 0, not of position 4 (the cache holds 4 tokens)"
+    )
     assert lines[2].startswith("  hint: offset the new tokens' positions by the cache's length")
 
 
@@ -81,7 +83,9 @@ def test_a_cache_concatenated_on_the_heads_axis(style):
     result = decode(probe("cat_heads", style))
     assert result.status == "failed"
     lines = result.message.splitlines()
-    assert lines[0].startswith("decode step 1 (the token at position 4) with its cache= dict fails: ")
+    assert lines[0].startswith(
+        "decode step 1 (the token at position 4) with its cache= dict fails: "
+    )
     assert lines[1] == (
         "  likely cause: the trace of this step found cache_axis: torch.cat: the cache "
         "cache['k'] grows along heads (axis 1) with k: a cache of keys or values grows along "
@@ -115,7 +119,9 @@ def test_a_padding_mask_not_extended_by_the_new_tokens(style):
     result = decode(probe("stale_mask", style, mask=torch.ones(B, S, dtype=torch.long)))
     assert result.status == "failed"
     lines = result.message.splitlines()
-    assert lines[0].startswith("decode step 1 (the token at position 4) with its cache= dict fails: ")
+    assert lines[0].startswith(
+        "decode step 1 (the token at position 4) with its cache= dict fails: "
+    )
     if style == "matmul":  # masked_fill: the rule sees the mask against the scores
         assert lines[1] == (
             "  likely cause: the trace of this step found mask_cache_length: masked_fill: "

@@ -42,6 +42,7 @@ class Subject:
     # A function giving this subject in the dtype the module was given (the probes run
     # on a float64 copy); a failure there is confirmed as given.
     as_given: object = None
+    mismatch: str = ""  # why the last measure was infinite without NaN (shapes differ)
 
     def run(self, inputs) -> torch.Tensor:
         """The first floating output of one forward."""
@@ -107,6 +108,10 @@ class Subject:
                 want[leaf.path], leaf, want_examples or examples, want_positions or positions
             )
             if a is None or b is None or a.shape != b.shape:
+                self.mismatch = (
+                    f"{_path(leaf.path)} is {list(got[leaf.path].shape)} where "
+                    f"{list(b.shape) if b is not None else '?'} was expected"
+                )
                 return float("inf")
             rows = pad_examples if pad_examples is not None else want_examples or examples
             keep = _real(a, leaf, pads, rows, want_positions or positions)
@@ -136,7 +141,8 @@ class Subject:
         return ProbeResult(
             name,
             "failed",
-            f"{action} moved {target}{where} by {_fmt(dev)} of the output's scale (tolerance "
+            f"{action} moved {target}{where} by {_fmt(dev, self.mismatch)} of the output's "
+            f"scale (tolerance "
             f"{tol:.0e}){at}\n  hint: {hint}",
             dev,
             tol,
@@ -185,8 +191,14 @@ def _real(t: torch.Tensor, leaf: OutLeaf, pads: dict, examples, positions):
     return keep
 
 
-def _fmt(dev: float) -> str:
-    return "inf (NaN appeared)" if dev == float("inf") else f"{dev:.2g}"
+def _fmt(dev: float, mismatch: str = "") -> str:
+    if dev != float("inf"):
+        return f"{dev:.2g}"
+    return f"inf ({mismatch})" if mismatch else "inf (NaN appeared)"
+
+
+def _path(path: tuple) -> str:
+    return "the output" if not path else "the output " + ".".join(map(str, path))
 
 
 def out_rows(subject: Subject, out: torch.Tensor, *, examples=None, positions=None):

@@ -22,8 +22,10 @@ from .locate import crashed, locate, region_padding, region_permuted, region_pre
 from .result import ProbeResult, not_applicable, skipped
 from .subject import Subject
 
-# Every split is tested up to this many tokens; beyond, this many splits spread evenly.
+# Every split is tested up to this many tokens; beyond, LONG_SPLITS splits spread evenly
+# from 1 to length - 1 (with the unchanged copy, one batch of 8 copies of one example).
 STRICT_UP_TO = 16
+LONG_SPLITS = 7
 
 
 def _group_names(s: Subject, group: int) -> str:
@@ -48,12 +50,12 @@ def _queries(s: Subject, name: str) -> ProbeResult | None:
 
 
 def splits(length: int) -> list[int]:
-    """The split points t of a strict causality test: every one up to STRICT_UP_TO tokens,
-    else STRICT_UP_TO of them from 1 to length - 1, evenly spread."""
+    """The split points t of the causality test: every one up to STRICT_UP_TO tokens, else
+    LONG_SPLITS of them from 1 to length - 1 (both ends included), evenly spread."""
     if length <= STRICT_UP_TO:
         return list(range(1, length))
-    step = (length - 1) / (STRICT_UP_TO - 1)
-    return sorted({max(1, min(length - 1, round(1 + i * step))) for i in range(STRICT_UP_TO)})
+    step = (length - 2) / (LONG_SPLITS - 1)
+    return sorted({max(1, min(length - 1, round(1 + i * step))) for i in range(LONG_SPLITS)})
 
 
 def causality(s: Subject) -> ProbeResult:

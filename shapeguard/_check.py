@@ -1,11 +1,12 @@
 """`shapeguard.check`: trace a module once, then run the semantic probes on a copy.
 
-The trace reports what the checks find (loud and silent bugs at their lines); the
-probes then test properties that only running the module can show (batch
-independence, causality, key padding, token and head permutations, length
-change). Nothing of the caller's changes: the module is copied (float64 where
-it can be), and the RNG states, train/eval modes and requires_grad flags are
-restored even if a probe fails.
+The trace reports what the checks find (loud and silent bugs at their lines) and
+keeps the axis provenance of every input and output; the probes read the inputs'
+roles from it, then test properties that only running the module can show (batch
+independence, causality, key padding, token and head permutations, length change,
+decode consistency with the module's cache). Nothing of the caller's changes: the
+module is copied (float64 where it can be), and the RNG states, train/eval modes
+and requires_grad flags are restored even if a probe fails. See docs/check.md.
 """
 
 import copy
@@ -159,16 +160,19 @@ def check(model, *inputs, causal: bool | None = None, seed: int = 0, **kwargs) -
 
     Args:
         model: an `nn.Module`.
-        *inputs, **kwargs: one forward's inputs; the first floating input with 3 or more
-            axes is read as [batch, seq, features] ([seq, batch, features] for a module
-            built with batch_first=False), and the others are matched by size.
+        *inputs, **kwargs: one forward's inputs (tensors, or dicts and dataclasses of
+            them). What each is (token ids, data, a padding mask and its polarity) and
+            which axes are batch and tokens is read from the trace's axis provenance,
+            never from names (docs/check.md).
         causal: declare the module causal (or not); by default it is causal when the
-            trace sees is_causal=True or a triangular mask.
+            trace sees is_causal=True, a triangular mask or one near the diagonal, or an
+            attention layer declaring is_causal=True.
         seed: seeds the probes' random changes.
 
     Returns:
         A `CheckReport`; `report.passed` is False when a probe failed or the trace found
-        something. Print it for a table.
+        something, `report.verdict` is "not probed" when no probe ran. Print it for a
+        table; `report.to_dict()` for JSON.
 
     Examples:
         >>> import torch, shapeguard

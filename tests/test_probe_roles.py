@@ -384,3 +384,56 @@ def test_an_image_model_s_positions_are_made_inside_and_not_shortened():
     assert length.status == "skipped" and not length.applicable
     assert length.message.startswith("the outputs keep none of the inputs' token axes (height of")
     assert result(report, "batch independence").status == "passed"
+
+
+# -- sharded state -----------------------------------------------------------------------
+_DTENSOR_SCRIPT = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from test_probes import Attention, B, S, D
+from shapeguard._check import check
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+try:
+    model = Attention()
+    plan = {"W_q": ColwiseParallel(), "W_k": ColwiseParallel(), "W_v": ColwiseParallel(),
+            "out": RowwiseParallel()}
+    parallelize_module(model, init_device_mesh("cpu", (1,)), plan)
+    for r in check(model, torch.randn(B, S, D)).results:
+        print(f"{r.name}|{r.status}|{r.message.splitlines()[0]}")
+finally:
+    dist.destroy_process_group()
+"""
+
+
+def test_dtensor_weights_skip_the_probes_that_cannot_apply_with_the_reason():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch.distributed.tensor")
+    here = pathlib.Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])}
+    done = subprocess.run(
+        [sys.executable, "-c", _DTENSOR_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {
+        name: (status, message)
+        for name, status, message in (
+            line.split("|", 2) for line in done.stdout.splitlines() if line.count("|") >= 2
+        )
+    }
+    assert rows["head-permutation invariance"] == (
+        "skipped",
+        "its parameter W_q.weight is a DTensor (S(0)): permuting its rows would move heads "
+        "across shards",
+    )
+    assert rows["batch independence"][0] == "passed"
+    assert rows["length change"][0] == "passed"
+    assert not any(status == "failed" for status, _ in rows.values())

@@ -273,7 +273,9 @@ def read_layout(
                     f"{leaf.name} {list(t.shape)}: batch and seq (or two sequences) are both "
                     f"{int(t.shape[applied[0]])}, so its axes cannot be told apart; use distinct sizes"
                 )
-    layout.outputs = _out_leaves(outputs, batch_roots, group_of, batch_size)
+    layout.outputs = _out_leaves(outputs, batch_roots, group_of, batch_size, lengths)
+    if not layout.queries and any(leaf.seq for leaf in layout.outputs):
+        layout.queries, layout.made_inside = True, ""
     return layout
 
 
@@ -500,12 +502,17 @@ def _polarity(rows, candidates, uses, group_roots, layout):
     return None, None
 
 
-def _out_leaves(outputs, batch_roots: set, group_of: dict, batch_size) -> list[OutLeaf]:
+def _out_leaves(outputs, batch_roots: set, group_of: dict, batch_size, lengths) -> list[OutLeaf]:
     found = []
     for path, t, meta in outputs:
         axes = getattr(meta, "dims", None)
         if axes is None or len(axes) != t.dim():
-            axes = ((),) * t.dim()
+            # Made where the session did not look (a DTensor's redistribution in a
+            # parallel style's hook): its axes by size, where sizes are unambiguous.
+            leaf = _by_size_alone(path, t, batch_size, lengths)
+            if leaf is not None:
+                found.append(leaf)
+            continue
         batch, seq = [], {}
         for d, axis in enumerate(axes):
             root = _root(axis)
@@ -526,6 +533,21 @@ def _out_leaves(outputs, batch_roots: set, group_of: dict, batch_size) -> list[O
         if batch or seq:
             found.append(OutLeaf(path, tuple(batch), seq, loose))
     return found
+
+
+def _by_size_alone(path, t, batch_size, lengths) -> OutLeaf | None:
+    sizes = [int(n) for n in t.shape]
+    batch = tuple(
+        d
+        for d, n in enumerate(sizes)
+        if n == batch_size and sizes.count(n) == 1 and n not in lengths
+    )
+    seq = {
+        d: lengths.index(n)
+        for d, n in enumerate(sizes)
+        if d not in batch and lengths.count(n) == 1 and sizes.count(n) == 1 and n != batch_size
+    }
+    return OutLeaf(path, batch, seq) if batch or seq else None
 
 
 def _path_name(path: tuple) -> str:

@@ -44,6 +44,7 @@ class Watch:
         self.first_use: dict[int, tuple] = {}
         self._made_by = WeakTensorKeyDictionary()
         self.mask_uses: list = []  # masks.MaskUse: how each op applied its mask
+        self._last_mask = None  # (mask, how it was applied, its MaskUse): read once
         self.values: list[tuple] | None = [] if keep_values else None
 
         class _Mode(TorchFunctionMode):
@@ -111,14 +112,28 @@ class Watch:
         """What the probes keep of a mask use: its padding, its key axis, causal or not."""
         from . import masks
 
+        # Every layer applies the same mask tensor: read its values once.
+        same = self._last_mask
+        if same is not None and same[0] is use.mask and same[1] == (use.op, use.target, use.kind):
+            if same[2] is not None:
+                keys, queries = masks.key_axis(call, use.op)
+                prev = same[2]
+                self.mask_uses.append(
+                    masks.MaskUse(
+                        use.op, use.target, prev.unseen, keys, queries, prev.hidden, prev.extra
+                    )
+                )
+            return
+        summary = None
         if use.kind != "combined":
             keys, queries = masks.key_axis(call, use.op)
             unseen = masks.unseen_keys(use.hidden, use.target)
             hidden = masks.kept(use.hidden, self.mask_uses)
             extra = masks.beyond_padding(use.hidden, use.target, unseen)
-            self.mask_uses.append(
-                masks.MaskUse(use.op, use.target, unseen, keys, queries, hidden, extra)
-            )
+            summary = masks.MaskUse(use.op, use.target, unseen, keys, queries, hidden, extra)
+            self.mask_uses.append(summary)
+        if use.mask is not None:
+            self._last_mask = (use.mask, (use.op, use.target, use.kind), summary)
         if not self.causal:
             shape = masks.causal_pattern(use.hidden, use.target)
             if shape == "triangle":

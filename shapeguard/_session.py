@@ -14,17 +14,16 @@ import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _axes, _composites, _config, _construction, _flash, _ops, _source
 from . import checks as _checks
 from ._axes import Axes, format_shape
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
-from ._meta import TensorMeta, buffer_origin, role_for
+from ._meta import TensorMeta, TensorTable, buffer_origin, role_for
 from ._names import dims as _dims
 from ._names import flow as _flow
 from ._names import roots as _roots
-from ._record import Event, TensorRecord, Trace
+from ._record import Trace
 
 _local = threading.local()
 
@@ -209,18 +208,11 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _record(tensor, meta: TensorMeta) -> TensorRecord:
-    shape = tuple(tensor.shape)  # torch.Size holds ints; a plain tuple keeps no tensor
-    return TensorRecord(
-        label=meta.label,
-        role=meta.role,
-        shape=shape,
-        axes=(),  # read from the meta when the session closes: names learned later show
-        dtype=_dtype_name(tensor.dtype),
-        nbytes=tensor.numel() * tensor.element_size(),
-        device=tensor.device.type,
-        meta=meta,
-    )
+def _raw(tensor, meta: TensorMeta) -> tuple:
+    """What an event keeps of a tensor: torch.Size holds ints, never the tensor."""
+    dtype = tensor.dtype
+    device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
+    return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, meta
 
 
 class _Interceptor(TorchFunctionMode):
@@ -243,8 +235,7 @@ class Session:
         self.owner = None  # the guarded module that opened this session, if any
         self.background = trace.background
         self.owner_depth = 0
-        self.metas: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
-        self._first_event = len(trace.events)
+        self.metas = TensorTable()
         self._state_names: dict[int, str] | None = None
         self.module_stack: list = []
         self._paths: dict[int, str] | None = None
@@ -271,6 +262,7 @@ class Session:
             raise
         self._previous = current_session()
         _local.session = self
+        self.trace._live += 1
         self._flash_held = _flash.patch()
 
     def close(self) -> None:
@@ -287,8 +279,10 @@ class Session:
             previous = self._previous
             if previous is not None and previous.background:
                 previous.trace.findings.extend(self.trace.findings)
-            self.trace.settle(self._first_event)
-            self.metas = WeakTensorKeyDictionary()
+            self.trace._live -= 1
+            if not self.trace._live:
+                self.trace.settle()
+            self.metas = TensorTable()
             self.module_stack.clear()
 
     def _remove_hooks(self) -> None:
@@ -577,22 +571,17 @@ class Session:
             self.metas[tensor] = meta
             out_metas.append(meta)
         trace = self.trace
-        if len(trace.events) >= trace.max_events:
+        if trace.event_count >= trace.max_events:
             trace.dropped_events += 1
             return
         path, cls, _ = self.module_description()
-        site = call.site
-        trace.events.append(
-            Event(
-                index=len(trace.events),
-                op=call.op,
-                module=path,
-                module_type=cls,
-                location=site.location if site else "",
-                source=site.source if site else "",
-                inputs=tuple(_record(t, m) for t, m in zip(in_tensors, in_metas, strict=True)),
-                outputs=tuple(_record(t, m) for t, m in zip(outputs, out_metas, strict=True)),
-            )
+        trace.record(
+            call.op,
+            path,
+            cls,
+            call.site,
+            tuple(_raw(t, m) for t, m in zip(in_tensors, in_metas, strict=True)),
+            tuple(_raw(t, m) for t, m in zip(outputs, out_metas, strict=True)),
         )
 
     def _kept_label(self, call: OpCall, spec, in_metas: list, first_label: str) -> str | None:

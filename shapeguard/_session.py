@@ -58,6 +58,7 @@ class OpCall:
         "session",
         "is_method",
         "flagged",
+        "reported",
         "_bound",
         "_metas",
         "_tensors",
@@ -75,6 +76,9 @@ class OpCall:
         self.site = site
         self.is_method = _is_tensor_method(func)
         self.flagged: frozenset = frozenset()  # kinds its rules reported, and its inputs carried
+        # A rule reported this op: what it does with its inputs is not evidence of what they
+        # are (SDPA given [batch, seq, heads, d_k] reads the tokens as heads).
+        self.reported = False
         self._bound: dict | None = None
         # Metas looked up during this call, by id: the weak table is slow to query, and the
         # rules, the axis rule and the record all read the same few tensors.
@@ -170,11 +174,20 @@ class OpCall:
             return meta.role
         return role_for(label, None)
 
-    def operand(self, name: str, tensor) -> Operand:
+    def operand(self, name: str, tensor, like=None) -> Operand:
+        """One line of the operand block. With `like`, the tensor this one is applied to (a
+        mask or a bias to the scores), its unnamed axes read as the axes they meet there."""
         shape = tuple(tensor.shape)
-        return Operand(
-            name, f"{format_shape(shape, self.axes(tensor))} {_dtype_name(tensor.dtype)}"
-        )
+        axes = self.axes(tensor)
+        if like is not None and hasattr(like, "shape"):
+            target = self.axes(like)
+            lead = len(target) - len(axes)
+            axes = tuple(
+                name
+                or (target[lead + i] if lead + i >= 0 and like.shape[lead + i] == size else None)
+                for i, (name, size) in enumerate(zip(axes, shape, strict=True))
+            )
+        return Operand(name, f"{format_shape(shape, axes)} {_dtype_name(tensor.dtype)}")
 
     def axis(self, tensor, dim: int) -> str:
         return _axes.axis_name(self.axes(tensor), dim, tensor.dim())
@@ -448,6 +461,7 @@ class Session:
                     found = self.report(violation, call)
                     broken = broken or found
             call.flagged = frozenset(reported) | upstream
+            call.reported = bool(reported)
         try:
             out = func(*args, **kwargs)
         except ShapeError:

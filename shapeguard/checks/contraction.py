@@ -56,10 +56,12 @@ def product_axes(call):
             f"{la} @ {lb} sums over the keys"
         )
     else:
-        fix = (
-            f"{lb} is [.., seq, d_k]: transpose it so the features meet, "
-            f"torch.matmul({la}, {lb}.transpose(-2, -1))"
+        spelled = (
+            f"{la} @ {lb}.transpose(-2, -1)"
+            if call.site is not None and call.site.callee == "@"
+            else f"torch.matmul({la}, {lb}.transpose(-2, -1))"
         )
+        fix = f"{lb} is [.., seq, d_k]: transpose it so the features meet, {spelled}"
     out = call.output_labels(1)
     prefix = f"{out[0]} = " if out and out[0] else ""
     yield Violation(

@@ -109,7 +109,7 @@ def _matmul(call, a, b, outputs) -> list[Made] | None:
     if not b_vec:
         dims.append(cols)
         tags.append(None)
-    if role == "scores":
+    if role == "scores" and not call.reported:
         q_heads = a_dims[-3] if a.dim() >= 3 else None
         k_heads = b_dims[-3] if b.dim() >= 3 else None
         claim_scores(rows, cols, ca, cb, q_heads, k_heads)

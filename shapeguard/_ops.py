@@ -5,7 +5,7 @@ An `Op` gives the names torch (2.4 and later) hands a `TorchFunctionMode` for it
 with the tensor first), its family (which axis rule applies, see
 `_names/flow.py`), its parameters (so each signature is bound in one place),
 and what the report and the probes need to know of it. Interception, axis
-naming, checks and renderers all read this table; a test pins every spelling
+naming, checks and renderers all read this table; tests/test_ops.py pins every spelling
 against `torch.overrides`. Pure Python: no torch import here.
 """
 

@@ -2,15 +2,17 @@
 
 import torch
 
+from .. import _ops
 from ..checks import mask_semantics
 from ..checks.mask_semantics import aligned, mask_uses, triangle
 from .tree import first_output
 
 # The ops whose masks `mask_uses` reads: the only ones worth building an OpCall for.
 _MASKING_OPS = frozenset(s for op in mask_semantics.MASKING for s in op.spellings)
-
-_POSITIONAL_OPS = frozenset({"arange", "cos", "sin", "polar", "view_as_complex", "embedding"})
-_TABLE_READS = frozenset({"__getitem__", "index_select", "narrow", "embedding", "gather"})
+# Ops that make a positional term, and ops that read one out of a table (op table flags).
+_POSITIONAL_OPS = _ops.spellings_where(positional=True)
+_TABLE_READS = _ops.spellings_where(reads_table=True)
+_LINEAR = _ops.by_name("linear")
 
 
 class Watch:
@@ -21,7 +23,6 @@ class Watch:
     def __init__(self, session, *, keep_values: bool = False) -> None:
         from torch.overrides import TorchFunctionMode
 
-        from .. import _ops
         from .._session import op_name
 
         watch = self
@@ -66,8 +67,7 @@ class Watch:
         from .._session import OpCall
 
         call = OpCall(self.session, func, op, args, kwargs, None)
-        positional = args[5] if op == "scaled_dot_product_attention" and len(args) > 5 else None
-        if kwargs.get("is_causal", positional) is True and not self.causal:
+        if call.bound().get("is_causal") is True and not self.causal:
             self.causal = f"{op}(is_causal=True)"
         for use in mask_uses(call):
             self.masked = self.masked or use.op
@@ -80,7 +80,7 @@ class Watch:
         session = self.session
         if op in _POSITIONAL_OPS or (op in _TABLE_READS and _reads_a_table(session, args)):
             self.positional = self.positional or self._where(count, op)
-        if op == "linear" and session.module_stack and isinstance(out, torch.Tensor):
+        if _ops.declared(op) is _LINEAR and session.module_stack and isinstance(out, torch.Tensor):
             meta_in, meta_out = session.metas.get(args[0]), session.metas.get(out)
             self.linears.append(
                 (

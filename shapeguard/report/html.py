@@ -15,6 +15,7 @@ import linecache
 import os
 import re
 
+from .. import _ops
 from .._roles import ROLES
 from . import _flow
 from ._capture import capture_attention as capture_attention
@@ -597,7 +598,7 @@ def _fused_scores(trace):
         q, k = event.inputs[0], event.inputs[1]
         if len(q.shape) != 4 or len(k.shape) != 4:
             continue
-        if event.op == "scaled_dot_product_attention":
+        if _ops.declared(event.op) is _ops.SDPA:
             b, h, sq, _ = q.shape
             sk = k.shape[2]
         else:  # flash-attn's [batch, seq, heads, d] layout

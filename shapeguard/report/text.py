@@ -5,29 +5,12 @@ import io
 import os
 import re
 
+from .. import _ops
 from .._roles import ROLES
 
-# Ops that make or combine attention tensors, shown even when no role was found.
-ATTENTION_OPS = frozenset(
-    {
-        "matmul",
-        "bmm",
-        "baddbmm",
-        "einsum",
-        "softmax",
-        "masked_fill",
-        "masked_fill_",
-        "scaled_dot_product_attention",
-        "multi_head_attention_forward",
-        "where",
-        # torch's composite modules, recorded as one event each (shapeguard/_composites.py)
-        "TransformerEncoderLayer",
-        "TransformerDecoderLayer",
-        "TransformerEncoder",
-        "TransformerDecoder",
-        "Transformer",
-    }
-)
+# Ops that make or combine attention tensors, shown even when no role was found: the
+# op table's `shown` ops, in every spelling an event may carry.
+ATTENTION_OPS = _ops.shown_ops()
 # The trace table's columns: (header, style, wraps). The shape column never wraps: it is
 # the point of the table.
 _COLUMNS = (

@@ -66,6 +66,11 @@ class Op:
     aliases: bool = False  # a view in torch's sense: the output shares the input's storage
     #   (reshape and flatten, which copy when they must, are not)
     step: str = ""  # the step of attention it computes, as the report's diagram draws it
+    # flash-attn: how q, k, v arrive ("dense", "qkvpacked", "kvpacked", "varlen",
+    # "varlen_qkvpacked", "varlen_kvpacked") and whose entry point it is ("flash_attn",
+    # "kernel": a torch.ops.flash_attn op, "shapeguard": shapeguard.attention's).
+    flash_form: str = ""
+    flash_entry: str = ""
 
 
 _TABLE: dict[str, Op] = {}
@@ -264,7 +269,9 @@ _op(
     keeps_label=True,
     aliases=True,
 )
-_op("t", LAYOUT, "t_", "T", "mT", "H", "mH", "adjoint", keeps_label=True, aliases=True)
+# t/T reverse the axes (swap them when there are two); mT/mH swap the last two of any rank.
+_op("t", LAYOUT, "t_", "T", "H", keeps_label=True, aliases=True)
+_op("mT", LAYOUT, "mH", "adjoint", keeps_label=True, aliases=True)
 _op("as_strided", OTHER, aliases=True)  # no axis rule: its strides say nothing of axes
 
 # -- contractions --------------------------------------------------------------------------
@@ -322,8 +329,7 @@ _op(
 _op("chunk", PART, params=("input", "chunks", "dim"), aliases=True)
 _op("tensor_split", PART, params=("input", "indices_or_sections", "dim"), aliases=True)
 _op("unbind", PART, params=("input", "dim"), aliases=True)
-_op("expand", GROW, keeps_value=True, aliases=True)
-_op("expand_as", GROW, "broadcast_to", keeps_value=True, aliases=True)
+_op("expand", GROW, "expand_as", "broadcast_to", keeps_value=True, aliases=True)
 _op("repeat", GROW, "tile")
 _op("repeat_interleave", GROW, params=("input", "repeats", "dim"))
 
@@ -367,26 +373,46 @@ MHA = _op(
 )  # fmt: skip
 # flash-attn: its Python entry points (wrapped while a trace is open), its torch.ops
 # kernels, and shapeguard.attention's own entry points. All take [batch, seq, heads, d_k].
-FLASH_ENTRY_POINTS = (
-    "flash_attn_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_qkvpacked_func",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_varlen_qkvpacked_func",
-)
-for _name in FLASH_ENTRY_POINTS:
-    _op(_name, FLASH, shown=True, step="fused")
-_op("flash_attention", FLASH, shown=True, step="fused")
-_op("flash_attention_varlen", FLASH, shown=True, step="fused")
-_op("_flash_attn_forward", FLASH, "_flash_attn_forward.default", shown=True, step="fused")
+_FLASH_FORMS = {
+    "flash_attn_func": "dense",
+    "flash_attn_kvpacked_func": "kvpacked",
+    "flash_attn_qkvpacked_func": "qkvpacked",
+    "flash_attn_varlen_func": "varlen",
+    "flash_attn_varlen_kvpacked_func": "varlen_kvpacked",
+    "flash_attn_varlen_qkvpacked_func": "varlen_qkvpacked",
+}
+FLASH_ENTRY_POINTS = tuple(_FLASH_FORMS)
+for _name, _form in _FLASH_FORMS.items():
+    _op(_name, FLASH, shown=True, step="fused", flash_form=_form, flash_entry="flash_attn")
+for _name, _form in (("flash_attention", "dense"), ("flash_attention_varlen", "varlen")):
+    _op(_name, FLASH, shown=True, step="fused", flash_form=_form, flash_entry="shapeguard")
+_op(
+    "_flash_attn_forward",
+    FLASH,
+    "_flash_attn_forward.default",
+    params=(
+        "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size_left",
+        "window_size_right", "softcap", "alibi_slopes", "return_softmax",
+    ),
+    shown=True,
+    step="fused",
+    flash_form="dense",
+    flash_entry="kernel",
+)  # fmt: skip
 _op(
     "_flash_attn_varlen_forward",
     FLASH,
     "_flash_attn_varlen_forward.default",
+    params=(
+        "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+        "dropout_p", "softmax_scale", "causal", "window_size_left", "window_size_right",
+        "softcap", "alibi_slopes", "return_softmax", "block_table", "leftpad_k", "seqused_k",
+    ),
     shown=True,
     step="fused",
-)
+    flash_form="varlen",
+    flash_entry="kernel",
+)  # fmt: skip
 # torch's attention modules, recorded as one call each: their fused fast paths run unseen.
 COMPOSITES = (
     "MultiheadAttention",

@@ -600,8 +600,12 @@ class Session:
 
     def _kept_label(self, call: OpCall, spec, in_metas: list, first_label: str) -> str | None:
         """The label an output keeps from its input when the source line gives none."""
-        if spec.family == _ops.LAYOUT and call.op in ("transpose", "mT"):
-            return first_label + "^T"
+        if spec.family == _ops.LAYOUT and call.args and hasattr(call.args[0], "dim"):
+            ndim = call.args[0].dim()
+            order = _flow.layout_order(call, ndim)
+            moved = [i for i, j in enumerate(order or ()) if i != j]
+            if len(moved) == 2 and moved == [ndim - 2, ndim - 1]:
+                return first_label + "^T"  # the last two axes swapped: K^T
         if spec.keeps_label:
             return first_label
         if spec.makes_mask and in_metas[0].role == "mask":

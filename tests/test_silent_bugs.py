@@ -580,7 +580,11 @@ def test_axis_names_follow_the_data():
     assert named["keys"] == "[batch=2, heads=6, seq=5, d_k=8]"  # repeat_interleave: kv -> heads
     assert named["values"] == "[batch=2, heads=6, seq=5, d_k=8]"
     assert named["keep"] == "[batch=2, 1, 1, seq=5]"
-    assert named["context"] == "[batch=2, heads=6, seq=5, d_k=8]"
+    sdpa = next(e for e in trace.events if e.op == "scaled_dot_product_attention")
+    assert sdpa.label == "context"
+    assert sdpa.outputs[0].named_shape == "[batch=2, heads=6, seq=5, d_k=8]"
+    # transpose(1, 2) keeps the name (^T is for a matrix transpose of the last two axes).
+    assert named["context"] == "[batch=2, seq=5, heads=6, d_k=8]"
     assert named["scores"] == "[batch=2, heads=6, seq_q=5, seq_k=5]"
     assert named["attn"] == "[batch=2, heads=6, seq_q=5, seq_k=5]"
     split = next(e for e in trace.events if e.op == "split")

@@ -47,7 +47,7 @@ def product_axes(call):
     if clash == (TOKEN, FEATURE):
         # a weighs positions (attention weights), b's rows are features: b is transposed.
         made = call.meta(b)
-        transposed = made is not None and made.op in ("transpose", "mT", "permute", "swapaxes")
+        transposed = made is not None and made.laid_out
         fix = (
             f"use torch.matmul({la}, {base}) ({la} @ {base}), without the transpose: the values "
             f"are already [.., seq_k, d_k]"

@@ -26,7 +26,7 @@ def classify_product(
     if TOKEN in (kr, kc) or FEATURE in (ka, kb):
         return "scores"
     # Nothing known: a product of a tensor with a transposed one along their last axes.
-    return "scores" if b_meta.op in ("transpose", "mT", "permute", "swapaxes", "t") else None
+    return "scores" if b_meta.laid_out else None
 
 
 def claim_scores(
@@ -234,7 +234,7 @@ def _einsum(call):
             cb = bm.dims[specs[1].index(c)]
             rows, cols = letters.get(only_a[0], ()), letters.get(only_b[0], ())
             role = classify_product(call, *operands, am, bm, ca, cb, rows, cols)
-            if role == "scores" and bm.op not in ("transpose", "mT", "permute"):
+            if role == "scores" and not bm.laid_out:
                 role = role if D.kind_of(ca) == FEATURE or D.kind_of(rows) == TOKEN else None
             if role == "scores":
                 shared = [x for x in rhs if x in specs[0] and x in specs[1]]

@@ -81,12 +81,24 @@ class TensorMeta:
         return self.tags[i] if i < len(self.tags) else None
 
 
+# Roles only data flow gives: a query-key product, its softmax, attention's output.
+_FLOW_ROLES = frozenset({"scores", "attn", "context"})
+
+
+# Names too generic to override what data flow carried (`output = x.reshape(...)` inside
+# a helper such as repeat_kv still holds K).
+_WEAK_NAME_ROLES = frozenset({"context", "out"})
+
+
 def role_for(label: str | None, flow: str | None) -> str | None:
-    """Data flow first; then the name, for the roles a name can be trusted with."""
-    if flow is not None:
+    """What data flow says of attention's own tensors; else a name that says Q, K, V or
+    mask; else the role flow carried along (a transpose of Q is Q); else a generic name."""
+    if flow in _FLOW_ROLES:
         return flow
     role = canonical_role(label)
-    return role if role in _NAME_ROLES else None
+    if role in _NAME_ROLES and (flow is None or role not in _WEAK_NAME_ROLES):
+        return role
+    return flow
 
 
 def buffer_origin(

@@ -690,7 +690,9 @@ def test_r2_names(hidden, heads, kv, kind, B, S, D):
     assert got == {
         "findings": [],
         "rows": expected,
-        "mask": [f"[batch={B}, 1, seq_q={S}, seq_k={S}]"],
+        # Built before any scores exist, from one position range: both axes are the
+        # sequence (the tutorial's [batch, 1, seq, seq]), not yet the scores' seq_q/seq_k.
+        "mask": [f"[batch={B}, 1, seq={S}, seq={S}]"],
         "shape_of": ((B, heads, S, S), (B, heads, S, S)),
         "K": f"[batch={B}, {kv_name}={kv}, seq={S}, d_k={D}]",
     }

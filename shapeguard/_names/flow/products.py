@@ -49,6 +49,10 @@ def claim_scores(
         if heads is None or len(contract) != 1:
             continue
         sibling = _sibling(heads, contract[0])
+        if sibling is None and D.is_factor(heads) and D.strong_kind(heads[0]) == FEATURE:
+            # A factor of a projection's features just outside the contracted head size,
+            # split from it earlier ([heads, 3 * d_k] of a fused projection, then cut): heads.
+            sibling = heads[0]
         if sibling is not None:
             D.claim_part(sibling, name, STRUCTURE)
 
@@ -114,7 +118,7 @@ def _matmul(call, a, b, outputs) -> list[Made] | None:
         k_heads = b_dims[-3] if b.dim() >= 3 else None
         claim_scores(rows, cols, ca, cb, q_heads, k_heads)
         _claim_operand_roles(am, bm)
-        if rows and cols and D.roots_of(rows) == D.roots_of(cols):
+        if rows and cols:
             tags[-2:] = ["q", "k"]
     elif role == "context":
         if bm.role is None:

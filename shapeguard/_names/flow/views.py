@@ -291,8 +291,16 @@ def _join(call, outputs):
         or not all(_is_tensor(t) for t in tensors)
     ):
         return None
-    metas = [call.meta_of(t) for t in tensors]
     out = outputs[0]
+    if call.spec.name == "cat":
+        # torch.cat skips legacy empty 1-D operands (a cache started as torch.tensor([])).
+        kept = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
+        if kept and len(kept) < len(tensors):
+            tensors = kept
+            if len(kept) == 1:
+                m = call.meta_of(kept[0])
+                return [Made(m.dims, m.tags, m.role, m.rotary)]
+    metas = [call.meta_of(t) for t in tensors]
     ndim = tensors[0].dim()
     dim = bound.get("dim", 0)
     if call.spec.name == "stack":

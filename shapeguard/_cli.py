@@ -125,10 +125,11 @@ def _notes(target, picked, inputs) -> tuple[str, ...]:
             params = {}
         given = {*inputs.kwargs, *list(params)[: len(inputs.args)]}
         missing = [n for n in params if _inputs_structure.is_mask_name(n) and n not in given]
-        for name in missing:
+        if missing:
             lines.append(
-                f"no mask was passed as {name}: the mask checks had nothing to test; pass "
-                f"--input {name}=bool:SIZES (filled with padding) or give it in example_inputs()"
+                f"no mask was passed as {', '.join(missing)}: the mask checks had nothing to "
+                f"test; pass one with --input {missing[0]}=bool:SIZES (a mask is filled with "
+                "padding) or in example_inputs()"
             )
     return tuple(lines)
 
@@ -261,6 +262,7 @@ def _load_and_run(target, module):
             path=picked.path,
             device=target.device,
             site=picked.site,
+            prepare=inputs.claim_layouts,
         )
     _emit_warnings(run.warnings)
     if run.memory:
@@ -269,7 +271,7 @@ def _load_and_run(target, module):
             "use --device meta to check shapes with no memory"
         )
     if run.crash is not None:
-        if inputs.made:
+        if inputs.made and run.crash.generic:
             run.crash.hint = _made_up_hint(inputs)
         add_crash(run.trace, run.crash)
     return picked, inputs, run
@@ -277,14 +279,13 @@ def _load_and_run(target, module):
 
 def _made_up_hint(inputs) -> str:
     """The hint of a forward that crashed on inputs shapeguard made up."""
-    made = ", ".join(f"{name} as {text}" for name, text in inputs.made.items())
+    made = ", ".join(f"{name}={text}" for name, text in inputs.made.items())
     first, text = next(iter(inputs.made.items()))
     shape, _, dtype = text.strip("[").partition("] ")
-    sizes = shape.replace(" ", "")
+    example = f"--input {first}={dtype}:{shape.replace(' ', '')}" if dtype else f"--input {first}=..."
     return (
-        f"shapeguard made up {made} (from {inputs.how.split(':')[0]}); if the forward needs "
-        f"other inputs, pass them: --input {first}={dtype}:{sizes}, or add example_inputs() "
-        "to the file"
+        f"shapeguard made up the inputs {made}; if the forward expects others, pass them with "
+        f"--input (e.g. {example}) or add example_inputs() to the file"
     )
 
 

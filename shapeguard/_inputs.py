@@ -79,6 +79,18 @@ class Inputs:
     notes: dict = field(default_factory=dict)
     # {parameter: "[2, 5, 64] float32"} for the inputs shapeguard made up (not the user's).
     made: dict = field(default_factory=dict)
+    # Tensors made [seq, batch, features] for an nn.MultiheadAttention(batch_first=False).
+    seq_first: list = field(default_factory=list)
+
+    def claim_layouts(self, session) -> None:
+        """Tell a trace's session the layout of the inputs made seq-first: what reads them
+        says so, which is more than the usual [batch, seq, features] of a model's input."""
+        from ._names import dims
+
+        for tensor in self.seq_first:
+            axes = session.meta_of(tensor).dims
+            dims.claim_atoms(axes[0], dims.TOKEN, dims.STRUCTURE, "seq")
+            dims.claim_atoms(axes[1], dims.BATCH, dims.STRUCTURE, "batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +320,12 @@ def make_inputs(
     named = ", ".join(f"{k}={v}" for k, v in sizes.bound.items())
     how = ", ".join(dict.fromkeys(sources.values())) + (f": {named}" if named else "")
     made = {name: _value_text(values[name]) for name, source in sources.items() if "--input" not in source}
-    return Inputs(args, kwargs, how, dict(sizes.bound), _notes(nodes, maker), made)
+    seq_first = [
+        values[name]
+        for name, node in nodes.items()
+        if isinstance(node, _structure.Leaf) and node.layout == "seq_first"
+    ]
+    return Inputs(args, kwargs, how, dict(sizes.bound), _notes(nodes, maker), made, seq_first)
 
 
 def _made(model, nodes: dict, assemble, maker, sizes) -> dict:

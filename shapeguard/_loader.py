@@ -45,7 +45,10 @@ class ModelCrashed(Exception):
         self.relation = f"{phase} raised {type(error).__name__}" + (
             ": " + "\n    ".join(lines) if lines else ""
         )
-        self.hint = _crash_hint(error) or (
+        known = _crash_hint(error)
+        # A hint that only says whose error it is: one that knows more may take its place.
+        self.generic = not known
+        self.hint = known or (
             "this is an error in the model's own code, not a shape rule; "
             "run with --traceback to see the full stack"
         )

@@ -38,6 +38,7 @@ def run_traced(
     path: str = "",
     device: str = "cpu",
     site: str = "",
+    prepare=None,
 ) -> Run:
     """Run `model(*args, **kwargs)` once under a shapeguard trace and keep the trace even
     when the forward fails (a `shapeguard.trace(model, ...)` call would lose it).
@@ -70,6 +71,8 @@ def run_traced(
             session = open_session(trace, root=model)
             try:
                 session.enter_module(model, args, kwargs)
+                if prepare is not None:
+                    prepare(session)
                 with torch.no_grad(), on_device(device):
                     model(*args, **kwargs)
             except ShapeError as error:

@@ -238,8 +238,8 @@ def test_a_warning_is_a_violation(tmp_path):
     result = run("trace", path)
     assert result.exit_code == 1
     assert "warning: softmax over seq_q (dim -2) of scores" in result.stdout
-    assert result.stdout.count("\n0 errors, 1 warnings") == 0
-    assert "; 0 errors, 1 warnings" in result.stdout
+    assert result.stdout.count("\n0 errors, 1 warning") == 0
+    assert "; 0 errors, 1 warning\n" in result.stdout
     assert result.stderr == f"shapeguard: 1 warning in {path}\n"
 
 

@@ -180,10 +180,14 @@ def summary_line(trace) -> str:
     """`20 ops in 5 modules; 0 errors, 0 warnings` (and `; 1 suppressed`)."""
     suppressed = len(getattr(trace, "suppressed", ()))
     return (
-        f"{len(trace.events)} ops in {trace.modules_seen} modules; "
-        f"{len(trace.errors)} errors, {len(trace.warnings)} warnings"
+        f"{_count(len(trace.events), 'op')} in {_count(trace.modules_seen, 'module')}; "
+        f"{_count(len(trace.errors), 'error')}, {_count(len(trace.warnings), 'warning')}"
         + (f"; {suppressed} suppressed" if suppressed else "")
     )
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def render_table(

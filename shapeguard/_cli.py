@@ -175,9 +175,11 @@ def check(target):
     target.report(
         run.trace,
         render_target(picked, inputs),
-        lambda: render_check(summary.rows, width=width, color=color)
-        + "".join(f"\n{d}\n" for d in summary.details)
-        + "".join(f"note: {note}\n" for note in _notes(target, picked, inputs)),
+        lambda: (
+            render_check(summary.rows, width=width, color=color)
+            + "".join(f"\n{d}\n" for d in summary.details)
+            + "".join(f"note: {note}\n" for note in _notes(target, picked, inputs))
+        ),
         check=summary,
         attention=attention,
     )
@@ -282,7 +284,9 @@ def _made_up_hint(inputs) -> str:
     made = ", ".join(f"{name}={text}" for name, text in inputs.made.items())
     first, text = next(iter(inputs.made.items()))
     shape, _, dtype = text.strip("[").partition("] ")
-    example = f"--input {first}={dtype}:{shape.replace(' ', '')}" if dtype else f"--input {first}=..."
+    example = (
+        f"--input {first}={dtype}:{shape.replace(' ', '')}" if dtype else f"--input {first}=..."
+    )
     return (
         f"shapeguard made up the inputs {made}; if the forward expects others, pass them with "
         f"--input (e.g. {example}) or add example_inputs() to the file"

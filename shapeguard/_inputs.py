@@ -319,7 +319,11 @@ def make_inputs(
     args, kwargs = _split(params, values)
     named = ", ".join(f"{k}={v}" for k, v in sizes.bound.items())
     how = ", ".join(dict.fromkeys(sources.values())) + (f": {named}" if named else "")
-    made = {name: _value_text(values[name]) for name, source in sources.items() if "--input" not in source}
+    made = {
+        name: _value_text(values[name])
+        for name, source in sources.items()
+        if "--input" not in source
+    }
     seq_first = [
         values[name]
         for name, node in nodes.items()

@@ -135,7 +135,10 @@ def first_embedding(model):
     import torch
 
     for module in model.modules():
-        if next(module.children(), None) is None and next(module.parameters(False), None) is not None:
+        if (
+            next(module.children(), None) is None
+            and next(module.parameters(False), None) is not None
+        ):
             return module if isinstance(module, torch.nn.Embedding) else None
     return None
 
@@ -219,8 +222,10 @@ def _hints(cls) -> dict:
 
 
 def _is_typed_dict(annotation) -> bool:
-    return inspect.isclass(annotation) and issubclass(annotation, dict) and hasattr(
-        annotation, "__required_keys__"
+    return (
+        inspect.isclass(annotation)
+        and issubclass(annotation, dict)
+        and hasattr(annotation, "__required_keys__")
     )
 
 
@@ -615,20 +620,30 @@ def _module_use(module, param: str, via: str, value, bound: dict) -> _Use | None
             key = bound.get("key")
             target = ()
             if isinstance(key, torch.Tensor) and key.dim() == 3:
-                batch, seq = (key.shape[0], key.shape[1]) if module.batch_first else (
-                    key.shape[1],
-                    key.shape[0],
+                batch, seq = (
+                    (key.shape[0], key.shape[1])
+                    if module.batch_first
+                    else (
+                        key.shape[1],
+                        key.shape[0],
+                    )
                 )
                 query = bound.get("query")
                 seq_q = query.shape[1 if module.batch_first else 0] if query is not None else seq
-                target = (int(batch), int(seq)) if param == "key_padding_mask" else (int(seq_q), int(seq))
+                target = (
+                    (int(batch), int(seq))
+                    if param == "key_padding_mask"
+                    else (int(seq_q), int(seq))
+                )
             use = _Use("mha", via, module, param, shape, target=target)
             return use
     layers = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.TransformerEncoder)
     if isinstance(module, layers):
         layer = module.layers[0] if isinstance(module, nn.TransformerEncoder) else module
         if param in ("src", "tgt", "memory"):
-            return _Use("mha", via, layer.self_attn, "query", shape, width=layer.self_attn.embed_dim)
+            return _Use(
+                "mha", via, layer.self_attn, "query", shape, width=layer.self_attn.embed_dim
+            )
     return None
 
 

@@ -223,7 +223,9 @@ def _module_name(path: str) -> tuple[str | None, list[str], list[str]]:
     stem = os.path.splitext(os.path.basename(path))[0]
     parts = [] if stem == "__init__" else [stem]
     root = folder
-    while os.path.isfile(os.path.join(root, "__init__.py")) and os.path.basename(root).isidentifier():
+    while (
+        os.path.isfile(os.path.join(root, "__init__.py")) and os.path.basename(root).isidentifier()
+    ):
         parts.insert(0, os.path.basename(root))
         root = os.path.dirname(root)
     if root != folder and all(p.isidentifier() for p in parts):
@@ -629,7 +631,8 @@ def _site(module: ModuleType, target) -> str:
             tree = None
         for node in getattr(tree, "body", ()):
             if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and getattr(module, t.id, None) is target for t in node.targets
+                isinstance(t, ast.Name) and getattr(module, t.id, None) is target
+                for t in node.targets
             ):
                 line = node.lineno
     return f"{display_path(path)}:{line}" if line else ""

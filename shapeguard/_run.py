@@ -106,7 +106,6 @@ def run_traced(
     return run
 
 
-
 def _place(trace, site: str) -> None:
     """Give the ops and findings no user frame placed the model's own site in the file."""
     for i, event in enumerate(trace.events):

@@ -95,9 +95,11 @@ def _value_text(name: str, value, notes: dict) -> str:
             items, form = value.items(), "{{{}}}"
             keys = {k: f"{name}[{k!r}]" for k in value}
         else:
-            items = vars(value).items() if not dataclasses.is_dataclass(value) else [
-                (f.name, getattr(value, f.name)) for f in dataclasses.fields(value)
-            ]
+            items = (
+                vars(value).items()
+                if not dataclasses.is_dataclass(value)
+                else [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+            )
             form = type(value).__name__ + "({})"
             keys = {k: f"{name}.{k}" for k, _ in items}
         parts = [
@@ -303,9 +305,11 @@ def render_github(trace, checks=()) -> str:
         where = f" file={_escape(path, True)},line={line}" if path and line.isdigit() else ""
         title = _escape(f"shapeguard {finding.kind}", True)
         level = "error" if finding.severity == "error" else "warning"
-        lines.append(f"::{level}{where},title={title}::{_escape(finding.message)}".replace(
-            f"::{level},", f"::{level} ", 1
-        ))
+        lines.append(
+            f"::{level}{where},title={title}::{_escape(finding.message)}".replace(
+                f"::{level},", f"::{level} ", 1
+            )
+        )
     findings = {f.kind for f in trace.findings}
     for name, status, detail in checks:
         if status == "FAIL" and name != "trace" and name not in findings:

@@ -36,9 +36,8 @@ class TinySelfAttention(nn.Module):
         attention_scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))
         attention_scores = attention_scores / math.sqrt(self.attention_head_size)
         # attention_mask: [batch, seq], 1 for real tokens, 0 for padding
-        extended = (1.0 - attention_mask[:, None, None, :].to(attention_scores.dtype)) * torch.finfo(
-            attention_scores.dtype
-        ).min
+        keep = attention_mask[:, None, None, :].to(attention_scores.dtype)
+        extended = (1.0 - keep) * torch.finfo(attention_scores.dtype).min
         attention_probs = nn.functional.softmax(attention_scores + extended, dim=-1)
         attention_probs = self.dropout(attention_probs)
         context_layer = torch.matmul(attention_probs, value_layer)

@@ -46,6 +46,8 @@ _PASS_FAMILIES = frozenset({_ops.VIEW, _ops.LAYOUT, _ops.INDEX, _ops.GROW, _ops.
 _PASS_OPS = frozenset({"dropout", "contiguous", "clone", "detach", "to", "type_as", "cpu", "cuda"})
 _CASTS = frozenset({"float", "half", "bfloat16", "double", "long", "int", "short", "bool", "byte"})
 _MAX_ROUNDS = 4
+# Buffers up to this many elements are saved before a provisional forward and put back.
+_BUFFER_LIMIT = 1 << 24
 
 
 def is_ids_name(name: str) -> bool:
@@ -445,6 +447,9 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
 
     watcher = _Watcher(tensors, leaves, model)
     training = {m: m.training for m in model.modules()}
+    # A forward may write into its buffers (a cache, a step count): put back what it wrote.
+    buffers = [b for b in model.buffers() if b.device.type == "cpu" and b.numel() <= _BUFFER_LIMIT]
+    saved = [(b, b._version, b.detach().clone()) for b in buffers]
     disabled = _config._disabled_by_api
     # Local hooks on torch's own modules: a global pre-hook gets no keyword arguments.
     handles = [
@@ -468,6 +473,10 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
         _config._disabled_by_api = disabled
         for module, flag in training.items():
             module.training = flag
+        with torch.no_grad():
+            for buffer, version, value in saved:
+                if buffer._version != version and buffer.shape == value.shape:
+                    buffer.copy_(value)
     return failed
 
 

@@ -118,7 +118,8 @@ def _user_frame(error: BaseException, path: str) -> tuple[str, str]:
     folder = os.path.dirname(os.path.abspath(path)) + os.sep if path else ""
     chosen = None
     for frame in frames:
-        if folder and os.path.abspath(frame.filename).startswith(folder):
+        where = os.path.abspath(frame.filename)
+        if folder and where.startswith(folder) and not _is_internal(where):
             chosen = frame
     if chosen is None:
         for frame in frames:

@@ -236,6 +236,59 @@ def test_a_crash_on_made_up_inputs_says_they_were_made_up(tmp_path):
     assert "an error in the model's own code" not in result.stdout
 
 
+def test_a_first_guess_the_forward_refutes_is_corrected(tmp_path):
+    # An Embedding comes first, but for positions: the input is activations after all.
+    path = write(
+        tmp_path,
+        """
+        import torch
+        from torch import nn
+
+
+        class Tagger(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.pos = nn.Embedding(16, 24)
+                self.proj = nn.Linear(24, 24)
+
+            def forward(self, x):
+                B, T, C = x.shape
+                return self.proj(x + self.pos(torch.arange(T)))
+        """,
+    )
+    result = run("trace", path)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert inputs_line(result).startswith("inputs  x=[2, 5, 24] float32  (from ")
+
+
+def test_making_inputs_leaves_the_model_and_the_rng_as_they_were():
+    import torch
+
+    from shapeguard import _inputs
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+            self.drop = torch.nn.Dropout(0.5)
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x, mask):
+            self.calls += 1
+            return self.drop(self.proj(x)).masked_fill(~mask[..., None], 0.0)
+
+    module = Counting().train()
+    state = torch.get_rng_state()
+    inputs = _inputs.make_inputs(None, module)
+    assert float(module.calls) == 0.0
+    assert module.training and module.drop.training
+    assert torch.equal(torch.get_rng_state(), state)
+    assert [tuple(a.shape) for a in inputs.args] == [(2, 5, 8), (2, 5)]
+    assert inputs.notes == {"mask": "True = real token; lengths 5, 3"}
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    assert not any(m._forward_pre_hooks for m in module.modules())
+
+
 # -- 3. the value checks get values to test, and say when they had none ----------------------
 
 

@@ -28,7 +28,8 @@ import dataclasses
 import inspect
 import textwrap
 import typing
-from dataclasses import dataclass, field
+import zlib
+from dataclasses import dataclass
 
 from . import _ops
 from ._loader import LoadError
@@ -314,7 +315,7 @@ class Maker:
         check_size(leaf.name, leaf.shape, dtype, self.device)
         if self.device != "cpu":
             return torch.empty(leaf.shape, dtype=dtype, device=self.device)
-        generator = torch.Generator().manual_seed(len(leaf.name) + 7 * len(leaf.shape))
+        generator = torch.Generator().manual_seed(zlib.crc32(leaf.name.encode()))
         try:
             if leaf.kind == MASK:
                 return self._mask(leaf, dtype)
@@ -802,12 +803,3 @@ def _broadcast(a, b) -> tuple | None:
 
 def _is_bool(value) -> bool:
     return str(getattr(value, "dtype", "")) == "torch.bool"
-
-
-@dataclass(slots=True)
-class Made:
-    """What `make` produced: the values, and for the inputs line what each leaf is."""
-
-    values: dict
-    notes: dict = field(default_factory=dict)  # leaf name -> "ids < 101", ...
-    learned: bool = False  # something read from the model's structure changed a guess

@@ -428,6 +428,30 @@ def test_a_forward_out_of_memory_is_one_line(tmp_path):
     )
 
 
+def test_a_model_too_large_to_build_is_one_line(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        from torch import nn
+
+
+        class Huge(nn.Module):
+            def __init__(self, d_model=8):
+                super().__init__()
+                raise RuntimeError(
+                    "[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't "
+                    "allocate memory: you tried to allocate 64000000000000 bytes."
+                )
+        """,
+    )
+    one_line_error(
+        run("trace", path, "--arg", "d_model=4000000"),
+        "building the model (Huge(d_model=4000000)) needs more memory than is free "
+        "([enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate "
+        "memory: you tried to allocate 64000000000000 bytes.); use --device meta",
+    )
+
+
 def test_ctrl_c_exits_130_with_one_line(tmp_path):
     started = tmp_path / "started"
     path = write(
@@ -585,7 +609,7 @@ def test_the_probing_progress_counts_forwards_with_no_total(monkeypatch):
 # -- 7. packages, relative imports and config objects ------------------------------------------
 
 
-def test_a_package_module_with_relative_imports_by_path_and_by_module(monkeypatch):
+def test_a_package_module_with_relative_imports_by_path_and_by_module(tmp_path, monkeypatch):
     by_path = run("trace", model("tinypkg/model.py"))
     assert by_path.exit_code == 0, by_path.stdout + by_path.stderr
     assert by_path.stdout.startswith("model   Encoder\n")
@@ -594,6 +618,31 @@ def test_a_package_module_with_relative_imports_by_path_and_by_module(monkeypatc
     assert by_module.exit_code == 0, by_module.stdout + by_module.stderr
     assert by_module.stdout == by_path.stdout
     assert not [name for name in sys.modules if name.startswith("tinypkg")]
+    # With -m, every positional argument is the module's own argv.
+    argv = write(
+        tmp_path,
+        """
+        import sys
+
+        from torch import nn
+
+        SEEN = list(sys.argv[1:])
+
+
+        class Probe(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(len(SEEN) + 3, 4)
+
+            def forward(self, x):
+                return self.proj(x)
+        """,
+        "argv_probe.py",
+    )
+    monkeypatch.chdir(argv.parent)
+    seen = run("trace", "-m", "argv_probe", "--", "a", "b")
+    assert seen.exit_code == 0, seen.stdout + seen.stderr
+    assert inputs_line(seen).startswith("inputs  x=[2, 5, 5] float32")
     one_line_error(
         run("trace", "-m", "tinypkg.nothing"), "no module named 'tinypkg.nothing' under "
     )

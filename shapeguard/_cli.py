@@ -124,8 +124,9 @@ def _notes(target, picked, inputs) -> tuple[str, ...]:
         except (TypeError, ValueError):
             params = {}
         given = {*inputs.kwargs, *list(params)[: len(inputs.args)]}
-        missing = [n for n in params if _inputs_structure.is_mask_name(n) and n not in given]
-        if missing:
+        masks = [n for n in params if _inputs_structure.is_mask_name(n)]
+        missing = [n for n in masks if n not in given]
+        if missing and not any(n in given for n in masks):
             lines.append(
                 f"no mask was passed as {', '.join(missing)}: the mask checks had nothing to "
                 f"test; pass one with --input {missing[0]}=bool:SIZES (a mask is filled with "

@@ -283,6 +283,14 @@ def make_inputs(
             sizes.reserve(annotation)
     nodes: dict[str, object] = {}
     sources: dict[str, str] = {}
+    # A forward whose every parameter is optional (HF's `input_ids=None, attention_mask=None,
+    # ...`) gets its first one, and its `attention_mask` beside token ids.
+    wanted = {n for n, p in params.items() if p.default is p.empty}
+    if not wanted and params and not specs:
+        first = next(iter(params))
+        wanted = {first}
+        if _structure.is_ids_name(first) and "attention_mask" in params:
+            wanted.add("attention_mask")
     first_required = True
     for name, param in params.items():
         if name in specs:
@@ -292,7 +300,7 @@ def make_inputs(
             annotation = contract[name]
             nodes[name] = _annotated_leaf(name, annotation, sizes, model)
             sources[name] = "the forward's annotations"
-        elif param.default is param.empty:
+        elif name in wanted:
             batch = _structure.batch_for(name, hints.get(name), model, type(model).forward, sizes)
             nodes[name] = batch or _structure.guess_leaf(
                 name, model, sizes, first=first_required, keys=name.lower() in _KV_NAMES

@@ -236,6 +236,33 @@ def test_a_crash_on_made_up_inputs_says_they_were_made_up(tmp_path):
     assert "an error in the model's own code" not in result.stdout
 
 
+def test_a_forward_with_only_optional_parameters_gets_ids_and_their_mask(tmp_path):
+    # HF's signature: input_ids=None, attention_mask=None, inputs_embeds=None, ...
+    path = write(
+        tmp_path,
+        """
+        from torch import nn
+
+
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Embedding(30, 12)
+                self.attn = nn.MultiheadAttention(12, 3, batch_first=True)
+
+            def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None):
+                x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+                return self.attn(x, x, x, key_padding_mask=attention_mask == 0)[0]
+        """,
+    )
+    result = run("trace", path)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert inputs_line(result) == (
+        "inputs  input_ids=[2, 5] int64 (ids < 30), attention_mask=[2, 5] bool "
+        "(True = real token; lengths 5, 3)  (from the model's structure: batch=2, seq=5)"
+    )
+
+
 def test_a_first_guess_the_forward_refutes_is_corrected(tmp_path):
     # An Embedding comes first, but for positions: the input is activations after all.
     path = write(

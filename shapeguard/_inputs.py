@@ -292,7 +292,7 @@ def make_inputs(
         if _structure.is_ids_name(first) and "attention_mask" in params:
             wanted.add("attention_mask")
     first_required = True
-    for name, param in params.items():
+    for name in params:
         if name in specs:
             nodes[name] = _spec_leaf(specs[name])
             sources[name] = f"--input {name}"

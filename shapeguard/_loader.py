@@ -396,8 +396,10 @@ def pick_model(
         raise LoadError(
             f"{how} is a {type(target).__name__}, not an nn.Module, a class or a factory"
         )
+    made = _defaults(target, kwargs, module, how)
+    _check_binds(target, kwargs, how, tuple(made))
     shown = {}
-    for name, (value, text) in _defaults(target, kwargs, module, how).items():
+    for name, (value, text) in made.items():
         kwargs[name], shown[name] = value, text
     try:
         with on_device(device):
@@ -577,7 +579,6 @@ def _defaults(target, kwargs: dict, module: ModuleType, how: str) -> dict[str, t
                 f"{how} needs {param.name}, and {cls.__name__}() fails without arguments "
                 f"({type(error).__name__}: {error}); add a build_model() function to the file"
             ) from None
-    _check_binds(target, kwargs, how, tuple(made))
     return made
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ._axes import Axes, format_shape
 from ._errors import Finding, ShapeError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(slots=True)
@@ -118,6 +118,8 @@ class Trace:
     # opened inside it, and collects their findings when they close.
     background: bool = False
     findings: list[Finding] = field(default_factory=list)
+    # Findings silenced by `# shapeguard: ignore[kind]` on their line (`_suppress`).
+    suppressed: list[Finding] = field(default_factory=list)
     modules_seen: int = 0
     dropped_events: int = 0
     _session: object = field(default=None, repr=False)
@@ -270,12 +272,19 @@ class Trace:
             "mode": self.mode,
             "events": [e.to_dict() for e in self.events],
             "findings": [f.to_dict() for f in self.findings],
+            "suppressed": [f.to_dict() for f in self.suppressed],
             "dropped_events": self.dropped_events,
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
         """The trace in the versioned JSON schema documented in docs/json-schema.md."""
         return json.dumps(self.to_dict(), indent=indent)
+
+    def _repr_html_(self) -> str:
+        """The HTML report's flow and table, for a notebook cell (Jupyter calls this)."""
+        from .report.html import render_fragment
+
+        return render_fragment(self)
 
     def __str__(self) -> str:
         return self.table()

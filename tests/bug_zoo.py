@@ -870,6 +870,39 @@ class SeqFirstEncoder(nn.Module):
         return x + context
 
 
+class SeqFirstFolded(nn.Module):
+    """fairseq's and F.multi_head_attention_forward's style: x is [tgt_len, bsz, embed],
+    heads folded into the batch by `view(tgt_len, bsz * heads, head_dim)` then moved
+    first; key_padding_mask is [bsz, src_len] with True for padding."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.num_heads, self.head_dim = n_heads, d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x, key_padding_mask=None):
+        tgt_len, bsz, embed_dim = x.size()
+        q = self.q_proj(x) * self.head_dim**-0.5
+        k, v = self.k_proj(x), self.v_proj(x)
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        k = k.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        v = v.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        src_len = k.size(1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))
+        if key_padding_mask is not None:
+            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len)
+            hidden = key_padding_mask.unsqueeze(1).unsqueeze(2).to(torch.bool)
+            attn_weights = attn_weights.masked_fill(hidden, float("-inf"))
+            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
+        attn_probs = F.softmax(attn_weights, dim=-1)
+        attn = torch.bmm(attn_probs, v)
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        return self.out_proj(attn)
+
+
 class MHAPerExampleMask(nn.Module):
     """nn.MultiheadAttention with a per-example mask (causal and padding, [B, S, S], True =
     hidden), which it takes as [B * h, S, S] with the h copies of each example adjacent."""

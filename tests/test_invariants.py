@@ -335,6 +335,10 @@ CORRECT = {
     "seq_first_mha_learned": seq_first_model(seq_first_padded, positions="learned"),
     "seq_first_encoder_layer": seq_first_model(torch_layer=True),
     "seq_first_encoder_layer_learned": seq_first_model(positions="learned", torch_layer=True),
+    "seq_first_fairseq": built(lambda s, bug: zoo.SeqFirstFolded(s.d_model, s.heads), seq_first),
+    "seq_first_fairseq_padded": built(
+        lambda s, bug: zoo.SeqFirstFolded(s.d_model, s.heads), seq_first_padded
+    ),
     "mha_per_example_mask": of(zoo.MHAPerExampleMask, padded),
     "patch_permute": patches("split"),
     "patch_conv": patches("conv"),
@@ -656,6 +660,16 @@ def ref_seq_first(model, x, src_key_padding_mask=None):
     return (x + ref_mha(model.attn, x, keep)).transpose(0, 1)
 
 
+def ref_seq_first_folded(model, x, key_padding_mask=None):
+    """[T, B, E] in and out; computed batch-first with SDPA."""
+    xb = x.transpose(0, 1)
+    q, k, v = (
+        heads_of(proj(xb), model.num_heads) for proj in (model.q_proj, model.k_proj, model.v_proj)
+    )
+    keep = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+    return model.out_proj(merged(sdpa(q, k, v, attn_mask=keep))).transpose(0, 1)
+
+
 def ref_per_example_mask(model, x, attention_mask):
     keep = causal_keep(x.shape[1], x.shape[1]) & attention_mask.bool()[:, None, :]  # [B, S, S]
     return ref_mha(model.attn, x, keep[:, None])
@@ -712,6 +726,7 @@ REFERENCES = {
     zoo.MHAEncoder: ref_mha_encoder,
     zoo.TorchEncoder: ref_encoder_layer,
     zoo.SeqFirstEncoder: ref_seq_first,
+    zoo.SeqFirstFolded: ref_seq_first_folded,
     zoo.MHAPerExampleMask: ref_per_example_mask,
     zoo.EinopsMHAMask: ref_per_example_mask,
     zoo.PatchEmbed: ref_patches,

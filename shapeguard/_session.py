@@ -15,7 +15,7 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _axes, _composites, _config, _construction, _flash, _ops, _source
+from . import _axes, _composites, _config, _construction, _flash, _ops, _source, _suppress
 from . import checks as _checks
 from ._axes import Axes, format_shape
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
@@ -488,6 +488,11 @@ class Session:
         violation.op = violation.op or call.op
         context = self._context(call)
         error = ShapeError.from_violation(violation, context)
+        if violation.kind in _suppress.kinds_ignored(context.location):
+            # `# shapeguard: ignore[kind]` on the user's line: listed, never raised or warned.
+            self.trace.add_finding(error, violation.severity)
+            self.trace.suppressed.append(self.trace.findings.pop())
+            return None
         self.trace.add_finding(error, violation.severity)
         message = error.render()
         is_error = violation.severity == "error" or self.trace.strict

@@ -24,34 +24,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL_FILE = os.path.join(HERE, "models", "llama70b_attention.py")
 
-# Ops whose output shares the input's storage: no new memory.
-VIEW_OPS = frozenset(
-    {
-        "view",
-        "transpose",
-        "permute",
-        "expand",
-        "unsqueeze",
-        "squeeze",
-        "t",
-        "T",
-        "mT",
-        "narrow",
-        "select",
-        "split",
-        "chunk",
-        "unbind",
-        "as_strided",
-        "flatten",
-        "unflatten",
-        "__getitem__",
-        "detach",
-        "view_as",
-        "expand_as",
-        "swapaxes",
-    }
-)
-
 TIME_LIMIT_S = 10.0
 RSS_LIMIT_BYTES = 1 << 30
 
@@ -93,7 +65,7 @@ def cpu_memory(model_file: str = MODEL_FILE, *, layers: int | None = None) -> di
     import torch
 
     import shapeguard
-    from shapeguard import _inputs, _loader
+    from shapeguard import _inputs, _loader, _ops
 
     with _loader.loaded(model_file) as module:
         kwargs = {"n_layers": layers} if layers is not None else {}
@@ -104,11 +76,10 @@ def cpu_memory(model_file: str = MODEL_FILE, *, layers: int | None = None) -> di
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     n_params = sum(p.numel() for p in model.parameters())
     inputs_bytes = sum(t.numel() * t.element_size() for t in inputs.args if hasattr(t, "numel"))
+    # Views (the op table's `aliases` ops) share their input's storage: no new memory.
+    views = _ops.spellings_where(aliases=True)
     activations = sum(
-        record.nbytes
-        for event in trace.events
-        if event.op not in VIEW_OPS
-        for record in event.outputs
+        record.nbytes for event in trace.events if event.op not in views for record in event.outputs
     )
     return {
         "parameters": n_params,

@@ -42,7 +42,7 @@ from torch._C import (
 
 from . import _config, _ops, _source
 
-_MHA_OP = "multi_head_attention_forward"
+_MHA_OP = _ops.MHA.name  # the op nn.MultiheadAttention calls, as the checks know it
 _MODULE_FILE = torch.nn.modules.module.__file__
 _KINDS: dict[type, str] = {
     torch.nn.MultiheadAttention: "mha",

@@ -6,6 +6,8 @@ are read when a message or a table needs them, so a name learned later (the
 query-key product names d_k) shows on every record of that axis.
 """
 
+import weakref as _weakref
+
 from ._names import dims as _dims
 from ._names.dims import Axis
 from ._roles import canonical_role
@@ -79,12 +81,24 @@ class TensorMeta:
         return self.tags[i] if i < len(self.tags) else None
 
 
+# Roles only data flow gives: a query-key product, its softmax, attention's output.
+_FLOW_ROLES = frozenset({"scores", "attn", "context"})
+
+
+# Names too generic to override what data flow carried (`output = x.reshape(...)` inside
+# a helper such as repeat_kv still holds K).
+_WEAK_NAME_ROLES = frozenset({"context", "out"})
+
+
 def role_for(label: str | None, flow: str | None) -> str | None:
-    """Data flow first; then the name, for the roles a name can be trusted with."""
-    if flow is not None:
+    """What data flow says of attention's own tensors; else a name that says Q, K, V or
+    mask; else the role flow carried along (a transpose of Q is Q); else a generic name."""
+    if flow in _FLOW_ROLES:
         return flow
     role = canonical_role(label)
-    return role if role in _NAME_ROLES else None
+    if role in _NAME_ROLES and (flow is None or role not in _WEAK_NAME_ROLES):
+        return role
+    return flow
 
 
 def buffer_origin(
@@ -110,3 +124,40 @@ def _buffer_name(tensor, modules: list) -> str:
             if buf is tensor:
                 return name
     return ""
+
+
+class TensorTable:
+    """Metas by live tensor, holding no tensor: `id(tensor) -> (weak reference, meta)`.
+
+    torch's `WeakTensorKeyDictionary` builds a `WeakIdRef` on every lookup (1.5 us); a
+    plain dict keyed by id, checked against the weak reference, costs a dict lookup. An
+    entry goes when its tensor is collected (the weak reference's callback), and a new
+    tensor that reuses the id never reads the old entry (the reference is dead)."""
+
+    __slots__ = ("_data", "__weakref__")
+
+    def __init__(self) -> None:
+        self._data: dict[int, tuple] = {}
+
+    def get(self, tensor, default=None):
+        entry = self._data.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            return entry[1]
+        return default
+
+    def __contains__(self, tensor) -> bool:
+        return self.get(tensor) is not None
+
+    def __setitem__(self, tensor, meta) -> None:
+        key = id(tensor)
+        data = self._data
+
+        def forget(ref, key=key, data=data):
+            entry = data.get(key)
+            if entry is not None and entry[0] is ref:
+                del data[key]
+
+        data[key] = (_weakref.ref(tensor, forget), meta)
+
+    def __len__(self) -> int:
+        return len(self._data)

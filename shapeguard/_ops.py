@@ -5,7 +5,7 @@ An `Op` gives the names torch (2.4 and later) hands a `TorchFunctionMode` for it
 with the tensor first), its family (which axis rule applies, see
 `_names/flow.py`), its parameters (so each signature is bound in one place),
 and what the report and the probes need to know of it. Interception, axis
-naming, checks and renderers all read this table; a test pins every spelling
+naming, checks and renderers all read this table; tests/test_ops.py pins every spelling
 against `torch.overrides`. Pure Python: no torch import here.
 """
 
@@ -32,6 +32,17 @@ CONV = "conv"  # conv1d/2d/3d
 WRITE = "write"  # t[i] = v: in place, returns nothing
 OTHER = "other"  # anything this table does not list
 
+# Steps of attention (`Op.step`): which row of the report's diagram an op feeds.
+STEPS = (
+    "projection",  # linear: x -> Q, K, V, and context -> out
+    "heads",  # view, reshape, transpose, permute: heads split off and merged back
+    "product",  # Q K^T and attn V: matmul, bmm, baddbmm, einsum
+    "mask",  # masked_fill, where
+    "softmax",
+    "fused",  # one kernel from scores to context: SDPA, flash-attn
+    "module",  # a whole attention module: multi_head_attention_forward, nn.Transformer*
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Op:
@@ -49,6 +60,17 @@ class Op:
     shown: bool = False  # a row of the default trace table
     rotary: bool = False  # makes rotary tables (cos, sin)
     slices: bool = False  # takes part of a tensor along some axes
+    positional: bool = False  # makes positions or a positional term (arange, cos, embedding)
+    reads_table: bool = False  # indexes its first argument: a position table when that is a
+    #   parameter or a buffer (t[i], index_select, embedding)
+    aliases: bool = False  # a view in torch's sense: the output shares the input's storage
+    #   (reshape and flatten, which copy when they must, are not)
+    step: str = ""  # the step of attention it computes, as the report's diagram draws it
+    # flash-attn: how q, k, v arrive ("dense", "qkvpacked", "kvpacked", "varlen",
+    # "varlen_qkvpacked", "varlen_kvpacked") and whose entry point it is ("flash_attn",
+    # "kernel": a torch.ops.flash_attn op, "shapeguard": shapeguard.attention's).
+    flash_form: str = ""
+    flash_entry: str = ""
 
 
 _TABLE: dict[str, Op] = {}
@@ -59,9 +81,14 @@ def _op(name: str, family: str, *more: str, **options) -> Op:
     """Declare an op; `more` lists the other spellings torch uses for it."""
     spellings = (name, *more)
     op = Op(name, family, spellings, **options)
-    for spelling in spellings:
-        if spelling in _TABLE:
+    if op.step and op.step not in STEPS:
+        raise RuntimeError(f"op table: {name!r} has step {op.step!r}, not one of {STEPS}")
+    # Every spelling is checked before any is added, so a refused declaration leaves
+    # the table as it was.
+    for k, spelling in enumerate(spellings):
+        if spelling in _TABLE or spelling in spellings[:k]:
             raise RuntimeError(f"op table: {spelling!r} is declared twice")
+    for spelling in spellings:
         _TABLE[spelling] = op
     ALL.append(op)
     return op
@@ -89,8 +116,10 @@ _ops(QUERY, """
 _CASTS = "float half bfloat16 double long int short bool byte char type_as to type cpu cuda"
 for _name in _CASTS.split():
     _op(_name, SAME, keeps_label=True, keeps_value=True, makes_mask=_name == "bool")
-for _name in ["contiguous", "clone", "detach", "detach_", "requires_grad_", "cumsum"]:
+for _name in ["contiguous", "clone", "requires_grad_"]:
     _op(_name, SAME, keeps_label=True, keeps_value=True)
+_op("cumsum", SAME, keeps_label=True)  # new values: a buffer summed is no longer that buffer
+_op("detach", SAME, "detach_", keeps_label=True, keeps_value=True, aliases=True)
 # fmt: off
 _ops(SAME, """
     relu relu_ gelu silu silu_ tanh sigmoid exp log log1p neg abs sqrt rsqrt reciprocal sign
@@ -98,16 +127,25 @@ _ops(SAME, """
     feature_alpha_dropout gelu_ elu leaky_relu mish softplus hardswish hardtanh celu selu
     glu normalize group_norm batch_norm instance_norm local_response_norm round floor ceil
     trunc frac triu tril triu_ tril_ flip roll fliplr flipud cumprod exp_ uniform_ normal_
-    bernoulli_ isinf isnan isfinite isneginf isposinf signbit sgn angle real imag conj
+    bernoulli_ isinf isnan isfinite isneginf isposinf signbit sgn angle conj
 """, keeps_label=True)
 # fmt: on
+_ops(SAME, "real imag", keeps_label=True, aliases=True)
 _op("dropout", SAME, "dropout1d", "dropout2d", "dropout3d", keeps_label=True)
-_op("softmax", SAME, "_softmax", params=("input", "dim"), keeps_label=True, shown=True)
+_op(
+    "softmax",
+    SAME,
+    "_softmax",
+    params=("input", "dim"),
+    keeps_label=True,
+    shown=True,
+    step="softmax",
+)
 _op("log_softmax", SAME, params=("input", "dim"), keeps_label=True)
 _op("layer_norm", SAME, params=("input", "normalized_shape", "weight", "bias"), keeps_label=True)
 _op("rms_norm", SAME, params=("input", "normalized_shape", "weight", "eps"), keeps_label=True)
-_op("cos", SAME, rotary=True)
-_op("sin", SAME, rotary=True)
+_op("cos", SAME, rotary=True, positional=True)
+_op("sin", SAME, rotary=True, positional=True)
 _op("logical_not", SAME, "bitwise_not", "__invert__", makes_mask=True, keeps_value=True)
 
 # -- elementwise with broadcasting --------------------------------------------------------
@@ -190,6 +228,7 @@ _op(
     keeps_label=True,
     keeps_value=True,
     shown=True,
+    step="mask",
 )
 _op(
     "where",
@@ -198,17 +237,19 @@ _op(
     keeps_label=True,
     keeps_value=True,
     shown=True,
+    step="mask",
 )
-_op("lerp", BINARY, "addcmul", "addcdiv", "copy_", "add_relu")
+_op("lerp", BINARY, "addcmul", "addcdiv", "copy_")
 
 # -- views and layouts --------------------------------------------------------------------
-_op("view", VIEW, keeps_value=True)
-_op("reshape", VIEW, keeps_value=True)
-_op("view_as", VIEW, "reshape_as")
+_op("view", VIEW, keeps_value=True, aliases=True, step="heads")
+_op("reshape", VIEW, keeps_value=True, step="heads")
+_op("view_as", VIEW, aliases=True)
+_op("reshape_as", VIEW)  # a copy when it must, as reshape
 _op("flatten", VIEW, params=("input", "start_dim", "end_dim"))
-_op("unflatten", VIEW, params=("input", "dim", "sizes"))
-_op("squeeze", VIEW, "squeeze_", params=("input", "dim"), keeps_value=True)
-_op("unsqueeze", VIEW, "unsqueeze_", params=("input", "dim"), keeps_value=True)
+_op("unflatten", VIEW, params=("input", "dim", "sizes"), aliases=True)
+_op("squeeze", VIEW, "squeeze_", params=("input", "dim"), keeps_value=True, aliases=True)
+_op("unsqueeze", VIEW, "unsqueeze_", params=("input", "dim"), keeps_value=True, aliases=True)
 _op(
     "transpose",
     LAYOUT,
@@ -217,10 +258,22 @@ _op(
     "swapdims",
     params=("input", "dim0", "dim1"),
     keeps_label=True,
+    aliases=True,
+    step="heads",
 )
-_op("permute", LAYOUT, keeps_label=True)
-_op("movedim", LAYOUT, "moveaxis", params=("input", "source", "destination"), keeps_label=True)
-_op("t", LAYOUT, "t_", "T", "mT", "H", "mH", "adjoint", keeps_label=True)
+_op("permute", LAYOUT, keeps_label=True, aliases=True, step="heads")
+_op(
+    "movedim",
+    LAYOUT,
+    "moveaxis",
+    params=("input", "source", "destination"),
+    keeps_label=True,
+    aliases=True,
+)
+# t/T reverse the axes (swap them when there are two); mT/mH swap the last two of any rank.
+_op("t", LAYOUT, "t_", "T", "H", keeps_label=True, aliases=True)
+_op("mT", LAYOUT, "mH", "adjoint", keeps_label=True, aliases=True)
+_op("as_strided", OTHER, aliases=True)  # no axis rule: its strides say nothing of axes
 
 # -- contractions --------------------------------------------------------------------------
 _op(
@@ -231,14 +284,15 @@ _op(
     symbol="@",
     reflected=frozenset({"__rmatmul__"}),
     shown=True,
+    step="product",
 )
-_op("bmm", PRODUCT, shown=True)
+_op("bmm", PRODUCT, shown=True, step="product")
 _op("mm", PRODUCT, shown=True)
 _op("mv", PRODUCT, "dot", "vdot", "inner")
-_op("baddbmm", PRODUCT, params=("input", "batch1", "batch2"), shown=True)
+_op("baddbmm", PRODUCT, params=("input", "batch1", "batch2"), shown=True, step="product")
 _op("addmm", PRODUCT, "addbmm", params=("input", "mat1", "mat2"))
-_op("linear", PRODUCT, params=("input", "weight", "bias"))
-_op("einsum", PRODUCT, shown=True)
+_op("linear", PRODUCT, params=("input", "weight", "bias"), step="projection")
+_op("einsum", PRODUCT, shown=True, step="product")
 _op("outer", PRODUCT, "ger")
 
 # -- reductions, indexing, joins, parts, growth ---------------------------------------------
@@ -248,35 +302,51 @@ _ops(REDUCE, """
     nanmean median count_nonzero std_mean var_mean aminmax topk sort argsort cummax cummin
 """, params=("input", "dim", "keepdim"))
 # fmt: on
-_op("__getitem__", INDEX, keeps_value=True, slices=True)
-_op("narrow", INDEX, params=("input", "dim", "start", "length"), keeps_value=True, slices=True)
-_op("select", INDEX, params=("input", "dim", "index"), keeps_value=True, slices=True)
-_op("index_select", INDEX, params=("input", "dim", "index"))
-_op("gather", INDEX, "take_along_dim", params=("input", "dim", "index"))
+# Basic indexing (t[i], t[:, :k]) is a view; advanced indexing (t[idx]) copies, but tells
+# no more of aliasing from its name than this.
+_op("__getitem__", INDEX, keeps_value=True, slices=True, reads_table=True, aliases=True)
+_op(
+    "narrow",
+    INDEX,
+    params=("input", "dim", "start", "length"),
+    keeps_value=True,
+    slices=True,
+    reads_table=True,
+    aliases=True,
+)
+_op("select", INDEX, params=("input", "dim", "index"), keeps_value=True, slices=True, aliases=True)
+_op("index_select", INDEX, params=("input", "dim", "index"), reads_table=True)
+_op("gather", INDEX, "take_along_dim", params=("input", "dim", "index"), reads_table=True)
 _op("masked_select", INDEX, "nonzero", "take", "argwhere")
 _op("cat", JOIN, "concat", "concatenate", params=("tensors", "dim"))
 _op("stack", JOIN, params=("tensors", "dim"))
-_op("split", PART, "split_with_sizes", params=("tensor", "split_size_or_sections", "dim"))
-_op("chunk", PART, params=("input", "chunks", "dim"))
-_op("tensor_split", PART, params=("input", "indices_or_sections", "dim"))
-_op("unbind", PART, params=("input", "dim"))
-_op("expand", GROW, keeps_value=True)
-_op("expand_as", GROW, "broadcast_to", keeps_value=True)
+_op(
+    "split",
+    PART,
+    "split_with_sizes",
+    params=("tensor", "split_size_or_sections", "dim"),
+    aliases=True,
+)
+_op("chunk", PART, params=("input", "chunks", "dim"), aliases=True)
+_op("tensor_split", PART, params=("input", "indices_or_sections", "dim"), aliases=True)
+_op("unbind", PART, params=("input", "dim"), aliases=True)
+_op("expand", GROW, "expand_as", "broadcast_to", keeps_value=True, aliases=True)
 _op("repeat", GROW, "tile")
 _op("repeat_interleave", GROW, params=("input", "repeats", "dim"))
 
 # -- new tensors ---------------------------------------------------------------------------
 # fmt: off
 _ops(FACTORY, """
-    tensor as_tensor zeros ones empty full arange randn rand randint eye linspace logspace
+    tensor as_tensor zeros ones empty full randn rand randint eye linspace logspace
     zeros_like ones_like empty_like full_like rand_like randn_like randint_like new_zeros
     new_ones new_empty new_full new_tensor tril_indices triu_indices empty_strided scalar_tensor
     randperm normal complex one_hot bucketize searchsorted
 """)
 # fmt: on
-_op("polar", FACTORY, rotary=True)  # torch.polar(ones, angles): a complex rotary table
-_op("view_as_complex", VIEW, keeps_label=True)
-_op("view_as_real", VIEW, keeps_label=True)
+_op("arange", FACTORY, positional=True)
+_op("polar", FACTORY, rotary=True, positional=True)  # torch.polar(ones, angles): a rotary table
+_op("view_as_complex", VIEW, keeps_label=True, aliases=True, positional=True)
+_op("view_as_real", VIEW, keeps_label=True, aliases=True)
 # F.unfold (im2col); Tensor.unfold (a sliding window) shares the name: the rule tells them apart.
 _op("unfold", CONV, params=("input", "kernel_size", "dilation", "padding", "stride"))
 # fmt: on
@@ -287,6 +357,7 @@ SDPA = _op(
     ATTENTION,
     params=("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"),
     shown=True,
+    step="fused",
 )
 MHA = _op(
     "multi_head_attention_forward",
@@ -299,23 +370,50 @@ MHA = _op(
         "static_k", "static_v", "average_attn_weights", "is_causal",
     ),
     shown=True,
+    step="module",
 )  # fmt: skip
 # flash-attn: its Python entry points (wrapped while a trace is open), its torch.ops
 # kernels, and shapeguard.attention's own entry points. All take [batch, seq, heads, d_k].
-FLASH_ENTRY_POINTS = (
-    "flash_attn_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_qkvpacked_func",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_varlen_qkvpacked_func",
-)
-for _name in FLASH_ENTRY_POINTS:
-    _op(_name, FLASH, shown=True)
-_op("flash_attention", FLASH, shown=True)
-_op("flash_attention_varlen", FLASH, shown=True)
-_op("_flash_attn_forward", FLASH, "_flash_attn_forward.default", shown=True)
-_op("_flash_attn_varlen_forward", FLASH, "_flash_attn_varlen_forward.default", shown=True)
+_FLASH_FORMS = {
+    "flash_attn_func": "dense",
+    "flash_attn_kvpacked_func": "kvpacked",
+    "flash_attn_qkvpacked_func": "qkvpacked",
+    "flash_attn_varlen_func": "varlen",
+    "flash_attn_varlen_kvpacked_func": "varlen_kvpacked",
+    "flash_attn_varlen_qkvpacked_func": "varlen_qkvpacked",
+}
+FLASH_ENTRY_POINTS = tuple(_FLASH_FORMS)
+for _name, _form in _FLASH_FORMS.items():
+    _op(_name, FLASH, shown=True, step="fused", flash_form=_form, flash_entry="flash_attn")
+for _name, _form in (("flash_attention", "dense"), ("flash_attention_varlen", "varlen")):
+    _op(_name, FLASH, shown=True, step="fused", flash_form=_form, flash_entry="shapeguard")
+_op(
+    "_flash_attn_forward",
+    FLASH,
+    "_flash_attn_forward.default",
+    params=(
+        "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size_left",
+        "window_size_right", "softcap", "alibi_slopes", "return_softmax",
+    ),
+    shown=True,
+    step="fused",
+    flash_form="dense",
+    flash_entry="kernel",
+)  # fmt: skip
+_op(
+    "_flash_attn_varlen_forward",
+    FLASH,
+    "_flash_attn_varlen_forward.default",
+    params=(
+        "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+        "dropout_p", "softmax_scale", "causal", "window_size_left", "window_size_right",
+        "softcap", "alibi_slopes", "return_softmax", "block_table", "leftpad_k", "seqused_k",
+    ),
+    shown=True,
+    step="fused",
+    flash_form="varlen",
+    flash_entry="kernel",
+)  # fmt: skip
 # torch's attention modules, recorded as one call each: their fused fast paths run unseen.
 COMPOSITES = (
     "MultiheadAttention",
@@ -326,8 +424,14 @@ COMPOSITES = (
     "Transformer",
 )
 for _name in COMPOSITES:
-    _op(_name, COMPOSITE, shown=True)
-_op("embedding", EMBEDDING, params=("input", "weight", "padding_idx"))
+    _op(_name, COMPOSITE, shown=True, step="module")
+_op(
+    "embedding",
+    EMBEDDING,
+    params=("input", "weight", "padding_idx"),
+    positional=True,
+    reads_table=True,
+)
 _op("conv1d", CONV, "conv2d", "conv3d", params=("input", "weight", "bias", "stride", "padding"))
 _op("__setitem__", WRITE)
 
@@ -369,6 +473,12 @@ def spellings() -> dict[str, Op]:
     return dict(_TABLE)
 
 
+def declared(spelling: str) -> Op | None:
+    """The op declared for a spelling, None when the table does not list it (unlike
+    `lookup`, which makes an op of family OTHER)."""
+    return _TABLE.get(spelling)
+
+
 def bind(op: Op, args: tuple, kwargs: dict) -> dict:
     """The op's arguments by parameter name (positional first, keywords over them)."""
     bound = dict(zip(op.params, args, strict=False))
@@ -391,5 +501,20 @@ def family_ops(*families: str) -> frozenset[str]:
 
 
 def shown_ops() -> frozenset[str]:
-    """Canonical names of the ops the trace table shows even when no role names them."""
-    return frozenset(op.name for op in ALL if op.shown)
+    """Every spelling of the ops the trace table shows even when no role names them
+    (events carry the spelling torch gave: `masked_fill_`, `__rmatmul__`)."""
+    return spellings_where(shown=True)
+
+
+def spellings_where(**attributes) -> frozenset[str]:
+    """Every spelling of the ops whose attributes have these values
+    (`spellings_where(step="fused")`, `spellings_where(positional=True)`)."""
+    for attribute in attributes:
+        if attribute not in Op.__dataclass_fields__:
+            raise AttributeError(f"Op has no attribute {attribute!r}")
+    return frozenset(
+        s
+        for op in ALL
+        if all(getattr(op, k) == v for k, v in attributes.items())
+        for s in op.spellings
+    )

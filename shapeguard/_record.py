@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ._axes import Axes, format_shape
 from ._errors import Finding, ShapeError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(slots=True)
@@ -82,6 +82,22 @@ class Event:
         }
 
 
+def _tensor_record(shape, dtype: str, device: str, itemsize: int, meta) -> TensorRecord:
+    numel = 1
+    for s in shape:
+        numel *= s
+    return TensorRecord(
+        label=meta.label,
+        role=meta.role,
+        shape=tuple(shape),
+        axes=(),
+        dtype=dtype,
+        nbytes=numel * itemsize,
+        device=device,
+        meta=meta,
+    )
+
+
 @dataclass(eq=False)
 class Trace:
     """What a shapeguard trace saw.
@@ -101,11 +117,52 @@ class Trace:
     # A background trace (the pytest plugin's) steps aside for traces and guarded modules
     # opened inside it, and collects their findings when they close.
     background: bool = False
-    events: list[Event] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    # Findings silenced by `# shapeguard: ignore[kind]` on their line (`_suppress`).
+    suppressed: list[Finding] = field(default_factory=list)
     modules_seen: int = 0
     dropped_events: int = 0
     _session: object = field(default=None, repr=False)
+    # Events as the session left them, one flat tuple per op (see `record`), built into
+    # `Event`s only when read: most traces are read once, after the forward, if at all.
+    _events: list[Event] = field(default_factory=list, repr=False)
+    _pending: list[tuple] = field(default_factory=list, repr=False)
+    _live: int = field(default=0, repr=False)  # sessions recording into it now
+
+    @property
+    def events(self) -> list[Event]:
+        """Every recorded op, in order."""
+        if self._pending:
+            self._build()
+        return self._events
+
+    @property
+    def event_count(self) -> int:
+        return len(self._events) + len(self._pending)
+
+    def record(self, op, module, module_type, site, inputs, outputs) -> None:
+        """One op, as the session saw it: `inputs`/`outputs` are (shape, dtype name,
+        device type, meta) per tensor; shapes are torch.Size (ints), never tensors."""
+        self._pending.append((op, module, module_type, site, inputs, outputs))
+
+    def _build(self) -> None:
+        events = self._events
+        for op, module, module_type, site, inputs, outputs in self._pending:
+            events.append(
+                Event(
+                    index=len(events),
+                    op=op,
+                    module=module,
+                    module_type=module_type,
+                    location=site.location if site is not None else "",
+                    source=site.source if site is not None else "",
+                    inputs=tuple(_tensor_record(*t) for t in inputs),
+                    outputs=tuple(_tensor_record(*t) for t in outputs),
+                )
+            )
+        self._pending.clear()
+        if not self._live:
+            self.settle()
 
     # -- context manager ---------------------------------------------------
     def __enter__(self) -> "Trace":
@@ -132,8 +189,9 @@ class Trace:
                 raise shape_error from error
 
     def settle(self, start: int = 0) -> None:
-        """Fix the axis names and roles of the records from event `start` on."""
-        for event in self.events[start:]:
+        """Fix the axis names and roles of the events built from `start` on (the ones not
+        built yet take them when they are: nothing changes names once the session ends)."""
+        for event in self._events[start:]:
             for record in event.inputs:
                 record.settle()
             for record in event.outputs:
@@ -150,7 +208,7 @@ class Trace:
                 module=error.module,
                 location=error.location,
                 hint=error.hint,
-                event_index=len(self.events),
+                event_index=self.event_count,
             )
         )
 
@@ -214,12 +272,19 @@ class Trace:
             "mode": self.mode,
             "events": [e.to_dict() for e in self.events],
             "findings": [f.to_dict() for f in self.findings],
+            "suppressed": [f.to_dict() for f in self.suppressed],
             "dropped_events": self.dropped_events,
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
         """The trace in the versioned JSON schema documented in docs/json-schema.md."""
         return json.dumps(self.to_dict(), indent=indent)
+
+    def _repr_html_(self) -> str:
+        """The HTML report's flow and table, for a notebook cell (Jupyter calls this)."""
+        from .report.html import render_fragment
+
+        return render_fragment(self)
 
     def __str__(self) -> str:
         return self.table()

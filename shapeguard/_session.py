@@ -14,17 +14,16 @@ import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import _axes, _composites, _config, _construction, _flash, _ops, _source
+from . import _axes, _composites, _config, _construction, _flash, _ops, _source, _suppress
 from . import checks as _checks
 from ._axes import Axes, format_shape
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
-from ._meta import TensorMeta, buffer_origin, role_for
+from ._meta import TensorMeta, TensorTable, buffer_origin, role_for
 from ._names import dims as _dims
 from ._names import flow as _flow
 from ._names import roots as _roots
-from ._record import Event, TensorRecord, Trace
+from ._record import Trace
 
 _local = threading.local()
 
@@ -59,6 +58,7 @@ class OpCall:
         "session",
         "is_method",
         "flagged",
+        "reported",
         "_bound",
         "_metas",
         "_tensors",
@@ -76,6 +76,9 @@ class OpCall:
         self.site = site
         self.is_method = _is_tensor_method(func)
         self.flagged: frozenset = frozenset()  # kinds its rules reported, and its inputs carried
+        # A rule reported this op: what it does with its inputs is not evidence of what they
+        # are (SDPA given [batch, seq, heads, d_k] reads the tokens as heads).
+        self.reported = False
         self._bound: dict | None = None
         # Metas looked up during this call, by id: the weak table is slow to query, and the
         # rules, the axis rule and the record all read the same few tensors.
@@ -171,11 +174,20 @@ class OpCall:
             return meta.role
         return role_for(label, None)
 
-    def operand(self, name: str, tensor) -> Operand:
+    def operand(self, name: str, tensor, like=None) -> Operand:
+        """One line of the operand block. With `like`, the tensor this one is applied to (a
+        mask or a bias to the scores), its unnamed axes read as the axes they meet there."""
         shape = tuple(tensor.shape)
-        return Operand(
-            name, f"{format_shape(shape, self.axes(tensor))} {_dtype_name(tensor.dtype)}"
-        )
+        axes = self.axes(tensor)
+        if like is not None and hasattr(like, "shape"):
+            target = self.axes(like)
+            lead = len(target) - len(axes)
+            axes = tuple(
+                name
+                or (target[lead + i] if lead + i >= 0 and like.shape[lead + i] == size else None)
+                for i, (name, size) in enumerate(zip(axes, shape, strict=True))
+            )
+        return Operand(name, f"{format_shape(shape, axes)} {_dtype_name(tensor.dtype)}")
 
     def axis(self, tensor, dim: int) -> str:
         return _axes.axis_name(self.axes(tensor), dim, tensor.dim())
@@ -209,18 +221,11 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _record(tensor, meta: TensorMeta) -> TensorRecord:
-    shape = tuple(tensor.shape)  # torch.Size holds ints; a plain tuple keeps no tensor
-    return TensorRecord(
-        label=meta.label,
-        role=meta.role,
-        shape=shape,
-        axes=(),  # read from the meta when the session closes: names learned later show
-        dtype=_dtype_name(tensor.dtype),
-        nbytes=tensor.numel() * tensor.element_size(),
-        device=tensor.device.type,
-        meta=meta,
-    )
+def _raw(tensor, meta: TensorMeta) -> tuple:
+    """What an event keeps of a tensor: torch.Size holds ints, never the tensor."""
+    dtype = tensor.dtype
+    device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
+    return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, meta
 
 
 class _Interceptor(TorchFunctionMode):
@@ -243,8 +248,7 @@ class Session:
         self.owner = None  # the guarded module that opened this session, if any
         self.background = trace.background
         self.owner_depth = 0
-        self.metas: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
-        self._first_event = len(trace.events)
+        self.metas = TensorTable()
         self._state_names: dict[int, str] | None = None
         self.module_stack: list = []
         self._paths: dict[int, str] | None = None
@@ -271,6 +275,7 @@ class Session:
             raise
         self._previous = current_session()
         _local.session = self
+        self.trace._live += 1
         self._flash_held = _flash.patch()
 
     def close(self) -> None:
@@ -287,8 +292,10 @@ class Session:
             previous = self._previous
             if previous is not None and previous.background:
                 previous.trace.findings.extend(self.trace.findings)
-            self.trace.settle(self._first_event)
-            self.metas = WeakTensorKeyDictionary()
+            self.trace._live -= 1
+            if not self.trace._live:
+                self.trace.settle()
+            self.metas = TensorTable()
             self.module_stack.clear()
 
     def _remove_hooks(self) -> None:
@@ -455,6 +462,7 @@ class Session:
                     found = self.report(violation, call)
                     broken = broken or found
             call.flagged = frozenset(reported) | upstream
+            call.reported = bool(reported)
         try:
             out = func(*args, **kwargs)
         except ShapeError:
@@ -481,6 +489,11 @@ class Session:
         violation.op = violation.op or call.op
         context = self._context(call)
         error = ShapeError.from_violation(violation, context)
+        if violation.kind in _suppress.kinds_ignored(context.location):
+            # `# shapeguard: ignore[kind]` on the user's line: listed, never raised or warned.
+            self.trace.add_finding(error, violation.severity)
+            self.trace.suppressed.append(self.trace.findings.pop())
+            return None
         self.trace.add_finding(error, violation.severity)
         message = error.render()
         is_error = violation.severity == "error" or self.trace.strict
@@ -578,28 +591,27 @@ class Session:
             self.metas[tensor] = meta
             out_metas.append(meta)
         trace = self.trace
-        if len(trace.events) >= trace.max_events:
+        if trace.event_count >= trace.max_events:
             trace.dropped_events += 1
             return
         path, cls, _ = self.module_description()
-        site = call.site
-        trace.events.append(
-            Event(
-                index=len(trace.events),
-                op=call.op,
-                module=path,
-                module_type=cls,
-                location=site.location if site else "",
-                source=site.source if site else "",
-                inputs=tuple(_record(t, m) for t, m in zip(in_tensors, in_metas, strict=True)),
-                outputs=tuple(_record(t, m) for t, m in zip(outputs, out_metas, strict=True)),
-            )
+        trace.record(
+            call.op,
+            path,
+            cls,
+            call.site,
+            tuple(_raw(t, m) for t, m in zip(in_tensors, in_metas, strict=True)),
+            tuple(_raw(t, m) for t, m in zip(outputs, out_metas, strict=True)),
         )
 
     def _kept_label(self, call: OpCall, spec, in_metas: list, first_label: str) -> str | None:
         """The label an output keeps from its input when the source line gives none."""
-        if spec.family == _ops.LAYOUT and call.op in ("transpose", "mT"):
-            return first_label + "^T"
+        if spec.family == _ops.LAYOUT and call.args and hasattr(call.args[0], "dim"):
+            ndim = call.args[0].dim()
+            order = _flow.layout_order(call, ndim)
+            moved = [i for i, j in enumerate(order or ()) if i != j]
+            if len(moved) == 2 and moved == [ndim - 2, ndim - 1]:
+                return first_label + "^T"  # the last two axes swapped: K^T
         if spec.keeps_label:
             return first_label
         if spec.makes_mask and in_metas[0].role == "mask":

@@ -8,6 +8,7 @@ every expression site is cached, so the cost after the first call is a lookup.
 """
 
 import ast
+import dataclasses
 import functools
 import importlib.util
 import linecache
@@ -41,6 +42,16 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_skip_dirs()) or filename.startswith("<frozen")
 
 
+# Code of shapeguard's own runners of a model (the CLI's `run_traced`): the frames below
+# them (click, the console script, pytest) are never the user's.
+_FLOORS: set[CodeType] = set()
+
+
+def stop_at(code: CodeType) -> None:
+    """Never look for the user's frame below a frame running `code`."""
+    _FLOORS.add(code)
+
+
 @dataclass(frozen=True, slots=True)
 class Site:
     """One expression in the user's source, as far as shapeguard needs it."""
@@ -55,6 +66,7 @@ class Site:
     in_module: bool = False  # the op ran inside a module's forward called from this line
     scope: int = 0  # the first line of the function the expression is in
     keywords: tuple[tuple[str, str], ...] = ()  # keyword arguments of a call: (name, expression)
+    returned: bool = False  # the expression is the value of a `return`
 
     @property
     def location(self) -> str:
@@ -81,6 +93,8 @@ def user_frame() -> FrameType | None:
     while frame is not None:
         if not _is_internal(frame.f_code.co_filename):
             return frame
+        if frame.f_code in _FLOORS:
+            return None
         frame = frame.f_back
     return None
 
@@ -119,7 +133,10 @@ def user_site() -> Site | None:
     while frame is not None:
         filename = frame.f_code.co_filename
         if not _is_internal(filename):
-            return _site_for(frame.f_code, frame.f_lasti, in_module)
+            site = _site_for(frame.f_code, frame.f_lasti, in_module)
+            return _named_by_caller(frame, site) if site.returned else site
+        if frame.f_code in _FLOORS:
+            return None
         if not in_module and _TORCH_MODULES in filename:
             in_module = True
         frame = frame.f_back
@@ -127,6 +144,23 @@ def user_site() -> Site | None:
 
 
 _site_cache: dict[tuple[str, CodeType, int, bool], Site] = {}
+
+
+def _named_by_caller(frame: FrameType, site: Site, depth: int = 0) -> Site:
+    """A helper's returned value named as its caller names it: `Q = self.split_heads(x)`
+    names what `split_heads` returns `Q`, not `output` (a module's forward is not a
+    helper: torch calls it)."""
+    caller = frame.f_back
+    if caller is None or depth > 3 or _is_internal(caller.f_code.co_filename):
+        return site
+    outer = _site_for(caller.f_code, caller.f_lasti, False)
+    if outer.callee != frame.f_code.co_name or not outer.targets:
+        return site
+    if outer.returned:
+        outer = _named_by_caller(caller, outer, depth + 1)
+        if outer.returned:
+            return site
+    return dataclasses.replace(site, targets=outer.targets, returned=False)
 
 
 def _site_for(code: CodeType, lasti: int, in_module: bool) -> Site:
@@ -158,7 +192,7 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
     found = node_index.get((lineno, col, end_lineno, end_col))
     if found is None:
         return Site(filename, lineno, source, in_module=in_module, scope=code.co_firstlineno)
-    node, targets = found
+    node, targets, returned = found
     callee, receiver, args = _describe(node)
     keywords = (
         tuple((k.arg, ast.unparse(k.value)) for k in node.keywords if k.arg)
@@ -176,10 +210,11 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
         in_module,
         code.co_firstlineno,
         keywords,
+        returned,
     )
 
 
-_NodeIndex = dict[tuple[int, int, int, int], tuple[ast.AST, tuple[str, ...]]]
+_NodeIndex = dict[tuple[int, int, int, int], tuple[ast.AST, tuple[str, ...], bool]]
 _file_cache: dict[str, _NodeIndex | None] = {}
 
 
@@ -206,15 +241,18 @@ _OP_NODES = (ast.Call, ast.BinOp, ast.Compare, ast.Subscript, ast.UnaryOp, ast.A
 
 def _index_tree(tree: ast.AST, index: _NodeIndex) -> None:
     spine_targets: dict[int, tuple[str, ...]] = {}
+    returned: set[int] = set()
     for stmt in ast.walk(tree):
         value, targets = _statement_value(stmt)
         if value is not None:
             for node in _spine(value):
                 spine_targets[id(node)] = targets
+                if isinstance(stmt, ast.Return):
+                    returned.add(id(node))
     for node in ast.walk(tree):
         if isinstance(node, _OP_NODES) and getattr(node, "end_lineno", None) is not None:
             key = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
-            index.setdefault(key, (node, spine_targets.get(id(node), ())))
+            index.setdefault(key, (node, spine_targets.get(id(node), ()), id(node) in returned))
 
 
 def _statement_value(stmt: ast.AST) -> tuple[ast.AST | None, tuple[str, ...]]:

@@ -57,6 +57,12 @@ def test_every_kind_in_the_source_is_catalogued():
     assert not stale, f"docs/errors.md catalogues kinds the source no longer has: {stale}"
 
 
+def test_the_readme_names_every_kind():
+    readme = (ROOT / "README.md").read_text()
+    missing = sorted(k for k in source_kinds() if f"`{k}`" not in readme)
+    assert not missing, f"README.md's kind table does not name {missing}"
+
+
 def test_every_entry_includes_its_snippet():
     text = PAGE.read_text()
     for kind in page_blocks():

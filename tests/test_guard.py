@@ -274,7 +274,7 @@ def test_to_json_is_versioned_and_holds_shapes():
 
     trace = shapeguard.trace(HandAttention(), torch.randn(B, SQ, D))
     data = json.loads(trace.to_json())
-    assert data["schema"] == "shapeguard.trace" and data["schema_version"] == 1
+    assert data["schema"] == "shapeguard.trace" and data["schema_version"] == 2
     assert data["events"][0]["outputs"][0]["shape"] == [B, SQ, D]
     assert data["events"][0]["op"] == "linear"
     assert data["findings"] == []

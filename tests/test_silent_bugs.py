@@ -219,11 +219,15 @@ def test_sdpa_given_batch_heads_seq_d_k_is_clean():
 
 
 class Encoder(nn.Module):
-    def __init__(self, batch_first):
+    def __init__(self, batch_first, positions=True):
         super().__init__()
+        self.positions = positions
+        self.pos = nn.Embedding(16, D)
         self.attn = nn.MultiheadAttention(D, H, batch_first=batch_first)
 
     def forward(self, x):  # x: [batch, seq, d_model]
+        if self.positions:  # positions of arange along axis 1: the sequence axis
+            x = x + self.pos(torch.arange(x.shape[1]))
         context, _ = self.attn(x, x, x, need_weights=False)
         return x + context
 
@@ -240,6 +244,13 @@ def test_multihead_attention_without_batch_first_given_batch_first_input():
 
 def test_multihead_attention_with_batch_first_is_clean():
     clean(Encoder(batch_first=True), torch.randn(B, S, D))
+
+
+@pytest.mark.parametrize("shape", [(S, B, D), (4, 4, D)], ids=["seq-first", "batch == seq"])
+def test_seq_first_code_without_a_witness_is_clean(shape):
+    """x [seq, batch, d_model] into batch_first=False is correct legacy code; with nothing
+    but the input's usual layout to go on it reads exactly like the bug, so it is left alone."""
+    clean(Encoder(batch_first=False, positions=False), torch.randn(*shape))
 
 
 def test_seq_first_multihead_attention_at_the_root_is_clean():
@@ -580,7 +591,11 @@ def test_axis_names_follow_the_data():
     assert named["keys"] == "[batch=2, heads=6, seq=5, d_k=8]"  # repeat_interleave: kv -> heads
     assert named["values"] == "[batch=2, heads=6, seq=5, d_k=8]"
     assert named["keep"] == "[batch=2, 1, 1, seq=5]"
-    assert named["context"] == "[batch=2, heads=6, seq=5, d_k=8]"
+    sdpa = next(e for e in trace.events if e.op == "scaled_dot_product_attention")
+    assert sdpa.label == "context"
+    assert sdpa.outputs[0].named_shape == "[batch=2, heads=6, seq=5, d_k=8]"
+    # transpose(1, 2) keeps the name (^T is for a matrix transpose of the last two axes).
+    assert named["context"] == "[batch=2, seq=5, heads=6, d_k=8]"
     assert named["scores"] == "[batch=2, heads=6, seq_q=5, seq_k=5]"
     assert named["attn"] == "[batch=2, heads=6, seq_q=5, seq_k=5]"
     split = next(e for e in trace.events if e.op == "split")

@@ -155,14 +155,11 @@ def unify(a: Dim, b: Dim) -> None:
         return
     # The name of the better-known side wins; a tie goes to the side whose kind is better
     # known (a mask's conventional "batch" never renames the scores' sequence axis).
+    if a.kind == COPY and b.kind not in (None, COPY):
+        a, b = b, a  # a broadcast copy lined up with a real axis is that axis: keep the real one
     if b.rank > a.rank or (b.rank == a.rank and b.kind_rank > a.kind_rank):
         a.name, a.rank = b.name, b.rank
-    # A broadcast copy lined up with a real axis is that axis (an expanded position
-    # table added to the token embeddings is [batch, seq]): copy never wins over a kind.
-    a_real = a.kind is not None and a.kind != COPY
-    b_real = b.kind is not None and b.kind != COPY
-    better = b.kind is not None and (a.kind is None or b.kind_rank > a.kind_rank)
-    if (b_real and not a_real) or (better and (b_real or not a_real)):
+    if b.kind is not None and b.kind != COPY and (a.kind is None or b.kind_rank > a.kind_rank):
         a.kind, a.kind_rank = b.kind, b.kind_rank
     if b.parts:
         parts = a.parts if a.parts is not None else {}

@@ -2,6 +2,7 @@
 
 import torch
 
+from .. import _ops
 from .compare import deviation, scale_of
 from .edits import derangement, take
 from .head_bias import per_head_bias
@@ -111,4 +112,6 @@ def _head_ops(events) -> str:
     return " and ".join(parts)
 
 
-_MERGES = frozenset({"view", "reshape", "flatten", "contiguous", "permute", "transpose"})
+# Heads are merged back by an op that regroups or reorders axes (view, reshape, flatten,
+# transpose, permute): a reduction or a product that drops them is not a merge.
+_MERGES = _ops.family_ops(_ops.VIEW, _ops.LAYOUT)

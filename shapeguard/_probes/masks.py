@@ -120,9 +120,11 @@ def after_softmax(call):
         or not isinstance(args[1], torch.Tensor)
     ):
         return None
-    op = call.op
+    from .. import _ops
+
+    op = call.spec.name
     x, mask = args[0], args[1]
-    if op in ("masked_fill", "masked_fill_") and len(args) >= 3:
+    if call.spec is _ops.by_name("masked_fill") and len(args) >= 3:
         meta = call.meta(x)
         fill = args[2]
         if meta is None or meta.role != "attn" or mask.dtype != torch.bool:
@@ -130,7 +132,7 @@ def after_softmax(call):
         if not isinstance(fill, int | float) or fill != 0:
             return None
         hidden = mask
-    elif op in ("mul", "__mul__", "__rmul__", "mul_", "__imul__"):
+    elif call.spec is _ops.by_name("mul"):
         metas = [call.meta(x), call.meta(mask)]
         if metas[0] is None or metas[0].role != "attn":
             x, mask = mask, x

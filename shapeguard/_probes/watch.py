@@ -5,19 +5,22 @@ from contextlib import contextmanager
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from .. import _ops
 from ..checks import mask_semantics
 from ..checks.mask_semantics import mask_uses
 from .tree import first_output
 
 # The ops whose masks `mask_uses` reads: the only ones worth building an OpCall for.
 _MASKING_OPS = frozenset(s for op in mask_semantics.MASKING for s in op.spellings)
-
-# Ops a projection module computes its output with (nn.Linear, Conv1D, FalconLinear).
-_PROJECTING = frozenset({"linear", "addmm", "matmul", "__matmul__"})
-# Ops that may mask attention weights after the softmax (masks.after_softmax).
-_WEIGHT_MASKING = frozenset({"masked_fill", "masked_fill_", "mul", "__mul__", "__rmul__", "mul_"})
-_POSITIONAL_OPS = frozenset({"arange", "cos", "sin", "polar", "view_as_complex", "embedding"})
-_TABLE_READS = frozenset({"__getitem__", "index_select", "narrow", "embedding", "gather"})
+# Ops that make a positional term, and ops that read one out of a table (op table flags).
+_POSITIONAL_OPS = _ops.spellings_where(positional=True)
+_TABLE_READS = _ops.spellings_where(reads_table=True)
+_LINEAR = _ops.by_name("linear")
+_EMBEDDING = _ops.by_name("embedding")
+# Products a projection module computes its output with (nn.Linear, Conv1D's addmm,
+# FalconLinear's @); elementwise ops, which may mask attention weights after the softmax.
+_PROJECTING = _ops.family_ops(_ops.PRODUCT)
+_WEIGHT_MASKING = _ops.family_ops(_ops.BINARY)
 
 
 class Watch:
@@ -28,7 +31,6 @@ class Watch:
     def __init__(self, session, *, keep_values: bool = False) -> None:
         from torch.overrides import TorchFunctionMode
 
-        from .. import _ops
         from .._session import op_name
 
         watch = self
@@ -78,15 +80,14 @@ class Watch:
         return op
 
     def _before(self, func, op: str, args, kwargs) -> None:
-        if op == "embedding":
+        if _ops.declared(op) is _EMBEDDING:
             self._embedding(args, kwargs)
         if op not in _MASKING_OPS and op not in _WEIGHT_MASKING:
             return
         from .._session import OpCall
 
         call = OpCall(self.session, func, op, args, kwargs, None)
-        positional = args[5] if op == "scaled_dot_product_attention" and len(args) > 5 else None
-        if kwargs.get("is_causal", positional) is True and not self.causal:
+        if call.bound().get("is_causal") is True and not self.causal:
             self.causal = f"{op}(is_causal=True)"
         for use in mask_uses(call):
             self.masked = self.masked or use.op
@@ -168,8 +169,11 @@ class Watch:
         if op in _PROJECTING and session.module_stack and isinstance(out, torch.Tensor):
             module = session.module_stack[-1]
             weight = getattr(module, "weight", None)
-            if op == "linear" or (isinstance(weight, torch.Tensor) and weight.dim() == 2):
+            if _ops.declared(op) is _LINEAR or (
+                isinstance(weight, torch.Tensor) and weight.dim() == 2
+            ):
                 self._made_by[out] = id(module)  # GPT-2's Conv1D (addmm), FalconLinear (@)
+        if _ops.declared(op) is _LINEAR and session.module_stack and isinstance(out, torch.Tensor):
             meta_in, meta_out = session.metas.get(args[0]), session.metas.get(out)
             self.linears.append(
                 (

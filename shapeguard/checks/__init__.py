@@ -87,7 +87,8 @@ def rule(*ops: _ops.Op, kinds: Mapping[str, Severities], order: int = 0):
     """
     declared = _normalize(kinds)
     for op in ops:
-        if not isinstance(op, _ops.Op) or _ops.lookup(op.name) is not op:
+        # `declared`, not `lookup`: the placeholder op of an unlisted name is not in the table.
+        if not isinstance(op, _ops.Op) or _ops.declared(op.name) is not op:
             raise RuntimeError(f"rule on {op!r}: not an op of the op table")
 
     def register(check: Checker) -> Checker:

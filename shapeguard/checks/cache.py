@@ -88,21 +88,21 @@ def cache_grown_along(call):
 def _masked(call):
     """(mask, its label, the keys (or scores), their label, the scores' shape) of a
     masking op, or None."""
-    op, args = call.op, call.args
-    if op in ("masked_fill", "masked_fill_") and len(args) >= 3 and hasattr(args[1], "shape"):
+    spec, args = call.spec, call.args
+    if spec is _ops.by_name("masked_fill") and len(args) >= 3 and hasattr(args[1], "shape"):
         fill = args[2]
         if isinstance(fill, int | float) and fill <= _HIDING and args[0].dim() >= 2:
             scores = call.label(0, "scores")
             return args[1], call.label(1, "mask"), args[0], scores, tuple(args[0].shape)
         return None
-    if op == "scaled_dot_product_attention":
+    if spec is _ops.SDPA:
         bound = call.bound()
         q, k, mask = bound.get("query"), bound.get("key"), bound.get("attn_mask")
         if not all(hasattr(t, "shape") for t in (q, k, mask)) or q.dim() < 2:
             return None
         label = call.label(3, "attn_mask") if len(args) > 3 else "attn_mask"
         return mask, label, k, call.label(1, "k"), (*q.shape[:-1], k.shape[-2])
-    if op in ("add", "__add__", "__radd__", "add_", "__iadd__") and len(args) >= 2:
+    if spec is _ops.by_name("add") and len(args) >= 2:
         a, b = args[0], args[1]
         if not (hasattr(a, "shape") and hasattr(b, "shape")):
             return None
@@ -118,12 +118,12 @@ def _masked(call):
     return None
 
 
-def _cached_keys(call, op: str, keys) -> bool:
+def _cached_keys(call, keys) -> bool:
     """The scores' keys are cached + new: their axis was made by concatenating."""
     axes = call.dims(keys) if hasattr(keys, "shape") else ()
     if not axes:
         return False
-    axis = axes[-2] if op == "scaled_dot_product_attention" else axes[-1]
+    axis = axes[-2] if call.spec is _ops.SDPA else axes[-1]
     roots = D.roots_of(axis)
     return len(roots) == 1 and roots[0].origin == _CONCATENATION
 
@@ -145,10 +145,10 @@ def mask_key_length(call):
         return
     sq, sk = int(target[-2]), int(target[-1])
     mq, mk = int(mask.shape[-2]), int(mask.shape[-1])
-    if mk == sk or sk <= sq or not _cached_keys(call, call.op, keys):
+    if mk == sk or sk <= sq or not _cached_keys(call, keys):
         return
     cached = sk - sq
-    op = "scaled_dot_product_attention" if call.op == "scaled_dot_product_attention" else call.op
+    op = call.spec.name
     shape = list(mask.shape)
     new = "token" if sq == 1 else "tokens"
     if (mq, mk) == (sq, sq):

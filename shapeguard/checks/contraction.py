@@ -47,7 +47,7 @@ def product_axes(call):
     if clash == (TOKEN, FEATURE):
         # a weighs positions (attention weights), b's rows are features: b is transposed.
         made = call.meta(b)
-        transposed = made is not None and made.op in ("transpose", "mT", "permute", "swapaxes")
+        transposed = made is not None and made.laid_out
         fix = (
             f"use torch.matmul({la}, {base}) ({la} @ {base}), without the transpose: the values "
             f"are already [.., seq_k, d_k]"
@@ -56,10 +56,12 @@ def product_axes(call):
             f"{la} @ {lb} sums over the keys"
         )
     else:
-        fix = (
-            f"{lb} is [.., seq, d_k]: transpose it so the features meet, "
-            f"torch.matmul({la}, {lb}.transpose(-2, -1))"
+        spelled = (
+            f"{la} @ {lb}.transpose(-2, -1)"
+            if call.site is not None and call.site.callee == "@"
+            else f"torch.matmul({la}, {lb}.transpose(-2, -1))"
         )
+        fix = f"{lb} is [.., seq, d_k]: transpose it so the features meet, {spelled}"
     out = call.output_labels(1)
     prefix = f"{out[0]} = " if out and out[0] else ""
     yield Violation(

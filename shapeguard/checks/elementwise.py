@@ -5,7 +5,10 @@ from .._errors import Violation
 from . import ERROR, WARNING, rule
 
 _MASK_KINDS = {"mask_dtype": ERROR, "mask_broadcast": ERROR}
-_ARITHMETIC = tuple(_ops.by_name(n) for n in ("add", "sub", "__rsub__", "mul", "div", "__rdiv__"))
+# + - * / (reflected too: 2 - t arrives as __rsub__), in the table's order.
+_ARITHMETIC = tuple(
+    op for op in _ops.ALL if op.family == _ops.BINARY and op.symbol in "+-*/" and op.symbol
+)
 
 
 def _is_tensor(value) -> bool:
@@ -168,7 +171,7 @@ def arithmetic(call):
         yield violation
 
 
-@rule(*_ARITHMETIC[:3], kinds={"mask_dtype": WARNING}, order=1)
+@rule(*(op for op in _ARITHMETIC if op.symbol in "+-"), kinds={"mask_dtype": WARNING}, order=1)
 def bool_mask_added(call):
     """A 0/1 mask added to (or subtracted from) float scores masks nothing."""
     args = call.args

@@ -16,32 +16,16 @@ import inspect
 from .. import _flash, _ops
 from . import rule
 
-_KERNELS = {
-    "_flash_attn_forward": (
-        "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size_left",
-        "window_size_right", "softcap", "alibi_slopes", "return_softmax",
-    ),
-    "_flash_attn_varlen_forward": (
-        "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
-        "dropout_p", "softmax_scale", "causal", "window_size_left", "window_size_right",
-        "softcap", "alibi_slopes", "return_softmax", "block_table", "leftpad_k", "seqused_k",
-    ),
-}  # fmt: skip
-_ENTRY = ("flash_attention", "flash_attention_varlen")
-_VARLEN = ("flash_attn_varlen_func", "flash_attention_varlen", "_flash_attn_varlen_forward")
 
 @rule(*(op for op in _ops.ALL if op.family == _ops.FLASH), kinds=_flash.KINDS)
 def flash_contract(call):
-    op = call.op
-    kernel = op.removesuffix(".default")
-    if kernel in _KERNELS:
+    spec = call.spec
+    if spec.flash_entry == "kernel":
         if not _flash.is_kernel_op(call.func):
             return
-        params = dict(zip(_KERNELS[kernel], call.args, strict=False))
-        params.update(call.kwargs)
-        yield from _check(call, f"torch.ops.flash_attn.{kernel}", kernel, params, _KERNELS[kernel])
+        yield from _check(call, f"torch.ops.flash_attn.{spec.name}", call.bound(), spec.params)
         return
-    if op in _ENTRY:
+    if spec.flash_entry == "shapeguard":
         if not _is_shapeguard_entry(call.func):
             return
     elif not _flash.is_entry_point(call.func):
@@ -49,10 +33,10 @@ def flash_contract(call):
     order = _parameters(call.func)
     params = dict(zip(order, call.args, strict=False))
     params.update(call.kwargs)
-    yield from _check(call, op, op, params, order)
+    yield from _check(call, spec.name, params, order)
 
 
-def _check(call, shown: str, name: str, p: dict, order: tuple[str, ...]):
+def _check(call, shown: str, p: dict, order: tuple[str, ...]):
     def spec(param: str):
         value = p.get(param)
         if not _flash._is_tensor(value):
@@ -64,30 +48,31 @@ def _check(call, shown: str, name: str, p: dict, order: tuple[str, ...]):
 
     declared = call.declared().get("heads")
     flash = p.get("path", "flash") == "flash"
-    kernel = name in _KERNELS
-    if name in ("flash_attn_func", "flash_attention", "_flash_attn_forward"):
+    kernel = call.spec.flash_entry == "kernel"
+    form = call.spec.flash_form
+    if form == "dense":
         q, k, v = spec("q"), spec("k"), spec("v")
         if q and k and v:
             yield from _flash.check_dense(
                 q, k, v, op=shown, flash=flash, layout=p.get("layout", "bshd"), kernel=kernel,
                 declared_heads=declared,
             )  # fmt: skip
-    elif name == "flash_attn_qkvpacked_func":
+    elif form == "qkvpacked":
         qkv = spec("qkv")
         if qkv:
             yield from _flash.check_qkvpacked(qkv, op=shown, flash=flash, declared_heads=declared)
-    elif name == "flash_attn_kvpacked_func":
+    elif form == "kvpacked":
         q, kv = spec("q"), spec("kv")
         if q and kv:
             yield from _flash.check_kvpacked(q, kv, op=shown, flash=flash, declared_heads=declared)
-    elif name in _VARLEN:
+    elif form == "varlen":
         yield from _varlen(shown, p, spec, flash=flash, kernel=kernel)
-    elif name == "flash_attn_varlen_qkvpacked_func":
+    elif form == "varlen_qkvpacked":
         qkv, cu = spec("qkv"), spec("cu_seqlens")
         if qkv and cu:
             cu = _cu(p, cu, "cu_seqlens", "max_seqlen")
             yield from _flash.check_varlen_qkvpacked(qkv, cu, op=shown, flash=flash)
-    elif name == "flash_attn_varlen_kvpacked_func":
+    elif form == "varlen_kvpacked":
         q, kv, cu_q, cu_k = spec("q"), spec("kv"), spec("cu_seqlens_q"), spec("cu_seqlens_k")
         if q and kv and cu_q and cu_k:
             cu_q = _cu(p, cu_q, "cu_seqlens_q", "max_seqlen_q")

@@ -45,7 +45,6 @@ MASKING = (
 # A fill value at or below this hides a key (−1e9, finfo.min and −inf all do).
 _HIDING = -1e4
 _MAX_VALUES = 1 << 24
-_ADDS = ("add", "__add__", "__radd__", "add_", "__iadd__")
 
 
 @dataclass(slots=True)
@@ -87,7 +86,7 @@ def check(call):
             for violation in _findings(call, use):
                 found = True
                 yield violation
-        if call.op == "scaled_dot_product_attention":
+        if call.spec is _ops.SDPA:
             yield from _check_is_causal(call)
 
 
@@ -125,9 +124,9 @@ def _fits(shape, target) -> bool:
 def mask_uses(call):
     """The masks `call` applies to attention scores, as `_Use`s (none when the values
     cannot be read). The probes use it too, to tell a causal module from the trace."""
-    op = call.op
+    op = call.spec.name
     args = call.args
-    if op in ("masked_fill", "masked_fill_"):
+    if op == "masked_fill":
         if len(args) < 3 or not hasattr(args[1], "dtype"):
             return
         x, mask = args[0], args[1]
@@ -145,32 +144,12 @@ def mask_uses(call):
             )
     elif op == "where":
         yield from _where_use(call)
-    elif op in _ADDS:
+    elif op == "add":
         yield from _additive_use(call)
-    elif op == "scaled_dot_product_attention":
+    elif call.spec is _ops.SDPA:
         yield from _sdpa_use(call)
-    elif op == "multi_head_attention_forward":
+    elif call.spec is _ops.MHA:
         yield from _mha_uses(call)
-
-
-_FACTORIES = frozenset(
-    {
-        "zeros",
-        "zeros_like",
-        "new_zeros",
-        "full",
-        "full_like",
-        "new_full",
-        "ones",
-        "ones_like",
-        "empty",
-        "empty_like",
-        "new_empty",
-        "to",
-        "float",
-        "type_as",
-    }
-)
 
 
 def _builds_a_mask(call, x) -> bool:
@@ -179,7 +158,11 @@ def _builds_a_mask(call, x) -> bool:
     meta = call.meta(x)
     if meta is None and call.module is not None:
         return type(call.module).__module__.startswith("torch.nn")
-    return meta is not None and meta.op in _FACTORIES and meta.role in (None, "mask")
+    if meta is None or meta.role not in (None, "mask"):
+        return False
+    # Made by a factory (zeros, full, ones_like), or by a cast or copy of one.
+    made_by = _ops.lookup(meta.op)
+    return made_by.family == _ops.FACTORY or (made_by.family == _ops.SAME and made_by.keeps_value)
 
 
 def _where_use(call):

@@ -133,24 +133,25 @@ class _View:
         return None
 
     def _unfold_violation(self, i: int, real_j, reason: str = "") -> Violation:
-        source = self.meta.dims[i]
-        folded = " * ".join(D.describe_atom(a) for a in D.normalize(source))
-        sizes = ", ".join(str(a[2]) for a in D.normalize(source))
+        source = D.normalize(self.meta.dims[i])
+        folded = " * ".join(D.describe_atom(a) for a in source)
+        sizes = [a[2] for a in source]
         why = reason or (
-            f"its cuts ({', '.join(str(self.resolved[j]) for j in real_j)}) do not fall between "
-            f"those factors"
+            f"it cuts the {self.x.shape[i]} entries into "
+            f"{' x '.join(str(self.resolved[j]) for j in real_j)}, not into the "
+            f"{' x '.join(map(str, sizes))} they were folded from"
         )
-        if self.call.site is not None and self.call.site.callee in _EINOPS:
-            letters = " ".join((D.atom_name(a) or "x")[0] for a in D.normalize(source))
+        site = self.call.site
+        if site is not None and site.callee in _EINOPS:
+            letters = " ".join((D.atom_name(a) or "x")[0] for a in source)
             hint = (
                 f"the pattern must unfold the group in the order it was folded, "
                 f"[{folded}]: write ({letters}) on the left of the arrow, as in the fold"
             )
         else:
             hint = (
-                f"unfold in the order of the fold, [{folded}]: "
-                f"{self.label}.view(batch, heads, ...), i.e. view({sizes}, ...), then move axes "
-                "with transpose or permute"
+                f"unfold in the order of the fold, [{folded}]: {self._unfold_call(sizes, real_j)}; "
+                "its axes are then [batch, heads, ...] already, so no transpose swaps them back"
             )
         return Violation(
             "batch_mixing",
@@ -160,6 +161,29 @@ class _View:
             hint,
             severity="warning",
         )
+
+    def _unfold_call(self, sizes: list[int], real_j: list[int]) -> str:
+        """The user's own view with its sizes for the folded factors put in the fold's
+        order (`view(h, B, S, d_k)` becomes `view(B, h, S, d_k)`), when that can be read."""
+        spelled = f"{self.label}.view({', '.join(map(str, sizes))}, ...)"
+        site = self.call.site
+        if site is None or not self.call._site_matches() or len(site.args) != len(self.resolved):
+            return spelled
+        first = real_j[: len(sizes)]
+        if sorted(self.resolved[j] for j in first) != sorted(sizes):
+            return spelled
+        texts = list(site.args)
+        intents = view_intents(self.call, len(self.resolved))
+        by_size: dict[int, list[tuple[bool, str]]] = {}
+        for j in first:
+            heads = bool(intents) and intents[j] is not None and intents[j].name == "heads"
+            by_size.setdefault(self.resolved[j], []).append((heads, texts[j]))
+        # Equal sizes go where the user's names say: the one that names the heads last.
+        for group in by_size.values():
+            group.sort(key=lambda entry: entry[0])
+        for j, size in zip(first, sizes, strict=True):
+            texts[j] = by_size[size].pop(0)[1]
+        return f"{self.label}.{self.call.op}({', '.join(texts)})"
 
     # -- a token axis cut across --------------------------------------------------------
     def straddle(self) -> Violation | None:
@@ -253,9 +277,25 @@ class _View:
                 if entangled[j]:
                     continue
                 kinds = D.kinds_in(axes[j])
-                if TOKEN in kinds and FEATURE in kinds:
+                if TOKEN in kinds and FEATURE in kinds and not self._deliberate_fold(j, axes[j]):
                     return self._merge_violation(real_i, real_j)
         return None
+
+    def _deliberate_fold(self, j: int, axis) -> bool:
+        """The user built target size j from the size of the axis we only take for
+        positions by the input's usual layout: `view(T, bsz * h, d)` after
+        `T, bsz, C = x.size()` folds what seq-first code knows is its batch with the heads.
+        Structure (attention, a conv, positions) outranks the user's arithmetic; the
+        convention does not."""
+        tokens = [a[0].find() for a in axis if a[0].find().kind == TOKEN]
+        if not tokens or any(root.kind_rank > D.CONVENTION for root in tokens):
+            return False
+        intents = view_intents(self.call, len(self.resolved))
+        intent = intents[j] if j < len(intents) else None
+        if intent is None or intent.axis is None:
+            return False
+        read = {id(root) for root in D.roots_of(intent.axis)}
+        return all(id(root) in read for root in tokens)
 
     def _merge_violation(self, real_i, real_j) -> Violation:
         # The heads that belong with the merged d_k may sit on an axis of their own just

@@ -63,7 +63,7 @@ def _constant_along(bias, target_ndim: int, key: int) -> bool:
 
 
 def _violation(
-    call, where: str, label: str, bias, scores_shape, key: int, *, masked=False
+    call, where: str, label: str, bias, scores_shape, key: int, *, masked=False, scores=None
 ) -> Violation:
     ndim = len(scores_shape)
     sq, sk = scores_shape[key - 1], scores_shape[key]
@@ -77,12 +77,19 @@ def _violation(
     return Violation(
         "score_bias_constant",
         f"{where}: {what}: softmax over the keys cancels it, so it has no effect",
-        (call.operand(label, bias),),
+        (call.operand(label, bias, like=scores), *_scores_operand(call, scores)),
         f"lay the bias out along the keys: [.., 1, seq_k] for a bias per key, or "
-        f"[.., seq_q, seq_k] = [.., {sq}, {sk}] for one of both (ALiBi: -slope * (i - j)); "
+        f"[.., seq_q, seq_k] = [.., {sq}, {sk}] for one that depends on both (ALiBi: "
+        "-slope * (i - j)); "
         f"a [.., seq_q, 1] bias only shifts each row of the {ndim}-D scores",
         severity="warning",
     )
+
+
+def _scores_operand(call, scores) -> tuple:
+    if scores is None:
+        return ()
+    return (call.operand(call.label_of(scores, "scores"), scores),)
 
 
 @rule(_ops.by_name("add"), kinds={"score_bias_constant": WARNING}, order=1)
@@ -96,7 +103,15 @@ def added_to_scores(call):
             continue
         if _constant_along(bias, scores.dim(), key) and _a_bias(bias):
             where = f"{call.label(1 - index, 'scores')} + {call.label(index, 'bias')}"
-            yield _violation(call, where, call.label(index, "bias"), bias, tuple(scores.shape), key)
+            yield _violation(
+                call,
+                where,
+                call.label(index, "bias"),
+                bias,
+                tuple(scores.shape),
+                key,
+                scores=scores,
+            )
             return
 
 

@@ -7,7 +7,9 @@ from . import WARNING, rule
 _WRONG_AXES = ("seq_q", "heads", "batch", "d_k", "kv_heads", "d_model")
 
 
-@rule(_ops.by_name("softmax"), _ops.by_name("log_softmax"), kinds={"softmax_axis": WARNING}, order=1)
+@rule(
+    _ops.by_name("softmax"), _ops.by_name("log_softmax"), kinds={"softmax_axis": WARNING}, order=1
+)
 def softmax_over_keys(call):
     args = call.args
     if not args or not hasattr(args[0], "dim"):

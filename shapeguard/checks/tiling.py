@@ -36,15 +36,18 @@ def mask_tiling(call):
         return
     if batch == heads and inner_kind != BATCH:
         return  # a per-head mask tiled over the batch looks the same: only the batch tells
+    site = call.site
+    label = dict(site.keywords).get("attn_mask", "attn_mask") if site is not None else "attn_mask"
+    base = label if label.isidentifier() else "mask"
     yield Violation(
         "batch_mixing",
-        f"MultiheadAttention: attn_mask [{batch * heads}, {mask.shape[1]}, {mask.shape[2]}] is "
+        f"MultiheadAttention: {label} [{batch * heads}, {mask.shape[1]}, {mask.shape[2]}] is "
         f"tiled heads first ([heads={heads}, batch={batch}], as repeat makes it), but "
-        f"nn.MultiheadAttention reads its first axis as [batch, heads]: head k of example i "
-        "gets the mask of another example",
-        (call.operand("attn_mask", mask),),
+        f"nn.MultiheadAttention reads its first axis as [batch, heads]: most heads of each "
+        "example get another example's mask",
+        (call.operand(label, mask),),
         f"put the {heads} copies of each example's mask next to each other: "
-        f"mask.repeat_interleave({heads}, dim=0) (einops: '(b h) i j', batch first), not "
-        f"mask.repeat({heads}, 1, 1)",
+        f"{base}.repeat_interleave({heads}, dim=0) (einops: '(b h) i j', batch first), not "
+        f"{base}.repeat({heads}, 1, 1)",
         severity="warning",
     )

@@ -21,6 +21,8 @@ What counts as attention weights:
 
 import math
 
+from .. import _ops
+
 # One heatmap is at most MAX_SIZE x MAX_SIZE cells (average-pooled), at most
 # MAX_HEADS heads per call and MAX_CALLS calls per forward: the report stays small.
 MAX_SIZE = 64
@@ -29,7 +31,10 @@ MAX_CALLS = 8
 # SDPA weights are recomputed only up to this many elements (heads * seq_q * seq_k).
 RECOMPUTE_LIMIT = 1 << 24
 
-_SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SOFTMAX = _ops.by_name("softmax")
+# From this many positional arguments on, multi_head_attention_forward has need_weights
+# by position: the capture cannot pass it again by keyword.
+_MHA_NEED_WEIGHTS = _ops.MHA.params.index("need_weights")
 
 
 def capture_attention(model, /, *args, **kwargs) -> dict[str, dict]:
@@ -107,22 +112,22 @@ def _make_mode_class():
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            name = getattr(func, "__name__", "")
             if len(self.captured) >= MAX_CALLS:
                 return func(*args, **kwargs)
-            if name == "softmax":
+            op = _ops.declared(_ops.name_of(func))
+            if op is _SOFTMAX:
                 out = func(*args, **kwargs)
-                dim = args[1] if len(args) > 1 else kwargs.get("dim")
+                dim = _ops.bind(op, args, kwargs).get("dim")
                 if isinstance(dim, int) and hasattr(out, "dim") and out.dim() >= 3:
-                    self.keep(out, dim % out.dim() - out.dim(), name)
+                    self.keep(out, dim % out.dim() - out.dim(), op.name)
                 return out
-            if name == "scaled_dot_product_attention":
+            if op is _ops.SDPA:
                 out = func(*args, **kwargs)
                 weights = _sdpa_weights(args, kwargs)
                 if weights is not None:
-                    self.keep(weights, -1, name, batched=False)
+                    self.keep(weights, -1, op.name, batched=False)
                 return out
-            if name == "multi_head_attention_forward":
+            if op is _ops.MHA:
                 return self.mha(func, args, kwargs)
             return func(*args, **kwargs)
 
@@ -131,11 +136,11 @@ def _make_mode_class():
             # and give the caller back what it asked for.
             wanted = kwargs.get("need_weights", True)
             average = kwargs.get("average_attn_weights", True)
-            if len(args) > 16:
+            if len(args) > _MHA_NEED_WEIGHTS:
                 return func(*args, **kwargs)
             out, weights = func(*args, **{**kwargs, "need_weights": True, "average_attn_weights": False})
             if weights is not None:
-                self.keep(weights, -1, "multi_head_attention_forward", batched=weights.dim() == 4)
+                self.keep(weights, -1, _ops.MHA.name, batched=weights.dim() == 4)
             if not wanted:
                 return out, None
             if average and weights is not None:
@@ -200,8 +205,7 @@ def _sdpa_weights(args: tuple, kwargs: dict):
     """softmax(q k^T * scale + mask) for batch element 0, as SDPA computes it; None if too big."""
     import torch
 
-    p = dict(zip(_SDPA_PARAMS, args, strict=False))
-    p.update(kwargs)
+    p = _ops.bind(_ops.SDPA, args, kwargs)
     q, k, mask = p.get("query"), p.get("key"), p.get("attn_mask")
     if not (hasattr(q, "dim") and hasattr(k, "dim")) or q.dim() < 3 or q.device.type == "meta":
         return None

@@ -10,33 +10,24 @@ works on a Trace loaded from anywhere, never on tensors.
 
 from dataclasses import dataclass, field
 
+from .. import _ops
+
 # Rows of the diagram, top to bottom. A fused kernel (SDPA, flash-attn,
 # nn.MultiheadAttention) stands in for the rows from scores to context.
 ROWS = ("input", "proj", "split", "scores", "mask", "softmax", "context", "merge", "out")
 FUSED_ROWS = ("scores", "mask", "softmax", "context")
 COLUMNS = ("Q", "K", "V")
 
-FUSED_OPS = frozenset(
-    {
-        "scaled_dot_product_attention", "flash_attn_func", "flash_attn_varlen_func",
-        "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attention",
-    }
-)
+# Which ops feed which rows comes from the op table's `step` (and `family`), in every
+# spelling an event may carry.
+FUSED_OPS = _ops.spellings_where(step="fused")  # SDPA, flash-attn
 # torch's composite modules, recorded as one event each (shapeguard/_composites.py).
-COMPOSITE_OPS = frozenset(
-    {
-        "TransformerEncoderLayer",
-        "TransformerDecoderLayer",
-        "TransformerEncoder",
-        "TransformerDecoder",
-        "Transformer",
-    }
-)
-MHA_OPS = frozenset({"multi_head_attention_forward"}) | COMPOSITE_OPS
+COMPOSITE_OPS = _ops.family_ops(_ops.COMPOSITE)
+MHA_OPS = _ops.spellings_where(step="module")  # multi_head_attention_forward and those
 _ANCHOR_ROLES = frozenset({"scores", "attn", "context"})
-_MATMUL_OPS = frozenset({"matmul", "__matmul__", "__rmatmul__", "bmm", "baddbmm", "einsum"})
-_MASK_OPS = frozenset({"masked_fill", "masked_fill_", "where"})
-_LINEAR_OPS = frozenset({"linear"})
+_MATMUL_OPS = _ops.spellings_where(step="product")
+_MASK_OPS = _ops.spellings_where(step="mask")
+_LINEAR_OPS = _ops.spellings_where(step="projection")
 
 TITLES = {
     "input": "input",
@@ -244,14 +235,13 @@ class _Builder:
             self.put(event, "out")
 
 
+# The row a failed op's box goes to, by its step: before the scores, after them.
 _FAILED_STAGE = {
-    "matmul": ("scores", "context"), "__matmul__": ("scores", "context"),
-    "__rmatmul__": ("scores", "context"), "bmm": ("scores", "context"),
-    "baddbmm": ("scores", "context"), "einsum": ("scores", "context"),
-    "view": ("split", "merge"), "reshape": ("split", "merge"),
-    "transpose": ("split", "merge"), "permute": ("split", "merge"),
-    "linear": ("proj", "out"), "masked_fill": ("mask", "mask"), "masked_fill_": ("mask", "mask"),
-    "where": ("mask", "mask"), "softmax": ("softmax", "softmax"),
+    "product": ("scores", "context"),
+    "heads": ("split", "merge"),
+    "projection": ("proj", "out"),
+    "mask": ("mask", "mask"),
+    "softmax": ("softmax", "softmax"),
 }
 
 
@@ -260,7 +250,8 @@ def _failed_stage(op: str, builder: _Builder) -> str:
         return "fused"
     if op in MHA_OPS:
         return "mha"
-    before, after = _FAILED_STAGE.get(op, ("scores", "out"))
+    spec = _ops.declared(op)
+    before, after = _FAILED_STAGE.get(spec.step if spec else "", ("scores", "out"))
     return after if builder.seen_scores else before
 
 

@@ -17,13 +17,17 @@ def _attention(call, outputs):
         if meta.role is None:
             meta.role = role
     if call.spec is _ops.SDPA:
-        return _sdpa(q, k, v, qm, km, vm, outputs)
-    return _mha(q, k, qm, km, vm, outputs)
+        return _sdpa(q, k, v, qm, km, vm, outputs, learn=not call.reported)
+    return _mha(q, k, qm, km, vm, outputs, learn=not call.reported)
 
 
-def _sdpa(q, k, v, qm, km, vm, outputs):
+def _sdpa(q, k, v, qm, km, vm, outputs, learn: bool = True):
     if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
         return None
+    dims = (*qm.dims[:-1], vm.dims[-1])
+    made = [Made(dims, qm.tags[:-1] + (None,) if qm.tags else (), "context")]
+    if not learn:
+        return made
     _claim(qm.dims[-1], FEATURE, "d_k")
     _claim(km.dims[-1], FEATURE, "d_k")
     _claim(qm.dims[-2], TOKEN, "seq", side="q")
@@ -43,16 +47,9 @@ def _sdpa(q, k, v, qm, km, vm, outputs):
     return [Made(dims, qm.tags[:-1] + (None,) if qm.tags else (), "context")]
 
 
-def _mha(q, k, qm, km, vm, outputs):
+def _mha(q, k, qm, km, vm, outputs, learn: bool = True):
     if q.dim() not in (2, 3) or k.dim() != q.dim():
         return None
-    _claim(qm.dims[0], TOKEN, side="q")
-    _claim(km.dims[0], TOKEN, side="k")
-    if len(vm.dims) == k.dim() and km.dims[0] and vm.dims[0]:
-        D.line_up(km.dims[0], vm.dims[0])  # key i and value i are one position
-    if q.dim() == 3:
-        for meta in (qm, km, vm):
-            _claim(meta.dims[1], BATCH)
     made = [Made(qm.dims)]
     for extra in outputs[1:]:
         if q.dim() == 3 and extra.dim() >= 3:
@@ -60,6 +57,14 @@ def _mha(q, k, qm, km, vm, outputs):
         else:
             dims = D.fresh_axes(tuple(extra.shape))
         made.append(Made(tuple(dims), (), "attn"))
+    if learn:
+        _claim(qm.dims[0], TOKEN, side="q")
+        _claim(km.dims[0], TOKEN, side="k")
+        if len(vm.dims) == k.dim() and km.dims[0] and vm.dims[0]:
+            D.line_up(km.dims[0], vm.dims[0])  # key i and value i are one position
+        if q.dim() == 3:
+            for meta in (qm, km, vm):
+                _claim(meta.dims[1], BATCH)
     return made
 
 

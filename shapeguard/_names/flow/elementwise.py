@@ -36,6 +36,13 @@ def _same(call, outputs):
     return out
 
 
+_ATTENTION_OWN = frozenset({"scores", "attn", "mask"})
+
+
+def _tagged(m) -> bool:
+    return any(tag is not None for tag in m.tags)
+
+
 # -- elementwise with broadcasting --------------------------------------------------------------
 @propagates(_ops.BINARY)
 def _binary(call, outputs):
@@ -65,6 +72,17 @@ def _binary(call, outputs):
         tags.append(tag)
     main_meta = call.meta_of(main) if main is not None else metas[0]
     role = main_meta.role if call.spec.keeps_label or call.spec.makes_mask else None
+    # Attention's output (or its projection) added back onto the stream, x + context, leaves
+    # attention: the sum is neither context nor tagged by query or key positions. The scores
+    # plus a mask or bias stay attention's own.
+    full = [m for t, m in zip(tensors, metas, strict=True) if tuple(t.shape) == tuple(out.shape)]
+    if (
+        len(full) >= 2
+        and any(_tagged(m) for m in full)
+        and any(m.role is None and not _tagged(m) for m in full)
+        and not any(m.role in _ATTENTION_OWN for m in full)
+    ):
+        role, tags = None, [None] * len(tags)
     # A rotary table scaled by a number is still one; q * cos is not.
     big = [m for t, m in zip(tensors, metas, strict=True) if t.numel() > 1]
     rotary = bool(big) and all(m.rotary for m in big)

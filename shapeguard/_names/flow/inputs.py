@@ -32,7 +32,8 @@ def _embedding(call, outputs):
     return [Made((*im.dims, width), im.tags + (None,) if im.tags else ())]
 
 
-_SPATIAL = {1: (None,), 2: ("height", "width"), 3: ("depth", "height", "width")}
+# A 1-D conv runs along a sequence (audio frames, a causal conv's tokens).
+_SPATIAL = {1: ("seq",), 2: ("height", "width"), 3: ("depth", "height", "width")}
 
 
 def _im2col(call, outputs):
@@ -81,9 +82,11 @@ def _conv(call, outputs):
     xm, wm = call.meta_of(x), call.meta_of(w)
     lead = x.dim() - spatial - 1  # 1 with a batch axis, 0 without
     channels = xm.dims[lead]
-    D.claim_atoms(
-        channels, FEATURE, STRUCTURE, "channels" if D.axis_name(channels) is None else None
-    )
+    # The kind first: a conventional name of another kind (audio's mel bins read as seq)
+    # goes with it, and the conv's own name comes in its place.
+    D.claim_atoms(channels, FEATURE, STRUCTURE)
+    if D.axis_name(channels) is None:
+        D.claim_atoms(channels, FEATURE, STRUCTURE, "channels")
     D.claim_atoms(wm.dims[0], FEATURE, D.PARAM)
     out_channels = wm.dims[0]
     declared = call.declared().get("d_model")
@@ -96,10 +99,9 @@ def _conv(call, outputs):
     for i in range(spatial):
         src = xm.dims[lead + 1 + i]
         name = names[i]
+        D.claim_atoms(src, TOKEN, STRUCTURE)
         if D.axis_name(src) is None and name is not None:
             D.claim_atoms(src, TOKEN, STRUCTURE, name)
-        else:
-            D.claim_atoms(src, TOKEN, STRUCTURE)
         size = int(out.shape[lead + 1 + i])
         if size == D.size_of(src):
             axes.append(src)

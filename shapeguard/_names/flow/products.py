@@ -28,7 +28,7 @@ def classify_product(
     if TOKEN in (kr, kc) or FEATURE in (ka, kb):
         return "scores"
     # Nothing known: a product of a tensor with a transposed one along their last axes.
-    return "scores" if b_meta.op in ("transpose", "mT", "permute", "swapaxes", "t") else None
+    return "scores" if b_meta.laid_out else None
 
 
 def claim_scores(
@@ -51,6 +51,10 @@ def claim_scores(
         if heads is None or len(contract) != 1:
             continue
         sibling = _sibling(heads, contract[0])
+        if sibling is None and D.is_factor(heads) and D.strong_kind(heads[0]) == FEATURE:
+            # A factor of a projection's features just outside the contracted head size,
+            # split from it earlier ([heads, 3 * d_k] of a fused projection, then cut): heads.
+            sibling = heads[0]
         if sibling is not None:
             D.claim_part(sibling, name, STRUCTURE)
 
@@ -111,12 +115,12 @@ def _matmul(call, a, b, outputs) -> list[Made] | None:
     if not b_vec:
         dims.append(cols)
         tags.append(None)
-    if role == "scores":
+    if role == "scores" and not call.reported:
         q_heads = a_dims[-3] if a.dim() >= 3 else None
         k_heads = b_dims[-3] if b.dim() >= 3 else None
         claim_scores(rows, cols, ca, cb, q_heads, k_heads)
         _claim_operand_roles(am, bm)
-        if rows and cols and D.roots_of(rows) == D.roots_of(cols):
+        if rows and cols:
             tags[-2:] = ["q", "k"]
     elif role == "context":
         if bm.role is None:
@@ -124,7 +128,23 @@ def _matmul(call, a, b, outputs) -> list[Made] | None:
         for atom in cb:
             if D.claim_kind(atom[0], TOKEN, STRUCTURE):
                 atom[0].find().k_side = True
+        if not call.reported:
+            _claim_values(cols, b_dims[-3] if b.dim() >= 3 else None)
     return [Made(tuple(dims), _tags(tags), role)]
+
+
+def _claim_values(v_cols: Axis, v_heads: Axis | None) -> None:
+    """attn @ V: V's last axis is its head size, and the factor just outside it in the same
+    dim (the head split) its heads, as for K in the query-key product."""
+    if len(v_cols) != 1 or not D.is_factor(v_cols) or D.strong_kind(v_cols[0]) != FEATURE:
+        return
+    D.claim_part(v_cols[0], "d_k", STRUCTURE)
+    if v_heads is None:
+        return
+    sibling = _sibling(v_heads, v_cols[0])
+    if sibling is not None:
+        name = "kv_heads" if COPY in D.kinds_in(v_heads) else "heads"
+        D.claim_part(sibling, name, STRUCTURE)
 
 
 def _claim_operand_roles(qm, km) -> None:
@@ -236,7 +256,7 @@ def _einsum(call):
             cb = bm.dims[specs[1].index(c)]
             rows, cols = letters.get(only_a[0], ()), letters.get(only_b[0], ())
             role = classify_product(call, *operands, am, bm, ca, cb, rows, cols)
-            if role == "scores" and bm.op not in ("transpose", "mT", "permute"):
+            if role == "scores" and not bm.laid_out:
                 role = role if D.kind_of(ca) == FEATURE or D.kind_of(rows) == TOKEN else None
             if role == "scores":
                 shared = [x for x in rhs if x in specs[0] and x in specs[1]]

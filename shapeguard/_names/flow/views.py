@@ -91,8 +91,9 @@ def _name_head_split(call, meta, src_shape, dst_shape, axes) -> None:
 # -- layouts --------------------------------------------------------------------------------------
 def layout_order(call, ndim: int) -> list[int] | None:
     """The permutation a layout op applies: output axis i is input axis order[i]."""
-    op, args = call.op, call.args
-    if op in ("transpose", "transpose_", "swapaxes", "swapdims"):
+    args = call.args
+    name = call.spec.name
+    if name == "transpose":
         bound = _ops.bind(call.spec, args, call.kwargs)
         d0, d1 = _dim(bound.get("dim0"), ndim), _dim(bound.get("dim1"), ndim)
         if d0 is None or d1 is None:
@@ -100,14 +101,14 @@ def layout_order(call, ndim: int) -> list[int] | None:
         order = list(range(ndim))
         order[d0], order[d1] = order[d1], order[d0]
         return order
-    if op == "permute":
+    if name == "permute":
         rest = args[1:]
         dims = rest[0] if len(rest) == 1 and isinstance(rest[0], tuple | list) else rest
         dims = dims or call.kwargs.get("dims", ())
         if len(dims) != ndim:
             return None
         return [int(d) % ndim for d in dims]
-    if op in ("movedim", "moveaxis"):
+    if name == "movedim":
         bound = _ops.bind(call.spec, args, call.kwargs)
         src, dst = bound.get("source"), bound.get("destination")
         src = [src] if isinstance(src, int) else list(src or ())
@@ -121,11 +122,11 @@ def layout_order(call, ndim: int) -> list[int] | None:
             order[d] = s
         it = iter(rest)
         return [o if o is not None else next(it) for o in order]
-    if op in ("mT", "mH") or (op in ("t", "t_", "T", "H", "adjoint") and ndim <= 2):
+    if name == "mT" or (name == "t" and ndim <= 2):
         if ndim < 2:
             return list(range(ndim))
         return [*range(ndim - 2), ndim - 1, ndim - 2]
-    if op in ("T", "H"):
+    if name == "t":
         return list(reversed(range(ndim)))
     return None
 
@@ -203,7 +204,7 @@ def _index(call, outputs):
         axes = list(m.dims)
         axes[d] = call.meta_of(index).dims[0] if index.numel() > 1 else ()
         return [Made(tuple(axes))]
-    if op in ("gather", "take_along_dim") and _is_tensor(index) and index.dim() == ndim:
+    if op == "gather" and _is_tensor(index) and index.dim() == ndim:
         im = call.meta_of(index)
         axes = tuple(
             im.dims[i] if i == d or index.shape[i] != x.shape[i] else m.dims[i] for i in range(ndim)
@@ -291,15 +292,14 @@ def _join(call, outputs):
     ):
         return None
     out = outputs[0]
-    if call.spec.name != "stack":
-        # Empty parts add nothing (a cache's first update: cat of an empty past and the
-        # new keys): the join of one part is that part, its axes kept.
-        kept = [t for t in tensors if t.numel() or t.dim() == out.dim()]
-        kept = [t for t in kept if t.numel()] or kept
-        if len(kept) == 1 and tuple(kept[0].shape) == tuple(out.shape):
-            m = call.meta_of(kept[0])
-            return [Made(m.dims, m.tags, m.role, m.rotary)]
-        tensors = [t for t in tensors if t.dim() == out.dim()] or tensors
+    if call.spec.name == "cat":
+        # torch.cat skips legacy empty 1-D operands (a cache started as torch.tensor([])).
+        kept = [t for t in tensors if not (t.dim() == 1 and t.numel() == 0)]
+        if kept and len(kept) < len(tensors):
+            tensors = kept
+            if len(kept) == 1:
+                m = call.meta_of(kept[0])
+                return [Made(m.dims, m.tags, m.role, m.rotary)]
     metas = [call.meta_of(t) for t in tensors]
     ndim = tensors[0].dim()
     dim = bound.get("dim", 0)
@@ -411,7 +411,7 @@ def _grow(call, outputs):
     out = outputs[0]
     op = call.spec.name
     shape, new = tuple(x.shape), tuple(out.shape)
-    if op in ("expand", "expand_as", "broadcast_to"):
+    if op == "expand":
         lead = len(new) - len(shape)
         if lead < 0:
             return None
@@ -420,7 +420,7 @@ def _grow(call, outputs):
             axes.append(m.dims[k] if old == size else _copy(size))
         tags = (None,) * lead + m.tags if m.tags else ()
         return [Made(tuple(axes), tags, m.role, m.rotary)]
-    if op in ("repeat", "tile"):
+    if op == "repeat":
         reps = call.args[1:]
         if len(reps) == 1 and isinstance(reps[0], tuple | list):
             reps = tuple(reps[0])

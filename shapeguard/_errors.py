@@ -4,7 +4,7 @@ Pure Python: this module must import without torch, so the pytest plugin and
 `import shapeguard` stay cheap.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +194,6 @@ class Finding:
     location: str = ""
     hint: str = ""
     event_index: int | None = None
-    extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {

@@ -57,16 +57,18 @@ def test_threads_tracing_at_once_keep_their_own_findings():
     def work(i):
         bug = i % 2 == 1
         seq_q = 4 + i  # each thread its own shapes
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", shapeguard.ShapeWarning)
-            rounds = []
-            for _ in range(5):
-                with shapeguard.trace(mode="warn") as t:
-                    Attention(bug)(*_inputs(seq_q))
-                rounds.append(t)
+        rounds = []
+        for _ in range(5):
+            with shapeguard.trace(mode="warn") as t:
+                Attention(bug)(*_inputs(seq_q))
+            rounds.append(t)
         return bug, seq_q, rounds
 
-    for bug, seq_q, rounds in _run_threads(work, 6):
+    # The warnings filters are the process's, not a thread's: set once, around all threads.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", shapeguard.ShapeWarning)
+        results = _run_threads(work, 6)
+    for bug, seq_q, rounds in results:
         for t in rounds:
             assert [f.kind for f in t.findings] == (["softmax_axis"] if bug else [])
             scores = t.shape_of("scores")

@@ -28,6 +28,13 @@ def _int_attr(obj: object, names: Iterable[str]) -> tuple[str, int] | None:
         value = own.get(name)
         if value is None:
             value = getattr(cls, name, None)
+            if isinstance(value, property):
+                # `@property def head_dim(self)`: the size the instance reports, as a
+                # contract binding it reads it (one reader, one answer).
+                try:
+                    value = getattr(obj, name)
+                except Exception:  # a property that cannot answer declares nothing
+                    value = None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return name, value
     return None

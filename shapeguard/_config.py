@@ -7,7 +7,8 @@ import threading
 MODES = ("raise", "warn")
 
 _disabled_by_api = False
-# `disabled()` blocks, per thread: one thread's block never switches another thread off.
+# `disabled()` / `forced_on()` blocks, per thread: one thread's block never switches
+# another thread.
 _local = threading.local()
 
 
@@ -23,10 +24,9 @@ def enable() -> None:
     _disabled_by_api = False
 
 
-@contextlib.contextmanager
 def disabled():
     """Checks off inside the block, in this thread only; on again after it, also when
-    the block raises. Blocks nest.
+    the block raises. Blocks nest; the innermost block decides.
 
     >>> import shapeguard
     >>> with shapeguard.disabled():
@@ -35,17 +35,34 @@ def disabled():
     >>> shapeguard.is_enabled()
     True
     """
-    _local.depth = getattr(_local, "depth", 0) + 1
+    return _switched(False)
+
+
+def forced_on():
+    """Checks on inside the block in this thread, whatever `disable()` or an outer
+    `disabled()` block said (`SHAPEGUARD=0` still wins): for shapeguard's own traced runs,
+    such as the forwards `check` asks for explicitly."""
+    return _switched(True)
+
+
+@contextlib.contextmanager
+def _switched(on: bool):
+    stack = _local.__dict__.setdefault("stack", [])
+    stack.append(on)
     try:
         yield
     finally:
-        _local.depth -= 1
+        stack.pop()
 
 
 def is_enabled() -> bool:
-    """Whether checks run now: `SHAPEGUARD=0`, `disable()` and a `disabled()` block in
-    this thread turn them off."""
-    if _disabled_by_api or getattr(_local, "depth", 0):
+    """Whether checks run now: `SHAPEGUARD=0` turns them off; else the innermost
+    `disabled()` block of this thread, else `disable()`."""
+    stack = _local.__dict__.get("stack")
+    if stack:
+        if not stack[-1]:
+            return False
+    elif _disabled_by_api:
         return False
     return os.environ.get("SHAPEGUARD", "1").strip().lower() not in ("0", "false", "off", "no")
 

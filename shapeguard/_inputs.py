@@ -31,7 +31,7 @@ import inspect
 import typing
 from dataclasses import dataclass, field
 
-from . import _axes
+from . import _axes, _source
 from . import _inputs_structure as _structure
 from ._input_sizes import _check_count, _dtype
 from ._loader import LoadError
@@ -548,7 +548,7 @@ def _names_in(expression: str) -> list[str]:
     import ast
 
     try:
-        tree = ast.parse(expression, mode="eval")
+        tree = _source.parse(expression, mode="eval")
     except SyntaxError:
         return []
     return [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)]

@@ -31,7 +31,7 @@ import typing
 import zlib
 from dataclasses import dataclass
 
-from . import _ops
+from . import _ops, _source
 from ._loader import LoadError
 
 FLOAT, IDS, MASK = "float", "ids", "mask"
@@ -252,7 +252,7 @@ def _is_tensor_type(annotation) -> bool:
 def _reads_of(forward, name: str) -> tuple[list[str], list[str]]:
     """String keys (`name["k"]`, `name.get("k")`) and attributes (`name.k`) the forward reads."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+        tree = _source.parse(textwrap.dedent(inspect.getsource(forward)))
     except (OSError, TypeError, SyntaxError):
         return [], []
     keys: list[str] = []

@@ -56,7 +56,7 @@ def run_traced(
 
     from .._errors import ShapeWarning
     from .._record import Trace
-    from .._session import close_session, open_session
+    from .._tracing import tracing
 
     trace = Trace(mode="raise", strict=strict)
     run = Run(trace)
@@ -68,13 +68,12 @@ def run_traced(
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
-            session = open_session(trace, root=model)
             try:
-                session.enter_module(model, args, kwargs)
-                if prepare is not None:
-                    prepare(session)
-                with torch.no_grad(), on_device(device):
-                    model(*args, **kwargs)
+                with tracing(trace, model, args, kwargs) as session:
+                    if prepare is not None:
+                        prepare(session)
+                    with torch.no_grad(), on_device(device):
+                        model(*args, **kwargs)
             except ShapeError as error:
                 run.shape_error = error
                 if not any(f.message == error.render() for f in trace.findings):
@@ -90,8 +89,6 @@ def run_traced(
             except Exception as error:
                 run.crash = ModelCrashed("forward", error, path)
                 run.crash.__cause__ = error
-            finally:
-                close_session(session)
     finally:
         fake_logger.setLevel(previous_level)
     run.warnings = [w for w in caught if not issubclass(w.category, ShapeWarning)]

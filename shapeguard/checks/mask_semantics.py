@@ -24,14 +24,19 @@ Values are read only from small CPU tensors (never on meta), and messages give
 positions and counts, never values.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import _axes, _ops
 from .._errors import Violation
 from . import WARNING, rule
 from .elementwise import ref
 from .mha import bind_arguments
+
+if TYPE_CHECKING:
+    # For the annotation only: the session imports this package while it loads.
+    from .._session import OpCall
 
 # The ops that apply a mask to scores (the probes watch them too).
 MASKING = (
@@ -74,7 +79,7 @@ class _Use:
     },
     order=2,
 )  # fmt: skip
-def check(call):
+def check(call: "OpCall") -> Iterator[Violation]:
     """What a mask hides, read from its values: polarity, direction, axis, empty rows."""
     import torch
 

@@ -8,10 +8,17 @@ the `input` of `baddbmm` (BLOOM), and a float `attn_mask` of SDPA whose finite
 part is constant along the keys (a bias summed with a causal mask).
 """
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from .. import _ops
 from .._errors import Violation
 from .._names.flow import classify_product
 from . import WARNING, rule
+
+if TYPE_CHECKING:
+    # For the annotation only: the session imports this package while it loads.
+    from .._session import OpCall
 
 # At or below this an additive value hides a key (-1e9, finfo.min, -inf): a mask, not a bias.
 _HIDING = -1e4
@@ -93,7 +100,7 @@ def _scores_operand(call, scores) -> tuple:
 
 
 @rule(_ops.by_name("add"), kinds={"score_bias_constant": WARNING}, order=1)
-def added_to_scores(call):
+def added_to_scores(call: "OpCall") -> Iterator[Violation]:
     args = call.args
     if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
         return
@@ -116,7 +123,7 @@ def added_to_scores(call):
 
 
 @rule(_ops.by_name("baddbmm"), kinds={"score_bias_constant": WARNING}, order=1)
-def baddbmm_input(call):
+def baddbmm_input(call: "OpCall") -> Iterator[Violation]:
     p = call.bound()
     base, b1, b2 = p.get("input"), p.get("batch1"), p.get("batch2")
     if not all(_is_tensor(t) and t.dim() == 3 for t in (b1, b2)) or not _is_tensor(base):
@@ -132,7 +139,7 @@ def baddbmm_input(call):
 
 
 @rule(_ops.SDPA, kinds={"score_bias_constant": WARNING}, order=1)
-def sdpa_bias(call):
+def sdpa_bias(call: "OpCall") -> Iterator[Violation]:
     """A float attn_mask whose finite part is constant along each row of keys but not the
     same for every row: a bias laid out per query, summed with a mask or alone."""
     import torch

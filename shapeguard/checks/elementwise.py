@@ -1,14 +1,16 @@
 """Masks and broadcasting: masked_fill, where, and masks added to scores."""
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from .. import _axes, _ops
 from .._errors import Violation
 from . import ERROR, WARNING, rule
 
 if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
     from .._session import OpCall
 
 _MASK_KINDS = {"mask_dtype": ERROR, "mask_broadcast": ERROR}
@@ -18,7 +20,7 @@ _ARITHMETIC = tuple(
 )
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 

@@ -13,7 +13,7 @@ seq == heads == d_k. Softmax over the query axis is the softmax family's.
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from .. import _ops
 from .._errors import Violation
@@ -21,11 +21,13 @@ from .._names.dims import BATCH, FEATURE, TOKEN
 from . import WARNING, rule
 
 if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
     from .._session import OpCall
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
@@ -56,9 +58,11 @@ def _bshd(call, t) -> str:
 def sdpa_layout(call: "OpCall") -> Iterator[Violation]:
     p = call.bound()
     tensors = [p.get(n) for n in ("query", "key", "value")]
-    if not all(_is_tensor(t) and t.dim() == 4 for t in tensors):
-        return
     q, k, v = tensors
+    if not (_is_tensor(q) and _is_tensor(k) and _is_tensor(v)):
+        return
+    if not (q.dim() == 4 and k.dim() == 4 and v.dim() == 4):
+        return
     if not (q.shape[0] == k.shape[0] == v.shape[0] and k.shape[:-1] == v.shape[:-1]):
         return  # a loud mismatch: the sdpa family reports it
     if not (heads_on_seq(call, q) and heads_on_seq(call, k)):

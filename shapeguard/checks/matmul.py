@@ -2,14 +2,16 @@
 
 from collections.abc import Iterator
 from math import prod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from .. import _axes, _ops, _source
 from .._errors import Operand, Violation
 from . import ERROR, rule
 
 if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
     from .._session import OpCall
 
 _PRODUCT_KINDS = {"matmul_inner": ERROR, "matmul_batch": ERROR, "matmul_rank": ERROR}
@@ -35,7 +37,7 @@ def products(call: "OpCall") -> Iterator[Violation]:
             )
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
     return hasattr(value, "shape") and hasattr(value, "dim")
 
 
@@ -195,7 +197,7 @@ def baddbmm(call: "OpCall") -> Iterator[Violation]:
     """baddbmm: the product's axes, and the added tensor broadcasts to it."""
     p = call.bound()
     base, b1, b2 = p.get("input"), p.get("batch1"), p.get("batch2")
-    if not all(_is_tensor(a) for a in (base, b1, b2)):
+    if not (_is_tensor(base) and _is_tensor(b1) and _is_tensor(b2)):
         return
     l1 = call.label(1, "batch1") if len(call.args) > 1 else "batch1"
     l2 = call.label(2, "batch2") if len(call.args) > 2 else "batch2"
@@ -214,7 +216,7 @@ def baddbmm(call: "OpCall") -> Iterator[Violation]:
         )
 
 
-def _parse_einsum(equation: str) -> tuple[list[str], str | None] | None:
+def _parse_einsum(equation: str) -> tuple[list[str], str | None]:
     equation = equation.replace(" ", "")
     if "->" in equation:
         lhs, rhs = equation.split("->", 1)

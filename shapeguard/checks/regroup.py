@@ -92,7 +92,7 @@ class _View:
         self.shape, self.resolved, self.groups = shape, resolved, groups
         self.meta = call.meta_of(x)
         self.axes = call.axes(x)
-        self._target = None
+        self._target: tuple[list[D.Axis], list[bool]] | None = None
 
     @property
     def target(self):
@@ -182,7 +182,8 @@ class _View:
         intents = view_intents(self.call, len(self.resolved))
         by_size: dict[int, list[tuple[bool, str]]] = {}
         for j in first:
-            heads = bool(intents) and intents[j] is not None and intents[j].name == "heads"
+            intent = intents[j] if intents else None
+            heads = intent is not None and intent.name == "heads"
             by_size.setdefault(self.resolved[j], []).append((heads, texts[j]))
         # Equal sizes go where the user's names say: the one that names the heads last.
         for group in by_size.values():

@@ -9,7 +9,7 @@ part is constant along the keys (a bias summed with a causal mask).
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from .. import _ops
 from .._errors import Violation
@@ -17,7 +17,9 @@ from .._names.flow import classify_product
 from . import WARNING, rule
 
 if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
     from .._session import OpCall
 
 # At or below this an additive value hides a key (-1e9, finfo.min, -inf): a mask, not a bias.
@@ -25,7 +27,7 @@ _HIDING = -1e4
 _MAX_VALUES = 1 << 22
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
@@ -126,7 +128,9 @@ def added_to_scores(call: "OpCall") -> Iterator[Violation]:
 def baddbmm_input(call: "OpCall") -> Iterator[Violation]:
     p = call.bound()
     base, b1, b2 = p.get("input"), p.get("batch1"), p.get("batch2")
-    if not all(_is_tensor(t) and t.dim() == 3 for t in (b1, b2)) or not _is_tensor(base):
+    if not (_is_tensor(b1) and b1.dim() == 3 and _is_tensor(b2) and b2.dim() == 3):
+        return
+    if not _is_tensor(base):
         return
     m1, m2 = call.meta_of(b1), call.meta_of(b2)
     d1, d2 = m1.dims, m2.dims
@@ -146,7 +150,7 @@ def sdpa_bias(call: "OpCall") -> Iterator[Violation]:
 
     p = call.bound()
     q, k, mask = p.get("query"), p.get("key"), p.get("attn_mask")
-    if not all(_is_tensor(t) for t in (q, k, mask)) or not mask.is_floating_point():
+    if not (_is_tensor(q) and _is_tensor(k) and _is_tensor(mask)) or not mask.is_floating_point():
         return
     if not _readable(mask) or mask.dim() < 2 or q.dim() < 2:
         return

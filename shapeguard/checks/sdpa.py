@@ -6,7 +6,7 @@ the backend.
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from .. import _axes, _ops
 from .._errors import Violation
@@ -14,7 +14,9 @@ from . import ERROR, rule
 from .elementwise import mask_hint
 
 if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
     from .._session import OpCall
 
 _KINDS = {
@@ -26,7 +28,7 @@ _KINDS = {
 }  # fmt: skip
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 

@@ -9,7 +9,7 @@ batch, whatever the sizes.
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from .. import _ops
 from .._errors import Violation
@@ -19,15 +19,21 @@ from . import WARNING, rule
 from .mha import bind_arguments
 
 if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
     from .._session import OpCall
+
+
+def _has_shape(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
+    return hasattr(value, "shape")
 
 
 @rule(_ops.MHA, kinds={"batch_mixing": WARNING}, order=1)
 def mask_tiling(call: "OpCall") -> Iterator[Violation]:
     p = bind_arguments(call)
     mask, query, heads = p.get("attn_mask"), p.get("query"), p.get("num_heads")
-    if not (hasattr(mask, "shape") and hasattr(query, "shape") and isinstance(heads, int)):
+    if not (_has_shape(mask) and _has_shape(query) and isinstance(heads, int)):
         return
     if mask.dim() != 3 or query.dim() != 3:
         return

@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 
 from ._errors import Finding, ShapeError
 from ._loader import ModelCrashed, error_lines, is_memory_error, on_device
+from ._record import Trace
 
 
 @dataclass(slots=True)
 class Run:
     """One traced forward: the trace (complete or up to the failure) and what stopped it."""
 
-    trace: object
+    trace: Trace
     shape_error: BaseException | None = None
     crash: ModelCrashed | None = None
     warnings: list = field(default_factory=list)

@@ -219,7 +219,8 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
     )
 
 
-_NodeIndex = dict[tuple[int, int, int, int], tuple[ast.AST, tuple[str, ...], bool]]
+# Keyed by (lineno, col, end_lineno, end_col): the ends are None where Python has none.
+_NodeIndex = dict[tuple[int, int, int | None, int | None], tuple[ast.AST, tuple[str, ...], bool]]
 _file_cache: dict[str, _NodeIndex | None] = {}
 
 

@@ -6,7 +6,7 @@ is registered on ops of the op table (`_ops.py`) with the kinds it may yield and
 the severity of each::
 
     @rule(_ops.SOFTMAX, kinds={"softmax_axis": WARNING})
-    def softmax_over_keys(call): ...
+    def softmax_over_keys(call: "OpCall") -> Iterator[Violation]: ...
 
 Every module of this package is a family of rules, loaded on first use; a rule
 registered twice, or an op the table does not know, is an error. `KINDS` is the

@@ -290,6 +290,7 @@ def _trace(model, args: tuple, kwargs: dict) -> _Traced:
             session.enter_module(model, args, kwargs)
             with watch:
                 out = model(*args, **kwargs)
+            watch.heads.finish(session, model, out)
             first = _probes.first_output(out)
             meta = session.metas.get(first) if first is not None else None
             traced.out_axes = meta.axes if meta is not None else ()

@@ -17,9 +17,9 @@ after the up-projection (DeepSeek's MLA).
 The context is followed to the projections that read it; the columns they contract
 are permuted by the same digits, read from the provenance of that axis (or, when the
 merge lost it, as a correct merge lays them out: [heads, d_v]). Every parameter axis
-whose dim is one of those permuted dims is permuted with it (biases, norms of the
-whole projection output, a Linear's bias by its weight). Nothing is taken from
-parameter names or from sizes that happen to coincide.
+whose dim is one of those permuted dims is permuted with it, and so is a parameter an
+op applies along such a dim (a Linear's bias, a norm's weight over the whole projection
+output). Nothing is taken from parameter names or from sizes that happen to coincide.
 """
 
 from dataclasses import dataclass, field
@@ -40,7 +40,9 @@ class Plan:
     params: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=dict)
     outputs: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # of the output
     described: list[str] = field(default_factory=list)  # "4 heads of model.layers.0.attn"
-    assumed: list[str] = field(default_factory=list)  # merges read as [heads, d_v]
+    # Where the trace lost the heads (a split or merge that mixes them with the tokens):
+    # those rows or columns were permuted as a correct split or merge lays them out.
+    assumed: list[str] = field(default_factory=list)
 
 
 class _Refused(Exception):
@@ -66,9 +68,10 @@ class _Digit:
 class _State:
     """The permutations chosen so far: per factor of a dim, and per dim its index map."""
 
-    def __init__(self, roots: set[int]) -> None:
+    def __init__(self, roots: set[int], entangled: dict | None = None) -> None:
         self.roots = roots  # ids of the dims of parameter axes
-        self.assumed: list[str] = []  # sites whose merge the trace lost (read as [heads, d_v])
+        self.entangled = entangled or {}  # head_sites.HeadWatch.entangled
+        self.assumed: list[str] = []  # see Plan.assumed
         self.sigma: dict[Key, torch.Tensor] = {}
         self.atoms: dict[Key, tuple] = {}
         self.dims: dict[int, D.Dim] = {}
@@ -80,7 +83,7 @@ def plan_heads(watch, generator: torch.Generator) -> Plan | tuple[str, bool]:
     """The head permutation of every site the trace can read back to its projections,
     or (why there is none, whether the probe applies at all)."""
     roots = {id(atom[0].find()) for axes in watch.params.values() for a in axes for atom in a}
-    state = _State(roots)
+    state = _State(roots, watch.entangled)
     plan = Plan()
     why = ""
     done: list[Site] = []
@@ -118,9 +121,9 @@ def plan_heads(watch, generator: torch.Generator) -> Plan | tuple[str, bool]:
             index = _index_of(ax, state, maps)
             if index is not None:
                 plan.params.setdefault(name, []).append((axis, index))
-    for name, dim in watch.biases.items():
+    for name, dim in watch.paired.items():
         index = maps.get(id(dim.find()))
-        if index is not None and name not in plan.params:
+        if index is not None and name not in plan.params and len(index) > 1:
             plan.params[name] = [(0, index)]
     plan.outputs = state.output
     plan.assumed = state.assumed
@@ -128,7 +131,7 @@ def plan_heads(watch, generator: torch.Generator) -> Plan | tuple[str, bool]:
 
 
 def _copy(state: _State) -> _State:
-    new = _State(state.roots)
+    new = _State(state.roots, state.entangled)
     new.assumed = list(state.assumed)
     new.sigma, new.atoms, new.dims = dict(state.sigma), dict(state.atoms), dict(state.dims)
     new.columns, new.output = dict(state.columns), list(state.output)
@@ -149,7 +152,7 @@ def _site(site: Site, state: _State, generator, out_axes) -> int:
     digits: list[_Digit] = []
     covers: list[tuple[int, _Atom, list[_Digit]]] = []  # (operand, atom, digits it covers)
     for pos in range(n):
-        found = _position(site, pos, n, state.roots)
+        found = _position(site, pos, n, state)
         digits += found[0]
         covers += found[1]
     # Outer factors first: the order a correct merge lays the heads out in.
@@ -173,7 +176,7 @@ def _site(site: Site, state: _State, generator, out_axes) -> int:
     return count
 
 
-def _position(site: Site, pos: int, n: int, roots: set[int]):
+def _position(site: Site, pos: int, n: int, state: _State):
     """The digits of one aligned leading axis, and which atom of each operand covers them."""
     size = 1
     for o in site.operands:
@@ -188,7 +191,7 @@ def _position(site: Site, pos: int, n: int, roots: set[int]):
         if k < 0 or o.sizes[k] == 1:
             per_operand.append([])
             continue
-        atoms = _atoms(o.lead[k], roots)
+        atoms = _atoms(o.lead[k], site, o.role, state)
         have = o.sizes[k]
         if have != size:
             if not (site.gqa and pos == n - 1 and size % have == 0):
@@ -232,14 +235,35 @@ def _role(site: Site, covers, digit) -> str:
     return "an operand"
 
 
-def _atoms(axis, roots: set[int]) -> list[_Atom]:
+def _atoms(axis, site: Site, role: str, state: _State) -> list[_Atom]:
     """An axis's atoms from the inside out, each with its stride within the axis."""
     found = []
     lo = 1
     for atom in reversed(axis):
-        found.append(_Atom(atom, lo, _kind(atom, roots)))
+        kind = _kind(atom, state.roots)
+        if kind == "unknown":
+            atom, kind = _entangled(atom, site, role, state)
+        found.append(_Atom(atom, lo, kind))
         lo *= atom[2]
     return found
+
+
+def _entangled(atom, site: Site, role: str, state: _State):
+    """A heads axis a view made by cutting a projection's output across its factors
+    (`W_q(x).view(b, heads, s, d_k)`, which carves heads out of the tokens): the trace
+    has already reported it, and the probe shows what it does, reading the rows as a
+    correct split lays them out ([heads, d_k], heads outside)."""
+    found = state.entangled.get(id(atom[0].find()))
+    if found is None or not D.is_whole(atom):
+        return atom, "unknown"
+    (source, where), n = found, atom[2]
+    size = source[0].find().size
+    if size % n or not _traced(source, state.roots):
+        return atom, "unknown"
+    note = f"{role}'s heads are cut across the tokens by {where}"
+    if note not in state.assumed:
+        state.assumed.append(note)
+    return (source[0], size // n, n), "head"
 
 
 def _kind(atom, roots: set[int]) -> str:
@@ -326,8 +350,12 @@ def _merge(site: Site, state: _State, q_digits: list[_Digit], covers, out_axes) 
                 f"{site.where}: the projection that reads its context contracts an axis "
                 "whose heads the trace cannot read"
             )
-        if index[1] and site.where not in state.assumed:
-            state.assumed.append(site.where)
+        note = (
+            f"the trace cannot follow the heads from {site.where} to the projection that "
+            "reads its context"
+        )
+        if index[1] and note not in state.assumed:
+            state.assumed.append(note)
         key = id(read.weight_axis.find())
         before = state.columns.get(key)
         state.columns[key] = index[0] if before is None else before[index[0]]

@@ -67,11 +67,17 @@ class HeadWatch:
         self.sites: list[Site] = []
         self._scores = WeakTensorKeyDictionary()  # scores and what follows them -> site
         self._context = WeakTensorKeyDictionary()  # a context and what follows it -> site
-        self._biases: list[tuple[int, object]] = []  # (id of a Linear's bias, its out dim)
+        # Parameters an op applies along an axis without lining them up with it: a
+        # Linear's bias (its weight's out dim), a norm's weight and bias (its input's last
+        # axis). (id of the parameter, the dim.)
+        self._paired: list[tuple[int, object]] = []
         self.contracted: list = []  # the dims of every projection's contracted weight axis
         self.params: dict[str, tuple] = {}  # parameter name -> its axes, when the trace ends
-        self.biases: dict[str, object] = {}  # a Linear's bias name -> its weight's out dim
+        self.paired: dict[str, object] = {}  # parameter name -> the dim it is applied along
         self.out_axes: tuple | None = None  # the first output's axes
+        # A view that cut a whole dim across its factors (`x.view(b, heads, s, d_k)` of
+        # [b, s, d_model]): id of each new dim -> (the atom it was cut from, the view).
+        self.entangled: dict[int, tuple] = {}
 
     def after(self, session, op: str, args, kwargs, out, where) -> None:
         """Note what op `op` did for the heads; `where()` describes it."""
@@ -85,6 +91,10 @@ class HeadWatch:
                 return
             if self._product(session, spec, op, args, kwargs, out, where, module):
                 return
+        if spec.family == _ops.VIEW and isinstance(out, torch.Tensor):
+            self._view(session, args, out, where)
+        if "normalized_shape" in spec.params:
+            self._norm(session, spec, args, kwargs)
         if self._scores or self._context:
             self._follow(args, kwargs, out, where)
 
@@ -145,12 +155,42 @@ class HeadWatch:
         weight_axis = w_meta.dims[axis][0][0]
         self.contracted.append(weight_axis)
         if isinstance(bias, torch.Tensor) and len(w_meta.dims[1 - axis]) == 1:
-            self._biases.append((id(bias), w_meta.dims[1 - axis][0][0]))
+            self._paired.append((id(bias), w_meta.dims[1 - axis][0][0]))
         site = self._context.get(x)
         if site is not None and x_meta is not None and x_meta.dims:
             module = session.module_stack[-1] if session.module_stack else None
             site.reads.append(Read(module, x_meta.dims[-1], weight_axis))
         return True
+
+    def _norm(self, session, spec, args, kwargs) -> None:
+        """A layer or RMS norm over one whole last axis: its weight and bias scale and
+        shift that axis's features one by one."""
+        bound = _ops.bind(spec, args, kwargs)
+        x = bound.get("input")
+        meta = session.metas.get(x) if isinstance(x, torch.Tensor) else None
+        if meta is None or not meta.dims or len(meta.dims[-1]) != 1:
+            return
+        for name in ("weight", "bias"):
+            t = bound.get(name)
+            if isinstance(t, torch.Tensor) and t.dim() == 1 and t.shape[0] == x.shape[-1]:
+                self._paired.append((id(t), meta.dims[-1][0][0]))
+
+    def _view(self, session, args, out, where) -> None:
+        """Note the new dims of a view whose input's last axis is one whole dim: the view
+        could not cut it into factors (it entangled them with another axis)."""
+        x = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        x_meta, meta = session.metas.get(x), session.metas.get(out)
+        if x_meta is None or meta is None or not x_meta.dims or len(x_meta.dims[-1]) != 1:
+            return
+        source = x_meta.dims[-1][0]
+        if source[1] != 1 or source[2] != source[0].find().size:
+            return
+        had = {id(atom[0].find()) for axis in x_meta.dims for atom in axis}
+        for axis in meta.dims:
+            for atom in axis:
+                root = atom[0].find()
+                if id(root) not in had and id(root) not in self.entangled:
+                    self.entangled[id(root)] = (source, where())
 
     def _follow(self, args, kwargs, out, where) -> None:
         """Carry a site's scores and context through the ops that follow them."""
@@ -181,9 +221,9 @@ class HeadWatch:
             by_id[id(p)] = name
             if meta is not None and len(meta.dims) == p.dim():
                 self.params[name] = meta.dims
-        for bias, dim in self._biases:
-            if bias in by_id:
-                self.biases[by_id[bias]] = dim
+        for param, dim in self._paired:
+            if param in by_id:
+                self.paired[by_id[param]] = dim
         first = first_output(out)
         if first is not None:
             meta = session.metas.get(first)

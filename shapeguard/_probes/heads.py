@@ -130,8 +130,8 @@ def _head_ops(events, assumed=()) -> str:
     text = " and ".join(parts)
     if assumed:
         lost = (
-            f"the trace lost the heads between {assumed[0]} and the projection that reads its "
-            "context, so its columns were permuted as [heads, d_v]"
+            f"{'; '.join(assumed)}: permuted as a correct split and merge lay the heads out "
+            "([heads, d_k], heads outside)"
         )
         text = f"{text}; {lost}" if text else lost
     return text

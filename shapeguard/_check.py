@@ -102,7 +102,8 @@ class CheckReport:
         for r in self.results:
             dev = "" if r.deviation is None else f"{r.deviation:.1e}"
             detail = r.message.splitlines()[0] if r.status != "failed" else (r.op or "see below")
-            table.add_row(r.name, Text(r.status, style=styles[r.status]), dev, Text(detail))
+            status = "n/a" if r.status == "skipped" and not r.applicable else r.status
+            table.add_row(r.name, Text(status, style=styles[r.status]), dev, Text(detail))
         console = Console(
             width=width or 100,
             color_system="auto" if color else None,

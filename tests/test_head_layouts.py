@@ -287,7 +287,7 @@ def test_a_split_that_carves_heads_out_of_the_tokens_is_caught():
     got = probe(randomized(SplitBug()), x())
     assert got.status == "failed"
     assert "Q's heads are cut across the tokens by view at " in got.message
-    assert "permuted as a correct split and merge lay the heads out" in got.message
+    assert "its rows permuted as a correct split lays them out ([heads, d_k])" in got.message
 
 
 def test_a_gate_on_the_context_is_not_guessed_at():

@@ -260,7 +260,10 @@ def _entangled(atom, site: Site, role: str, state: _State):
     size = source[0].find().size
     if size % n or not _traced(source, state.roots):
         return atom, "unknown"
-    note = f"{role}'s heads are cut across the tokens by {where}"
+    note = (
+        f"{role}'s heads are cut across the tokens by {where}: its rows permuted as a correct "
+        "split lays them out ([heads, d_k])"
+    )
     if note not in state.assumed:
         state.assumed.append(note)
     return (source[0], size // n, n), "head"
@@ -351,8 +354,8 @@ def _merge(site: Site, state: _State, q_digits: list[_Digit], covers, out_axes) 
                 "whose heads the trace cannot read"
             )
         note = (
-            f"the trace cannot follow the heads from {site.where} to the projection that "
-            "reads its context"
+            f"the heads are lost between {site.where} and the projection that reads its "
+            "context: its columns permuted as a correct merge lays them out ([heads, d_v])"
         )
         if index[1] and note not in state.assumed:
             state.assumed.append(note)
@@ -366,6 +369,12 @@ def _merge(site: Site, state: _State, q_digits: list[_Digit], covers, out_axes) 
             if index is not None and not torch.equal(index[0], torch.arange(len(index[0]))):
                 state.output.append((axis, index[0]))
                 found = True
+                note = (
+                    f"the heads are lost between {site.where} and the output: it is permuted "
+                    "as a correct merge lays them out ([heads, d_v])"
+                )
+                if index[1] and note not in state.assumed:
+                    state.assumed.append(note)
         if not found and not site.reads:
             raise _Refused(f"{site.where}: the output keeps its heads in an axis the trace lost")
 

@@ -128,13 +128,7 @@ def _head_ops(events, assumed=()) -> str:
     if merge is not None:
         parts.append(f"merged by {describe_event(merge)}")
     text = " and ".join(parts)
-    if assumed:
-        lost = (
-            f"{'; '.join(assumed)}: permuted as a correct split and merge lay the heads out "
-            "([heads, d_k], heads outside)"
-        )
-        text = f"{text}; {lost}" if text else lost
-    return text
+    return "; ".join([text, *assumed] if text else assumed)
 
 
 # Heads are merged back by an op that regroups or reorders axes (view, reshape, flatten,

@@ -413,6 +413,8 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
     subject.rtol = _tolerance(subject)
     if candidate is not work:
         subject.as_given = _memo(lambda: _given(subject, work, args, kwargs, seed))
+    if layout.batch_size == 1:
+        subject.grown = _memo(lambda: _grown(work, model, args, kwargs, layout, causal, seed))
     return subject
 
 
@@ -452,9 +454,42 @@ def _given(subject, work, args, kwargs, seed):
         rtol=_probes.rtol_for(reference.dtype),
         generator=torch.Generator().manual_seed(seed),
         as_given=None,
+        grown=_memo(lambda: _grown_as_given(subject)) if subject.grown else None,
     )
     given.rtol = _tolerance(given)
     return given
+
+
+def _grown(work, model, args, kwargs, layout, causal, seed):
+    """For a batch of one: the subject of the batch grown to two (example 0, then a second
+    example made like it), traced again so its batch axis is read from provenance; or why
+    there is none."""
+    import torch
+
+    from ._probes.edits import grown
+
+    args2, kwargs2 = grown(layout, (args, kwargs), torch.Generator().manual_seed(seed + 1))
+    traced = _trace(work, args2, kwargs2)
+    if traced.error is not None:
+        first = str(traced.error).strip().splitlines()
+        return f"the module fails on it ({first[0] if first else type(traced.error).__name__})"
+    try:
+        subject = _subject(work, model, args2, kwargs2, traced, causal, seed, CheckReport(""))
+    except Exception as error:
+        return f"the module fails on it outside the trace ({error})"
+    if isinstance(subject, ProbeResult):
+        return subject.message.splitlines()[0]
+    if subject.layout.batch_size != 2:
+        return "the grown batch's batch axis cannot be read from the trace"
+    return subject
+
+
+def _grown_as_given(subject):
+    """The grown batch's subject in the dtype the module was given."""
+    grown = subject.grown()
+    if grown is None or isinstance(grown, str) or grown.as_given is None:
+        return grown
+    return grown.as_given()
 
 
 def _settle_pending(work, args, kwargs, layout, pending, leaf_names) -> None:

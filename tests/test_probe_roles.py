@@ -354,6 +354,57 @@ def test_batch_independence_catches_examples_that_see_each_other_in_two_styles()
     assert result(check(TinyLM(), ids()), "batch independence").status == "passed"
 
 
+# -- a batch of one is grown to two ----------------------------------------------------------
+GROWN = (
+    "a batch of one grown to two with a second example made like example 0 (other ids and "
+    "data, the same masks): "
+)
+
+
+def test_a_batch_of_one_gets_both_batch_probes_beside_a_second_example():
+    report = check(TinyLM(), ids(batch=1), attention_mask=keep_mask([4]))
+    independence = result(report, "batch independence")
+    assert independence.status == "passed"
+    assert independence.message.startswith(
+        GROWN + "changing example 1 of 2 (input_ids; its padding in attention_mask) left the "
+        "other examples' outputs unchanged"
+    )
+    alone = result(report, "sub-batch consistency")
+    assert alone.status == "passed"
+    assert alone.message.startswith(
+        GROWN + "running the first 1 of 2 examples alone left their outputs unchanged"
+    )
+
+
+def test_a_batch_of_one_still_catches_examples_that_see_each_other_in_two_styles():
+    from test_probes import Attention
+
+    mean = result(check(Attention("batch_norm"), torch.randn(1, S, 33)), "batch independence")
+    roll = result(check(TinyLM(bug="roll_batch"), ids(batch=1)), "batch independence")
+    for failed in (mean, roll):
+        assert failed.status == "failed"
+        assert failed.message.startswith(GROWN + "changing example 1 of 2 (")
+        assert "hint: something mixes examples" in failed.message
+
+
+def test_a_batch_of_one_still_catches_outputs_that_depend_on_the_batch_in_two_styles():
+    class Scaled(TinyLM):
+        def forward(self, input_ids, attention_mask=None):
+            return super().forward(input_ids, attention_mask) * input_ids.shape[0]
+
+    class Centered(TinyLM):
+        def forward(self, input_ids, attention_mask=None):
+            out = super().forward(input_ids, attention_mask)
+            return out - 0.5 * out.mean(dim=0, keepdim=True)  # the batch's mean
+
+    for model in (Scaled(), Centered()):
+        failed = result(check(model, ids(batch=1)), "sub-batch consistency")
+        assert failed.status == "failed"
+        assert failed.message.startswith(
+            GROWN + "running the first 1 of 2 examples alone moved their outputs by "
+        )
+
+
 # -- memory vs target, images ---------------------------------------------------------------
 def test_a_memory_as_long_as_the_target_is_its_own_sequence():
     torch.manual_seed(0)

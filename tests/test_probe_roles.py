@@ -405,6 +405,26 @@ def test_a_batch_of_one_still_catches_outputs_that_depend_on_the_batch_in_two_st
         )
 
 
+def test_the_grown_batch_is_traced_with_checks_on_inside_the_probes_off_block():
+    """The probes run inside `check`'s own `disabled()` block; the retrace of a grown
+    batch still reads its axes from provenance, unless checks were off for the whole
+    `check` (the user's off switch)."""
+    import shapeguard
+    from shapeguard import _config
+    from shapeguard._check import _trace
+
+    model = TinyLM()
+    first = _trace(model, (ids(batch=2),), {})
+    assert first.on and first.out_axes == ("batch", "seq_q", None)
+    with _config.disabled():
+        again = _trace(model, (ids(batch=2),), {}, like=first)
+    assert again.out_axes == first.out_axes
+    with shapeguard.disabled():
+        off = _trace(model, (ids(batch=2),), {})
+        again = _trace(model, (ids(batch=2),), {}, like=off)
+    assert not off.on and off.out_axes == () and again.out_axes == ()
+
+
 # -- memory vs target, images ---------------------------------------------------------------
 def test_a_memory_as_long_as_the_target_is_its_own_sequence():
     torch.manual_seed(0)

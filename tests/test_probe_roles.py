@@ -405,6 +405,16 @@ def test_a_batch_of_one_still_catches_outputs_that_depend_on_the_batch_in_two_st
         )
 
 
+def test_a_batch_of_one_whose_output_mixes_its_examples_says_so_grown_to_two():
+    class Pooled(TinyLM):  # one row for the whole batch: no example's output to compare
+        def forward(self, input_ids, attention_mask=None):
+            return super().forward(input_ids, attention_mask).mean(dim=0)
+
+    got = result(check(Pooled(), ids(batch=1)), "batch independence")
+    assert got.status == "skipped" and not got.applicable
+    assert got.message.startswith("a batch of one, grown to two: no output has a batch axis")
+
+
 def test_the_grown_batch_is_traced_with_checks_on_inside_the_probes_off_block():
     """The probes run inside `check`'s own `disabled()` block; the retrace of a grown
     batch still reads its axes from provenance, unless checks were off for the whole

@@ -112,6 +112,7 @@ def _of_one(s: Subject, name: str, probe) -> ProbeResult:
         return skipped(name, f"a batch of one, grown to two: {grown}")
     result = probe(grown)
     if result.status == "skipped":
+        result.message = f"a batch of one, grown to two: {result.message}"
         return result
     made = "a second example made like example 0 (other ids and data, the same masks)"
     result.message = f"a batch of one grown to two with {made}: {result.message}"

@@ -98,7 +98,8 @@ class OpCall:
         return self._bound
 
     # -- naming ------------------------------------------------------------------
-    def _site_matches(self) -> bool:
+    def site_matches(self) -> bool:
+        """Whether the user's expression at this site is this very call (not a call inside it)."""
         site = self.site
         if site is None or site.in_module or not site.callee:
             return False
@@ -112,7 +113,7 @@ class OpCall:
 
     def source_text(self, index: int) -> str | None:
         """The user's expression for positional argument `index`, when the user wrote the call."""
-        if not self._site_matches():
+        if not self.site_matches():
             return None
         site = self.site
         texts = (site.receiver, *site.args) if self.is_method and site.receiver else site.args
@@ -194,6 +195,15 @@ class OpCall:
     def module(self):
         stack = self.session.module_stack
         return stack[-1] if stack else None
+
+    @property
+    def root(self):
+        """The module the trace started from (None for a block of code)."""
+        return self.session.root
+
+    def module_path(self, module) -> str:
+        """`module`'s dotted path under the root, as messages name it."""
+        return self.session.module_path(module)
 
     def declared(self) -> dict[str, tuple[str, int]]:
         """Sizes declared by the innermost module that declares any (d_model, heads, d_k)."""
@@ -629,7 +639,7 @@ class Session:
             module = call.module
             if module is None or next(module.children(), None) is not None:
                 return ()
-        elif not call._site_matches():
+        elif not call.site_matches():
             return ()
         if len(site.targets) == count:
             return site.targets

@@ -4,16 +4,12 @@ non-contiguous."""
 
 from collections.abc import Iterator
 from math import prod
-from typing import TYPE_CHECKING
 
 from .. import _axes, _ops
 from .._errors import Violation
 from . import ERROR, rule
+from ._view import CallView
 from .config import divisibility_violation
-
-if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
-    from .._session import OpCall
 
 
 def target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
@@ -34,7 +30,7 @@ def target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
         "head_divisibility": ERROR,
     },
 )
-def view(call: "OpCall") -> Iterator[Violation]:
+def view(call: CallView) -> Iterator[Violation]:
     """view / reshape: the element count, and the strides view needs (what the regrouping
     does to the axes is the regroup family's)."""
     args = call.args

@@ -13,6 +13,7 @@ LAYERS = {
     "vocabulary": (
         "shapeguard._version", "shapeguard._errors", "shapeguard._config", "shapeguard._ops",
         "shapeguard._axes", "shapeguard._roles", "shapeguard._source", "shapeguard._suppress",
+        "shapeguard._reporting",
         "shapeguard._names",
     ),
     "checks": ("shapeguard.checks", "shapeguard._flash_contract", "shapeguard._flash_varlen"),

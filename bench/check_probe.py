@@ -34,7 +34,7 @@ def measure(batch: int = 8, seq: int = 512, d_model: int = 512, *, repeats: int 
     import torch
 
     import shapeguard
-    from shapeguard._check import run_check
+    from shapeguard._probes.check import run_check
 
     one_thread()
     torch.manual_seed(0)
@@ -83,7 +83,8 @@ def measure_decode(layers: int = 2, steps: int = 16, *, repeats: int = 3) -> dic
         import transformers
     except ImportError:
         return {}
-    from shapeguard import _check, _probes
+    from shapeguard import _probes
+    from shapeguard._probes import check as _check
 
     one_thread()
     config = transformers.LlamaConfig(

@@ -26,10 +26,10 @@ from ._trace import trace as trace
 # Names that need torch (or jaxtyping) load on first use: {name: (module, attribute)};
 # attribute None means the submodule itself.
 _LAZY = {
-    "CheckReport": ("._check", "CheckReport"),
+    "CheckReport": ("._probes.check", "CheckReport"),
     "ProbeResult": ("._probes", "ProbeResult"),
     "attention": (".attention", None),
-    "check": ("._check", "check"),
+    "check": ("._probes.check", "check"),
     "contract": ("._contract.decorator", "contract"),
     "contracts": (".contracts", None),
 }

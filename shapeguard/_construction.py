@@ -21,8 +21,9 @@ Pure Python at import: torch is imported only where a module is looked at.
 
 from types import SimpleNamespace
 
-from . import _axes, _source
+from . import _source
 from ._errors import ShapeError
+from ._names import axes as _axes
 
 _TORCH_MESSAGE = "embed_dim must be divisible by num_heads"
 # How torch's constructors that build an nn.MultiheadAttention name d_model and the heads.

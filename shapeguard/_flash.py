@@ -13,7 +13,7 @@ import sys
 import threading
 import types
 
-from ._flash_contract import (
+from .checks._flash_contract import (
     ENTRY_POINTS,
     FLASH_DTYPES,
     FLASH_NAMESPACES,
@@ -33,7 +33,7 @@ from ._flash_contract import (
     site_label,
     spec,
 )
-from ._flash_varlen import (
+from .checks._flash_varlen import (
     CuSeqlens,
     check_varlen,
     check_varlen_args,

@@ -163,7 +163,7 @@ def _precheck_arguments(cls, init, args, kwargs) -> None:
     """Check head counts from the constructor's arguments, before `__init__` runs, so
     the user sees the fix instead of the AssertionError their own check would raise."""
     __tracebackhide__ = True
-    from . import _axes
+    from ._names import axes as _axes
     from .checks.config import check_sizes
 
     try:

@@ -4,8 +4,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._axes import Axes, format_shape
 from ._errors import Finding, ShapeError
+from ._names.axes import Axes, format_shape
 
 if TYPE_CHECKING:
     from ._meta import TensorMeta

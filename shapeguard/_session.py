@@ -14,26 +14,19 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import (
-    _axes,
-    _composites,
-    _config,
-    _construction,
-    _flash,
-    _ops,
-    _reporting,
-    _source,
-)
+from . import _composites, _config, _construction, _flash, _ops, _reporting, _source
 from . import checks as _checks
-from ._axes import Axes, format_shape
 from ._errors import Context, Operand, ShapeError, Violation
 from ._meta import TensorMeta, TensorTable, buffer_origin, role_for
+from ._names import axes as _axes
 from ._names import dims as _dims
 from ._names import flow as _flow
 from ._names import roots as _roots
+from ._names.axes import Axes, format_shape
 from ._record import Trace
 
 _local = threading.local()
+
 
 def current_session() -> "Session | None":
     return getattr(_local, "session", None)

@@ -683,7 +683,7 @@ def check_matrix(chosen):
     """`shapeguard.check` on each configuration: statuses, failures and skips, and counts."""
     from collections import Counter, defaultdict
 
-    from shapeguard._check import run_check
+    from shapeguard._probes.check import run_check
 
     counts = defaultdict(Counter)
     start = time.perf_counter()

@@ -23,7 +23,7 @@ import pytest
 import real_models
 import torch
 
-from shapeguard._check import run_check
+from shapeguard._probes.check import run_check
 
 pytestmark = pytest.mark.no_shapeguard
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import shapeguard
-from shapeguard._check import run_check
+from shapeguard._probes.check import run_check
 
 B, S, SK, H, DK = 2, 5, 7, 3, 11
 D = H * DK  # 33

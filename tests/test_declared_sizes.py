@@ -5,9 +5,9 @@ import pytest
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from shapeguard import _axes
 from shapeguard._contract.bindings import bind_attributes
 from shapeguard._contract.compile import compile_contract
+from shapeguard._names import axes as _axes
 
 pytestmark = pytest.mark.no_shapeguard
 

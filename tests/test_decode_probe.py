@@ -8,7 +8,7 @@ import pytest
 import torch
 from cached_attention import B, CachedAttention, D, S
 
-from shapeguard._check import check, run_check
+from shapeguard._probes.check import check, run_check
 
 pytestmark = pytest.mark.no_shapeguard
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shapeguard._check import check
+from shapeguard._probes.check import check
 
 pytestmark = pytest.mark.no_shapeguard
 
@@ -263,7 +263,7 @@ def test_grouped_query_sdpa_einsum_and_a_norm_over_the_projection_pass(cls):
 def test_the_norm_over_the_projection_is_permuted_with_its_rows():
     """Its weight lines up with the projection's output features: permuted with them
     (leaving it would move the output by a permutation of its per-feature weights)."""
-    from shapeguard._check import _trace
+    from shapeguard._probes.check import _trace
     from shapeguard._probes.head_layout import plan_heads
 
     model = randomized(NormedQueries())

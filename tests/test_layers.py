@@ -12,11 +12,11 @@ PACKAGE = ROOT / "shapeguard"
 LAYERS = {
     "vocabulary": (
         "shapeguard._version", "shapeguard._errors", "shapeguard._config", "shapeguard._ops",
-        "shapeguard._axes", "shapeguard._roles", "shapeguard._source", "shapeguard._suppress",
+        "shapeguard._names.axes", "shapeguard._names.roles", "shapeguard._source", "shapeguard._suppress",
         "shapeguard._reporting",
         "shapeguard._names",
     ),
-    "checks": ("shapeguard.checks", "shapeguard._flash_contract", "shapeguard._flash_varlen"),
+    "checks": ("shapeguard.checks", "shapeguard.checks._flash_contract", "shapeguard.checks._flash_varlen"),
     "trace": (
         "shapeguard._session", "shapeguard._record", "shapeguard._composites",
         "shapeguard._construction", "shapeguard._meta", "shapeguard._flash", "shapeguard._trace",
@@ -25,7 +25,7 @@ LAYERS = {
     ),
     "on the trace": (
         "shapeguard.report", "shapeguard._contract", "shapeguard.contracts", "shapeguard._guard",
-        "shapeguard._probes", "shapeguard._check", "shapeguard._check_summary",
+        "shapeguard._probes", "shapeguard._probes.check", "shapeguard._cli.check_summary",
         "shapeguard._explain", "shapeguard.distributed",
     ),
     "top": ("shapeguard._cli", "shapeguard._plugin", "shapeguard.__main__", "shapeguard"),

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shapeguard._check import check, run_check
+from shapeguard._probes.check import check, run_check
 
 pytestmark = pytest.mark.no_shapeguard
 
@@ -421,7 +421,7 @@ def test_the_grown_batch_is_traced_with_checks_on_inside_the_probes_off_block():
     `check` (the user's off switch)."""
     import shapeguard
     from shapeguard import _config
-    from shapeguard._check import _trace
+    from shapeguard._probes.check import _trace
 
     model = TinyLM()
     first = _trace(model, (ids(batch=2),), {})
@@ -473,7 +473,7 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from test_probes import Attention, B, S, D
-from shapeguard._check import check
+from shapeguard._probes.check import check
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 try:
     model = Attention()

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shapeguard import ContractError
-from shapeguard._check import check, run_check
+from shapeguard._probes.check import check, run_check
 
 B, H, S, DK = 2, 3, 5, 11
 D = H * DK  # 33

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 
 import click
 
-from .._check_summary import probe_rows as probe_rows
-from .._check_summary import probe_runner as probe_runner
 from .._version import __version__
+from .check_summary import probe_rows as probe_rows
+from .check_summary import probe_runner as probe_runner
 from .errors import Failed, Interrupted, UsageFailure
 from .target import target_options
 
@@ -160,8 +160,8 @@ def check(target):
     The probes (batch independence, causality, ...) need real values, so they are
     skipped on --device meta. Exit status 1 on any failure.
     """
-    from .._check_summary import summary_rows
     from ..report.text import render_check, render_target
+    from .check_summary import summary_rows
 
     with target.loaded() as module:
         picked, inputs, run = _load_and_run(target, module)

@@ -16,7 +16,7 @@ Where they come from, first that applies:
    nn.MultiheadAttention) that reads them, a dict or dataclass batch of those, and
    masks with real padding in the polarity of the op that reads them, starting from
    the convention `[batch, seq, d_model]` for the first parameter (d_model read from
-   the module, attribute names in `shapeguard._axes.ATTRIBUTE_AXES`) and
+   the module, attribute names in `shapeguard._names.axes.ATTRIBUTE_AXES`) and
    `[batch, seq_k, d_model]` for parameters named like keys or values (`key`, `value`,
    `memory`, `context`).
 
@@ -31,7 +31,8 @@ import inspect
 import typing
 from dataclasses import dataclass, field
 
-from .. import _axes, _source
+from .. import _source
+from .._names import axes as _axes
 from . import inputs_structure as _structure
 from .input_sizes import _check_count, _dtype
 from .loader import LoadError

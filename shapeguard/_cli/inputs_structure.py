@@ -746,7 +746,7 @@ def _fit_mask(shape: tuple, use: _Use) -> tuple:
     target, got = use.target, use.shape
     if not target or not shape:
         return shape
-    from .._axes import broadcast_shapes
+    from .._names.axes import broadcast_shapes
 
     if got and broadcast_shapes(tuple(got), tuple(target)) == tuple(target):
         return shape
@@ -801,7 +801,7 @@ def _shape(value) -> tuple:
 
 
 def _broadcast(a, b) -> tuple | None:
-    from .._axes import broadcast_shapes
+    from .._names.axes import broadcast_shapes
 
     shapes = [_shape(x) for x in (a, b) if hasattr(x, "shape")]
     if not shapes:

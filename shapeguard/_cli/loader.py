@@ -76,7 +76,7 @@ def _crash_hint(error: BaseException) -> str:
     text = str(error)
     found = re.search(r"can't divide axis of length (\d+) in chunks of (\d+)", text)
     if found:
-        from .._axes import divisors
+        from .._names.axes import divisors
 
         size, parts = int(found.group(1)), int(found.group(2))
         fits = ", ".join(str(d) for d in divisors(size) if d > 1)

@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass, field
 
-from .. import _axes
 from .._errors import ContractError
+from .._names import axes as _axes
 from .compile import Contract
 
 _ALIAS_AXIS = {

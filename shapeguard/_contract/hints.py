@@ -2,7 +2,7 @@
 
 import itertools
 
-from .. import _axes
+from .._names import axes as _axes
 from .spec import Spec, eval_symbolic, names_for
 
 

@@ -1,6 +1,6 @@
 """The first axis of a tensor that breaks its spec, walked as jaxtyping walks it."""
 
-from .. import _axes
+from .._names import axes as _axes
 from .hints import fixed_hint, position_hint, rank_hint
 from .render import tuple_text
 from .report import Broken

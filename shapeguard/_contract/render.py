@@ -1,6 +1,6 @@
 """Shapes, contracts and bindings as the contract messages write them."""
 
-from .. import _axes
+from .._names import axes as _axes
 from .spec import Spec, axes_for, eval_symbolic
 
 

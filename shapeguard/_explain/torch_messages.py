@@ -3,8 +3,8 @@ view, masks, scaled_dot_product_attention and nn.MultiheadAttention."""
 
 import re
 
-from .._axes import divisors
 from .._errors import Operand
+from .._names.axes import divisors
 from .rules import Explanation, Rules, factor_pairs, ints, prime_factors
 
 RULES = Rules()

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import _source
-from .._axes import ATTRIBUTE_AXES
 from . import dims as D
+from .axes import ATTRIBUTE_AXES
 from .dims import FEATURE, Axis
 
 _ATTRIBUTE_NAMES = {attr: axis for axis, attrs in ATTRIBUTE_AXES.items() for attr in attrs}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import _axes
+from .._names import axes as _axes
 from .compare import deviation, scale_of
 from .edits import take
 from .layout import Layout, OutLeaf

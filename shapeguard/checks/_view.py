@@ -8,8 +8,8 @@ it). Tensors' metas are the trace's business: rules read them through these meth
 from typing import Any, Protocol
 
 from .. import _ops
-from .._axes import Axes
 from .._errors import Operand
+from .._names.axes import Axes
 from .._source import Site
 
 

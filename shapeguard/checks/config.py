@@ -1,7 +1,7 @@
 """Head-count checks on a module's configuration: d_model % n_heads, GQA n_heads % n_kv_heads."""
 
-from .. import _axes
 from .._errors import Violation
+from .._names import axes as _axes
 from . import ERROR, declare
 
 # Raised by guard at construction and by the session when a module is first entered.

@@ -3,8 +3,9 @@
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, TypeGuard
 
-from .. import _axes, _ops
+from .. import _ops
 from .._errors import Violation
+from .._names import axes as _axes
 from . import ERROR, WARNING, rule
 from ._view import CallView
 

@@ -14,9 +14,9 @@ import functools
 import inspect
 from collections.abc import Iterator
 
-from .. import _flash_contract, _flash_varlen, _ops
+from .. import _ops
 from .._errors import Violation
-from . import rule
+from . import _flash_contract, _flash_varlen, rule
 from ._view import CallView
 
 
@@ -63,11 +63,15 @@ def _check(call, shown: str, p: dict, order: tuple[str, ...]):
     elif form == "qkvpacked":
         qkv = spec("qkv")
         if qkv:
-            yield from _flash_contract.check_qkvpacked(qkv, op=shown, flash=flash, declared_heads=declared)
+            yield from _flash_contract.check_qkvpacked(
+                qkv, op=shown, flash=flash, declared_heads=declared
+            )
     elif form == "kvpacked":
         q, kv = spec("q"), spec("kv")
         if q and kv:
-            yield from _flash_contract.check_kvpacked(q, kv, op=shown, flash=flash, declared_heads=declared)
+            yield from _flash_contract.check_kvpacked(
+                q, kv, op=shown, flash=flash, declared_heads=declared
+            )
     elif form == "varlen":
         yield from _varlen(shown, p, spec, flash=flash, kernel=kernel)
     elif form == "varlen_qkvpacked":

@@ -5,8 +5,9 @@ non-contiguous."""
 from collections.abc import Iterator
 from math import prod
 
-from .. import _axes, _ops
+from .. import _ops
 from .._errors import Violation
+from .._names import axes as _axes
 from . import ERROR, rule
 from ._view import CallView
 from .config import divisibility_violation

@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeGuard, cast
 
-from .. import _axes, _ops
+from .. import _ops
 from .._errors import Violation
+from .._names import axes as _axes
 from . import WARNING, rule
 from ._view import CallView
 from .elementwise import ref

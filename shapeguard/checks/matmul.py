@@ -4,8 +4,9 @@ from collections.abc import Iterator
 from math import prod
 from typing import TYPE_CHECKING, TypeGuard
 
-from .. import _axes, _ops, _source
+from .. import _ops, _source
 from .._errors import Operand, Violation
+from .._names import axes as _axes
 from . import ERROR, rule
 from ._view import CallView
 

@@ -20,8 +20,9 @@ data where it should not:
 from collections.abc import Iterator
 from math import prod
 
-from .. import _axes, _ops
+from .. import _ops
 from .._errors import Violation
+from .._names import axes as _axes
 from .._names import dims as D
 from .._names.dims import BATCH, COPY, FEATURE, TOKEN
 from .._names.flow import regroup_view

@@ -17,7 +17,7 @@ import os
 import re
 
 from .. import _ops
-from .._roles import ROLES
+from .._names.roles import ROLES
 from . import _flow
 from ._capture import capture_attention as capture_attention
 from ._png import color, heatmap_uri

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 
 from .. import _ops
-from .._roles import ROLES
+from .._names.roles import ROLES
 
 # Ops that make or combine attention tensors, shown even when no role was found: the
 # op table's `shown` ops, in every spelling an event may carry.

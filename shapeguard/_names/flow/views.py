@@ -2,7 +2,8 @@
 
 import torch
 
-from ... import _axes, _ops
+from ... import _ops
+from .. import axes as _axes
 from .. import dims as D
 from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
 from .base import (

@@ -14,9 +14,10 @@ import flash_attn (its import needs the CUDA extension). Each check yields
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from . import _axes, _ops, _reporting
-from ._errors import Context, Operand, ShapeError, Violation
-from .checks import ERROR, WARNING, Severities
+from .. import _ops, _reporting
+from .._errors import Context, Operand, ShapeError, Violation
+from .._names import axes as _axes
+from . import ERROR, WARNING, Severities
 
 # Every kind flash-attn's contract reports (the entry points, the kernels, varlen).
 KINDS: dict[str, Severities] = {
@@ -420,7 +421,7 @@ def enforce(violations, *, op: str, site) -> None:
 
 def site_label(site, op: str, index: int, default: str) -> str:
     """The user's expression for positional argument `index` of a call to `op`, else `default`."""
-    from ._source import short_label
+    from .._source import short_label
 
     if site is None or site.in_module or site.callee != op or index >= len(site.args):
         return default

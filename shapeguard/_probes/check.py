@@ -16,12 +16,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, cast
 
-from . import _probes
-from ._probes import ProbeResult
+from .. import _probes
+from . import ProbeResult
 
 if TYPE_CHECKING:
-    from ._probes.watch import Watch
-    from ._record import Trace
+    from .._record import Trace
+    from .watch import Watch
 
 PROBES = (
     _probes.batch_independence,
@@ -128,7 +128,7 @@ class CheckReport:
     def to_dict(self) -> dict:
         """The report as JSON-ready values: every probe's result, the trace's findings
         and the verdict (schema "shapeguard.check", docs/json-schema.md)."""
-        from ._version import __version__
+        from .._version import __version__
 
         counts = {status: 0 for status in ("passed", "failed", "skipped")}
         for r in self.results:
@@ -203,8 +203,8 @@ def run_check(
     """`check` with the inputs as a tuple and a dict (for the CLI and the pytest plugin)."""
     import torch
 
-    from . import _config
-    from ._errors import ContractError
+    from .. import _config
+    from .._errors import ContractError
 
     if not isinstance(model, torch.nn.Module):
         raise ContractError(f"shapeguard.check takes an nn.Module, not {type(model).__name__}")
@@ -288,10 +288,10 @@ def _trace(model, args: tuple, kwargs: dict, *, like: _Traced | None = None) -> 
     them on: the user's off switch decides once, for the whole `check`."""
     import contextlib
 
-    from . import _config
-    from ._errors import ShapeWarning
-    from ._record import Trace
-    from ._session import close_session, open_session
+    from .. import _config
+    from .._errors import ShapeWarning
+    from .._record import Trace
+    from .._session import close_session, open_session
 
     trace = Trace(mode="warn")
     session = open_session(trace, root=model)
@@ -325,7 +325,7 @@ def _trace(model, args: tuple, kwargs: dict, *, like: _Traced | None = None) -> 
 
 
 def _shape_result(traced: _Traced) -> ProbeResult:
-    from ._errors import ShapeError
+    from .._errors import ShapeError
 
     findings = traced.trace.findings
     if traced.error is not None:
@@ -360,8 +360,8 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
 
     import torch
 
-    from ._probes import intent
-    from ._probes.layout import read_layout
+    from . import intent
+    from .layout import read_layout
 
     try:
         params = [p for p in inspect.signature(type(work).forward).parameters if p != "self"]
@@ -480,7 +480,7 @@ def _grown(work, model, args, kwargs, layout, causal, seed, traced):
     there is none."""
     import torch
 
-    from ._probes.edits import grown
+    from .edits import grown
 
     args2, kwargs2 = grown(layout, (args, kwargs), torch.Generator().manual_seed(seed + 1))
     again = _trace(work, args2, kwargs2, like=traced)
@@ -510,7 +510,7 @@ def _settle_pending(work, args, kwargs, layout, pending, leaf_names, traced) -> 
     """A uniform mask no op applied, as long as two sequences (an all-ones attention_mask
     of an encoder-decoder with equal lengths): pad one key and trace again, to see which
     sequence the module applies it to."""
-    from ._probes.layout import padded_once, read_layout, settle_pending
+    from .layout import padded_once, read_layout, settle_pending
 
     inputs = padded_once(layout, (args, kwargs), pending)
     retraced = _trace(work, *inputs, like=traced)

@@ -9,8 +9,8 @@ size rules apply here too. cu_seqlens values are read off the meta device only.
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from . import _axes
-from ._errors import Violation
+from .._errors import Violation
+from .._names import axes as _axes
 from ._flash_contract import Spec, dtype_device_stride, head_size_problem, spec, unpacked
 
 

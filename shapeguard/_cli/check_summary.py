@@ -4,14 +4,14 @@ A row is `(check, status, detail)` with status `pass`, `FAIL`, `skip` (a probe t
 could have run and did not) or `n/a` (one whose property does not hold for this kind of
 module by design, `applicable: false`), the detail saying why; details are
 the full messages of failures, printed under the table. The probes come from
-whichever module provides them (`probe_runner`), so the summary reads their results
+`probe_runner`, so the summary reads their results
 in several shapes (`probe_rows`).
 """
 
 import contextlib
 from dataclasses import dataclass, field
 
-from .report.text import summary_line
+from ..report.text import summary_line
 
 
 @dataclass(slots=True)
@@ -59,7 +59,7 @@ def summary_rows(model, inputs, run, device: str, *, find_runner, progress=None)
 
 
 def _run_probes(model, inputs, run, device: str, find_runner, progress) -> Summary:
-    from ._errors import ShapeError
+    from .._errors import ShapeError
 
     if device == "meta":
         return Summary(
@@ -88,28 +88,11 @@ def _run_probes(model, inputs, run, device: str, find_runner, progress) -> Summa
 
 
 def probe_runner():
-    """The semantic probes as `f(model, args, kwargs)`, or None when not installed.
-
-    Prefers `shapeguard._check.run_check(model, args: tuple, kwargs: dict)`; falls back
-    to a `check(model, *args, **kwargs)` in `shapeguard._check` or `shapeguard._probes`.
-    """
+    """The semantic probes as `f(model, args: tuple, kwargs: dict)`: `check.run_check`,
+    imported when `shapeguard check` runs them (they import torch)."""
     import importlib
 
-    for module_name in ("_check", "_probes"):
-        full = f"{__package__}.{module_name}"
-        try:
-            module = importlib.import_module(full)
-        except ModuleNotFoundError as error:
-            if error.name == full:
-                continue
-            raise
-        run_check = getattr(module, "run_check", None)
-        if callable(run_check):
-            return lambda model, args, kwargs: run_check(model, args, kwargs)
-        check_fn = getattr(module, "check", None)
-        if callable(check_fn):
-            return lambda model, args, kwargs: check_fn(model, *args, **kwargs)
-    return None
+    return importlib.import_module("shapeguard._probes.check").run_check
 
 
 _STATUS = {

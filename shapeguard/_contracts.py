@@ -42,6 +42,7 @@ from ._contract_call import (  # noqa: F401
 )
 from ._contract_compile import CACHE_ATTR, Contract, compile_contract
 from ._errors import ContractError, Operand, ShapeError
+from ._replay import opener  # noqa: F401
 from ._session import close_session, current_session, open_session  # noqa: F401
 
 # -- jaxtyping's own errors --------------------------------------------------------------

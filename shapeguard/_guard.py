@@ -309,7 +309,7 @@ def _pre_hook(module, args, kwargs):
             from ._record import Trace
 
             trace = Trace(mode=options.mode, strict=options.strict)
-            session = rt.open_session(trace, root=module)
+            session = rt.open_session(trace, root=module, opener=rt.opener("guard", module))
             global _owned_sessions
             _owned_sessions += 1
             session.owner = module

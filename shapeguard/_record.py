@@ -126,6 +126,8 @@ class Trace:
     _events: list[Event] = field(default_factory=list, repr=False)
     _pending: list[tuple] = field(default_factory=list, repr=False)
     _live: int = field(default=0, repr=False)  # sessions recording into it now
+    _replayed: int = field(default=0, repr=False)  # steps its sessions replayed (`_replay`)
+    _steps: int = field(default=0, repr=False)  # steps its sessions made in all
 
     @property
     def events(self) -> list[Event]:
@@ -138,14 +140,15 @@ class Trace:
     def event_count(self) -> int:
         return len(self._events) + len(self._pending)
 
-    def record(self, op, module, module_type, site, inputs, outputs) -> None:
-        """One op, as the session saw it: `inputs`/`outputs` are (shape, dtype name,
-        device type, meta) per tensor; shapes are torch.Size (ints), never tensors."""
-        self._pending.append((op, module, module_type, site, inputs, outputs))
+    def record(self, op, module, module_type, site, inputs, outputs, in_metas, out_metas) -> None:
+        """One op, as the session saw it: `inputs`/`outputs` are (shape, dtype name, device
+        type, item size) per tensor, shapes torch.Size (ints, never tensors), and the metas
+        come apart (a replayed op shares the first four with the op it repeats)."""
+        self._pending.append((op, module, module_type, site, inputs, outputs, in_metas, out_metas))
 
     def _build(self) -> None:
         events = self._events
-        for op, module, module_type, site, inputs, outputs in self._pending:
+        for op, module, module_type, site, inputs, outputs, in_metas, out_metas in self._pending:
             events.append(
                 Event(
                     index=len(events),
@@ -154,8 +157,12 @@ class Trace:
                     module_type=module_type,
                     location=site.location if site is not None else "",
                     source=site.source if site is not None else "",
-                    inputs=tuple(_tensor_record(*t) for t in inputs),
-                    outputs=tuple(_tensor_record(*t) for t in outputs),
+                    inputs=tuple(
+                        _tensor_record(*t, m) for t, m in zip(inputs, in_metas, strict=True)
+                    ),
+                    outputs=tuple(
+                        _tensor_record(*t, m) for t, m in zip(outputs, out_metas, strict=True)
+                    ),
                 )
             )
         self._pending.clear()
@@ -164,9 +171,12 @@ class Trace:
 
     # -- context manager ---------------------------------------------------
     def __enter__(self) -> "Trace":
+        from . import _replay, _source
         from ._session import open_session
 
-        self._session = open_session(self, root=None)
+        # Blocks opened on one line repeat (a test helper, a training loop): see `_replay`.
+        where = _source.user_code_position()
+        self._session = open_session(self, root=None, opener=_replay.opener("with", where))
         return self
 
     def __exit__(self, *exc_info) -> None:

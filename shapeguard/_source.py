@@ -75,11 +75,37 @@ def display_path(filename: str) -> str:
 _TORCH_MODULES = os.sep + os.path.join("torch", "nn", "modules") + os.sep
 
 
+# What each code object on the stack is, by id (the entry keeps the code alive, so the id
+# is not reused): the user's (0), internal (1), internal and an nn.Module's forward (2).
+# Keyed by id because code objects compare (and hash) by content: two files may hold equal
+# ones, and hashing a code object hashes its constants.
+_kinds: dict[int, tuple[CodeType, int]] = {}
+
+
+def _kind(code: CodeType) -> int:
+    entry = _kinds.get(id(code))
+    if entry is not None and entry[0] is code:
+        return entry[1]
+    filename = code.co_filename
+    kind = 0 if not _is_internal(filename) else 2 if _TORCH_MODULES in filename else 1
+    if len(_kinds) > 20_000:
+        _kinds.clear()
+    _kinds[id(code)] = (code, kind)
+    return kind
+
+
+def user_code_position() -> tuple[int, int] | None:
+    """(id of the code object, instruction) of the innermost user frame: a line's key
+    without reading its source."""
+    frame = user_frame()
+    return (id(frame.f_code), frame.f_lasti) if frame is not None else None
+
+
 def user_frame() -> FrameType | None:
     """The innermost frame on the current stack that is the user's."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        if not _is_internal(frame.f_code.co_filename):
+        if not _kind(frame.f_code):
             return frame
         frame = frame.f_back
     return None
@@ -116,29 +142,32 @@ def user_site() -> Site | None:
     """The site of the innermost user frame on the current stack."""
     frame: FrameType | None = sys._getframe(1)
     in_module = False
+    kinds = _kinds
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not _is_internal(filename):
-            return _site_for(frame.f_code, frame.f_lasti, in_module)
-        if not in_module and _TORCH_MODULES in filename:
+        code = frame.f_code
+        entry = kinds.get(id(code))
+        kind = entry[1] if entry is not None and entry[0] is code else _kind(code)
+        if not kind:
+            return _site_for(code, frame.f_lasti, in_module)
+        if kind == 2:
             in_module = True
         frame = frame.f_back
     return None
 
 
-_site_cache: dict[tuple[str, CodeType, int, bool], Site] = {}
+# Sites by (id of the code object, instruction, in a module); the entry keeps the code.
+_site_cache: dict[tuple[int, int, bool], tuple[CodeType, Site]] = {}
 
 
 def _site_for(code: CodeType, lasti: int, in_module: bool) -> Site:
-    # Code objects compare equal across files (co_filename is not compared), so the
-    # same function in two files would share a site: the filename is part of the key.
-    key = (code.co_filename, code, lasti, in_module)
-    site = _site_cache.get(key)
-    if site is None:
-        site = _build_site(code, lasti, in_module)
-        if len(_site_cache) > 50_000:  # notebooks re-create code objects; keep the cache bounded
-            _site_cache.clear()
-        _site_cache[key] = site
+    key = (id(code), lasti, in_module)
+    entry = _site_cache.get(key)
+    if entry is not None and entry[0] is code:
+        return entry[1]
+    site = _build_site(code, lasti, in_module)
+    if len(_site_cache) > 50_000:  # notebooks re-create code objects; keep the cache bounded
+        _site_cache.clear()
+    _site_cache[key] = (code, site)
     return site
 
 

@@ -35,9 +35,11 @@ def trace(model=None, /, *args, mode: str = "raise", strict: bool = False, **kwa
     if not _config.is_enabled():
         model(*args, **kwargs)
         return record
+    from . import _replay
     from ._session import close_session, open_session
 
-    session = open_session(record, root=model if hasattr(model, "named_modules") else None)
+    root = model if hasattr(model, "named_modules") else None
+    session = open_session(record, root=root, opener=_replay.opener("model", root))
     try:
         if hasattr(model, "named_modules"):
             session.enter_module(model, args, kwargs)

@@ -152,7 +152,7 @@ def _operands(call):
     return a, b, la, lb
 
 
-@rule(*_ARITHMETIC, kinds={"broadcast": ERROR, "mask_broadcast": ERROR})
+@rule(*_ARITHMETIC, kinds={"broadcast": ERROR, "mask_broadcast": ERROR}, operands=2)
 def arithmetic(call):
     """+ - * /: the operands broadcast (in place: to the first one's shape)."""
     args = call.args
@@ -171,7 +171,12 @@ def arithmetic(call):
         yield violation
 
 
-@rule(*(op for op in _ARITHMETIC if op.symbol in "+-"), kinds={"mask_dtype": WARNING}, order=1)
+@rule(
+    *(op for op in _ARITHMETIC if op.symbol in "+-"),
+    kinds={"mask_dtype": WARNING},
+    order=1,
+    operands=2,
+)
 def bool_mask_added(call):
     """A 0/1 mask added to (or subtracted from) float scores masks nothing."""
     args = call.args

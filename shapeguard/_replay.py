@@ -124,6 +124,10 @@ def same_args(check: tuple, args: tuple, kwargs: dict) -> bool:
     count, names, checks = check
     if len(args) != count or (tuple(kwargs) != names if kwargs else names):
         return False
+    return same_checks(checks, args, kwargs)
+
+
+def same_checks(checks: tuple, args: tuple, kwargs: dict) -> bool:
     for where, how, expected in checks:
         value = args[where] if type(where) is int else kwargs[where]
         if how == _EXACT:
@@ -229,10 +233,8 @@ class Step:
         "func",  # the function (OP), a name step's key (NAME)
         "site",
         "module",  # weak reference to the innermost module (OP) or the module (ENTER/EXIT)
-        "slots",  # the inputs' slots; None for a tensor first seen here
-        "shapes",
-        "dtypes",
-        "firsts",  # per input first seen here: (is a parameter, state name, strides, device)
+        "inputs",  # per input: (slot, None for a tensor first seen here; shape; dtype)
+        "firsts",  # per input first seen here: (weak reference, what kind of tensor it is)
         "args",  # args_key, or None where the arguments were not compared
         "values",  # ((input index, fingerprint), ...)
         "extras",  # ((frame local name, slot), ...): tensors the rules read from the frame
@@ -248,9 +250,7 @@ class Step:
         self.func = None
         self.site = None
         self.module = None
-        self.slots = ()
-        self.shapes = ()
-        self.dtypes = ()
+        self.inputs = ()
         self.firsts = ()
         self.args = ()
         self.values = ()
@@ -273,15 +273,18 @@ class Effects:
     the alias of the dim found by path k. Dims the step made follow them in the same list
     of objects; every reference below is an index into it."""
 
-    __slots__ = ("paths", "news", "merges", "states", "changes", "outs")
+    __slots__ = ("paths", "news", "merges", "states", "changes", "outs", "simple")
 
     def __init__(self, paths, news, merges, states, changes, outs) -> None:
+        # Outputs made of the inputs' axes, nothing changed: most ops.
+        self.simple = not (news or merges or states or changes)
         self.paths = paths
         self.news = news  # per dim made: (size, parent, state)
         self.merges = merges  # (root, new parent): roots unified into another
         self.states = states  # (root, state): roots whose facts changed
         self.changes = changes  # (input index, meta fields): inputs' metas that changed
-        self.outs = outs  # per output: (dims template, meta fields)
+        # Per output: (a function (metas, objs) -> its dims, meta fields).
+        self.outs = tuple((_builder(template), fields) for template, fields in outs)
 
 
 _KEEP = -1  # an alias the step did not change
@@ -533,9 +536,13 @@ def _set_state(dim, state: tuple, objs: list) -> None:
     dim.origin = origin
 
 
-def apply(effects: Effects, objs: list, metas: list, slot: int) -> list:
+def apply(effects: Effects, objs: list | None, metas: list, slot: int) -> list:
     """Make the step's effects on the dims `objs` (resolved from its inputs); return the
     outputs' metas, numbered from `slot`."""
+    if effects.simple:
+        return _outputs(effects.outs, objs, metas, slot)
+    if objs is None:
+        objs = []
     news = effects.news
     if news:
         made = [D.Dim(size) for size, _, _ in news]
@@ -560,21 +567,50 @@ def apply(effects: Effects, objs: list, metas: list, slot: int) -> list:
         changed = True
     if changed:
         D._epoch[0] += 1
+    return _outputs(effects.outs, objs, metas, slot)
+
+
+def _outputs(outs: tuple, objs: list | None, metas: list, slot: int) -> list:
     out = []
-    made_meta = TensorMeta.made
-    for template, fields in effects.outs:
-        if type(template) is int:
-            dims = metas[template].dims
-        else:
-            dims = tuple(
-                metas[t[0]].dims[t[1]]
-                if t and type(t[0]) is int
-                else tuple((objs[r], s, n) for r, s, n in t)
-                for t in template
-            )
+    new = TensorMeta.__new__
+    for build, fields in outs:
         slot += 1
-        out.append(made_meta(dims, fields, slot))
+        meta = new(TensorMeta)  # TensorMeta.made, inlined
+        meta.dims = build(metas, objs)
+        (
+            meta.tags,
+            meta.label,
+            meta.role,
+            meta.op,
+            meta.buffer,
+            meta.sliced,
+            meta.rotary,
+            meta.param,
+            meta.flagged,
+            meta.laid_out,
+        ) = fields
+        meta.slot = slot
+        meta._names = None
+        meta._epoch = -1
+        out.append(meta)
     return out
+
+
+def _builder(template):
+    """A function (metas, objs) -> the output's dims, for a template of `Capture.end`
+    (compiled once per recorded step: the replay calls it on every repeat)."""
+    if type(template) is int:
+        source = f"m[{template}].dims"
+    else:
+        axes = []
+        for t in template:
+            if t and type(t[0]) is int:
+                axes.append(f"m[{t[0]}].dims[{t[1]}]")
+            else:
+                atoms = "".join(f"(o[{r}], {s}, {n})," for r, s, n in t)
+                axes.append(f"({atoms})")
+        source = "(" + "".join(f"{a}," for a in axes) + ")"
+    return eval(compile(f"lambda m, o: {source}", "<shapeguard replay>", "eval"))
 
 
 # -- recordings --------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from ._names import roots as _roots
 from ._record import Trace
 
 _local = threading.local()
+_QUERY = _ops.QUERY
+_is_compiling = torch.compiler.is_compiling
 
 _checks.declare("session", {"torch_error": _checks.ERROR})
 
@@ -265,9 +267,36 @@ class _Interceptor(TorchFunctionMode):
         self.session = session
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        # Session.dispatch, inlined: one frame less on every call torch makes.
         __tracebackhide__ = True
-        kwargs = kwargs or {}
-        return self.session.dispatch(func, args, kwargs)
+        session = self.session
+        if kwargs is None:
+            kwargs = {}
+        try:
+            found = _SPECS.get(func)
+        except TypeError:  # an unhashable callable
+            found = None
+        if found is None:
+            found = _spec_of(func)
+        op, spec = found
+        if (
+            spec.family == _QUERY
+            or session._dispatching
+            or _is_compiling()
+            or getattr(_local, "session", None) is not session
+            or not session.enabled
+            or _config._disabled_by_api
+        ):
+            return func(*args, **kwargs)
+        session._dispatching = True
+        try:
+            if session.replay is not None:
+                out = session._replay_op(func, op, spec, args, kwargs)
+                if out is not _MISSED:
+                    return out
+            return session._dispatch(func, op, spec, args, kwargs)
+        finally:
+            session._dispatching = False
 
 
 class Session:
@@ -503,15 +532,17 @@ class Session:
     def _describe_inputs(self, step, tensors: list) -> None:
         """The inputs as a replay compares them (`_replay.Step`)."""
         table = self.metas
-        slots, firsts = [], []
+        inputs, firsts = [], []
         for t in tensors:
             m = table.get(t)
-            slots.append(m.slot if m is not None else None)
+            inputs.append((m.slot if m is not None else None, t.shape, t.dtype))
             if m is None:
-                firsts.append(self._first_seen(t))
-        step.slots = tuple(slots)
-        step.shapes = tuple(t.shape for t in tensors)
-        step.dtypes = tuple(t.dtype for t in tensors)
+                try:
+                    ref = weakref.ref(t)
+                except TypeError:
+                    ref = None
+                firsts.append((ref, self._first_seen(t)))
+        step.inputs = tuple(inputs)
         step.firsts = tuple(firsts)
 
     def _first_seen(self, tensor) -> tuple:
@@ -527,33 +558,34 @@ class Session:
 
     def _match_inputs(self, step, tensors: list) -> list | None:
         """The inputs' metas when they are the step's (None for a tensor first seen here)."""
-        slots = step.slots
-        if len(tensors) != len(slots):
+        inputs = step.inputs
+        if len(tensors) != len(inputs):
             return None
         table = self.metas
         metas = []
-        firsts = step.firsts
-        f = 0
-        for t, slot, shape, dtype in zip(tensors, slots, step.shapes, step.dtypes, strict=True):
+        for t, (slot, shape, dtype) in zip(tensors, inputs, strict=True):
             if t.dtype is not dtype or t.shape != shape:
                 return None
             m = table.get(t)
             if slot is None:
-                if m is not None or self._first_seen(t) != firsts[f]:
+                if m is not None:
                     return None
-                f += 1
             elif m is None or m.slot != slot:
                 return None
             metas.append(m)
-        return metas
+        return metas if self._same_firsts(step, tensors, metas) else None
 
     def _resolve(self, step, tensors: list, metas: list) -> list | None:
         """Give tensors first seen here their metas, and find the dims the step's template
         needs; None (and nothing made) when they are not there."""
         made = [k for k, m in enumerate(metas) if m is None]
         fresh = self._fresh
+        firsts = iter(step.firsts)
         for k in made:
-            metas[k] = self.meta_of(tensors[k])
+            # The state name recorded: the replay checked that it is that tensor, or one
+            # of that name (`_same_firsts`), so it need not be looked up again.
+            name = next(firsts)[1][1]
+            metas[k] = self.metas.get(tensors[k]) or self._fresh_meta(tensors[k], name)
         try:
             return _replay.resolve(step.effects.paths, metas)
         except (IndexError, AttributeError, TypeError):
@@ -608,22 +640,21 @@ class Session:
         parameter) gets new axes of its own."""
         meta = self.metas.get(tensor)
         if meta is None:
-            param = isinstance(tensor, torch.nn.Parameter)
-            name = self._state_name(tensor)
-            axes = _dims.fresh_axes(tuple(tensor.shape))
-            for i, axis in enumerate(axes):
-                for dim, _, _ in axis:
-                    dim.origin = (
-                        f"axis {i} of {name}"
-                        if name
-                        else "a parameter"
-                        if param
-                        else "a tensor made outside the trace"
-                    )
-            meta = TensorMeta(axes, param=param)
-            self._fresh -= 1
-            meta.slot = self._fresh
-            self.metas[tensor] = meta
+            meta = self._fresh_meta(tensor, self._state_name(tensor))
+        return meta
+
+    def _fresh_meta(self, tensor, name: str) -> TensorMeta:
+        """New axes for a tensor first seen here, `name` its state name (or "")."""
+        param = isinstance(tensor, torch.nn.Parameter)
+        origin = "a parameter" if param else "a tensor made outside the trace"
+        axes = _dims.fresh_axes(tuple(tensor.shape))
+        for i, axis in enumerate(axes):
+            for dim, _, _ in axis:
+                dim.origin = f"axis {i} of {name}" if name else origin
+        meta = TensorMeta(axes, param=param)
+        self._fresh -= 1
+        meta.slot = self._fresh
+        self.metas[tensor] = meta
         return meta
 
     def _state_name(self, tensor) -> str:
@@ -672,9 +703,9 @@ class Session:
             found = _spec_of(func)
         op, spec = found
         if (
-            spec.family == _ops.QUERY
+            spec.family == _QUERY
             or self._dispatching
-            or torch.compiler.is_compiling()
+            or _is_compiling()
             # An inner session sees this op too (its mode runs first); check it once.
             or getattr(_local, "session", None) is not self
             or not self.enabled
@@ -693,11 +724,13 @@ class Session:
 
     def _replay_op(self, func, op: str, spec, args: tuple, kwargs: dict):
         """Run the op as the recording's next step says, or return _MISSED (nothing done)
-        when it is not that step."""
+        when it is not that step. (Written flat: this is the hot path of a replay.)"""
         __tracebackhide__ = True
         i = self.step
         site = tensors = module = None
-        for steps in self._options():
+        choices = self._choices if i == 0 and len(self._choices) > 1 else (self.replay,)
+        get = self.metas._data.get
+        for steps in choices:
             step = steps[i] if i < len(steps) else None
             if step is None or step.func is not func:
                 continue
@@ -711,21 +744,46 @@ class Session:
             ref = step.module
             if step.site is not site or (ref() if ref is not None else None) is not module:
                 continue
-            metas = self._match_inputs(step, tensors)
-            if metas is None:
+            count, names, checks = step.args
+            if len(args) != count or (tuple(kwargs) != names if kwargs else names):
                 continue
-            if not _replay.same_args(step.args, args, kwargs):
+            if checks and not _replay.same_checks(checks, args, kwargs):
                 continue
-            if (
-                step.values
-                and not all(_replay.same_values(tensors[k], v) for k, v in step.values)
-                and not self._values_pass(func, op, spec, args, kwargs, site)
-            ):
+            inputs = step.inputs
+            if len(tensors) != len(inputs):
                 continue
-            if step.extras and not self._match_extras(step.extras):
-                continue
-            objs = self._resolve(step, tensors, metas)
-            if objs is not None:
+            metas = []
+            unseen = False
+            for t, (slot, shape, dtype) in zip(tensors, inputs, strict=True):
+                if t.dtype is not dtype or t.shape != shape:
+                    break
+                entry = get(id(t))
+                m = entry[1] if entry is not None and entry[0]() is t else None
+                if slot is None:
+                    if m is not None:
+                        break
+                    unseen = True
+                elif m is None or m.slot != slot:
+                    break
+                metas.append(m)
+            else:
+                if unseen and not self._same_firsts(step, tensors, metas):
+                    continue
+                if (
+                    step.values
+                    and not all(_replay.same_values(tensors[k], v) for k, v in step.values)
+                    and not self._values_pass(func, op, spec, args, kwargs, site)
+                ):
+                    continue
+                if step.extras and not self._match_extras(step.extras):
+                    continue
+                effects = step.effects
+                if unseen or effects.paths:
+                    objs = self._resolve(step, tensors, metas)
+                    if objs is None:
+                        continue
+                else:
+                    objs = None
                 break
         else:
             self._diverge()
@@ -739,11 +797,17 @@ class Session:
             raise self._torch_error(
                 error, OpCall(self, func, op, args, kwargs, site, spec)
             ) from error
-        outputs = _tensors_of(out)
-        shapes = step.outputs
-        if len(outputs) != len(shapes) or any(
-            o.shape != s for o, s in zip(outputs, shapes, strict=True)
-        ):
+        if type(out) is torch.Tensor:
+            outputs = [out]
+            shapes = step.outputs
+            same = len(shapes) == 1 and out.shape == shapes[0]
+        else:
+            outputs = _tensors_of(out)
+            shapes = step.outputs
+            same = len(outputs) == len(shapes) and all(
+                o.shape == s for o, s in zip(outputs, shapes, strict=True)
+            )
+        if not same:
             # Output shapes the inputs' do not decide (nonzero, a boolean index): as usual.
             self._diverge()
             self._record(OpCall(self, func, op, args, kwargs, site, spec), out)
@@ -751,20 +815,36 @@ class Session:
                 self._append(None)
             self.step += 1
             return out
-        made = _replay.apply(step.effects, objs, metas, i * _replay.MAX_OUTPUTS)
+        made = _replay.apply(effects, objs, metas, i * _replay.MAX_OUTPUTS)
         table = self.metas
         for tensor, meta in zip(outputs, made, strict=True):
             table[tensor] = meta
         event = step.event
         if event is not None:
             trace = self.trace
-            if trace.event_count >= trace.max_events:
+            pending = trace._pending
+            if len(trace._events) + len(pending) >= trace.max_events:
                 trace.dropped_events += 1
             else:
-                trace.record(*event, metas, made)
-        self.step += 1
+                pending.append((*event, metas, made))
+        self.step = i + 1
         self.replayed += 1
         return out
+
+    def _same_firsts(self, step, tensors: list, metas: list) -> bool:
+        """The tensors first seen here are the recorded ones: the same object (a parameter
+        of the same module), or one of the same kind and layout."""
+        firsts = iter(step.firsts)
+        for t, m in zip(tensors, metas, strict=True):
+            if m is not None:
+                continue
+            ref, nature = next(firsts)
+            if ref is not None and ref() is t:
+                if (t.stride(), t.device.type, t.requires_grad) != nature[3:]:
+                    return False
+            elif self._first_seen(t) != nature:
+                return False
+        return True
 
     def _values_pass(self, func, op: str, spec, args: tuple, kwargs: dict, site) -> bool:
         """A step whose rules read tensor values that differ from the recorded ones (a

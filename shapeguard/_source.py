@@ -148,7 +148,11 @@ def user_site() -> Site | None:
         entry = kinds.get(id(code))
         kind = entry[1] if entry is not None and entry[0] is code else _kind(code)
         if not kind:
-            return _site_for(code, frame.f_lasti, in_module)
+            lasti = frame.f_lasti
+            entry = _site_cache.get((id(code), lasti, in_module))
+            if entry is not None and entry[0] is code:
+                return entry[1]
+            return _site_for(code, lasti, in_module)
         if kind == 2:
             in_module = True
         frame = frame.f_back

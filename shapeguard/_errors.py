@@ -195,6 +195,9 @@ class Finding:
     hint: str = ""
     event_index: int | None = None
     extra: dict = field(default_factory=dict)
+    # How often the trace made this finding: a warning that repeats every forward is
+    # counted here, not stored again (`event_index` is its first occurrence's).
+    count: int = 1
 
     def to_dict(self) -> dict:
         return {
@@ -206,6 +209,7 @@ class Finding:
             "location": self.location,
             "hint": self.hint,
             "event_index": self.event_index,
+            "count": self.count,
         }
 
 

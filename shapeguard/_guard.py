@@ -23,6 +23,7 @@ class GuardOptions:
     strict: bool = False
     check: str = "every"
     ops: bool = True
+    max_events: int = 100_000
 
 
 @dataclass(slots=True)
@@ -50,6 +51,7 @@ def guard(
     strict: bool = False,
     check: str = "every",
     ops: bool = True,
+    max_events: int = 100_000,
 ):
     """Check every forward of a module class or instance.
 
@@ -69,6 +71,8 @@ def guard(
             trace of the checked call).
         ops: also check every tensor op inside forward (the default). `ops=False` keeps
             only the contract on the forward's boundary: the cheap setting for training.
+        max_events: events a forward's trace (`last_trace`) keeps at most; the ops past
+            them are still checked.
 
     Returns:
         The class or the instance, guarded.
@@ -83,7 +87,11 @@ def guard(
         ...
     """
     options = GuardOptions(
-        _config.validate_mode(mode), bool(strict), _validate_check(check), bool(ops)
+        _config.validate_mode(mode),
+        bool(strict),
+        _validate_check(check),
+        bool(ops),
+        _config.validate_max_events(max_events),
     )
     if target is None:
         return functools.partial(_apply, options=options)
@@ -308,7 +316,7 @@ def _pre_hook(module, args, kwargs):
         if session is None or session.background:
             from ._record import Trace
 
-            trace = Trace(mode=options.mode, strict=options.strict)
+            trace = Trace(mode=options.mode, strict=options.strict, max_events=options.max_events)
             session = rt.open_session(trace, root=module, opener=rt.opener("guard", module))
             global _owned_sessions
             _owned_sessions += 1

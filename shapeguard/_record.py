@@ -126,6 +126,8 @@ class Trace:
     _events: list[Event] = field(default_factory=list, repr=False)
     _pending: list[tuple] = field(default_factory=list, repr=False)
     _live: int = field(default=0, repr=False)  # sessions recording into it now
+    _finding_index: dict = field(default_factory=dict, repr=False)  # see `absorb`
+    _forward: int = field(default=0, repr=False)  # forwards of a root module so far
     _replayed: int = field(default=0, repr=False)  # steps its sessions replayed (`_replay`)
     _steps: int = field(default=0, repr=False)  # steps its sessions made in all
 
@@ -206,8 +208,9 @@ class Trace:
                 record.settle()
 
     def add_finding(self, error: ShapeError, severity: str = "error") -> None:
-        """Record `error` as a finding, placed after the last event the trace holds."""
-        self.findings.append(
+        """Record `error` as a finding, placed after the last event the trace holds; the
+        same finding again (every forward of a long trace) only counts."""
+        self.absorb(
             Finding(
                 kind=error.kind,
                 severity=severity,
@@ -219,6 +222,29 @@ class Trace:
                 event_index=self.event_count,
             )
         )
+
+    def absorb(self, finding: Finding) -> None:
+        """Keep `finding`, unless a forward before this one (of a long trace) made the
+        same ones (same kind, severity, place and message): then the n-th of this forward
+        counts on the n-th of that one. Findings stay bounded however long a trace runs."""
+        findings, index = self.findings, self._finding_index
+        key = (finding.kind, finding.severity, finding.location, finding.message)
+        entry = index.get(key)
+        forward = self._forward
+        if entry is not None and any(f is entry[0][-1] for f in reversed(findings)):
+            stored, first = entry[0], entry[1]
+            if forward != first:
+                if entry[2] != forward:
+                    entry[2], entry[3] = forward, 0
+                n = entry[3]
+                entry[3] = n + 1
+                if n < len(stored):
+                    stored[n].count += finding.count
+                    return
+            stored.append(finding)
+        else:
+            index[key] = [[finding], forward, forward, 0]
+        findings.append(finding)
 
     # -- queries -------------------------------------------------------------
     def records(self, name: str) -> list[TensorRecord]:

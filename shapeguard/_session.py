@@ -407,6 +407,7 @@ class Session:
         first = not self.module_stack
         if first:
             self.enabled = _config.is_enabled()  # once per forward, not per op
+            self.trace._forward += 1
         if self.replay is not None and self._replay_enter(module, first, args, kwargs):
             return
         recorder = self.recorder

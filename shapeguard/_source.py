@@ -10,9 +10,11 @@ every expression site is cached, so the cost after the first call is a lookup.
 import ast
 import functools
 import importlib.util
+import inspect
 import linecache
 import os
 import sys
+import tokenize
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
@@ -113,29 +115,95 @@ def user_frame() -> FrameType | None:
 
 def function_node(filename: str, scope: int) -> ast.AST | None:
     """The function (or lambda) of `filename` that starts at line `scope`."""
-    key = (filename, scope)
-    if key in _functions:
-        return _functions[key]
-    found = None
-    lines = linecache.getlines(filename)
+    tree = _tree(filename, scope)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if scope in (node.lineno, first):
+                return node
+    return None
+
+
+# -- what is parsed: the function around a site, not the file ---------------------------------
+# (filename, first line) -> (the file's stamp, the parsed block or None); the stamp (size
+# and modification time) drops what a file that changed on disk had.
+_trees: dict[tuple[str, int], tuple[tuple | None, ast.AST | None]] = {}
+_stamps: dict[str, tuple | None] = {}
+
+
+def _stamp(filename: str) -> tuple | None:
     try:
-        tree = ast.parse("".join(lines)) if lines else None
+        st = os.stat(filename)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _fresh_lines(filename: str) -> tuple[tuple | None, list[str]]:
+    """The file's stamp and lines, re-read when the file changed since last read."""
+    stamp = _stamp(filename)
+    if filename in _stamps and _stamps[filename] != stamp:
+        linecache.checkcache(filename)
+    _stamps[filename] = stamp
+    return stamp, linecache.getlines(filename)
+
+
+def _tree(filename: str, first: int) -> ast.AST | None:
+    """The AST of the function (or class) whose code starts at line `first` (0: the whole
+    file), with the file's own line numbers: parsing a big file whole would cost more
+    than the ops of its first trace."""
+    stamp, lines = _fresh_lines(filename)
+    key = (filename, first)
+    cached = _trees.get(key)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    tree = _parse_block(lines, first) if first else None
+    if tree is None:
+        tree = _parse(lines, 0)
+    if len(_trees) > 8192:
+        _trees.clear()
+    _trees[key] = (stamp, tree)
+    return tree
+
+
+def _parse(lines: list[str], offset: int, header: bool = False) -> ast.AST | None:
+    if not lines:
+        return None
+    try:
+        tree = ast.parse(("class _:\n" if header else "") + "".join(lines))
     except (SyntaxError, ValueError):
-        tree = None
-    if tree is not None:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                if scope in (node.lineno, first):
-                    found = node
-                    break
-    if len(_functions) > 4096:
-        _functions.clear()
-    _functions[key] = found
-    return found
+        return None
+    if offset:
+        ast.increment_lineno(tree, offset)
+    return tree
 
 
-_functions: dict[tuple[str, int], ast.AST | None] = {}
+def _parse_block(lines: list[str], first: int) -> ast.AST | None:
+    """The `def` (with its decorators) or `class` that starts at line `first`."""
+    start = first - 1
+    if not 0 <= start < len(lines):
+        return None
+    head = lines[start].lstrip()
+    if not head.startswith(("def ", "async ", "@", "class ")):
+        return None  # a lambda, a comprehension, module code: the whole file
+    try:
+        block = inspect.getblock(lines[start:])
+    except (IndexError, SyntaxError, tokenize.TokenError):
+        return None
+    indented = lines[start][:1].isspace()
+    # An indented method parses under a dummy header line, which shifts the lines by one.
+    return _parse(block, start - 1 if indented else start, header=indented)
+
+
+def forget(filename: str) -> None:
+    """Drop what was parsed of a file (a file rewritten in place with the same size and
+    time stamp: rare, but a test can do it)."""
+    for key in [k for k in _trees if k[0] == filename]:
+        del _trees[key]
+    _stamps.pop(filename, None)
+    linecache.checkcache(filename)
 
 
 def user_site() -> Site | None:
@@ -184,8 +252,9 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
     )
     if lineno is None:
         lineno = code.co_firstlineno
+    _fresh_lines(filename)  # a file that changed on disk is read again
     source = linecache.getline(filename, lineno).strip()
-    node_index = _file_index(filename)
+    node_index = _code_index(code)
     if node_index is None or col is None:
         return Site(filename, lineno, source, in_module=in_module, scope=code.co_firstlineno)
     found = node_index.get((lineno, col, end_lineno, end_col))
@@ -213,24 +282,34 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
 
 
 _NodeIndex = dict[tuple[int, int, int, int], tuple[ast.AST, tuple[str, ...]]]
-_file_cache: dict[str, _NodeIndex | None] = {}
+# id of the parsed tree -> (the tree, its index): indexed once, when a site first needs it.
+_indexes: dict[int, tuple[ast.AST, _NodeIndex]] = {}
+
+
+def _code_index(code: CodeType) -> _NodeIndex | None:
+    """The expression sites of the function `code` belongs to."""
+    first = 0 if code.co_name.startswith("<") else code.co_firstlineno
+    tree = _tree(code.co_filename, first)
+    if tree is None:
+        return None
+    entry = _indexes.get(id(tree))
+    if entry is not None and entry[0] is tree:
+        return entry[1]
+    index: _NodeIndex = {}
+    _index_tree(tree, index)
+    if len(_indexes) > 8192:
+        _indexes.clear()
+    _indexes[id(tree)] = (tree, index)
+    return index
 
 
 def _file_index(filename: str) -> _NodeIndex | None:
-    if filename in _file_cache:
-        return _file_cache[filename]
-    lines = linecache.getlines(filename)
-    index: _NodeIndex | None
-    try:
-        tree = ast.parse("".join(lines)) if lines else None
-    except (SyntaxError, ValueError):
-        tree = None
+    """Every expression site of a file (the whole file parsed)."""
+    tree = _tree(filename, 0)
     if tree is None:
-        index = None
-    else:
-        index = {}
-        _index_tree(tree, index)
-    _file_cache[filename] = index
+        return None
+    index: _NodeIndex = {}
+    _index_tree(tree, index)
     return index
 
 

@@ -23,8 +23,16 @@ from ._contract_compile import Contract, argument_values
 from ._contract_explain import explain_arguments, explain_return
 from ._contract_report import report
 from ._contract_spec import array_types, axes_for, spec_of
+from ._session import _local as _session_local
 
-is_compiling = torch.compiler.is_compiling
+_torch_compiling = torch.compiler.is_compiling
+
+
+def is_compiling() -> bool:
+    """Whether dynamo is tracing, and this is not shapeguard's own eager check of a
+    compiled module (`_compiled.check`)."""
+    return _torch_compiling() and not getattr(_session_local, "eager", False)
+
 
 # Errors a failing check raises: beartype's violation, or jaxtyping's own complaint
 # about a symbolic dim whose names are not bound.

@@ -23,6 +23,7 @@ import jaxtyping
 import torch
 
 from . import _config, _source
+from ._compiled import check as compiled_check  # noqa: F401
 
 # Besides what this module uses: the names `_guard` reaches through it (the rest of a
 # call's checks, and the session), and `_call_stack`, which the tests read.

@@ -35,6 +35,8 @@ class _GuardState:
     # check="first": input signatures already checked. Per instance, not per class,
     # because attribute-bound dims (d_model, n_heads) differ between instances.
     seen: dict = field(default_factory=dict)
+    # Under torch.compile: input signatures checked eagerly (`_compiled`).
+    compiled: dict = field(default_factory=dict)
 
 
 _guarded: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -287,9 +289,13 @@ def _load_runtime():
 def _pre_hook(module, args, kwargs):
     __tracebackhide__ = True
     rt = _runtime or _load_runtime()
-    # Under torch.compile everything steps aside: jaxtyping + beartype give false
-    # positives there, and the session's mode would break the graph.
+    # Under torch.compile this hook is traced: it steps aside (jaxtyping + beartype give
+    # false positives on fake tensors, the session's mode would break the graph) and has
+    # the call checked eagerly instead, once per input signature (`_compiled.check`, which
+    # dynamo calls at trace time and does not trace).
     if rt.is_compiling():
+        if getattr(rt.compiled_check, "_dynamo_marked_constant", False):
+            rt.compiled_check(module, *args, **kwargs)
         return None
     state = _guarded.get(module)
     if state is None:
@@ -305,10 +311,8 @@ def _pre_hook(module, args, kwargs):
     if not _config.is_enabled():
         return None
     contract = state.contract
-    call = None
-    if key is not None or (contract is not None and contract.returns is not None):
-        # Popped by _post_hook, which runs also when this hook or forward raises.
-        call = rt.push_call(module, key)
+    # Popped by _post_hook, which runs also when this hook or forward raises.
+    call = rt.push_call(module, key)
     session = rt.current_session()
     if options.ops:
         # A background session (the pytest plugin's) lets a guarded module keep its own
@@ -339,9 +343,8 @@ def _pre_hook(module, args, kwargs):
         session=session,
         where=None,  # named only when a message is written
     )
-    if call is not None:
-        call.single, call.variadic = single, variadic
-        call.state, call.session = state, session
+    call.single, call.variadic = single, variadic
+    call.state, call.session = state, session
     if session is not None:
         rt.name_inputs(session, contract, single, args, kwargs)
     return None
@@ -397,3 +400,7 @@ def _finish_call(rt, module, call, output, args, kwargs) -> None:
         )
     if call.key is not None:
         rt.remember(state.seen, call.key)
+    # A compiled call of this signature need not be checked again (`_compiled.check`).
+    rt.remember(
+        state.compiled, call.key if call.key is not None else rt.signature_key(args, kwargs)
+    )

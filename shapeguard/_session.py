@@ -27,7 +27,14 @@ from ._record import Trace
 
 _local = threading.local()
 _QUERY = _ops.QUERY
-_is_compiling = torch.compiler.is_compiling
+_torch_compiling = torch.compiler.is_compiling
+
+
+def _is_compiling() -> bool:
+    """Whether dynamo is tracing (not while shapeguard checks a compiled module eagerly:
+    `_compiled.check`)."""
+    return _torch_compiling() and not getattr(_local, "eager", False)
+
 
 _checks.declare("session", {"torch_error": _checks.ERROR})
 
@@ -282,7 +289,7 @@ class _Interceptor(TorchFunctionMode):
         if (
             spec.family == _QUERY
             or session._dispatching
-            or _is_compiling()
+            or (_torch_compiling() and not getattr(_local, "eager", False))
             or getattr(_local, "session", None) is not session
             or not session.enabled
             or _config._disabled_by_api
@@ -369,7 +376,10 @@ class Session:
         self.trace._steps += self.step
         try:
             _composites.release(self)  # a composite's suspended modes, before ours is popped
-            self._mode.__exit__(None, None, None)
+            # Dynamo's trace, into which `_compiled.check` runs a forward, can leave the
+            # stack without our mode when an error unwinds through it: nothing to pop then.
+            if torch._C._len_torch_function_stack():
+                self._mode.__exit__(None, None, None)
         finally:
             self._remove_hooks()
             if getattr(_local, "session", None) is self:
@@ -402,7 +412,7 @@ class Session:
             self.exit_module(module)
 
     def enter_module(self, module, args: tuple, kwargs: dict) -> None:
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return
         first = not self.module_stack
         if first:

@@ -231,6 +231,9 @@ def _check_config(module) -> None:
 
 
 def _install(module, options: GuardOptions, contract=None) -> None:
+    # Loaded now, not by the first hook call: dynamo, tracing a compiled module's hooks,
+    # cannot guard on a global that its own trace changed.
+    _load_runtime()
     if module in _guarded:
         _guarded[module].options = options
         return

@@ -98,6 +98,15 @@ def _tensor_record(shape, dtype: str, device: str, itemsize: int, meta) -> Tenso
     )
 
 
+def _named_record(shape, dtype: str, device: str, itemsize: int, names: tuple) -> TensorRecord:
+    """A record from what `Trace._compact` kept: (label, role, axes)."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    label, role, axes = names
+    return TensorRecord(label, role, tuple(shape), axes, dtype, numel * itemsize, device)
+
+
 @dataclass(eq=False)
 class Trace:
     """What a shapeguard trace saw.
@@ -151,6 +160,13 @@ class Trace:
     def _build(self) -> None:
         events = self._events
         for op, module, module_type, site, inputs, outputs, in_metas, out_metas in self._pending:
+            if in_metas is None:  # compacted: `out_metas` holds the names
+                in_names, out_names = out_metas
+                ins = (_named_record(*t, n) for t, n in zip(inputs, in_names, strict=True))
+                outs = (_named_record(*t, n) for t, n in zip(outputs, out_names, strict=True))
+            else:
+                ins = (_tensor_record(*t, m) for t, m in zip(inputs, in_metas, strict=True))
+                outs = (_tensor_record(*t, m) for t, m in zip(outputs, out_metas, strict=True))
             events.append(
                 Event(
                     index=len(events),
@@ -159,17 +175,31 @@ class Trace:
                     module_type=module_type,
                     location=site.location if site is not None else "",
                     source=site.source if site is not None else "",
-                    inputs=tuple(
-                        _tensor_record(*t, m) for t, m in zip(inputs, in_metas, strict=True)
-                    ),
-                    outputs=tuple(
-                        _tensor_record(*t, m) for t, m in zip(outputs, out_metas, strict=True)
-                    ),
+                    inputs=tuple(ins),
+                    outputs=tuple(outs),
                 )
             )
         self._pending.clear()
         if not self._live:
             self.settle()
+
+    def _compact(self) -> None:
+        """The events not built yet, with their metas read now (the session is over: no
+        name changes any more) and kept as shared tuples, so that the metas and the axes
+        they hold are let go. Done for a trace of several forwards, whose events would
+        otherwise keep every forward's axes alive; one forward's are few."""
+        shared: dict = {}
+        keep = shared.setdefault
+        pending = self._pending
+        for i, (op, module, cls, site, ins, outs, in_metas, out_metas) in enumerate(pending):
+            if in_metas is None:
+                continue
+            names = (
+                tuple(keep(n, n) for n in [(m.label, m.role, m.axes) for m in in_metas]),
+                tuple(keep(n, n) for n in [(m.label, m.role, m.axes) for m in out_metas]),
+            )
+            entry = (op, module, cls, site, keep(ins, ins), keep(outs, outs), None, names)
+            pending[i] = keep(entry, entry)  # a forward that repeats shares its events
 
     # -- context manager ---------------------------------------------------
     def __enter__(self) -> "Trace":
@@ -201,6 +231,8 @@ class Trace:
     def settle(self, start: int = 0) -> None:
         """Fix the axis names and roles of the events built from `start` on (the ones not
         built yet take them when they are: nothing changes names once the session ends)."""
+        if self._forward > 1 and not self._live:
+            self._compact()
         for event in self._events[start:]:
             for record in event.inputs:
                 record.settle()

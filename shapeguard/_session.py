@@ -743,7 +743,7 @@ class Session:
         get = self.metas._data.get
         for steps in choices:
             step = steps[i] if i < len(steps) else None
-            if step is None or step.func is not func:
+            if step is None or (step.func is not func and step.func != func):
                 continue
             if tensors is None:
                 site = _source.user_site()

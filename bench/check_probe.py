@@ -10,6 +10,9 @@ target is under 20x.
     python bench/check_probe.py            # B=8, S=512, D=512
     python bench/check_probe.py --quick    # a small size, for a smoke run
 
+`measure_decode` times the decode-consistency probe on a 2-layer tiny Llama with 16
+decode steps (target: under 5 s).
+
 Timed side by side in one process on one thread (see `_timing.compare`).
 """
 
@@ -61,6 +64,53 @@ def measure(batch: int = 8, seq: int = 512, d_model: int = 512, *, repeats: int 
     }
 
 
+DECODE_TARGET_S = 5.0
+
+
+def measure_decode(layers: int = 2, steps: int = 16, *, repeats: int = 3) -> dict:
+    """Seconds the decode-consistency probe takes on a tiny Llama (built from a config, no
+    weights downloaded): a prefill of `steps` tokens, then `steps` one-token steps, with
+    the model's DynamicCache and with a StaticCache, plus the traced first step. Median
+    of `repeats` runs, one thread. None when transformers is not installed."""
+    import time
+
+    import torch
+
+    try:
+        import transformers
+    except ImportError:
+        return {}
+    from shapeguard import _check, _probes
+
+    one_thread()
+    config = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    length = 2 * steps
+    ids = torch.randint(3, 100, (2, length), generator=torch.Generator().manual_seed(0))
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    report = _check.CheckReport("LlamaForCausalLM")
+    with _check._untouched(model) as work, torch.no_grad():
+        traced = _check._trace(work, (), kwargs)
+        subject = _check._subject(work, model, (), kwargs, traced, None, 0, report)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = _probes.decode_consistency(subject)
+            times.append(time.perf_counter() - start)
+    times.sort()
+    return {
+        "model": f"LlamaForCausalLM, {layers} layers, hidden 64, batch 2",
+        "steps": steps,
+        "seconds": times[len(times) // 2],
+        "status": result.status,
+        "message": result.message.splitlines()[0],
+    }
+
+
 def markdown(result: dict) -> str:
     verdict = "under" if result["ratio"] < TARGET else "over"
     lines = [
@@ -81,3 +131,10 @@ if __name__ == "__main__":
     quick = "--quick" in sys.argv
     result = measure(2, 16, 64, repeats=3) if quick else measure()
     print(markdown(result))
+    decode = measure_decode(steps=4, repeats=1) if quick else measure_decode()
+    if decode:
+        verdict = "under" if decode["seconds"] < DECODE_TARGET_S else "over"
+        print(
+            f"\ndecode consistency on a {decode['model']}, {decode['steps']} decode steps: "
+            f"{fmt_seconds(decode['seconds'])} ({verdict} {DECODE_TARGET_S:.0f} s), {decode['status']}"
+        )

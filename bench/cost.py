@@ -507,7 +507,7 @@ def event_memory(quick: bool) -> dict:
     return {"events": count, "kept": kept / count, "built": built / count, "forwards": forwards}
 
 
-_NEW_FILE = '''
+_NEW_FILE = """
 import math
 import torch
 import torch.nn.functional as F
@@ -532,7 +532,7 @@ class Attention(nn.Module):
         attn = F.softmax(scores, dim=-1)
         context = (attn @ V).transpose(1, 2).reshape(B, S, self.d_model)
         return self.W_o(context)
-'''
+"""
 
 
 def new_file_cost(quick: bool) -> dict:
@@ -542,9 +542,9 @@ def new_file_cost(quick: bool) -> dict:
     import importlib.util
 
     import torch
+    from _timing import CLOCKS, clock_name
 
     import shapeguard
-    from _timing import CLOCKS, clock_name
 
     clock = CLOCKS[clock_name()]
     x = torch.randn(2, 16, 64)
@@ -592,7 +592,9 @@ def _child(command: list[str]) -> tuple[float, int]:
     done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0,):
-        raise RuntimeError(f"{' '.join(command[:4])} exited {done.returncode}: {done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{' '.join(command[:4])} exited {done.returncode}: {done.stderr[-2000:]}"
+        )
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return cpu, after.ru_maxrss * 1024
 
@@ -898,7 +900,12 @@ def run(quick: bool = False) -> Section:
     tables.append(
         Table(
             "First trace through a new source file",
-            ["first trace, new file", "first trace, file read before", "the file's share", "rounds"],
+            [
+                "first trace, new file",
+                "first trace, file read before",
+                "the file's share",
+                "rounds",
+            ],
             [
                 [
                     fmt_seconds(fresh["cold"]),
@@ -924,8 +931,14 @@ def run(quick: bool = False) -> Section:
     tables.append(
         Table(
             "`shapeguard trace --device meta` against a plain meta forward (fresh processes)",
-            ["layers", "plain meta forward, CPU", "shapeguard trace, CPU", "ratio", "peak RSS",
-             "rounds"],  # fmt: skip
+            [
+                "layers",
+                "plain meta forward, CPU",
+                "shapeguard trace, CPU",
+                "ratio",
+                "peak RSS",
+                "rounds",
+            ],  # fmt: skip
             [
                 [
                     str(meta["layers"]),

@@ -194,6 +194,42 @@ def _check_probe(module, quick: bool) -> Section:
                 result["ratio"] < target,
             )
         )
+    measure_decode = getattr(module, "measure_decode", None)
+    decode = (
+        (measure_decode(steps=4, repeats=1) if quick else measure_decode())
+        if measure_decode
+        else {}
+    )
+    if decode:
+        limit = getattr(module, "DECODE_TARGET_S", 5.0)
+        section.tables.append(
+            Table(
+                "The decode-consistency probe (prefill, then token by token with the model's cache)",
+                ["model", "decode steps", "probe time", "result"],
+                [
+                    [
+                        decode["model"],
+                        str(decode["steps"]),
+                        fmt_seconds(decode["seconds"]),
+                        decode["status"],
+                    ]
+                ],
+                [
+                    "One probe run: the prefill and every step with the model's DynamicCache and "
+                    "with a StaticCache, compared with one forward, and the first step traced; "
+                    "median of 3 runs, one thread.",
+                ],
+            )
+        )
+        if not quick:
+            section.targets.append(
+                Target(
+                    f"decode-consistency probe, {decode['model']}, {decode['steps']} steps",
+                    f"< {limit:.0f} s",
+                    fmt_seconds(decode["seconds"]),
+                    decode["seconds"] < limit,
+                )
+            )
     return section
 
 

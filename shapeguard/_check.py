@@ -1,11 +1,12 @@
 """`shapeguard.check`: trace a module once, then run the semantic probes on a copy.
 
-The trace reports what the checks find (loud and silent bugs at their lines); the
-probes then test properties that only running the module can show (batch
-independence, causality, key padding, token and head permutations, length
-change). Nothing of the caller's changes: the module is copied (float64 where
-it can be), and the RNG states, train/eval modes and requires_grad flags are
-restored even if a probe fails.
+The trace reports what the checks find (loud and silent bugs at their lines) and
+keeps the axis provenance of every input and output; the probes read the inputs'
+roles from it, then test properties that only running the module can show (batch
+independence, causality, key padding, token and head permutations, length change,
+decode consistency with the module's cache). Nothing of the caller's changes: the
+module is copied (float64 where it can be), and the RNG states, train/eval modes
+and requires_grad flags are restored even if a probe fails. See docs/check.md.
 """
 
 import copy
@@ -25,7 +26,11 @@ PROBES = (
     _probes.token_permutation,
     _probes.head_permutation,
     _probes.length_change,
+    _probes.decode_consistency,
 )
+
+
+SCHEMA_VERSION = 1
 
 
 @dataclass(slots=True)
@@ -36,7 +41,8 @@ class CheckReport:
         model: the module's class name.
         results: `ProbeResult`s (name, status, message, deviation, tolerance, op).
         findings: the trace's `Finding`s.
-        dtype: the dtype the probes ran in ("float64" unless the module refused it).
+        dtype: the dtype the probes ran in ("float64" unless the module refused it; ""
+            when no probe ran).
     """
 
     model: str
@@ -46,12 +52,40 @@ class CheckReport:
 
     @property
     def passed(self) -> bool:
-        """True when no probe failed and the trace found nothing."""
+        """True when no probe failed and the trace found nothing (see `verdict`: a
+        report where no probe ran passes, but says so)."""
         return all(r.passed for r in self.results)
 
     @property
     def failed(self) -> list[ProbeResult]:
         return [r for r in self.results if not r.passed]
+
+    @property
+    def probes(self) -> list[ProbeResult]:
+        """The semantic probes' results (every result but the trace's)."""
+        return [r for r in self.results if r.name != "shape checks"]
+
+    @property
+    def verdict(self) -> str:
+        """ "failed", "passed", or "not probed" (nothing failed, but no probe ran)."""
+        if not self.passed:
+            return "failed"
+        if not any(r.ran for r in self.probes):
+            return "not probed"
+        return "passed"
+
+    def summary(self) -> str:
+        """The last line of the table: what ran, and the verdict."""
+        ran = [r for r in self.results if r.ran]
+        skipped = len(self.results) - len(ran)
+        where = f" in {self.dtype}" if self.dtype else ""
+        more = f", {skipped} skipped" if skipped else ""
+        head = f"{len(ran)} of {len(self.results)} checks ran{where}{more}"
+        if self.verdict == "failed":
+            return f"{head}; failed ({len(self.failed)} of {len(ran)})"
+        if self.verdict == "not probed":
+            return f"{head}; no probe ran, so only the shape checks passed"
+        return f"{head}; passed"
 
     def render(self, width: int | None = 100, *, color: bool = False) -> str:
         """The report as a table (plain text unless `color`), then each failure in full."""
@@ -79,21 +113,38 @@ class CheckReport:
         console.print(table)
         for r in self.failed:
             console.print(Text(f"{r.name}: {r.message}"), soft_wrap=True)
-        verdict = "passed" if self.passed else f"failed ({len(self.failed)} of {len(self.results)})"
-        console.print(Text(f"{len(self.results)} checks in {self.dtype}; {verdict}"))
+        console.print(Text(self.summary()))
         return console.export_text(styles=color).rstrip() + "\n"
 
     def __str__(self) -> str:
         return self.render()
 
     def to_dict(self) -> dict:
+        """The report as JSON-ready values: every probe's result, the trace's findings
+        and the verdict (schema "shapeguard.check", docs/json-schema.md)."""
+        from ._version import __version__
+
+        counts = {status: 0 for status in ("passed", "failed", "skipped")}
+        for r in self.results:
+            counts[r.status] = counts.get(r.status, 0) + 1
         return {
+            "schema": "shapeguard.check",
+            "schema_version": SCHEMA_VERSION,
+            "shapeguard_version": __version__,
             "model": self.model,
             "passed": self.passed,
-            "dtype": self.dtype,
+            "verdict": self.verdict,
+            "dtype": self.dtype or None,
+            "counts": counts,
+            "summary": self.summary(),
             "results": [r.to_dict() for r in self.results],
             "findings": [f.to_dict() for f in self.findings],
         }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        import json
+
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
 
 class _Sink:
@@ -109,16 +160,19 @@ def check(model, *inputs, causal: bool | None = None, seed: int = 0, **kwargs) -
 
     Args:
         model: an `nn.Module`.
-        *inputs, **kwargs: one forward's inputs; the first floating input with 3 or more
-            axes is read as [batch, seq, features] ([seq, batch, features] for a module
-            built with batch_first=False), and the others are matched by size.
+        *inputs, **kwargs: one forward's inputs (tensors, or dicts and dataclasses of
+            them). What each is (token ids, data, a padding mask and its polarity) and
+            which axes are batch and tokens is read from the trace's axis provenance,
+            never from names (docs/check.md).
         causal: declare the module causal (or not); by default it is causal when the
-            trace sees is_causal=True or a triangular mask.
+            trace sees is_causal=True, a triangular mask or one near the diagonal, or an
+            attention layer declaring is_causal=True.
         seed: seeds the probes' random changes.
 
     Returns:
         A `CheckReport`; `report.passed` is False when a probe failed or the trace found
-        something. Print it for a table.
+        something, `report.verdict` is "not probed" when no probe ran. Print it for a
+        table; `report.to_dict()` for JSON.
 
     Examples:
         >>> import torch, shapeguard
@@ -143,6 +197,7 @@ def run_check(
     """`check` with the inputs as a tuple and a dict (for the CLI and the pytest plugin)."""
     import torch
 
+    from . import _config
     from ._errors import ContractError
 
     if not isinstance(model, torch.nn.Module):
@@ -155,35 +210,35 @@ def run_check(
         report.results.append(_shape_result(traced))
         if traced.error is not None:
             return report
-        try:
-            subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
-        except Exception as error:
-            subject = ProbeResult(
-                "probes", "failed", f"the module fails outside the trace: {error}"
-            )
-        if isinstance(subject, ProbeResult):
-            report.results.append(subject)
-            return report
-        for probe in PROBES:
-            report.results.append(_run_probe(probe, subject))
+        # Probe runs are plain forwards, guarded or not (the traced re-runs some probes
+        # ask for switch checks back on for themselves: _probes.locate).
+        with _config.disabled():
+            try:
+                subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
+            except Exception as error:
+                subject = ProbeResult(
+                    "probes", "failed", f"the module fails outside the trace: {error}"
+                )
+            if isinstance(subject, ProbeResult):
+                report.results.append(subject)
+                return report
+            for probe in PROBES:
+                report.results.append(_run_probe(probe, subject))
     return report
 
 
 # -- leaving the caller's module as it was ----------------------------------------------
 @contextmanager
 def _untouched(model):
-    """A private copy of `model` in eval mode; RNG states, modes, requires_grad and the
-    off switch restored afterwards. Without a copy (deepcopy failed), the module itself,
+    """A private copy of `model` in eval mode; RNG states, modes and requires_grad
+    restored afterwards. Without a copy (deepcopy failed), the module itself,
     with its parameters and buffers restored too."""
     import torch
-
-    from . import _config
 
     rng = torch.get_rng_state()
     py_rng = random.getstate()
     modes = {m: m.training for m in model.modules()}
     grads = {p: p.requires_grad for p in model.parameters()}
-    disabled = _config._disabled_by_api
     saved = None
     try:
         work = copy.deepcopy(model)
@@ -194,7 +249,6 @@ def _untouched(model):
         work.eval()
         yield work
     finally:
-        _config._disabled_by_api = disabled
         torch.set_rng_state(rng)
         random.setstate(py_rng)
         if saved is not None:
@@ -215,6 +269,9 @@ class _Traced:
     watch: object
     out_axes: tuple = ()
     error: Exception | None = None
+    # The inputs' and outputs' metas when the forward ended (their axis provenance).
+    in_metas: dict = field(default_factory=dict)
+    out_metas: list = field(default_factory=list)  # (path, tensor, meta) of floating outputs
 
 
 def _trace(model, args: tuple, kwargs: dict) -> _Traced:
@@ -236,6 +293,14 @@ def _trace(model, args: tuple, kwargs: dict) -> _Traced:
             first = _probes.first_output(out)
             meta = session.metas.get(first) if first is not None else None
             traced.out_axes = meta.axes if meta is not None else ()
+            traced.in_metas = {
+                path: session.metas.get(t) for path, t in _probes.leaves((args, kwargs))
+            }
+            traced.out_metas = [
+                (path, t, session.metas.get(t))
+                for path, t in _probes.leaves(out)
+                if t.is_floating_point()
+            ]
     except Exception as error:
         traced.error = error
     finally:
@@ -273,62 +338,162 @@ def _shape_result(traced: _Traced) -> ProbeResult:
 
 # -- the probes -------------------------------------------------------------------------
 def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
-    """The float64 copy, its inputs and reference output, for the probes; or a skipped
+    """The float64 copy, its inputs and reference outputs, for the probes; or a skipped
     result saying why the probes cannot run."""
     import inspect
 
     import torch
 
-    from . import _config
+    from ._probes import intent
+    from ._probes.layout import read_layout
 
     try:
         params = [p for p in inspect.signature(type(work).forward).parameters if p != "self"]
     except (TypeError, ValueError):
         params = []
     names = [params[i] if i < len(params) else f"arg{i}" for i in range(len(args))]
-    names = [_leaf_name(path, names) for path, _ in _probes.leaves((args, kwargs))]
-    layout = _probes.read_layout(work, args, kwargs, names)
+    found = _probes.leaves((args, kwargs))
+    if not found:
+        return _probes.skipped("probes", "the module takes no tensor input")
+    leaf_names = {path: _leaf_name(path, names) for path, _ in found}
+    layout = read_layout(found, leaf_names, traced.in_metas, traced.watch, traced.out_metas)
     if isinstance(layout, str):
         return _probes.skipped("probes", layout)
-    _config._disabled_by_api = True  # probe runs are plain forwards, guarded or not
+    for pending in layout.pending:
+        _settle_pending(work, args, kwargs, layout, pending, leaf_names)
     generator = torch.Generator().manual_seed(seed)
     for dtype in (torch.float64, None):
         try:
             candidate = work if dtype is None else _copy_as(work, dtype)
             inputs = (args, kwargs) if dtype is None else _inputs_as((args, kwargs), dtype)
-            reference = _probes.first_output(candidate(*inputs[0], **inputs[1]))
+            output = candidate(*inputs[0], **inputs[1])
         except Exception:
             if dtype is None:
                 raise
             continue  # float64 refused (a float32 constant, an op without double): as given
         break
+    reference = _probes.first_output(output)
     if reference is None:
         return _probes.skipped("probes", "the module returned no floating-point tensor")
     report.dtype = str(reference.dtype).removeprefix("torch.")
-    out_batch, out_seq = _output_axes(layout, reference, traced.out_axes)
-    watch = traced.watch
-    declared = _probes.declared_sizes(work)
+    refs = {}
+    for leaf in layout.outputs:
+        value = _probes.pick(output, leaf.path)
+        if isinstance(value, torch.Tensor):
+            refs[leaf.path] = value
+    out_batch, out_seq = _first_axes(layout, output, reference)
     if causal is True:
         why = "declared with causal=True"
     elif causal is False:
         why = ""
     else:
-        why = watch.causal
-    return _probes.Subject(
+        why = traced.watch.causal or intent.declared_causal(work)
+    subject = _probes.Subject(
         model=candidate,
         inputs=inputs,
         layout=layout,
         reference=reference,
         out_batch=out_batch,
         out_seq=out_seq,
-        watch=watch,
+        watch=traced.watch,
         events=traced.trace.events,
-        declared=declared,
+        declared=_probes.declared_sizes(work),
         rtol=_probes.rtol_for(reference.dtype),
         generator=generator,
         causal=why,
         traced_model=work,
+        refs=refs,
+        findings=traced.trace.findings,
+        distributed=intent.sharded(work, (args, kwargs)),
     )
+    subject.rtol = _tolerance(subject)
+    if candidate is not work:
+        subject.as_given = _memo(lambda: _given(subject, work, args, kwargs, seed))
+    return subject
+
+
+def _memo(make):
+    made = []
+
+    def once():
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return once
+
+
+def _given(subject, work, args, kwargs, seed):
+    """The subject in the dtype the module was given (its traced copy, the inputs as
+    they came)."""
+    import dataclasses
+
+    import torch
+
+    output = work(*args, **kwargs)
+    reference = _probes.first_output(output)
+    if reference is None:
+        return None
+    refs = {}
+    for leaf in subject.layout.outputs:
+        value = _probes.pick(output, leaf.path)
+        if isinstance(value, torch.Tensor):
+            refs[leaf.path] = value
+    given = dataclasses.replace(
+        subject,
+        model=work,
+        inputs=(args, kwargs),
+        reference=reference,
+        refs=refs,
+        rtol=_probes.rtol_for(reference.dtype),
+        generator=torch.Generator().manual_seed(seed),
+        as_given=None,
+    )
+    given.rtol = _tolerance(given)
+    return given
+
+
+def _settle_pending(work, args, kwargs, layout, pending, leaf_names) -> None:
+    """A uniform mask no op applied, as long as two sequences (an all-ones attention_mask
+    of an encoder-decoder with equal lengths): pad one key and trace again, to see which
+    sequence the module applies it to."""
+    from ._probes.layout import padded_once, read_layout, settle_pending
+
+    inputs = padded_once(layout, (args, kwargs), pending)
+    retraced = _trace(work, *inputs)
+    if retraced.error is not None:
+        return
+    found = _probes.leaves(inputs)
+    again = read_layout(found, leaf_names, retraced.in_metas, retraced.watch, retraced.out_metas)
+    if not isinstance(again, str):
+        settle_pending(layout, pending, again)
+
+
+def _tolerance(s) -> float:
+    """The tolerance of the least precise dtype the module computes in: one example run
+    under a scan of every op's output dtype (a float64 copy may cast to float32 inside)."""
+    import torch
+
+    scan = _probes.DtypeScan()
+    inputs = s.inputs
+    if s.layout.batch_size:
+        inputs = _probes.take_examples(s.layout, inputs, torch.tensor([0]))
+    try:
+        with scan:
+            s.model(*inputs[0], **inputs[1])
+    except Exception:
+        return s.rtol
+    return max(s.rtol, _probes.tolerance(scan.dtypes))
+
+
+def _first_axes(layout, output, reference) -> tuple[int | None, int | None]:
+    """The batch and query axes of the first floating output, from the layout."""
+    for leaf in layout.outputs:
+        if _probes.pick(output, leaf.path) is reference:
+            batch = leaf.batch[0] if len(leaf.batch) == 1 else None
+            seq = next((d for d, g in leaf.seq.items() if g == 0), None)
+            return batch, seq
+    return None, None
 
 
 def _leaf_name(path: tuple, positional: list[str]) -> str:
@@ -345,31 +510,26 @@ def _inputs_as(inputs, dtype):
     return _probes.rebuild(inputs, lambda _, t: t.to(dtype) if t.is_floating_point() else t)
 
 
-def _output_axes(layout, out, axes) -> tuple[int | None, int | None]:
-    """The output's batch and seq axes: its axis names from the trace when their sizes
-    agree with the inputs', else the input's layout when those sizes agree."""
-    size = {"batch": layout.batch_size, "seq": layout.lengths[0]}
-
-    def pick(names, kind, fallback):
-        named = (
-            [d for d, n in enumerate(axes or ()) if n in names]
-            if len(axes or ()) == out.dim()
-            else []
-        )
-        for d in [*named, fallback]:
-            if d < out.dim() and out.shape[d] == size[kind]:
-                return d
-        return None
-
-    batch = pick(("batch",), "batch", layout.batch_dim)
-    seq = pick(("seq", "seq_q"), "seq", layout.seq_dim)
-    return batch, (seq if seq != batch else None)
-
-
 def _run_probe(probe, subject) -> ProbeResult:
     name = probe.__name__.replace("_", " ")
     try:
-        return probe(subject)
+        result = probe(subject)
     except Exception as error:  # a probe must not take the report down
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return ProbeResult(name, "failed", f"the probe could not run the module: {first}")
+    if result.status != "failed" or subject.as_given is None:
+        return result
+    # The float64 copy failed: confirm in the dtype the module was given. A module can
+    # compute differently in float64 (a mask of finfo(float64).min that adds to -inf, a
+    # NaN the float32 path never makes); its users run it as given.
+    try:
+        given = subject.as_given()
+        again = probe(given) if given is not None else None
+    except Exception:
+        return result
+    if again is None or again.status != "passed":
+        return result
+    dtype = str(given.reference.dtype).removeprefix("torch.")
+    first = result.message.splitlines()[0]
+    again.message += f" (in {dtype}, as given; the float64 copy differs: {first})"
+    return again

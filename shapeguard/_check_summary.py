@@ -7,55 +7,82 @@ in several shapes (`probe_rows`).
 """
 
 import contextlib
+from dataclasses import dataclass, field
 
 from .report.text import summary_line
 
 
-def summary_rows(
-    model, inputs, run, device: str, *, find_runner, progress=None
-) -> tuple[list[tuple[str, str, str]], list[str]]:
-    """(rows, details) for one traced forward (`_run.Run`) and the probes run after it.
+@dataclass(slots=True)
+class Summary:
+    """`shapeguard check`'s verdict: the rows of its table, the full messages of the
+    failures, and the probe runner's own report (a `CheckReport`) when it ran."""
+
+    rows: list[tuple[str, str, str]]
+    details: list[str] = field(default_factory=list)
+    report: object = None
+
+    @property
+    def failures(self) -> int:
+        return sum(1 for _, status, _ in self.rows if status == "FAIL")
+
+    def to_dict(self) -> dict:
+        """The `check` object of the JSON schema (docs/json-schema.md)."""
+        to_dict = getattr(self.report, "to_dict", None)
+        return {
+            "passed": not self.failures,
+            "failed": self.failures,
+            "results": [
+                {"name": name, "status": status, "detail": detail}
+                for name, status, detail in self.rows
+            ],
+            "details": list(self.details),
+            "probes": to_dict() if callable(to_dict) else None,
+        }
+
+
+def summary_rows(model, inputs, run, device: str, *, find_runner, progress=None) -> Summary:
+    """The summary of one traced forward (`_run.Run`) and the probes run after it.
 
     Args:
         find_runner: returns the probe runner (`probe_runner`), or None; called only
             when the probes can run.
-        progress: `progress(model, description)`, a context manager around the probes.
+        progress: `progress(model)`, a context manager around the probes.
     """
     trace = run.trace
     rows = [("trace", "FAIL" if trace.findings else "pass", summary_line(trace))]
-    rows += [(f.kind, "FAIL", f.message.splitlines()[0]) for f in trace.findings]
+    rows += [(f.kind, "FAIL", f.headline) for f in trace.findings]
     details = [f.message for f in trace.findings]
-    more_rows, more_details = _run_probes(model, inputs, run, device, find_runner, progress)
-    return rows + more_rows, details + more_details
+    probes = _run_probes(model, inputs, run, device, find_runner, progress)
+    return Summary(rows + probes.rows, details + probes.details, probes.report)
 
 
-def _run_probes(model, inputs, run, device: str, find_runner, progress):
+def _run_probes(model, inputs, run, device: str, find_runner, progress) -> Summary:
     from ._errors import ShapeError
 
     if device == "meta":
-        return [
-            ("semantic probes", "skip", "probes compare real values; run without --device meta")
-        ], []
+        return Summary(
+            [("semantic probes", "skip", "probes compare real values; run without --device meta")]
+        )
     if run.failed:
-        return [("semantic probes", "skip", "the trace failed; fix that first")], []
+        return Summary([("semantic probes", "skip", "the trace failed; fix that first")])
     runner = find_runner()
     if runner is None:
-        return [("semantic probes", "skip", "not available in this version of shapeguard")], []
+        return Summary([("semantic probes", "skip", "not available in this version of shapeguard")])
     try:
-        with progress(model, "probing") if progress else contextlib.nullcontext():
+        with progress(model) if progress else contextlib.nullcontext():
             result = runner(model, inputs.args, inputs.kwargs)
     except ShapeError as error:
-        return [(error.kind, "FAIL", error.relation)], [error.render()]
+        return Summary([(error.kind, "FAIL", error.relation)], [error.render()])
     except Exception as error:
         first = str(error).splitlines()[0] if str(error) else ""
-        return [("semantic probes", "FAIL", f"raised {type(error).__name__}: {first}")], []
+        return Summary([("semantic probes", "FAIL", f"raised {type(error).__name__}: {first}")])
     # The probes' own "shape checks" row repeats the trace row above.
     rows = [row for row in probe_rows(result) if row[0] != "shape checks"]
     details = [message for _, status, message in rows if status == "FAIL" and "\n" in message]
     rows = [
         (name, status, message.splitlines()[0] if message else "") for name, status, message in rows
     ]
-    return rows, details
+    return Summary(rows, details, result)
 
 
 def probe_runner():

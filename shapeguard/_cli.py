@@ -3,7 +3,7 @@
 A thin click group over library functions (`_loader`, `_inputs`, `_run`,
 `_check_summary`, `_explain`, `report.text`). Exit statuses are carried by exception
 classes (`_cli_errors`): 0 clean, 1 violations found or the model crashed, 2 a usage
-or loading error. The report goes to stdout, diagnostics (a spinner, a progress bar,
+or loading error, 130 interrupted. The report goes to stdout, diagnostics (a spinner, a progress bar,
 warnings) to stderr. torch is imported only by the commands that need it.
 """
 
@@ -14,12 +14,22 @@ import click
 
 from ._check_summary import probe_rows as probe_rows
 from ._check_summary import probe_runner as probe_runner
-from ._cli_errors import Failed, UsageFailure
+from ._cli_errors import Failed, Interrupted, UsageFailure
 from ._cli_target import target_options
 from ._version import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The command group; Ctrl-C is `Interrupted` (exit 130), not click's `Aborted!` (1)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted() from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="shapeguard")
 def cli() -> None:
     """Catch shape bugs in PyTorch attention code, and explain PyTorch's shape errors.
@@ -27,10 +37,13 @@ def cli() -> None:
     \b
       shapeguard trace model.py              every attention tensor's shape, and any violation
       shapeguard trace model.py --device meta   the same with no memory (any model size)
+      shapeguard trace -m mypkg.model        a module of a package (relative imports work)
+      shapeguard trace train.py -- --lr 0.1  the file's own sys.argv after --
       shapeguard check model.py              trace plus the semantic probes, as a summary
       shapeguard explain "RuntimeError: ..."  a PyTorch error message in attention terms
 
-    Exit status: 0 clean, 1 violations found or the model crashed, 2 usage or loading error.
+    Exit status: 0 clean, 1 violations found or the model crashed, 2 usage or loading error,
+    130 interrupted.
     """
 
 
@@ -54,23 +67,29 @@ def trace(target, all_ops, no_fold):
     """Run one forward of the model in FILE and show every attention tensor's shape.
 
     Inputs come from --input, else FILE's example_inputs(), else the forward's
-    jaxtyping annotations, else [batch, seq, d_model] with d_model read from the model.
+    jaxtyping annotations, else the model's structure (token ids for an Embedding,
+    the width of the Linear an input feeds, masks with padding).
     """
-    from .report.text import render_findings, render_target
+    from .report.text import render_findings, render_table, render_target
 
     with target.loaded() as module:
         picked, inputs, run = _load_and_run(target, module)
+        attention = _attention(target, picked, inputs, run)
     trace = run.trace
     width, color = _stdout_style()
+    notes = _notes(target, picked, inputs)
     target.report(
         trace,
         render_target(picked, inputs),
         # No op recorded (the forward failed at once): no table, the findings alone.
         lambda: (
-            trace.table(width=width, color=color, all_ops=all_ops, fold=not no_fold)
+            render_table(
+                trace, width=width, color=color, all_ops=all_ops, fold=not no_fold, notes=notes
+            )
             if trace.events
-            else render_findings(trace)
+            else render_findings(trace, notes)
         ),
+        attention=attention,
     )
     if run.crash is not None:
         raise Failed(
@@ -85,6 +104,47 @@ def trace(target, all_ops, no_fold):
 def _count_text(trace) -> str:
     parts = [(len(trace.errors), "error"), (len(trace.warnings), "warning")]
     return ", ".join(f"{n} {word}{'s' if n != 1 else ''}" for n, word in parts if n)
+
+
+def _notes(target, picked, inputs) -> tuple[str, ...]:
+    """What the value checks had nothing to test with, for the report."""
+    from . import _inputs_structure
+
+    lines = []
+    if target.device == "meta":
+        lines.append(
+            "on --device meta there are no values: the checks that read a mask's values "
+            "(polarity, direction, axis, empty rows) did not run"
+        )
+    else:
+        try:
+            import inspect
+
+            params = inspect.signature(picked.model.forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        given = {*inputs.kwargs, *list(params)[: len(inputs.args)]}
+        masks = [n for n in params if _inputs_structure.is_mask_name(n)]
+        missing = [n for n in masks if n not in given]
+        if missing and not any(n in given for n in masks):
+            lines.append(
+                f"no mask was passed as {', '.join(missing)}: the mask checks had nothing to "
+                f"test; pass one with --input {missing[0]}=bool:SIZES (a mask is filled with "
+                "padding) or in example_inputs()"
+            )
+    return tuple(lines)
+
+
+def _attention(target, picked, inputs, run):
+    """The attention weights for --html's heatmaps: one more forward on cpu (none on meta)."""
+    if not target.html_path or target.device != "cpu" or run.crash is not None:
+        return None
+    from .report.html import capture_attention
+
+    try:
+        return capture_attention(picked.model, *inputs.args, **inputs.kwargs)
+    except Exception:
+        return None
 
 
 # -- check -----------------------------------------------------------------------------------
@@ -103,21 +163,28 @@ def check(target):
 
     with target.loaded() as module:
         picked, inputs, run = _load_and_run(target, module)
-        rows, details = summary_rows(
+        summary = summary_rows(
             picked.model,
             inputs,
             run,
             target.device,
             find_runner=probe_runner,
-            progress=_module_progress,
+            progress=_probe_progress,
         )
+        attention = _attention(target, picked, inputs, run)
     width, color = _stdout_style()
     target.report(
         run.trace,
         render_target(picked, inputs),
-        lambda: render_check(rows, width=width, color=color) + "".join(f"\n{d}\n" for d in details),
+        lambda: (
+            render_check(summary.rows, width=width, color=color)
+            + "".join(f"\n{d}\n" for d in summary.details)
+            + "".join(f"note: {note}\n" for note in _notes(target, picked, inputs))
+        ),
+        check=summary,
+        attention=attention,
     )
-    failures = sum(1 for _, status, _ in rows if status == "FAIL")
+    failures = summary.failures
     if failures:
         raise Failed(
             f"{failures} check{'s' if failures != 1 else ''} failed in {target.file}",
@@ -197,11 +264,34 @@ def _load_and_run(target, module):
             strict=target.strict,
             path=picked.path,
             device=target.device,
+            site=picked.site,
+            prepare=inputs.claim_layouts,
         )
     _emit_warnings(run.warnings)
+    if run.memory:
+        raise UsageFailure(
+            f"the forward needs more memory than is free ({run.memory}); "
+            "use --device meta to check shapes with no memory"
+        )
     if run.crash is not None:
+        if inputs.made and run.crash.generic:
+            run.crash.hint = _made_up_hint(inputs)
         add_crash(run.trace, run.crash)
     return picked, inputs, run
+
+
+def _made_up_hint(inputs) -> str:
+    """The hint of a forward that crashed on inputs shapeguard made up."""
+    made = ", ".join(f"{name}={text}" for name, text in inputs.made.items())
+    first, text = next(iter(inputs.made.items()))
+    shape, _, dtype = text.strip("[").partition("] ")
+    example = (
+        f"--input {first}={dtype}:{shape.replace(' ', '')}" if dtype else f"--input {first}=..."
+    )
+    return (
+        f"shapeguard made up the inputs {made}; if the forward expects others, pass them with "
+        f"--input (e.g. {example}) or add example_inputs() to the file"
+    )
 
 
 def _emit_warnings(caught) -> None:
@@ -220,10 +310,16 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
-def _stdout_style() -> tuple[int, bool]:
-    """(width, color) for the report: the terminal's, or 150 columns of plain text."""
+def _stdout_style() -> tuple[int | None, bool]:
+    """(width, color) for the report: the terminal's; piped, plain text as wide as
+    `COLUMNS` says, else as wide as the table needs (None: nothing is cut)."""
+    import os
+
     console = _console()
-    return (console.width if console.is_terminal else 150), console.is_terminal
+    if console.is_terminal:
+        return console.width, True
+    columns = os.environ.get("COLUMNS", "").strip()
+    return (int(columns) if columns.isdigit() and int(columns) > 0 else None), False
 
 
 @contextlib.contextmanager
@@ -235,6 +331,39 @@ def _status(message: str):
         return
     with console.status(message):
         yield
+
+
+@contextlib.contextmanager
+def _probe_progress(model):
+    """While the probes run (many forwards, how many depends on the model): a bar with no
+    total, the forwards counted and the time elapsed, only on a terminal."""
+    console = _console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    import torch
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("probing"),
+        BarColumn(),
+        TextColumn("{task.completed} forwards"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("probing", total=None)
+        root = type(model)
+
+        def advance(module, args):
+            if type(module) is root:
+                progress.advance(task)
+
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(advance)
+        try:
+            yield
+        finally:
+            handle.remove()
 
 
 @contextlib.contextmanager

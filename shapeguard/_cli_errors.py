@@ -1,7 +1,8 @@
 """The CLI's exit statuses, carried by exception classes (click prints them on stderr).
 
 0 clean; 1 violations found or the model crashed (`Failed`); 2 the command cannot
-run as given (`UsageFailure`). No traceback is shown unless `--traceback` is given.
+run as given (`UsageFailure`); 130 interrupted (`Interrupted`, Ctrl-C). No traceback
+is shown unless `--traceback` is given.
 """
 
 import sys
@@ -34,3 +35,12 @@ class UsageFailure(Failed):
 
     exit_code = 2
     prefix = "shapeguard: error: "
+
+
+class Interrupted(Failed):
+    """Ctrl-C (SIGINT): exit status 130, as a shell reports a command killed by it."""
+
+    exit_code = 130
+
+    def __init__(self) -> None:
+        super().__init__("interrupted")

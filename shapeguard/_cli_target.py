@@ -11,7 +11,15 @@ from ._cli_errors import Failed, UsageFailure
 from ._loader import LoadError, ModelCrashed
 
 _OPTIONS = (
-    click.argument("file", type=click.Path(dir_okay=True, path_type=str)),
+    click.argument("file", required=False, type=click.Path(dir_okay=True, path_type=str)),
+    click.argument("script_args", nargs=-1, type=click.UNPROCESSED),
+    click.option(
+        "-m",
+        "module_name",
+        metavar="MODULE",
+        help="Load the model from a module, found from the working directory as "
+        "`python -m MODULE` finds it (a package's relative imports work): -m mypkg.model.",
+    ),
     click.option(
         "--model",
         "model_name",
@@ -33,7 +41,7 @@ _OPTIONS = (
         multiple=True,
         metavar="NAME=[DTYPE:]SIZES",
         help="An input tensor for forward (repeatable): --input x=2,16,512 "
-        "--input mask=bool:2,1,16,16. Overrides example_inputs() for that name.",
+        "--input mask=bool:2,16 (a mask gets padding). Overrides example_inputs() for that name.",
     ),
     click.option(
         "--dim",
@@ -41,7 +49,7 @@ _OPTIONS = (
         multiple=True,
         metavar="NAME=SIZE",
         help="Size of a named dim for inputs made from annotations or the "
-        "[batch, seq, d_model] convention (repeatable): --dim seq=128.",
+        "model's structure (repeatable): --dim seq=128.",
     ),
     click.option(
         "--device",
@@ -49,16 +57,25 @@ _OPTIONS = (
         default="cpu",
         show_default=True,
         help="meta: build the model and its inputs on the meta device (no memory; "
-        "shape errors are still caught).",
+        "shape errors are still caught, checks that read values cannot run).",
     ),
     click.option(
         "--json",
         "json_path",
         metavar="FILE",
-        help="Write the trace as JSON (schema in docs/json-schema.md); '-' for stdout "
+        help="Write the report as JSON (schema in docs/json-schema.md); '-' for stdout "
         "instead of the table.",
     ),
     click.option("--html", "html_path", metavar="FILE", help="Write a self-contained HTML report."),
+    click.option(
+        "--format",
+        "output_format",
+        type=click.Choice(["text", "github"]),
+        default="text",
+        show_default=True,
+        help="github: one ::error / ::warning line per finding on stdout, which GitHub "
+        "Actions shows as an annotation at its file and line.",
+    ),
     click.option(
         "--strict",
         is_flag=True,
@@ -74,6 +91,8 @@ _OPTIONS = (
 # The parameter names the options above give, in order.
 _PARAMS = (
     "file",
+    "script_args",
+    "module_name",
     "model_name",
     "arg_items",
     "input_items",
@@ -81,13 +100,18 @@ _PARAMS = (
     "device",
     "json_path",
     "html_path",
+    "output_format",
     "strict",
     "show_traceback",
 )
 
 
 def target_options(command):
-    """Add the shared options to a click command, which gets them parsed as `target`."""
+    """Add the shared options to a click command, which gets them parsed as `target`.
+
+    FILE may be followed by `--` and the arguments the file's own `sys.argv` gets:
+    `shapeguard trace train.py -- --d_model 64`.
+    """
 
     @functools.wraps(command)
     def with_target(**options):
@@ -107,6 +131,8 @@ class Target:
         self,
         *,
         file,
+        script_args,
+        module_name,
         model_name,
         arg_items,
         input_items,
@@ -114,30 +140,47 @@ class Target:
         device,
         json_path,
         html_path,
+        output_format,
         strict,
         show_traceback,
     ):
         from . import _inputs, _loader
 
-        self.file = file
+        self.module = module_name
+        self.script_args = tuple(script_args)
+        if module_name is not None and file is not None:
+            # `-m pkg.model -- --lr 3`: every positional argument is the module's own.
+            self.script_args = (file, *self.script_args)
+            file = None
+        self.file = file if module_name is None else module_name
+        self.path = file
         self.model_name = model_name
         self.device = device
         self.json_path = json_path
         self.html_path = html_path
+        self.format = output_format
         self.strict = strict
         self.show_traceback = show_traceback
         with self.translate():
+            if file is None and module_name is None:
+                raise LoadError(
+                    "give the path of a Python file that defines the model, or -m MODULE"
+                )
             self.kwargs = _loader.parse_assignments(arg_items, "--arg")
             self.specs = _inputs.parse_input_specs(input_items)
             self.dims = _inputs.parse_dims(dim_items)
 
     @contextlib.contextmanager
     def loaded(self):
-        """FILE imported as a module while in the block (`_loader.loaded`); a failure in the
-        block becomes the CLI's exit status (`translate`)."""
+        """FILE imported as a module while in the block (`_loader.loaded`), with its own
+        argv; a failure in the block becomes the CLI's exit status (`translate`)."""
         from . import _loader
 
-        with self.translate(), _loader.loaded(self.file) as module:
+        quiet_torch()
+        with (
+            self.translate(),
+            _loader.loaded(self.path, module=self.module, argv=self.script_args) as module,
+        ):
             yield module
 
     @contextlib.contextmanager
@@ -164,30 +207,65 @@ class Target:
         """A failure before any forward ran (importing or building the model): the message on
         stdout, and a trace holding only that finding for --json and --html."""
         from ._run import failure_trace
+        from .report.text import render_github
 
         trace = failure_trace(kind, message, location, hint)
         self.write_files(trace)
-        click.echo(trace.to_json() if self.json_path == "-" else f"error: {message}")
-
-    def report(self, trace, header: str, body) -> None:
-        """Write the --json and --html files, then on stdout the JSON (`--json -`) or
-        `header` and the text `body()` returns."""
-        self.write_files(trace)
         if self.json_path == "-":
             click.echo(trace.to_json())
+        elif self.format == "github":
+            click.echo(render_github(trace), nl=False)
+        else:
+            click.echo(f"error: {message}")
+
+    def report(self, trace, header: str, body, *, check=None, attention=None) -> None:
+        """Write the --json and --html files, then on stdout the JSON (`--json -`), the
+        annotations (`--format github`) or `header` and the text `body()` returns.
+
+        Args:
+            check: `shapeguard check`'s summary (`_check_summary.Summary`), or None.
+            attention: heatmap data for --html (`capture_attention`), or None.
+        """
+        from .report.text import render_github
+
+        self.write_files(trace, check=check, attention=attention)
+        if self.json_path == "-":
+            click.echo(_json(trace, check))
+        elif self.format == "github":
+            click.echo(render_github(trace, check.rows if check else ()), nl=False)
         else:
             click.echo(header)
             click.echo(body(), nl=False)
 
-    def write_files(self, trace) -> None:
+    def write_files(self, trace, *, check=None, attention=None) -> None:
         if self.json_path and self.json_path != "-":
-            _write(self.json_path, trace.to_json())
+            _write(self.json_path, _json(trace, check))
         if self.html_path:
             try:
-                html = trace.to_html()
+                from .report.html import render_html
             except ImportError as error:
                 raise UsageFailure(f"--html is not available in this version ({error})") from None
-            _write(self.html_path, html)
+            checks = check.rows if check else None
+            _write(self.html_path, render_html(trace, attention, checks=checks))
+
+
+def quiet_torch() -> None:
+    """Import torch with its NumPy warning silenced: without numpy installed, torch warns
+    "Failed to initialize NumPy" once, at import, about a feature shapeguard never uses."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+        import torch  # noqa: F401
+
+
+def _json(trace, check) -> str:
+    import json
+
+    data = trace.to_dict()
+    if check is not None:
+        data["check"] = check.to_dict()
+    return json.dumps(data, indent=2)
 
 
 def _write(path: str, text: str) -> None:

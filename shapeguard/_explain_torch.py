@@ -143,6 +143,43 @@ def _broadcast(m: re.Match) -> Explanation:
     )
 
 
+# -- einsum ----------------------------------------------------------------------------------
+
+
+@RULES.rule(
+    r"einsum\(\): subscript (\w) has size (\d+) for operand (\d+) which does not broadcast "
+    r"with previously seen size (\d+)"
+)
+def _einsum_size(m: re.Match) -> Explanation:
+    letter, size, operand, seen = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
+    hints = [
+        f"every operand must give subscript {letter} the same size (or 1): {letter} is {seen} in an "
+        f"operand before operand {operand} and {size} in operand {operand}"
+    ]
+    big, small = max(size, seen), min(size, seen)
+    if small > 1 and big % small == 0:
+        hints.append(
+            f"{big} = {big // small} x {small}: one operand may hold {big // small} heads "
+            f"merged (d_model = heads x d_k) where the other has one head's d_k, or a packed "
+            "q/k/v (or k/v) tensor was not split with .chunk(...)"
+        )
+    hints.append(
+        f"otherwise operand {operand}'s subscripts name its axes in another order than it has them "
+        "(`b h n d` for a [batch, seq, heads, d_k] tensor): compare the pattern with its shape"
+    )
+    return Explanation(
+        "einsum_dim",
+        m.group(0),
+        f"einsum: subscript {letter} has size {seen} in an earlier operand but {size} in operand "
+        f"{operand} (operands count from 0)",
+        (
+            Operand("earlier", f"{letter}={seen}"),
+            Operand(f"operand {operand}", f"{letter}={size}"),
+        ),
+        "; ".join(hints),
+    )
+
+
 # -- view / reshape --------------------------------------------------------------------------
 
 
@@ -295,6 +332,18 @@ RULES.fixed(
     "nn.MultiheadAttention(embed_dim, num_heads): embed_dim % num_heads != 0",
     "each head gets d_k = embed_dim // num_heads features, so num_heads must divide embed_dim "
     "(for embed_dim 512: 1, 2, 4, 8, 16, 32, ...)",
+)
+RULES.fixed(
+    r"Expected key_padded_mask\.shape\[0\] to be (\d+), but got (\d+)",
+    "mha_key_padding_mask",
+    "nn.MultiheadAttention: key_padding_mask has {1} rows, but the module reads a batch of {0} "
+    "from the key",
+    "built without batch_first=True, nn.MultiheadAttention reads the key as [seq_k, batch, E], "
+    "so its batch is the key's axis 1; a batch-first key [batch, seq_k, E] then gives the module "
+    "your seq_k ({0}) as its batch: build it with nn.MultiheadAttention(..., batch_first=True), "
+    "or pass query, key and value as x.transpose(0, 1); key_padding_mask itself is always "
+    "[batch, seq_k]",
+    ("key_padding_mask", "[{1}, ...]  must be [batch={0}, seq_k] as the module reads the key"),
 )
 RULES.fixed(
     r"Expected key_padded_mask\.shape\[1\] to be (\d+), but got (\d+)",

@@ -11,10 +11,17 @@ Where they come from, first that applies:
    after a module attribute (`d_model`, `n_heads`, `head_dim`, ...) take its value,
    `--dim name=size` sets any dim, and the rest get pairwise-distinct sizes, so that a
    swapped axis or a coincidental broadcast cannot hide.
-4. The convention `[batch, seq, d_model]` for the first parameter, with d_model read
-   from the module (attribute names in `shapeguard._axes.ATTRIBUTE_AXES`), and
+4. The model's own structure (`_inputs_structure`): token ids for a parameter that
+   feeds the first nn.Embedding, activations as wide as the Linear (or norm, conv,
+   nn.MultiheadAttention) that reads them, a dict or dataclass batch of those, and
+   masks with real padding in the polarity of the op that reads them, starting from
+   the convention `[batch, seq, d_model]` for the first parameter (d_model read from
+   the module, attribute names in `shapeguard._axes.ATTRIBUTE_AXES`) and
    `[batch, seq_k, d_model]` for parameters named like keys or values (`key`, `value`,
    `memory`, `context`).
+
+A mask made here or sized by `--input` holds padding: the first example full, the
+others shorter, with distinct lengths.
 
 On `device="meta"` every tensor is made on the meta device: no memory.
 """
@@ -25,7 +32,11 @@ import typing
 from dataclasses import dataclass, field
 
 from . import _axes
+from . import _inputs_structure as _structure
 from ._loader import LoadError
+
+# The largest size (and element count) torch takes.
+_MAX_SIZE = 2**63 - 1
 
 # First choices for well-known dims; every other dim takes the next free size of _POOL.
 _PREFERRED = {
@@ -64,6 +75,22 @@ class Inputs:
     kwargs: dict
     how: str
     sizes: dict = field(default_factory=dict)
+    # {parameter or field: what its values are} for the inputs line ("ids < 101").
+    notes: dict = field(default_factory=dict)
+    # {parameter: "[2, 5, 64] float32"} for the inputs shapeguard made up (not the user's).
+    made: dict = field(default_factory=dict)
+    # Tensors made [seq, batch, features] for an nn.MultiheadAttention(batch_first=False).
+    seq_first: list = field(default_factory=list)
+
+    def claim_layouts(self, session) -> None:
+        """Tell a trace's session the layout of the inputs made seq-first: what reads them
+        says so, which is more than the usual [batch, seq, features] of a model's input."""
+        from ._names import dims
+
+        for tensor in self.seq_first:
+            axes = session.meta_of(tensor).dims
+            dims.claim_atoms(axes[0], dims.TOKEN, dims.STRUCTURE, "seq")
+            dims.claim_atoms(axes[1], dims.BATCH, dims.STRUCTURE, "batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +125,7 @@ def parse_input_specs(items) -> dict[str, InputSpec]:
             raise LoadError(
                 f"--input {item!r}: give the sizes as non-negative integers; write e.g. {example}"
             )
+        _check_count(f"--input {item}", shape)
         specs[name] = InputSpec(name, shape, dtype)
     return specs
 
@@ -116,8 +144,80 @@ def parse_dims(items) -> dict[str, int]:
             raise LoadError(
                 f"--dim {item!r} is not NAME=SIZE with a positive size; write e.g. --dim seq=128"
             )
+        _check_count(f"--dim {item}", (size,))
         dims[name] = size
     return dims
+
+
+def _check_count(what: str, shape: tuple[int, ...]) -> None:
+    """A size or an element count past what torch can index is a usage error, even on meta."""
+    count = 1
+    for size in shape:
+        count *= size
+    if any(size > _MAX_SIZE for size in shape) or count > _MAX_SIZE:
+        raise LoadError(
+            f"{what}: {'a size' if any(size > _MAX_SIZE for size in shape) else 'the element count'}"
+            " is larger than torch allows (2**63 - 1); give smaller sizes"
+        )
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory free for new allocations (Linux), or None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _shape_text(name: str, shape, dtype) -> str:
+    return f"{name}=[{', '.join(map(str, shape))}] {str(dtype).removeprefix('torch.')}"
+
+
+def check_size(name: str, shape: tuple[int, ...], dtype, device: str) -> None:
+    """A LoadError, before any allocation, for a tensor torch cannot index or (on cpu) one
+    larger than the memory this machine has free."""
+    _check_count(f"input {name}", shape)
+    if device != "cpu":
+        return
+    count = 1
+    for size in shape:
+        count *= size
+    needed = count * dtype.itemsize
+    free = _available_memory()
+    if free is not None and needed > free:
+        raise LoadError(
+            f"{_shape_text(name, shape, dtype)} needs {_human(needed)} on cpu, more than is free "
+            f"({_human(free)}); use --device meta to check shapes with no memory"
+        )
+
+
+def memory_error(name: str, shape, dtype, device: str, error: BaseException) -> LoadError:
+    """The LoadError for a tensor that could not be made (torch's allocator refused it)."""
+    count = 1
+    for size in shape:
+        count *= size
+    return LoadError(
+        f"cannot make {_shape_text(name, shape, dtype)} on {device} "
+        f"({_human(count * dtype.itemsize)}): {type(error).__name__}; "
+        "use --device meta to check shapes with no memory"
+    )
+
+
+def dtype_of(name: str, item: str = ""):
+    """The torch dtype called `name` (aliases: float, double, half, long, int)."""
+    return _dtype(name, item)
 
 
 def _dtype(name: str, item: str = ""):
@@ -158,61 +258,141 @@ def make_inputs(
                 f"--input {name}: {type(model).__name__}.forward{_signature_text(signature)} has no "
                 f"parameter {name!r}; name one of: {', '.join(params) or 'none'}"
             )
-    dtype = _model_dtype(model)
+    maker = _structure.Maker(_model_dtype(model), device)
+    sizes = _Sizes(model, dims)
     example = getattr(module, "example_inputs", None)
     if callable(example):
         args, kwargs = _call_example(example, device)
-        if specs:
-            bound = _bind(signature, args, kwargs, type(model).__name__)
-            for name, spec in specs.items():
-                bound[name] = _tensor(spec.shape, spec.dtype, dtype, device)
-            args, kwargs = _split(params, bound)
-        how = "example_inputs()" + (" with --input " + ", ".join(specs) if specs else "")
-        return Inputs(args, kwargs, how)
+        if not specs:
+            return Inputs(args, kwargs, "example_inputs()")
+        bound = _bind(signature, args, kwargs, type(model).__name__)
+        nodes = {name: _spec_leaf(spec) for name, spec in specs.items()}
+
+        def assemble(values: dict) -> tuple[tuple, dict]:
+            return _split(params, {**bound, **values})
+
+        values = _made(model, nodes, assemble, maker, sizes)
+        args, kwargs = assemble(values)
+        how = "example_inputs() with --input " + ", ".join(specs)
+        return Inputs(args, kwargs, how, notes=_notes(nodes, maker))
     hints = _annotations(model)
-    sizes = _Sizes(model, dims)
-    values: dict[str, object] = {}
-    sources: list[str] = []
     contract = {n: _jaxtyping_of(hints.get(n)) for n in params}
     # Bind every dim the annotations use before picking free sizes, so they stay distinct.
     for name, annotation in contract.items():
         if annotation is not None and name not in specs:
             sizes.reserve(annotation)
+    nodes: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    # A forward whose every parameter is optional (HF's `input_ids=None, attention_mask=None,
+    # ...`) gets its first one, and its `attention_mask` beside token ids.
+    wanted = {n for n, p in params.items() if p.default is p.empty}
+    if not wanted and params and not specs:
+        first = next(iter(params))
+        wanted = {first}
+        if _structure.is_ids_name(first) and "attention_mask" in params:
+            wanted.add("attention_mask")
     first_required = True
-    for name, param in params.items():
+    for name in params:
         if name in specs:
-            spec = specs[name]
-            values[name] = _tensor(spec.shape, spec.dtype, dtype, device)
-            sources.append(f"--input {name}")
+            nodes[name] = _spec_leaf(specs[name])
+            sources[name] = f"--input {name}"
         elif contract[name] is not None:
             annotation = contract[name]
-            shape = sizes.shape_for(annotation, name)
-            values[name] = _tensor(shape, _dtype_for(annotation, dtype), dtype, device)
-            if "the forward's annotations" not in sources:
-                sources.append("the forward's annotations")
-        elif param.default is param.empty:
-            if first_required or name.lower() in _KV_NAMES:
-                seq = "seq" if first_required else "seq_k"
-                shape = (sizes.get("batch"), sizes.get(seq), sizes.d_model(name))
-                values[name] = _tensor(shape, None, dtype, device)
-                if "the [batch, seq, d_model] convention" not in sources:
-                    sources.append("the [batch, seq, d_model] convention")
-            else:
-                raise LoadError(
-                    f"cannot make input {name!r} for {type(model).__name__}.forward"
-                    f"{_signature_text(signature)}: pass --input {name}=SIZES, or add "
-                    "example_inputs() to the file"
-                )
+            nodes[name] = _annotated_leaf(name, annotation, sizes, model)
+            sources[name] = "the forward's annotations"
+        elif name in wanted:
+            batch = _structure.batch_for(name, hints.get(name), model, type(model).forward, sizes)
+            nodes[name] = batch or _structure.guess_leaf(
+                name, model, sizes, first=first_required, keys=name.lower() in _KV_NAMES
+            )
+            sources[name] = ""
         first_required = False
-    if not values:
+    if not nodes:
         raise LoadError(
             f"cannot tell what {type(model).__name__}.forward{_signature_text(signature)} takes: "
             "pass --input NAME=SIZES, or add example_inputs() to the file"
         )
+    guessed = {name: _structure.leaves_of(node)[0].shape for name, node in nodes.items()}
+    values = _made(model, nodes, lambda values: _split(params, values), maker, sizes)
+    for name, node in nodes.items():
+        if not sources[name]:
+            learned = (
+                isinstance(node, _structure.Batch)
+                or node.kind != _structure.FLOAT
+                or node.shape != guessed[name]
+            )
+            sources[name] = (
+                "the model's structure" if learned else "the [batch, seq, d_model] convention"
+            )
     args, kwargs = _split(params, values)
     named = ", ".join(f"{k}={v}" for k, v in sizes.bound.items())
-    how = ", ".join(sources) + (f": {named}" if named else "")
-    return Inputs(args, kwargs, how, dict(sizes.bound))
+    how = ", ".join(dict.fromkeys(sources.values())) + (f": {named}" if named else "")
+    made = {
+        name: _value_text(values[name])
+        for name, source in sources.items()
+        if "--input" not in source
+    }
+    seq_first = [
+        values[name]
+        for name, node in nodes.items()
+        if isinstance(node, _structure.Leaf) and node.layout == "seq_first"
+    ]
+    return Inputs(args, kwargs, how, dict(sizes.bound), _notes(nodes, maker), made, seq_first)
+
+
+def _made(model, nodes: dict, assemble, maker, sizes) -> dict:
+    """The values of `nodes` once what consumes them has been read (`discover`)."""
+    _structure.discover(model, nodes, assemble, maker, sizes)
+    for node in nodes.values():
+        for leaf in _structure.leaves_of(node):
+            if leaf.unsure:
+                raise LoadError(
+                    f"cannot tell the size of {leaf.name!r}: {type(model).__name__} declares no "
+                    f"d_model (attributes such as {', '.join(_axes.ATTRIBUTE_AXES['d_model'][:4])}); "
+                    f"pass --input {leaf.name}=2,5,D or --dim d_model=D, or add example_inputs() "
+                    "to the file"
+                )
+    return {name: maker.value(node) for name, node in nodes.items()}
+
+
+def _notes(nodes: dict, maker) -> dict:
+    notes = {}
+    for node in nodes.values():
+        for leaf in _structure.leaves_of(node):
+            note = leaf.note(maker.lengths.get(id(leaf), ()))
+            if note:
+                notes[leaf.name] = note
+    return notes
+
+
+def _value_text(value) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"[{', '.join(str(int(s)) for s in value.shape)}] {dtype}"
+    return type(value).__name__
+
+
+def _spec_leaf(spec: InputSpec):
+    """A leaf of the size and dtype `--input` gave; what its values are is read from what
+    consumes it (ids for an embedding, padding for a mask)."""
+    dtype = spec.dtype and str(_dtype(spec.dtype, spec.name)).removeprefix("torch.")
+    kind = _structure.FLOAT
+    if _structure.is_mask_name(spec.name) or dtype == "bool":
+        kind = _structure.MASK
+    elif dtype is not None and not (dtype.startswith(("float", "bfloat", "complex"))):
+        kind = _structure.IDS
+    return _structure.Leaf(spec.name, kind, spec.shape, dtype, fixed=True)
+
+
+def _annotated_leaf(name: str, annotation, sizes, model):
+    dtype = _dtype_for(annotation, _model_dtype(model))
+    shape = sizes.shape_for(annotation, name)
+    kind = _structure.FLOAT
+    if dtype == "bool" or (_structure.is_mask_name(name) and dtype is None):
+        kind = _structure.MASK
+    elif dtype in ("int64", "int32"):
+        kind = _structure.IDS
+    return _structure.Leaf(name, kind, shape, dtype, fixed=True)
 
 
 # -- the forward's signature -----------------------------------------------------------------
@@ -407,19 +587,16 @@ class _Sizes:
                 if size is not None:
                     self.bound[name] = size
 
-    def d_model(self, param: str) -> int:
+    def width(self) -> int | None:
+        """d_model, from `--dim`, the model's declarations or its first Linear; None when
+        nothing says (a consumer of the input may tell, `_inputs_structure.discover`)."""
         if "d_model" in self.bound:
             return self.bound["d_model"]
         if "d_model" in self.declared:
             return self.get("d_model")
         size = _first_in_features(self.model)
-        if size is None:
-            raise LoadError(
-                f"cannot tell the size of {param!r}: {type(self.model).__name__} declares no d_model "
-                f"(attributes such as {', '.join(_axes.ATTRIBUTE_AXES['d_model'][:4])}); pass "
-                f"--input {param}=2,5,D or --dim d_model=D, or add example_inputs() to the file"
-            )
-        self.bound["d_model"] = size
+        if size is not None:
+            self.bound["d_model"] = size
         return size
 
     def shape_for(self, annotation, param: str) -> tuple[int, ...]:
@@ -497,15 +674,3 @@ def _model_dtype(model):
         if p.is_floating_point():
             return p.dtype
     return torch.float32
-
-
-def _tensor(shape, dtype_name: str | None, model_dtype, device: str):
-    import torch
-
-    dtype = _dtype(dtype_name) if dtype_name else model_dtype
-    if dtype == torch.bool:
-        return torch.ones(shape, dtype=dtype, device=device)
-    if dtype.is_floating_point or dtype.is_complex:
-        return torch.randn(shape, dtype=dtype, device=device)
-    # Integer inputs are usually token ids: 0 is valid for any embedding.
-    return torch.zeros(shape, dtype=dtype, device=device)

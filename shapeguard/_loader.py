@@ -13,6 +13,7 @@ import inspect
 import os
 import sys
 import traceback
+import typing
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -22,51 +23,106 @@ from ._errors import ShapeError, format_message
 class LoadError(Exception):
     """The file or the options cannot give a model: a usage error (exit status 2)."""
 
-    exit_code = 2
-
 
 class ModelCrashed(Exception):
     """The user's code raised something other than a ShapeError (exit status 1).
 
-    `message` is rendered in the house format, at the user's innermost source line.
+    `message` is rendered in the house format, at the user's innermost source line, with
+    the error's whole text (einops explains itself on its second and third lines).
     """
-
-    exit_code = 1
 
     def __init__(self, phase: str, error: BaseException, path: str = "") -> None:
         self.phase = phase
         self.error = error
         location, source = _user_frame(error, path)
         self.location = location
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        relation = f"{phase} raised {type(error).__name__}" + (f": {first}" if first else "")
-        self.message = format_message(
-            relation,
-            location=location,
-            source=source,
-            hint="this is an error in the model's own code, not a shape rule; "
-            "run with --traceback to see the full stack",
+        self.source = source
+        lines = error_lines(error)
+        self.relation = f"{phase} raised {type(error).__name__}" + (
+            ": " + "\n    ".join(lines) if lines else ""
+        )
+        known = _crash_hint(error)
+        # A hint that only says whose error it is: one that knows more may take its place.
+        self.generic = not known
+        self.hint = known or (
+            "this is an error in the model's own code, not a shape rule; "
+            "run with --traceback to see the full stack"
         )
         super().__init__(self.message)
 
+    @property
+    def message(self) -> str:
+        return format_message(
+            self.relation, location=self.location, source=self.source, hint=self.hint
+        )
+
+
+def error_lines(error: BaseException, limit: int = 8) -> list[str]:
+    """The lines of an error's message, without the C++ frames torch sometimes appends."""
+    lines = []
+    for line in str(error).strip().splitlines():
+        if line.startswith(("Exception raised from", "frame #")):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    return lines[:limit]
+
+
+def _crash_hint(error: BaseException) -> str:
+    """A hint for the failures whose meaning is known: einops' head split, memory."""
+    import re
+
+    text = str(error)
+    found = re.search(r"can't divide axis of length (\d+) in chunks of (\d+)", text)
+    if found:
+        from ._axes import divisors
+
+        size, parts = int(found.group(1)), int(found.group(2))
+        fits = ", ".join(str(d) for d in divisors(size) if d > 1)
+        return (
+            f"{size} features do not split into {parts} heads: the head count must divide the "
+            f"width (head counts that divide {size}: {fits})"
+        )
+    if type(error).__name__ == "EinopsError":
+        return "einops could not apply the pattern to this shape: compare its axes with the shape above"
+    return ""
+
+
+def is_memory_error(error: BaseException) -> bool:
+    """torch's allocator (or Python) refused the memory, or a size overflowed."""
+    if isinstance(error, MemoryError | OverflowError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError | TypeError) and any(
+        part in text
+        for part in (
+            "can't allocate memory",
+            "DefaultCPUAllocator",
+            "out of memory",
+            "not enough memory",
+            "Overflow when unpacking",
+        )
+    )
+
 
 def _user_frame(error: BaseException, path: str) -> tuple[str, str]:
-    """`file:line` and source of the innermost frame in the model file (else outside torch)."""
+    """`file:line` and source of the innermost frame in the model's own folder (the file,
+    its package), else the innermost outside torch, shapeguard and einops."""
+    from ._source import _is_internal, display_path
+
     frames = traceback.extract_tb(error.__traceback__)
-    target = os.path.abspath(path) if path else ""
+    folder = os.path.dirname(os.path.abspath(path)) + os.sep if path else ""
     chosen = None
     for frame in frames:
-        if target and os.path.abspath(frame.filename) == target:
+        where = os.path.abspath(frame.filename)
+        if folder and where.startswith(folder) and not _is_internal(where):
             chosen = frame
     if chosen is None:
-        internal = (os.sep + "torch" + os.sep, os.sep + "shapeguard" + os.sep, "<frozen")
         for frame in frames:
-            if not any(part in frame.filename for part in internal):
+            if not _is_internal(os.path.abspath(frame.filename)):
                 chosen = frame
     if chosen is None:
         return "", ""
-    from ._source import display_path
-
     return f"{display_path(chosen.filename)}:{chosen.lineno}", (chosen.line or "").strip()
 
 
@@ -77,14 +133,69 @@ _loaded_count = 0
 
 
 @contextlib.contextmanager
-def loaded(path: str):
-    """Import the Python file at `path` as a module, its folder importable while in the block.
+def loaded(path: str | None = None, *, module: str | None = None, argv: tuple = ()):
+    """Import a model file as `python FILE` would, without running its `__main__` block,
+    the module while in the block.
 
-    The module gets the file's stem as its name (not `__main__`, so the file's
-    `if __name__ == "__main__":` block does not run), or a unique variant of it
-    when that name is already imported.
+    `path` is a .py file; a file inside a package (folders with `__init__.py`) is
+    imported under its package (`pkg.model`), so its relative imports work. `module`
+    (instead of `path`) is a dotted name found from the working directory, as `python -m`
+    finds it. While in the block, `sys.argv` is `[path, *argv]` (so a script that parses
+    its arguments at import sees its own), the file's folder (and the package's parent)
+    is importable, and the modules imported from there are dropped again afterwards,
+    with `sys.argv`, `sys.path` and any module of the same name put back as they were.
     """
     global _loaded_count
+    argv0 = path
+    if module is not None:
+        name, path, search, local = _find_module(module)
+        argv0 = path
+    else:
+        path = _check_file(path)
+        name, search, local = _module_name(path)
+    code = _compile(path)
+    if name is None:
+        _loaded_count += 1
+        name = f"_shapeguard_target_{_loaded_count}"
+    local = tuple(os.path.join(folder, "") for folder in local)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    before = dict(sys.modules)
+    ours = name.split(".")[0]
+    for existing in [n for n in sys.modules if n == ours or n.startswith(ours + ".")]:
+        del sys.modules[existing]
+    sys.path[:0] = search
+    sys.argv = [argv0, *argv]
+    shown = os.path.basename(path) if module is None else module
+    try:
+        target = _execute(name, path, code, shown)
+        try:
+            yield target
+        except SystemExit as error:
+            raise LoadError(
+                f"{shown} called sys.exit({error.code!r}); pass the script's own arguments "
+                f"after --, e.g. shapeguard trace {shown} -- --lr 0.1"
+            ) from None
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        # The model's own modules go; those of packages loaded before (torch, shapeguard) stay.
+        loaded_before = {n.split(".")[0] for n in before}
+        for added in [n for n in sys.modules if n not in before]:
+            where = getattr(sys.modules[added], "__file__", None) or ""
+            top = added.split(".")[0]
+            mine = top == ours or (
+                top not in loaded_before and where and os.path.abspath(where).startswith(local)
+            )
+            if mine:
+                del sys.modules[added]
+        for old, value in before.items():
+            if sys.modules.get(old) is not value and (old == ours or old.startswith(ours + ".")):
+                sys.modules[old] = value
+
+
+def _check_file(path: str | None) -> str:
+    if not path:
+        raise LoadError("give the path of a Python file that defines the model, or -m MODULE")
     if not os.path.exists(path):
         raise LoadError(
             f"no such file: {path}; give the path of a Python file that defines the model"
@@ -97,16 +208,67 @@ def loaded(path: str):
         raise LoadError(
             f"{path} is not a .py file; give the path of a Python file that defines the model"
         )
-    path = os.path.abspath(path)
+    return os.path.abspath(path)
+
+
+def _module_name(path: str) -> tuple[str | None, list[str], list[str]]:
+    """The name to import `path` under, the folders to make importable and the folders
+    whose modules are the model's own: a file in a package is `pkg.sub.model`, with the
+    file's folder and the package's parent importable; any other file keeps its stem (a
+    fresh name when that one is taken), its folder importable."""
     folder = os.path.dirname(path)
     stem = os.path.splitext(os.path.basename(path))[0]
+    parts = [] if stem == "__init__" else [stem]
+    root = folder
+    while (
+        os.path.isfile(os.path.join(root, "__init__.py")) and os.path.basename(root).isidentifier()
+    ):
+        parts.insert(0, os.path.basename(root))
+        root = os.path.dirname(root)
+    if root != folder and all(p.isidentifier() for p in parts):
+        return ".".join(parts), [folder, root], [os.path.join(root, parts[0])]
     name = stem if stem.isidentifier() and stem not in sys.modules else None
-    if name is None:
-        _loaded_count += 1
-        name = f"_shapeguard_target_{_loaded_count}"
+    return name, [folder], [folder]
+
+
+def _find_module(dotted: str) -> tuple[str, str, list[str], list[str]]:
+    """`-m pkg.model`: the module's name, its file, the folders to make importable and the
+    model's own folder, looked up from the working directory as `python -m` does."""
+    cwd = os.getcwd()
+    if not all(part.isidentifier() for part in dotted.split(".")):
+        raise LoadError(f"-m {dotted!r} is not a dotted module name; write e.g. -m mypkg.model")
+    saved_path, before = list(sys.path), set(sys.modules)
+    sys.path.insert(0, cwd)
+    reason = ""
+    try:
+        spec = importlib.util.find_spec(dotted)
+    except (ImportError, ValueError) as error:
+        spec, reason = None, f" ({error})"
+    finally:
+        sys.path[:] = saved_path
+        for added in set(sys.modules) - before:  # find_spec imported the parent packages
+            del sys.modules[added]
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise LoadError(
+            f"no module named {dotted!r} under {display(cwd)}{reason}; run from the folder "
+            "above the package, or give the path of the file"
+        )
+    top = os.path.dirname(spec.origin)
+    for _ in dotted.split(".")[1:]:
+        top = os.path.dirname(top)
+    return dotted, spec.origin, [cwd], [top]
+
+
+def display(path: str) -> str:
+    from ._source import display_path
+
+    return display_path(path) or "."
+
+
+def _compile(path: str):
     try:
         with open(path, "rb") as f:
-            code = compile(f.read(), path, "exec")
+            return compile(f.read(), path, "exec")
     except SyntaxError as error:
         from ._source import display_path
 
@@ -116,28 +278,39 @@ def loaded(path: str):
         ) from error
     except (OSError, ValueError) as error:
         raise LoadError(f"cannot read {path}: {error}") from error
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, folder)
-    # Registered before it runs: dataclasses and pickling look the module up by name.
-    sys.modules[name] = module
+
+
+def _execute(name: str, path: str, code, shown: str) -> ModuleType:
+    """Run `code` as the module `name` (its parent packages imported first)."""
+    parent = name.rpartition(".")[0]
+    is_package = os.path.basename(path) == "__init__.py"
     try:
-        try:
-            exec(code, module.__dict__)
-        except ShapeError:
-            raise
-        except ImportError as error:
-            raise LoadError(
-                f"importing {os.path.basename(path)} failed: {error}; install what it imports, "
-                "or run from the folder its imports expect"
-            ) from error
-        except Exception as error:
-            raise ModelCrashed(f"importing {os.path.basename(path)}", error, path) from error
-        yield module
-    finally:
-        sys.modules.pop(name, None)
-        with contextlib.suppress(ValueError):
-            sys.path.remove(folder)
+        if parent:
+            importlib.import_module(parent)
+        spec = importlib.util.spec_from_file_location(
+            name,
+            path,
+            submodule_search_locations=[os.path.dirname(path)] if is_package else None,
+        )
+        module = importlib.util.module_from_spec(spec)
+        # Registered before it runs: dataclasses and pickling look the module up by name.
+        sys.modules[name] = module
+        exec(code, module.__dict__)
+    except ShapeError:
+        raise
+    except SystemExit as error:
+        raise LoadError(
+            f"{shown} called sys.exit({error.code!r}) while being imported (argparse?); pass "
+            f"the script's own arguments after --, e.g. shapeguard trace {shown} -- --lr 0.1"
+        ) from None
+    except ImportError as error:
+        raise LoadError(
+            f"importing {shown} failed: {error}; install what it imports, "
+            "or run from the folder its imports expect"
+        ) from error
+    except Exception as error:
+        raise ModelCrashed(f"importing {shown}", error, path) from error
+    return module
 
 
 # -- picking the model -----------------------------------------------------------------------
@@ -151,6 +324,10 @@ class Picked:
     how: str
     path: str = ""
     kwargs: dict = field(default_factory=dict)
+    # How the header shows an argument shapeguard made (`config=TinyConfig()`).
+    shown: dict = field(default_factory=dict)
+    # `file:line` of what built the model in the file (`model = ...`, `def build_model`).
+    site: str = ""
 
 
 def parse_assignments(items: tuple[str, ...] | list[str], option: str) -> dict:
@@ -210,28 +387,38 @@ def pick_model(
         model = target
         if device == "meta":
             model = _to_meta(model)
-        return Picked(model, how, path)
+        return Picked(model, how, path, site=_site(module, target))
     if not callable(target):
         raise LoadError(
             f"{how} is a {type(target).__name__}, not an nn.Module, a class or a factory"
         )
-    _check_binds(target, kwargs, how)
+    made = _defaults(target, kwargs, module, how)
+    _check_binds(target, kwargs, how, tuple(made))
+    shown = {}
+    for name, (value, text) in made.items():
+        kwargs[name], shown[name] = value, text
     try:
         with on_device(device):
             model = target(**kwargs)
     except ShapeError as error:
         raise _located(error, target, kwargs, path) from None
     except Exception as error:
+        if is_memory_error(error):
+            first = (error_lines(error) or [type(error).__name__])[0]
+            raise LoadError(
+                f"building the model ({_call_text(target, kwargs, shown)}) needs more memory "
+                f"than is free ({first}); use --device meta to check shapes with no memory"
+            ) from None
         raise ModelCrashed(
-            f"building the model ({_call_text(target, kwargs)})", error, path
+            f"building the model ({_call_text(target, kwargs, shown)})", error, path
         ) from error
     if not isinstance(model, torch.nn.Module):
         raise LoadError(
-            f"{_call_text(target, kwargs)} returned a {type(model).__name__}, not an nn.Module"
+            f"{_call_text(target, kwargs, shown)} returned a {type(model).__name__}, not an nn.Module"
         )
     if device == "meta":
         model = _to_meta(model)
-    return Picked(model, how, path, kwargs)
+    return Picked(model, how, path, kwargs, shown, _site(module, target))
 
 
 def _default_target(module: ModuleType, kwargs: dict, filename: str):
@@ -314,20 +501,24 @@ def _binds(target, kwargs: dict) -> bool:
     return True
 
 
-def _check_binds(target, kwargs: dict, how: str) -> None:
+def _check_binds(target, kwargs: dict, how: str, made: tuple = ()) -> None:
     try:
         signature = inspect.signature(target)
     except (TypeError, ValueError):
         return
     try:
-        signature.bind(**kwargs)
+        signature.bind(**kwargs, **dict.fromkeys(made))
     except TypeError as error:
         params = [
             p
             for p in signature.parameters.values()
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         ]
-        missing = [p.name for p in params if p.default is p.empty and p.name not in kwargs]
+        missing = [
+            p.name
+            for p in params
+            if p.default is p.empty and p.name not in kwargs and p.name not in made
+        ]
         unknown = [k for k in kwargs if k not in signature.parameters]
         accepts_var_kw = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
         if unknown and not accepts_var_kw:
@@ -339,8 +530,110 @@ def _check_binds(target, kwargs: dict, how: str) -> None:
             raise LoadError(
                 f"{how} needs {', '.join(missing)}; pass "
                 + " ".join(f"--arg {m}=VALUE" for m in missing)
+                + ", or add a build_model() function to the file"
             ) from None
         raise LoadError(f"{how} cannot take these arguments: {error}") from None
+
+
+_CONFIG_WORDS = ("config", "cfg", "conf", "hparams", "params", "args", "opt", "settings")
+
+
+def _defaults(target, kwargs: dict, module: ModuleType, how: str) -> dict[str, tuple]:
+    """Values for the constructor parameters that need an object `--arg` cannot write: a
+    config made by its class's defaults, the class read from the parameter's annotation or
+    the file's one `*Config` class. {name: (value, how the header shows it)}."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return {}
+    try:
+        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+    except Exception:
+        hints = {}
+    made: dict[str, tuple] = {}
+    for param in signature.parameters.values():
+        if param.name in kwargs or param.default is not param.empty:
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        annotation = hints.get(param.name, param.annotation)
+        cls = (
+            annotation
+            if inspect.isclass(annotation)
+            and annotation is not param.empty
+            and annotation.__module__ not in ("builtins", "typing")
+            else None
+        )
+        if cls is None and param.name.lower().endswith(_CONFIG_WORDS):
+            cls = _config_class(module, target, param.name, how)
+        if cls is None:
+            continue
+        try:
+            made[param.name] = (cls(), f"{cls.__name__}()")
+        except Exception as error:
+            raise LoadError(
+                f"{how} needs {param.name}, and {cls.__name__}() fails without arguments "
+                f"({type(error).__name__}: {error}); add a build_model() function to the file"
+            ) from None
+    return made
+
+
+def _config_class(module: ModuleType, target, param: str, how: str) -> type | None:
+    """The file's config class for `param`: the one class named like a config that builds
+    with no arguments (the one named after the model when there are several)."""
+    candidates = []
+    for value in vars(module).values():
+        if not inspect.isclass(value) or not value.__name__.endswith(("Config", "Args", "Params")):
+            continue
+        try:
+            inspect.signature(value).bind()
+        except (TypeError, ValueError):
+            continue
+        candidates.append(value)
+    if len(candidates) > 1:
+        stem = getattr(target, "__name__", "")
+        named = [c for c in candidates if stem.startswith(c.__name__.removesuffix("Config"))]
+        candidates = named if len(named) == 1 else candidates
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        names = ", ".join(c.__name__ for c in candidates)
+        raise LoadError(
+            f"{how} needs {param}, and the file has several config classes ({names}); add a "
+            "build_model() function that builds the model with the one you mean"
+        )
+    raise LoadError(
+        f"{how} needs {param}, a config object; --arg takes only literals, and the file has no "
+        f"config class to build one with its defaults: add a build_model() function to the file"
+    )
+
+
+def _site(module: ModuleType, target) -> str:
+    """`file:line` where the file builds or defines the model: the `model = ...` statement,
+    else the function or class definition."""
+    from ._source import display_path
+
+    path = getattr(module, "__file__", None) or ""
+    if not path:
+        return ""
+    line = 0
+    if inspect.isclass(target) or inspect.isfunction(target):
+        try:
+            line = inspect.getsourcelines(target)[1]
+        except (OSError, TypeError):
+            line = 0
+    else:
+        try:
+            tree = ast.parse(inspect.getsource(module))
+        except (OSError, TypeError, SyntaxError):
+            tree = None
+        for node in getattr(tree, "body", ()):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and getattr(module, t.id, None) is target
+                for t in node.targets
+            ):
+                line = node.lineno
+    return f"{display_path(path)}:{line}" if line else ""
 
 
 def _located(error: ShapeError, target, kwargs: dict, path: str) -> ShapeError:
@@ -376,9 +669,10 @@ def _located(error: ShapeError, target, kwargs: dict, path: str) -> ShapeError:
     )
 
 
-def _call_text(target, kwargs: dict) -> str:
+def _call_text(target, kwargs: dict, shown: dict | None = None) -> str:
     name = getattr(target, "__name__", type(target).__name__)
-    return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) + ")"
+    shown = shown or {}
+    return f"{name}(" + ", ".join(f"{k}={shown.get(k) or repr(v)}" for k, v in kwargs.items()) + ")"
 
 
 @contextlib.contextmanager

@@ -121,8 +121,9 @@ _ops(QUERY, """
 _CASTS = "float half bfloat16 double long int short bool byte char type_as to type cpu cuda"
 for _name in _CASTS.split():
     _op(_name, SAME, keeps_label=True, keeps_value=True, makes_mask=_name == "bool")
-for _name in ["contiguous", "clone", "requires_grad_", "cumsum"]:
+for _name in ["contiguous", "clone", "requires_grad_"]:
     _op(_name, SAME, keeps_label=True, keeps_value=True)
+_op("cumsum", SAME, keeps_label=True)  # new values: a buffer summed is no longer that buffer
 _op("detach", SAME, "detach_", keeps_label=True, keeps_value=True, aliases=True)
 # fmt: off
 _ops(SAME, """

@@ -1,7 +1,7 @@
 """The pytest plugin: run tests inside a shapeguard trace and fail them on shape violations.
 
 Registered under the `pytest11` entry point as `shapeguard` (`-p no:shapeguard` turns it
-off). It does nothing until asked: `--shapeguard` or the ini key `shapeguard = true` for
+off; its ini keys stay declared by `_pytest_ini`, an entry point of its own). It does nothing until asked: `--shapeguard` or the ini key `shapeguard = true` for
 every test, `@pytest.mark.shapeguard(mode=..., strict=...)` for one test or module,
 `@pytest.mark.no_shapeguard` to opt one out. torch is imported by the first traced test
 (`Trace.__enter__` loads the session), never by loading the plugin.
@@ -19,6 +19,7 @@ import pytest
 
 from ._config import MODES, is_enabled
 from ._errors import Finding, ShapeWarning
+from ._pytest_ini import MARKERS, add_ini_keys
 from ._record import Event, Trace
 
 _LAST_OPS = 10  # ops listed before the violation in the report section
@@ -85,30 +86,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="ShapeWarnings (legal but suspicious shapes) fail the test too; without it they "
         "are reported and never raised. Implies --shapeguard (ini: shapeguard_strict).",
     )
-    parser.addini(
-        "shapeguard", "run every test inside a shapeguard trace", type="bool", default=False
-    )
-    parser.addini(
-        "shapeguard_mode", "raise or warn (see --shapeguard-mode)", type="string", default="raise"
-    )
-    parser.addini(
-        "shapeguard_strict",
-        "ShapeWarnings fail the test (see --shapeguard-strict)",
-        type="bool",
-        default=False,
-    )
+    # Also declared by `_pytest_ini` (its own entry point), which `-p no:shapeguard` leaves on.
+    add_ini_keys(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "shapeguard(mode='raise', strict=False): run this test inside a shapeguard trace; "
-        "a shape violation fails it",
-    )
-    config.addinivalue_line(
-        "markers",
-        "no_shapeguard: never trace this test (for tests that trigger shape violations on purpose)",
-    )
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
     mode_option = config.getoption("shapeguard_mode")
     strict_option = config.getoption("shapeguard_strict")
     mode = mode_option or str(config.getini("shapeguard_mode")).strip()
@@ -221,6 +205,9 @@ def pytest_runtest_call(item: pytest.Item):
         with trace:
             plan.opened = True
             result = yield
+    from . import _suppress
+
+    _suppress.apply(trace)
     if plan.checked:
         _fail_on_findings(trace)
     return result

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ._axes import Axes, format_shape
 from ._errors import Finding, ShapeError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(slots=True)
@@ -127,6 +127,8 @@ class Trace:
     # opened inside it, and collects their findings when they close.
     background: bool = False
     findings: list[Finding] = field(default_factory=list)
+    # Findings silenced by `# shapeguard: ignore[kind]` on their line (`_suppress`).
+    suppressed: list[Finding] = field(default_factory=list)
     modules_seen: int = 0
     dropped_events: int = 0
     _session: object = field(default=None, repr=False)
@@ -136,6 +138,7 @@ class Trace:
     _pending: list[tuple] = field(default_factory=list, repr=False)
     _live: int = field(default=0, repr=False)  # sessions recording into it now
     _finding_index: dict = field(default_factory=dict, repr=False)  # see `absorb`
+    _suppressed_index: dict = field(default_factory=dict, repr=False)  # see `add_suppressed`
     _forward: int = field(default=0, repr=False)  # forwards of a root module so far
     _replayed: int = field(default=0, repr=False)  # steps its sessions replayed (`_replay`)
     _steps: int = field(default=0, repr=False)  # steps its sessions made in all
@@ -242,18 +245,19 @@ class Trace:
     def add_finding(self, error: ShapeError, severity: str = "error") -> None:
         """Record `error` as a finding, placed after the last event the trace holds; the
         same finding again (every forward of a long trace) only counts."""
-        self.absorb(
-            Finding(
-                kind=error.kind,
-                severity=severity,
-                message=error.render(),
-                op=error.op,
-                module=error.module,
-                location=error.location,
-                hint=error.hint,
-                event_index=self.event_count,
-            )
-        )
+        self.absorb(Finding.of(error, severity, self.event_count))
+
+    def add_suppressed(self, error: ShapeError, severity: str = "error") -> None:
+        """Record `error` as silenced by `# shapeguard: ignore[kind]`; the same one again
+        only counts, so a long trace keeps one per place and message."""
+        finding = Finding.of(error, severity, self.event_count)
+        key = (finding.kind, finding.severity, finding.location, finding.message)
+        seen = self._suppressed_index.get(key)
+        if seen is not None:
+            seen.count += 1
+            return
+        self._suppressed_index[key] = finding
+        self.suppressed.append(finding)
 
     def absorb(self, finding: Finding) -> None:
         """Keep `finding`, unless a forward before this one (of a long trace) made the
@@ -338,12 +342,19 @@ class Trace:
             "mode": self.mode,
             "events": [e.to_dict() for e in self.events],
             "findings": [f.to_dict() for f in self.findings],
+            "suppressed": [f.to_dict() for f in self.suppressed],
             "dropped_events": self.dropped_events,
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
         """The trace in the versioned JSON schema documented in docs/json-schema.md."""
         return json.dumps(self.to_dict(), indent=indent)
+
+    def _repr_html_(self) -> str:
+        """The HTML report's flow and table, for a notebook cell (Jupyter calls this)."""
+        from .report.html import render_fragment
+
+        return render_fragment(self)
 
     def __str__(self) -> str:
         return self.table()

@@ -6,10 +6,11 @@ contract, a guard's config check), the model's own crash, or a failure before an
 forward ran (`failure_trace`).
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ._errors import Finding, ShapeError
-from ._loader import ModelCrashed, on_device
+from ._loader import ModelCrashed, error_lines, is_memory_error, on_device
 
 
 @dataclass(slots=True)
@@ -20,6 +21,8 @@ class Run:
     shape_error: BaseException | None = None
     crash: ModelCrashed | None = None
     warnings: list = field(default_factory=list)
+    # The forward ran out of memory (or a size overflowed): what torch said, for a usage error.
+    memory: str = ""
 
     @property
     def failed(self) -> bool:
@@ -27,7 +30,15 @@ class Run:
 
 
 def run_traced(
-    model, args: tuple, kwargs: dict, *, strict: bool = False, path: str = "", device: str = "cpu"
+    model,
+    args: tuple,
+    kwargs: dict,
+    *,
+    strict: bool = False,
+    path: str = "",
+    device: str = "cpu",
+    site: str = "",
+    prepare=None,
 ) -> Run:
     """Run `model(*args, **kwargs)` once under a shapeguard trace and keep the trace even
     when the forward fails (a `shapeguard.trace(model, ...)` call would lose it).
@@ -60,6 +71,8 @@ def run_traced(
             session = open_session(trace, root=model)
             try:
                 session.enter_module(model, args, kwargs)
+                if prepare is not None:
+                    prepare(session)
                 with torch.no_grad(), on_device(device):
                     model(*args, **kwargs)
             except ShapeError as error:
@@ -82,7 +95,31 @@ def run_traced(
     finally:
         fake_logger.setLevel(previous_level)
     run.warnings = [w for w in caught if not issubclass(w.category, ShapeWarning)]
+    cause = run.crash.error if run.crash else getattr(run.shape_error, "__cause__", None)
+    if cause is not None and is_memory_error(cause):
+        run.memory = (error_lines(cause) or [type(cause).__name__])[0]
+    if site:
+        _place(trace, site)
+    from . import _suppress
+
+    _suppress.apply(trace)
     return run
+
+
+def _place(trace, site: str) -> None:
+    """Give the ops and findings no user frame placed the model's own site in the file."""
+    for i, event in enumerate(trace.events):
+        if not event.location:
+            trace.events[i] = dataclasses.replace(event, location=site)
+    for finding in trace.findings:
+        if not finding.location:
+            finding.location = site
+
+
+def _register_floor() -> None:
+    from ._source import stop_at
+
+    stop_at(run_traced.__code__)
 
 
 def add_error(
@@ -123,3 +160,6 @@ def failure_trace(kind: str, message: str, location: str, hint: str):
     trace = Trace()
     add_error(trace, kind, message, location=location, hint=hint)
     return trace
+
+
+_register_floor()

@@ -15,7 +15,7 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _axes, _composites, _config, _construction, _flash, _ops, _replay, _source
+from . import _axes, _composites, _config, _construction, _flash, _ops, _replay, _source, _suppress
 from . import checks as _checks
 from ._axes import Axes, format_shape
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
@@ -468,7 +468,7 @@ class Session:
         names = _parameter_names(type(module))
         tensors = [(names[i] if i < len(names) else f"arg{i}", a) for i, a in enumerate(args)]
         tensors += list(kwargs.items())
-        return [(name, t) for name, t in tensors if isinstance(t, torch.Tensor)]
+        return [leaf for name, value in tensors for leaf in _nested_tensors(name, value)]
 
     def _name_inputs(self, module, args: tuple, kwargs: dict, step=None) -> None:
         """The root's inputs: parameter names as labels, axes by the usual layouts."""
@@ -1027,6 +1027,10 @@ class Session:
         violation.op = violation.op or call.op
         context = self._context(call)
         error = ShapeError.from_violation(violation, context)
+        if violation.kind in _suppress.kinds_ignored(context.location):
+            # `# shapeguard: ignore[kind]` on the user's line: listed, never raised or warned.
+            self.trace.add_suppressed(error, violation.severity)
+            return None
         self.trace.add_finding(error, violation.severity)
         message = error.render()
         is_error = violation.severity == "error" or self.trace.strict
@@ -1193,6 +1197,26 @@ def _tensors_of_args(args: tuple) -> list:
             found.append(a)
         elif isinstance(a, tuple | list):
             found.extend(t for t in a if isinstance(t, torch.Tensor))
+    return found
+
+
+def _nested_tensors(name: str, value, depth: int = 0) -> list:
+    """(label, tensor) for a root input and the tensors nested in it: a dict or dataclass
+    batch (`batch.input_ids`), a few levels deep. Tuples are not looked into (a legacy
+    cache is a tuple of tuples of past keys and values, not a batch)."""
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if depth >= 3:
+        return []
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
+        items = [(f, getattr(value, f, None)) for f in value.__dataclass_fields__]
+    else:
+        return []
+    found = []
+    for key, item in items:
+        found += _nested_tensors(f"{name}.{key}", item, depth + 1)
     return found
 
 

@@ -8,6 +8,7 @@ every expression site is cached, so the cost after the first call is a lookup.
 """
 
 import ast
+import dataclasses
 import functools
 import importlib.util
 import inspect
@@ -43,6 +44,17 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_skip_dirs()) or filename.startswith("<frozen")
 
 
+# Code of shapeguard's own runners of a model (the CLI's `run_traced`): the frames below
+# them (click, the console script, pytest) are never the user's.
+_FLOORS: set[CodeType] = set()
+
+
+def stop_at(code: CodeType) -> None:
+    """Never look for the user's frame below a frame running `code`."""
+    _FLOORS.add(code)
+    _kinds.pop(id(code), None)  # classified again, as a floor
+
+
 @dataclass(frozen=True, slots=True)
 class Site:
     """One expression in the user's source, as far as shapeguard needs it."""
@@ -57,17 +69,23 @@ class Site:
     in_module: bool = False  # the op ran inside a module's forward called from this line
     scope: int = 0  # the first line of the function the expression is in
     keywords: tuple[tuple[str, str], ...] = ()  # keyword arguments of a call: (name, expression)
+    returned: bool = False  # the expression is the value of a `return`
 
     @property
     def location(self) -> str:
         return f"{display_path(self.filename)}:{self.lineno}"
 
 
-@functools.lru_cache(maxsize=1024)
 def display_path(filename: str) -> str:
     """The path relative to the working directory when it is below it, else as it is."""
+    return _display_path(filename, os.getcwd())
+
+
+@functools.lru_cache(maxsize=1024)
+def _display_path(filename: str, cwd: str) -> str:
+    # Keyed by the working directory too: after os.chdir the same file reads differently.
     try:
-        rel = os.path.relpath(filename)
+        rel = os.path.relpath(filename, cwd)
     except ValueError:
         return filename
     return filename if rel.startswith("..") else rel
@@ -78,10 +96,11 @@ _TORCH_MODULES = os.sep + os.path.join("torch", "nn", "modules") + os.sep
 
 
 # What each code object on the stack is, by id (the entry keeps the code alive, so the id
-# is not reused): the user's (0), internal (1), internal and an nn.Module's forward (2).
-# Keyed by id because code objects compare (and hash) by content: two files may hold equal
-# ones, and hashing a code object hashes its constants.
+# is not reused): the user's (0), internal (1), internal and an nn.Module's forward (2), a
+# floor (3: see `stop_at`). Keyed by id because code objects compare (and hash) by
+# content: two files may hold equal ones, and hashing a code object hashes its constants.
 _kinds: dict[int, tuple[CodeType, int]] = {}
+_INTERNAL, _IN_MODULE, _FLOOR = 1, 2, 3
 
 
 def _kind(code: CodeType) -> int:
@@ -89,7 +108,12 @@ def _kind(code: CodeType) -> int:
     if entry is not None and entry[0] is code:
         return entry[1]
     filename = code.co_filename
-    kind = 0 if not _is_internal(filename) else 2 if _TORCH_MODULES in filename else 1
+    if not _is_internal(filename):
+        kind = 0
+    elif code in _FLOORS:
+        kind = _FLOOR
+    else:
+        kind = _IN_MODULE if _TORCH_MODULES in filename else _INTERNAL
     if len(_kinds) > 20_000:
         _kinds.clear()
     _kinds[id(code)] = (code, kind)
@@ -107,8 +131,11 @@ def user_frame() -> FrameType | None:
     """The innermost frame on the current stack that is the user's."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        if not _kind(frame.f_code):
+        kind = _kind(frame.f_code)
+        if not kind:
             return frame
+        if kind == _FLOOR:
+            return None
         frame = frame.f_back
     return None
 
@@ -219,9 +246,14 @@ def user_site() -> Site | None:
             lasti = frame.f_lasti
             entry = _site_cache.get((id(code), lasti, in_module))
             if entry is not None and entry[0] is code:
-                return entry[1]
-            return _site_for(code, lasti, in_module)
-        if kind == 2:
+                site = entry[1]
+            else:
+                site = _site_for(code, lasti, in_module)
+            # Named by the caller's line, which differs from call to call: never cached.
+            return _named_by_caller(frame, site) if site.returned else site
+        if kind == _FLOOR:
+            return None
+        if kind == _IN_MODULE:
             in_module = True
         frame = frame.f_back
     return None
@@ -229,6 +261,23 @@ def user_site() -> Site | None:
 
 # Sites by (id of the code object, instruction, in a module); the entry keeps the code.
 _site_cache: dict[tuple[int, int, bool], tuple[CodeType, Site]] = {}
+
+
+def _named_by_caller(frame: FrameType, site: Site, depth: int = 0) -> Site:
+    """A helper's returned value named as its caller names it: `Q = self.split_heads(x)`
+    names what `split_heads` returns `Q`, not `output` (a module's forward is not a
+    helper: torch calls it)."""
+    caller = frame.f_back
+    if caller is None or depth > 3 or _kind(caller.f_code):
+        return site
+    outer = _site_for(caller.f_code, caller.f_lasti, False)
+    if outer.callee != frame.f_code.co_name or not outer.targets:
+        return site
+    if outer.returned:
+        outer = _named_by_caller(caller, outer, depth + 1)
+        if outer.returned:
+            return site
+    return dataclasses.replace(site, targets=outer.targets, returned=False)
 
 
 def _site_for(code: CodeType, lasti: int, in_module: bool) -> Site:
@@ -260,7 +309,7 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
     found = node_index.get((lineno, col, end_lineno, end_col))
     if found is None:
         return Site(filename, lineno, source, in_module=in_module, scope=code.co_firstlineno)
-    node, targets = found
+    node, targets, returned = found
     callee, receiver, args = _describe(node)
     keywords = (
         tuple((k.arg, ast.unparse(k.value)) for k in node.keywords if k.arg)
@@ -278,10 +327,11 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
         in_module,
         code.co_firstlineno,
         keywords,
+        returned,
     )
 
 
-_NodeIndex = dict[tuple[int, int, int, int], tuple[ast.AST, tuple[str, ...]]]
+_NodeIndex = dict[tuple[int, int, int, int], tuple[ast.AST, tuple[str, ...], bool]]
 # id of the parsed tree -> (the tree, its index): indexed once, when a site first needs it.
 _indexes: dict[int, tuple[ast.AST, _NodeIndex]] = {}
 
@@ -318,15 +368,18 @@ _OP_NODES = (ast.Call, ast.BinOp, ast.Compare, ast.Subscript, ast.UnaryOp, ast.A
 
 def _index_tree(tree: ast.AST, index: _NodeIndex) -> None:
     spine_targets: dict[int, tuple[str, ...]] = {}
+    returned: set[int] = set()
     for stmt in ast.walk(tree):
         value, targets = _statement_value(stmt)
         if value is not None:
             for node in _spine(value):
                 spine_targets[id(node)] = targets
+                if isinstance(stmt, ast.Return):
+                    returned.add(id(node))
     for node in ast.walk(tree):
         if isinstance(node, _OP_NODES) and getattr(node, "end_lineno", None) is not None:
             key = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
-            index.setdefault(key, (node, spine_targets.get(id(node), ())))
+            index.setdefault(key, (node, spine_targets.get(id(node), ()), id(node) in returned))
 
 
 def _statement_value(stmt: ast.AST) -> tuple[ast.AST | None, tuple[str, ...]]:

@@ -790,15 +790,18 @@ class EinopsFolded(nn.Module):
 # -- nn.MultiheadAttention in user modules -----------------------------------------------
 class MHAEncoder(nn.Module):
     """A user's encoder block on nn.MultiheadAttention; x is [batch, seq, d_model] and
-    attention_mask [batch, seq] with 1 for real tokens. Built with batch_first=False, the
-    block transposes to the module's [seq, batch, d_model] and back."""
+    attention_mask [batch, seq] with 1 for real tokens. Learned positions are added along
+    the sequence axis first. Built with batch_first=False, the block transposes to the
+    module's [seq, batch, d_model] and back."""
 
-    def __init__(self, d_model, n_heads, batch_first=True, bug=None):
+    def __init__(self, d_model, n_heads, batch_first=True, bug=None, max_len=128):
         super().__init__()
         self.bug = bug
+        self.pos = nn.Embedding(max_len, d_model)
         self.attn = nn.MultiheadAttention(d_model, n_heads, batch_first=batch_first)
 
     def forward(self, x, attention_mask=None):
+        x = x + self.pos(torch.arange(x.shape[1], device=x.device))
         pad = None  # key_padding_mask hides the keys where it is True
         if attention_mask is not None:
             bug = self.bug == "mask_polarity"
@@ -815,19 +818,89 @@ class MHAEncoder(nn.Module):
 
 
 class TorchEncoder(nn.Module):
-    """PyTorch's own nn.TransformerEncoderLayer in a user's model; x is [batch, seq, d_model]."""
+    """PyTorch's own nn.TransformerEncoderLayer in a user's model; x is [batch, seq, d_model],
+    with learned positions added along seq first."""
 
-    def __init__(self, d_model, n_heads, batch_first=True, bug=None):
+    def __init__(self, d_model, n_heads, batch_first=True, bug=None, max_len=128):
         super().__init__()
         self.bug = bug
+        self.pos = nn.Embedding(max_len, d_model)
         self.layer = nn.TransformerEncoderLayer(
             d_model, n_heads, dim_feedforward=2 * d_model, dropout=0.0, batch_first=batch_first
         )
 
     def forward(self, x):
+        x = x + self.pos(torch.arange(x.shape[1], device=x.device))
         if self.layer.self_attn.batch_first or self.bug == "mha_batch_first":
             return self.layer(x)  # <- mha_batch_first
         return self.layer(x.transpose(0, 1)).transpose(0, 1)
+
+
+class SeqFirstEncoder(nn.Module):
+    """Legacy seq-first code (the old nn.Transformer tutorial): x is [seq, batch, d_model]
+    all the way, handed to modules built with the default batch_first=False. With
+    `positions` a sinusoidal table is added along axis 0 (`pe[:x.size(0)]`) or learned
+    positions of arange along axis 0."""
+
+    def __init__(self, d_model, n_heads, positions=None, max_len=128, torch_layer=False):
+        super().__init__()
+        self.positions = positions
+        position = torch.arange(max_len).unsqueeze(1)
+        div = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        pe = torch.zeros(max_len, 1, d_model)
+        pe[:, 0, 0::2] = torch.sin(position * div)
+        pe[:, 0, 1::2] = torch.cos(position * div)[:, : d_model // 2]
+        self.register_buffer("pe", pe)
+        self.pos = nn.Embedding(max_len, d_model)
+        if torch_layer:
+            self.layer = nn.TransformerEncoderLayer(d_model, n_heads, 2 * d_model, dropout=0.0)
+            self.attn = None
+        else:
+            self.layer = None
+            self.attn = nn.MultiheadAttention(d_model, n_heads)
+
+    def forward(self, x, src_key_padding_mask=None):
+        if self.positions == "sinusoidal":
+            x = x + self.pe[: x.size(0)]
+        elif self.positions == "learned":
+            x = x + self.pos(torch.arange(x.size(0), device=x.device))[:, None]
+        if self.layer is not None:
+            return self.layer(x, src_key_padding_mask=src_key_padding_mask)
+        context, _ = self.attn(x, x, x, key_padding_mask=src_key_padding_mask, need_weights=False)
+        return x + context
+
+
+class SeqFirstFolded(nn.Module):
+    """fairseq's and F.multi_head_attention_forward's style: x is [tgt_len, bsz, embed],
+    heads folded into the batch by `view(tgt_len, bsz * heads, head_dim)` then moved
+    first; key_padding_mask is [bsz, src_len] with True for padding."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.num_heads, self.head_dim = n_heads, d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x, key_padding_mask=None):
+        tgt_len, bsz, embed_dim = x.size()
+        q = self.q_proj(x) * self.head_dim**-0.5
+        k, v = self.k_proj(x), self.v_proj(x)
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        k = k.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        v = v.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        src_len = k.size(1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))
+        if key_padding_mask is not None:
+            attn_weights = attn_weights.view(bsz, self.num_heads, tgt_len, src_len)
+            hidden = key_padding_mask.unsqueeze(1).unsqueeze(2).to(torch.bool)
+            attn_weights = attn_weights.masked_fill(hidden, float("-inf"))
+            attn_weights = attn_weights.view(bsz * self.num_heads, tgt_len, src_len)
+        attn_probs = F.softmax(attn_weights, dim=-1)
+        attn = torch.bmm(attn_probs, v)
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        return self.out_proj(attn)
 
 
 class MHAPerExampleMask(nn.Module):

@@ -5,11 +5,13 @@ attention implementation, a padding layout and a size setting. Correct third-par
 must give zero findings under `shapeguard.trace`, and their outputs under a trace or a
 guard must be bit-identical to a plain forward; `tests/test_real_models.py` asserts it.
 
-    python tests/real_models.py [-v] [NAME ...]
+    python tests/real_models.py [-v] [--check] [NAME ...]
 
 prints one line per configuration (findings, bit-identity; -v adds each distinct finding
 and output difference). NAMEs pick families by prefix (`llama`, `gpt`, `nn.`) and narrow
-by impl, padding or size setting (`sdpa`, `left`, `coincident`).
+by impl, padding or size setting (`sdpa`, `left`, `coincident`). `--check` runs
+`shapeguard.check` instead: each probe's status per configuration (n/a: not applicable),
+each failure and skip with its reason, and the counts per probe.
 """
 
 import functools
@@ -677,12 +679,45 @@ def _kinds(findings):
     return ", ".join(f"{k} x{n}" for k, n in counts.items()) or "-"
 
 
+def check_matrix(chosen):
+    """`shapeguard.check` on each configuration: statuses, failures and skips, and counts."""
+    from collections import Counter, defaultdict
+
+    from shapeguard._check import run_check
+
+    counts = defaultdict(Counter)
+    start = time.perf_counter()
+    for config in chosen:
+        model, args, kwargs = build(config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = run_check(model, args, kwargs)
+        cells = []
+        for r in report.results:
+            status = r.status if r.status != "skipped" or r.applicable else "n/a"
+            counts[r.name][status] += 1
+            cells.append(f"{r.name.split()[0][:10]}={status}")
+        print(f"{config.id:58} " + " ".join(cells))
+        for r in report.results:
+            if r.status == "failed" or (r.status == "skipped" and r.applicable):
+                print(f"    {r.status} {r.name}: {r.message.splitlines()[0]}")
+    total = Counter()
+    for name, by_status in counts.items():
+        print(f"{name:32} " + " ".join(f"{k}={v}" for k, v in sorted(by_status.items())))
+        total.update(by_status)
+    elapsed = time.perf_counter() - start
+    print(f"{len(chosen)} configurations, {dict(total)}, {elapsed:.1f} s")
+
+
 def main(argv):
     """One line per configuration; `-v` adds each distinct finding and output difference."""
     verbose = "-v" in argv
-    names = [a for a in argv if a != "-v"]
+    names = [a for a in argv if a not in ("-v", "--check")]
     torch.set_num_threads(1)
     chosen = select(configs(), names)
+    if "--check" in argv:
+        check_matrix(chosen)
+        return
     start, unclean = time.perf_counter(), 0
     for config in chosen:
         model, args, kwargs = build(config)

@@ -113,8 +113,11 @@ def test_check_probe_reports_a_ratio_and_the_probes(report):
     outcome = _outcome(report, "check_probe")
     if outcome.status == "missing":
         pytest.skip("bench/check_probe.py is not there")
-    (table,) = outcome.section.tables
+    table, *more = outcome.section.tables
     assert table.headers[0] == "size" and len(table.rows) == 1
+    for decode in more:  # the decode-consistency probe, where transformers is installed
+        assert decode.headers == ["model", "decode steps", "probe time", "result"]
+        assert decode.rows[0][1] == "4" and decode.rows[0][3] == "passed"
     row = table.rows[0]
     assert row[0] == "B=2, S=16, D=64"
     assert re.fullmatch(r"\d+\.\dx \(\d+\.\d-\d+\.\d\)", row[3]), row[3]

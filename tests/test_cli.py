@@ -233,13 +233,14 @@ def test_forward_violation_exits_1_with_findings_after_the_table(tmp_path):
     assert result.stderr == f"shapeguard: 1 error in {path}\n"
 
 
+@pytest.mark.no_shapeguard  # warns on purpose
 def test_a_warning_is_a_violation(tmp_path):
     path = write(tmp_path, ATTENTION.replace("scores.softmax(dim=-1)", "scores.softmax(dim=-2)"))
     result = run("trace", path)
     assert result.exit_code == 1
     assert "warning: softmax over seq_q (dim -2) of scores" in result.stdout
-    assert result.stdout.count("\n0 errors, 1 warnings") == 0
-    assert "; 0 errors, 1 warnings" in result.stdout
+    assert result.stdout.count("\n0 errors, 1 warning") == 0
+    assert "; 0 errors, 1 warning\n" in result.stdout
     assert result.stderr == f"shapeguard: 1 warning in {path}\n"
 
 
@@ -572,11 +573,12 @@ def test_inputs_from_jaxtyping_annotations(tmp_path):
     result = run("trace", path)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.splitlines()[1] == (
-        "inputs  x=[2, 5, 33] float32, memory=[2, 7, 33] float32, mask=[2, 1, 5, 7] bool  "
+        "inputs  x=[2, 5, 33] float32, memory=[2, 7, 33] float32, "
+        "mask=[2, 1, 5, 7] bool (True = real token; lengths 7, 5)  "
         "(from the forward's annotations: d_model=33, batch=2, seq=5, seq_k=7)"
     )
     bound = run("trace", path, "--dim", "seq_k=13")
-    assert "memory=[2, 13, 33] float32, mask=[2, 1, 5, 13] bool" in bound.stdout
+    assert "memory=[2, 13, 33] float32, mask=[2, 1, 5, 13] bool (" in bound.stdout
 
 
 def test_example_inputs_may_return_a_tuple_or_args_and_kwargs(tmp_path):
@@ -794,6 +796,7 @@ def test_python_dash_m_reports_usage_errors_with_status_2(tmp_path):
     assert done.stderr.startswith("shapeguard: error: no such file: ")
 
 
+@pytest.mark.no_shapeguard  # warns on purpose
 def test_strict_stops_at_the_first_warning(tmp_path):
     path = write(tmp_path, ATTENTION.replace("scores.softmax(dim=-1)", "scores.softmax(dim=-2)"))
     relaxed = run("trace", path)
@@ -808,12 +811,18 @@ def test_strict_stops_at_the_first_warning(tmp_path):
 def test_json_schema_doc_lists_exactly_the_fields_written():
     clean = json.loads(run("trace", SEED, "--json", "-").stdout)
     failed = json.loads(run("trace", SEED, "--input", "x=2,16,500", "--json", "-").stdout)
+    checked = json.loads(run("check", SEED, "--json", "-").stdout)
     written = {
         "Trace": set(clean),
         "Event": set(clean["events"][0]),
         "Tensor": set(clean["events"][0]["outputs"][0]),
         "Finding": set(failed["findings"][0]),
+        "Check": set(checked["check"]),
+        "Result": set(checked["check"]["results"][0]),
+        "CheckReport": set(checked["check"]["probes"]),
+        "ProbeResult": set(checked["check"]["probes"]["results"][0]),
     }
+    assert set(checked) == set(clean) | {"check"}
     with open(os.path.join(ROOT, "docs", "json-schema.md"), encoding="utf-8") as f:
         sections = re.split(r"^## ", f.read(), flags=re.MULTILINE)[1:]
     documented = {

@@ -572,8 +572,22 @@ def test_memory_key_padding_mask_of_the_wrong_length_is_caught_in_nn_transformer
     assert error.module == "layer.decoder.layers.0.multihead_attn (MultiheadAttention)"
 
 
+class PositionedBlock(nn.Module):
+    """Learned positions added along axis 1 (the sequence of a batch-first input), then
+    the layer: the positions are the witness of the input's layout."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.pos = nn.Embedding(16, SD)
+        self.layer = layer
+
+    def forward(self, x, *args, **kwargs):
+        x = x + self.pos(torch.arange(x.shape[1]))
+        return self.layer(x, *args, **kwargs)
+
+
 def test_batch_first_forgotten_in_a_user_module_is_caught():
-    block = Block(nn.TransformerEncoderLayer(SD, SH, 20))  # batch_first=False
+    block = PositionedBlock(nn.TransformerEncoderLayer(SD, SH, 20))  # batch_first=False
     x = torch.randn(SB, SS, SD)  # [batch, seq, d_model]
     with pytest.warns(ShapeWarning) as record:
         trace = shapeguard.trace(block, x, mode="warn")
@@ -591,8 +605,16 @@ def test_batch_first_forgotten_in_a_user_module_is_caught():
         "  hint: build nn.MultiheadAttention(..., batch_first=True), or pass x.transpose(0, 1) "
         "(and the same for key and value) and transpose the output back",
     ]
-    fixed = Block(nn.TransformerEncoderLayer(SD, SH, 20, batch_first=True))
+    fixed = PositionedBlock(nn.TransformerEncoderLayer(SD, SH, 20, batch_first=True))
     assert shapeguard.trace(fixed, x).findings == []
+
+
+def test_a_seq_first_input_to_a_seq_first_layer_is_no_finding():
+    """Without a witness, [seq, batch, d_model] into batch_first=False (correct, legacy
+    seq-first code) and [batch, seq, d_model] into it (the bug) are the same computation:
+    the input's usual batch-first layout alone must not call the correct one a bug."""
+    block = Block(nn.TransformerEncoderLayer(SD, SH, 20))
+    assert shapeguard.trace(block, torch.randn(SS, SB, SD)).findings == []
 
 
 def test_mask_semantics_still_read_the_composite_masks():

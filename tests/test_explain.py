@@ -216,6 +216,33 @@ TORCH_CASES = [
         id="mha-key-padding",
     ),
     pytest.param(
+        # A batch-first input to a module built without batch_first=True: it reads batch=SQ.
+        lambda: nn.MultiheadAttention(33, H)(
+            *(torch.randn(B, SQ, 33),) * 3, key_padding_mask=torch.zeros(B, SQ, dtype=torch.bool)
+        ),
+        "mha_key_padding_mask",
+        [
+            f"key_padding_mask has {B} rows, but the module reads a batch of {SQ} from the key",
+            "reads the key as [seq_k, batch, E]",
+            "batch_first=True",
+            f"key_padding_mask  [{B}, ...]  must be [batch={SQ}, seq_k]",
+        ],
+        id="mha-key-padding-batch-first",
+    ),
+    pytest.param(
+        lambda: torch.einsum(
+            "bhqd,bhkd->bhqk", torch.randn(B, H, SQ, DK), torch.randn(B, H, SK, 2 * DK)
+        ),
+        "einsum_dim",
+        [
+            f"einsum: subscript d has size {DK} in an earlier operand but {2 * DK} in operand 1",
+            f"operand 1  d={2 * DK}",
+            f"{2 * DK} = 2 x {DK}: one operand may hold 2 heads merged",
+            "in another order than it has them",
+        ],
+        id="einsum-size",
+    ),
+    pytest.param(
         _mha(attn_mask=torch.zeros(B, SQ, SQ, dtype=torch.bool)),
         "mha_attn_mask_3d",
         [

@@ -122,6 +122,18 @@ def padded(s: Sizes):
     return (torch.randn(s.batch, s.seq, s.d_model), zoo.attention_mask(s))
 
 
+def seq_first(s: Sizes):
+    return (torch.randn(s.seq, s.batch, s.d_model),)
+
+
+def seq_first_padded(s: Sizes):
+    return (torch.randn(s.seq, s.batch, s.d_model), zoo.attention_mask(s) == 0)
+
+
+def seq_first_model(inputs=seq_first, **options):
+    return built(lambda s, bug: zoo.SeqFirstEncoder(s.d_model, s.heads, **options), inputs)
+
+
 def cross(s: Sizes):
     memory_sizes = Sizes(**{**s.__dict__, "seq": s.seq_k})
     memory = torch.randn(s.batch, s.seq_k, s.d_model)
@@ -315,6 +327,18 @@ CORRECT = {
     "mha_seq_first": mha(zoo.MHAEncoder, False, padded),
     "encoder_layer_batch_first": mha(zoo.TorchEncoder, True),
     "encoder_layer_seq_first": mha(zoo.TorchEncoder, False),
+    # Seq-first code end to end ([seq, batch, d_model] into batch_first=False modules): the
+    # input's usual batch-first layout is no witness against it.
+    "seq_first_mha": seq_first_model(),
+    "seq_first_mha_padded": seq_first_model(seq_first_padded),
+    "seq_first_mha_sinusoidal": seq_first_model(positions="sinusoidal"),
+    "seq_first_mha_learned": seq_first_model(seq_first_padded, positions="learned"),
+    "seq_first_encoder_layer": seq_first_model(torch_layer=True),
+    "seq_first_encoder_layer_learned": seq_first_model(positions="learned", torch_layer=True),
+    "seq_first_fairseq": built(lambda s, bug: zoo.SeqFirstFolded(s.d_model, s.heads), seq_first),
+    "seq_first_fairseq_padded": built(
+        lambda s, bug: zoo.SeqFirstFolded(s.d_model, s.heads), seq_first_padded
+    ),
     "mha_per_example_mask": of(zoo.MHAPerExampleMask, padded),
     "patch_permute": patches("split"),
     "patch_conv": patches("conv"),
@@ -607,14 +631,43 @@ def ref_mha(attn, x, keep=None):
 
 
 def ref_mha_encoder(model, x, attention_mask=None):
+    x = x + model.pos.weight[: x.shape[1]]
     keep = None if attention_mask is None else keep_real_keys(attention_mask)
     return x + ref_mha(model.attn, x, keep)
 
 
-def ref_encoder_layer(model, x):
-    layer = model.layer  # post-norm, ReLU, no dropout
-    h = layer.norm1(x + ref_mha(layer.self_attn, x))
+def ref_torch_layer(layer, x, keep=None):
+    """nn.TransformerEncoderLayer on batch-first x: post-norm, ReLU, no dropout."""
+    h = layer.norm1(x + ref_mha(layer.self_attn, x, keep))
     return layer.norm2(h + layer.linear2(F.relu(layer.linear1(h))))
+
+
+def ref_encoder_layer(model, x):
+    return ref_torch_layer(model.layer, x + model.pos.weight[: x.shape[1]])
+
+
+def ref_seq_first(model, x, src_key_padding_mask=None):
+    """[S, B, E] in and out; computed batch-first."""
+    S = x.shape[0]
+    if model.positions == "sinusoidal":
+        x = x + model.pe[:S]
+    elif model.positions == "learned":
+        x = x + model.pos.weight[:S][:, None]
+    x = x.transpose(0, 1)
+    keep = None if src_key_padding_mask is None else ~src_key_padding_mask[:, None, None, :]
+    if model.layer is not None:
+        return ref_torch_layer(model.layer, x, keep).transpose(0, 1)
+    return (x + ref_mha(model.attn, x, keep)).transpose(0, 1)
+
+
+def ref_seq_first_folded(model, x, key_padding_mask=None):
+    """[T, B, E] in and out; computed batch-first with SDPA."""
+    xb = x.transpose(0, 1)
+    q, k, v = (
+        heads_of(proj(xb), model.num_heads) for proj in (model.q_proj, model.k_proj, model.v_proj)
+    )
+    keep = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+    return model.out_proj(merged(sdpa(q, k, v, attn_mask=keep))).transpose(0, 1)
 
 
 def ref_per_example_mask(model, x, attention_mask):
@@ -672,6 +725,8 @@ REFERENCES = {
     zoo.EinopsFolded: ref_einops,
     zoo.MHAEncoder: ref_mha_encoder,
     zoo.TorchEncoder: ref_encoder_layer,
+    zoo.SeqFirstEncoder: ref_seq_first,
+    zoo.SeqFirstFolded: ref_seq_first_folded,
     zoo.MHAPerExampleMask: ref_per_example_mask,
     zoo.EinopsMHAMask: ref_per_example_mask,
     zoo.PatchEmbed: ref_patches,

@@ -930,3 +930,29 @@ def test_json_carries_the_settled_names_of_a_real_model():
     assert jdec["outputs"][0]["axes"] == list(dec.axes)
     assert dec.axes[0] == "batch"
     assert dec.axes[1] in ("seq", "seq_q")
+
+
+def test_values_split_from_a_fused_projection_are_named_by_attention():
+    """nanoGPT's c_attn(x).split(C, dim=2): V takes part in no query-key product, so
+    attn @ V is what names its head split (heads, d_k), as the product names K's."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parent / "cli_models" / "token_lm.py"
+    spec = importlib.util.spec_from_file_location("token_lm_for_provenance", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    t = _trace(module.TinyLM(), _ids(2, 5))
+    values = [
+        r.named_shape for ev in t.events for r in ev.outputs if r.role == "V" and ev.op == "view"
+    ]
+    context = [
+        r.named_shape
+        for ev in t.events
+        if ev.op == "matmul"
+        for r in ev.outputs
+        if r.role == "context"
+    ]
+    assert values == ["[batch=2, seq=5, heads=4, d_k=12]"]
+    assert context == ["[batch=2, heads=4, seq_q=5, d_k=12]"]

@@ -18,6 +18,9 @@ from torch import nn
 import shapeguard
 from shapeguard import ShapeError, ShapeWarning
 
+# These tests provoke ShapeWarnings on purpose and assert on them.
+pytestmark = pytest.mark.no_shapeguard
+
 B, H, S, DK = 2, 3, 5, 11
 D = H * DK  # 33
 
@@ -219,11 +222,15 @@ def test_sdpa_given_batch_heads_seq_d_k_is_clean():
 
 
 class Encoder(nn.Module):
-    def __init__(self, batch_first):
+    def __init__(self, batch_first, positions=True):
         super().__init__()
+        self.positions = positions
+        self.pos = nn.Embedding(16, D)
         self.attn = nn.MultiheadAttention(D, H, batch_first=batch_first)
 
     def forward(self, x):  # x: [batch, seq, d_model]
+        if self.positions:  # positions of arange along axis 1: the sequence axis
+            x = x + self.pos(torch.arange(x.shape[1]))
         context, _ = self.attn(x, x, x, need_weights=False)
         return x + context
 
@@ -240,6 +247,13 @@ def test_multihead_attention_without_batch_first_given_batch_first_input():
 
 def test_multihead_attention_with_batch_first_is_clean():
     clean(Encoder(batch_first=True), torch.randn(B, S, D))
+
+
+@pytest.mark.parametrize("shape", [(S, B, D), (4, 4, D)], ids=["seq-first", "batch == seq"])
+def test_seq_first_code_without_a_witness_is_clean(shape):
+    """x [seq, batch, d_model] into batch_first=False is correct legacy code; with nothing
+    but the input's usual layout to go on it reads exactly like the bug, so it is left alone."""
+    clean(Encoder(batch_first=False, positions=False), torch.randn(*shape))
 
 
 def test_seq_first_multihead_attention_at_the_root_is_clean():

@@ -2,8 +2,9 @@
 
 Each probe changes the inputs (or the weights) in a way that must leave some part
 of the output unchanged (or permuted), runs the module, and measures how far the
-output moved, relative to the output's scale. The inputs are sliced and perturbed
-along the axes the trace identified as batch and seq; a probe that cannot tell
+output moved, relative to the output's scale, on real tokens only. The inputs'
+roles (token ids, data, padding masks and their polarity, which sequence each token
+axis is) come from the trace's axis provenance (`layout`); a probe that cannot tell
 those axes apart, or does not apply to the module, says so and is skipped.
 
 - batch independence: changing one example leaves the others' outputs alone;
@@ -14,43 +15,55 @@ those axes apart, or does not apply to the module, says so and is skipped.
 - head-permutation invariance: permuting heads in the Q/K/V projections' rows and
   the output projection's columns leaves the output unchanged;
 - length change: the module runs at a shorter length, and a causal module's first
-  t outputs are the outputs of the first t tokens alone.
+  t outputs are the outputs of the first t tokens alone;
+- decode consistency (causal modules with a cache): a prefill then one token at a time
+  with the module's own cache gives the outputs of one forward (`decode`).
 
 Everything here runs on a private copy of the module, in float64 when it can.
 
-The framework: `result` (ProbeResult), `tree` and `layout` (the inputs and their
-batch and seq axes), `edits` (changed inputs), `compare` (deviation and tolerance),
-`watch` (what the trace saw), `subject` (the module under probe) and `locate` (the
-op where a difference first appears). The probes: `batch`, `sequence`, and `heads`
-(with `head_groups`, which finds the head blocks to permute).
+The framework: `result` (ProbeResult), `tree` and `layout` (the inputs and outputs
+and their axes, from provenance), `masks` (how the trace applied each mask),
+`intent` (declared causality, sharded state), `edits` (changed inputs), `compare`
+(deviation and tolerance), `watch` (what the trace saw), `subject` (the module under
+probe) and `locate` (the op where a difference first appears). The probes: `batch`,
+`sequence`, `decode`, and `heads` (with `head_groups`, which finds the head blocks to
+permute, and `head_bias`, which tells when permuting heads is no symmetry).
 """
 
 from .batch import batch_independence, sub_batch
-from .compare import rtol_for
+from .compare import DtypeScan, rtol_for, tolerance
+from .decode import decode_consistency
+from .edits import take_examples
 from .heads import head_permutation
 from .layout import read_layout
-from .result import ProbeResult, skipped
+from .result import ProbeResult, not_applicable, skipped
 from .sequence import causality, key_padding, length_change, token_permutation
 from .subject import Subject, declared_sizes
-from .tree import first_output, leaves, rebuild
+from .tree import first_output, leaves, pick, rebuild
 from .watch import Watch
 
 __all__ = [
+    "DtypeScan",
     "ProbeResult",
     "Subject",
     "Watch",
     "batch_independence",
     "causality",
     "declared_sizes",
+    "decode_consistency",
     "first_output",
     "head_permutation",
     "key_padding",
     "leaves",
     "length_change",
+    "not_applicable",
+    "pick",
     "read_layout",
     "rebuild",
     "rtol_for",
     "skipped",
     "sub_batch",
+    "take_examples",
     "token_permutation",
+    "tolerance",
 ]

@@ -1,10 +1,16 @@
-"""Probes along the batch axis: examples must not see each other, nor their batch size."""
+"""Probes along the batch axis: examples must not see each other, nor their batch size.
 
-from .compare import deviation, scale_of
-from .edits import distinct_length, perturbed, sizes_in_play, sliced
+Every per-example input is changed or cut together: token ids, data, and padding
+masks (an example's padding is part of the example), nested in dicts and dataclasses
+alike. Outputs are compared on real tokens only.
+"""
+
+import torch
+
+from .edits import distinct_length, padded, perturbed, sizes_in_play, sliced
 from .locate import crashed, locate, region_batch, region_prefix
-from .result import ProbeResult, skipped
-from .subject import Subject, out_rows
+from .result import ProbeResult, not_applicable, skipped
+from .subject import Subject
 
 
 def batch_independence(s: Subject) -> ProbeResult:
@@ -16,21 +22,19 @@ def batch_independence(s: Subject) -> ProbeResult:
     b = s.layout.batch_size
     j = b - 1
     changed = perturbed(s.layout, s.inputs, s.generator, example=j)
+    changed, masks = _one_more_pad(s, changed, j)
     others = list(range(j))
-    out = s.run(changed)
-    dev = deviation(
-        out_rows(s, out, examples=others),
-        out_rows(s, s.reference, examples=others),
-        scale_of(s.reference),
-    )
+    got = s.run_all(changed)
+    dev = s.measure(got, s.refs, s.outputs(batch=True), examples=others)
 
     def point():
         return locate(s, s.inputs, changed, region_batch(b, others))
 
+    inputs = ", ".join(_per_example(s))
     return s.result(
         name,
         dev,
-        f"changing example {j} of {b}",
+        f"changing example {j} of {b} ({inputs}{masks})",
         "the other examples' outputs",
         "something mixes examples: a view or reshape that moves data across the batch axis, "
         "attention over the batch axis, or a [batch, seq] mask read as [seq_q, seq_k]",
@@ -48,11 +52,11 @@ def sub_batch(s: Subject) -> ProbeResult:
     k = distinct_length(b, sizes_in_play(s.layout, s.declared)) or 1
     small = sliced(s.layout, s.inputs, batch=k)
     try:
-        out = s.run(small)
+        got = s.run_all(small)
     except Exception as error:  # the module itself fails: that is the finding
         return crashed(name, f"the first {k} of {b} examples run alone", error, s, small)
-    ref = s.reference.narrow(s.out_batch, 0, k)
-    dev = deviation(out, ref, scale_of(s.reference))
+    first = list(range(k))
+    dev = s.measure(got, s.refs, s.outputs(batch=True), want_examples=first, pad_examples=first)
 
     def point():
         return locate(s, s.inputs, small, region_prefix("batch", b, k))
@@ -68,11 +72,38 @@ def sub_batch(s: Subject) -> ProbeResult:
     )
 
 
+def _per_example(s: Subject) -> list[str]:
+    return [
+        leaf.name
+        for leaf in s.layout.leaves.values()
+        if leaf.batch is not None and leaf.kind in ("ids", "data")
+    ]
+
+
+def _one_more_pad(s: Subject, inputs, example: int):
+    """Mark one more key of `example` as padding (its last real one), in every padding
+    mask: the example's padding is part of the example too."""
+    layout = s.layout
+    for group, pad in layout.pads.items():
+        real = (~pad[example]).nonzero().flatten()
+        if real.numel() < 2:
+            continue
+        cells = torch.zeros_like(pad)
+        cells[example, int(real[-1])] = True
+        masks = [leaf.name for leaf in layout.leaves.values() if leaf.padding]
+        return padded(layout, inputs, group, cells), f"; its padding in {', '.join(masks)}"
+    return inputs, ""
+
+
 def _cannot_run(s: Subject, name: str) -> ProbeResult | None:
     """Why a batch probe cannot run on this subject (a skipped result), or None."""
     b = s.layout.batch_size
-    if not b or b < 2 or s.out_batch is None:
-        return skipped(name, "needs a batch of 2 or more and a batch axis in the output")
-    if s.layout.ambiguous:
-        return skipped(name, s.layout.ambiguous)
+    if b is None:
+        return not_applicable(name, "no input has a batch axis")
+    if b < 2:
+        return skipped(name, "needs a batch of 2 or more")
+    if not s.outputs(batch=True):
+        return not_applicable(name, "no output has a batch axis whose examples can be told apart")
+    if s.layout.ambiguous_batch:
+        return skipped(name, s.layout.ambiguous_batch)
     return None

@@ -1,8 +1,15 @@
-"""Changed inputs for a probe: cut, permuted or redrawn along the batch and seq axes."""
+"""Changed inputs for a probe: cut, taken, permuted or redrawn along batch and token axes.
+
+Every edit goes through the layout (`layout.py`), so it reaches every per-example input
+(ids, data, masks, nested in dicts and dataclasses alike) on its own axes. Token ids are
+redrawn among the ids the input uses; floating data with noise of its own scale; a
+padding mask is edited in its own polarity. Other inputs (position ids, a causal mask
+over the tokens) are moved and cut with their tokens, never redrawn.
+"""
 
 import torch
 
-from .layout import Layout
+from .layout import Layout, Leaf
 from .tree import rebuild
 
 
@@ -11,15 +18,37 @@ def take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     return x.index_select(dim, index.to(x.device))
 
 
-def sliced(
-    layout: Layout,
-    inputs,
-    *,
-    batch: int | None = None,
-    group: int | None = None,
-    length: int | None = None,
-):
-    """Inputs cut to the first `batch` examples, or group `group` cut to `length`."""
+def along(t: torch.Tensor, dim: int, index) -> torch.Tensor:
+    """A bool tensor of t's shape, True at `index` along `dim`."""
+    hit = torch.zeros(t.shape[dim], dtype=torch.bool)
+    hit[torch.as_tensor(index, dtype=torch.long)] = True
+    shape = [1] * t.dim()
+    shape[dim] = -1
+    return hit.view(shape).expand(t.shape)
+
+
+def grid(t: torch.Tensor, batch: int, seq: int, cells: torch.Tensor) -> torch.Tensor:
+    """A bool tensor of t's shape from `cells` [batch, seq] laid on those two axes."""
+    shape = [1] * t.dim()
+    shape[batch], shape[seq] = cells.shape
+    view = cells.view(shape) if batch < seq else cells.t().contiguous().view(shape)
+    return view.expand(t.shape)
+
+
+def take_examples(layout: Layout, inputs, index: torch.Tensor):
+    """The inputs of the examples at `index` (a sub-batch, or copies of one example)."""
+
+    def cut(path, t):
+        leaf = layout.leaves.get(path)
+        if leaf is None or leaf.batch is None:
+            return t
+        return take(t, leaf.batch, index).contiguous()
+
+    return rebuild(inputs, cut)
+
+
+def sliced(layout: Layout, inputs, *, batch: int | None = None, group=None, length=None):
+    """Inputs cut to the first `batch` examples, or token group `group` cut to `length`."""
 
     def cut(path, t):
         leaf = layout.leaves.get(path)
@@ -36,8 +65,25 @@ def sliced(
     return rebuild(inputs, cut)
 
 
+def window(layout: Layout, inputs, group: int, start: int, stop: int, *, keys_from: int = 0):
+    """Token group `group` cut to positions [start, stop); a padding mask over the group
+    (the keys) to [keys_from, stop): the inputs of one decode step."""
+
+    def cut(path, t):
+        leaf = layout.leaves.get(path)
+        if leaf is None:
+            return t
+        for dim, g in leaf.seq.items():
+            if g == group:
+                lo = keys_from if leaf.padding else start
+                t = t.narrow(dim, lo, stop - lo)
+        return t.contiguous()
+
+    return rebuild(inputs, cut)
+
+
 def permuted(layout: Layout, inputs, perms: dict[int, torch.Tensor]):
-    """Inputs with each seq group's positions permuted (data, masks and positions alike)."""
+    """Inputs with each token group's positions permuted (data, masks and positions alike)."""
 
     def move(path, t):
         leaf = layout.leaves.get(path)
@@ -51,6 +97,20 @@ def permuted(layout: Layout, inputs, perms: dict[int, torch.Tensor]):
     return rebuild(inputs, move)
 
 
+def redrawn(leaf: Leaf, t: torch.Tensor, where: torch.Tensor, generator) -> torch.Tensor:
+    """`t` with new values where `where` is True: other ids, or noise of t's scale."""
+    where = where.to(t.device)
+    if leaf.kind == "ids":
+        lo, hi = leaf.ids_range or (0, int(t.max()) if t.numel() else 0)
+        new = torch.randint(lo, hi + 1, t.shape, generator=generator, dtype=t.dtype)
+        if hi > lo:  # always a different id, so every redrawn token changes
+            new = torch.where(new.to(t.device) == t, (new - lo + 1) % (hi - lo + 1) + lo, new)
+        return torch.where(where, new.to(t.device), t)
+    scale = t.detach().double().std().clamp(min=1e-3).item() if t.numel() > 1 else 1.0
+    noise = torch.randn(t.shape, generator=generator, dtype=torch.float64) * scale
+    return torch.where(where, noise.to(t.dtype).to(t.device), t)
+
+
 def perturbed(
     layout: Layout,
     inputs,
@@ -58,38 +118,54 @@ def perturbed(
     *,
     example: int | None = None,
     group: int | None = None,
-    positions: torch.Tensor | None = None,
+    positions=None,
+    cells: torch.Tensor | None = None,
 ):
-    """Inputs whose data values are redrawn at one example, at some positions of a seq
-    group, or at both; masks and positional inputs stay as they are."""
+    """Inputs whose ids and data are redrawn at one example, at some positions of a
+    token group, at both, or (`cells`, bool [batch, length] of `group`) at each
+    example's own positions; masks and other inputs stay as they are."""
 
     def change(path, t):
         leaf = layout.leaves.get(path)
-        if leaf is None or leaf.kind != "data":
+        if leaf is None or leaf.kind not in ("ids", "data"):
             return t
         where = torch.ones(t.shape, dtype=torch.bool)
         if example is not None:
             if leaf.batch is None:
                 return t
-            where &= along(t, leaf.batch, torch.tensor([example]))
+            where &= along(t, leaf.batch, [example])
         if group is not None:
             dims = [d for d, g in leaf.seq.items() if g == group]
             if not dims:
                 return t
-            where &= along(t, dims[0], positions)
-        noise = torch.randn(t.shape, generator=generator, dtype=t.dtype) * t.std().clamp(min=1e-3)
-        return torch.where(where.to(t.device), noise.to(t.device), t)
+            if cells is not None:
+                if leaf.batch is None:
+                    return t
+                where &= grid(t, leaf.batch, dims[0], cells)
+            else:
+                where &= along(t, dims[0], positions)
+        return redrawn(leaf, t, where, generator)
 
     return rebuild(inputs, change)
 
 
-def along(t: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
-    """A bool tensor of t's shape, True at `index` along `dim`."""
-    hit = torch.zeros(t.shape[dim], dtype=torch.bool)
-    hit[index] = True
-    shape = [1] * t.dim()
-    shape[dim] = -1
-    return hit.view(shape).expand(t.shape)
+def padded(layout: Layout, inputs, group: int, cells: torch.Tensor):
+    """Inputs whose padding masks over `group` also mark `cells` (bool [batch, length])
+    as padding, each in its own polarity."""
+
+    def mark(path, t):
+        leaf = layout.leaves.get(path)
+        if leaf is None or not leaf.padding or group not in leaf.seq.values():
+            return t
+        (dim,) = [d for d, g in leaf.seq.items() if g == group]
+        where = grid(t, leaf.batch, dim, cells) if t.dim() > 1 else cells
+        if leaf.dtype == "additive":
+            value = torch.finfo(t.dtype).min
+        else:
+            value = 1 if leaf.polarity == "hide" else 0
+        return t.masked_fill(where.to(t.device), value)
+
+    return rebuild(inputs, mark)
 
 
 def distinct_length(current: int, taken: set[int]) -> int | None:

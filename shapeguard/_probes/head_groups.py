@@ -41,7 +41,7 @@ _QKV = (
     ("q_lin", "k_lin", "v_lin"),
     ("q", "k", "v"),
 )
-_PACKED = ("c_attn", "qkv", "qkv_proj", "Wqkv", "to_qkv", "in_proj", "W_qkv")
+_PACKED = ("c_attn", "qkv", "qkv_proj", "Wqkv", "to_qkv", "in_proj", "W_qkv", "query_key_value")
 _OUT = ("out", "o_proj", "out_proj", "c_proj", "to_out", "wo", "proj", "W_o", "out_lin", "o")
 
 
@@ -73,18 +73,94 @@ def find_heads(model, watch: Watch | None, traced=None) -> list[HeadGroup]:
     `traced` is the copy the trace ran, when it is not `model` (names are the same)."""
     names = {id(m): n for n, m in (traced or model).named_modules()}
     groups: list[HeadGroup] = []
-    traced = _from_trace(model, watch, names) if watch is not None else None
-    if traced is not None:
-        groups.append(traced)
+    traced_group = _from_trace(model, watch, names) if watch is not None else None
+    if traced_group is not None:
+        groups.append(traced_group)
     seen = {g.name for g in groups}
+    by_name = dict((traced or model).named_modules())
     for name, module in model.named_modules():
         if name in seen:
             continue
-        group = _from_attributes(name, module)
+        group = _from_attributes(name, module, watch, by_name.get(name))
         if group is not None:
+            if not group.has_out and watch is not None:
+                _out_by_call_order(model, group, watch, names)
             groups.append(group)
             seen.add(name)
     return groups
+
+
+def refused(model, watch: Watch | None, traced=None) -> str:
+    """Why a packed Q/K/V projection cannot be permuted by head blocks, when one cannot:
+    its output is not cut into [Q | K | V] blocks of heads (CodeGen's [mp_num, ...]
+    layout, GPT-NeoX's [heads, 3 * d_k])."""
+    if watch is None:
+        return ""
+    by_name = dict((traced or model).named_modules())
+    for name, module in model.named_modules():
+        sizes = _sizes(module)
+        if sizes is None:
+            continue
+        packed = next((n for n in _PACKED if _is_projection(getattr(module, n, None))), None)
+        if packed is None or isinstance(module, torch.nn.MultiheadAttention):
+            continue
+        if any(_is_projection(getattr(module, q, None)) for q, _, _ in _QKV):
+            continue
+        why = _packed_layout(by_name.get(name, module), packed, watch, *sizes)
+        if why and why != INTERLEAVED:
+            return f"{name or type(module).__name__}.{packed}: {why}"
+    return ""
+
+
+INTERLEAVED = "interleaved"
+
+
+def _packed_layout(module, packed: str, watch: Watch, heads: int, kv: int, d_k: int) -> str:
+    """ "" when the packed projection's output is cut into [Q | K | V] head blocks (split
+    into its three parts, or viewed as [..., 3, heads, d_k]); else what was done to it."""
+    part = getattr(module, packed, None)
+    use = watch.first_use.get(id(part)) if part is not None else None
+    if use is None:
+        # Not seen as a linear call (FalconLinear computes x @ W.T itself): how its output
+        # is cut is unknown, and a guess would permute the wrong rows.
+        return "the trace saw no linear call of it, so how its output is cut is unknown"
+    from .. import _ops
+
+    op, shapes = use
+    family = _ops.lookup(op).family
+    widths = [heads * d_k, kv * d_k, kv * d_k]
+    if family == _ops.PART and [s[-1] for s in shapes] == widths:
+        return ""
+    if family == _ops.INDEX and shapes and shapes[0][-1] == widths[0]:
+        return ""  # sliced: the queries first, [Q | K | V]
+    if family == _ops.VIEW and shapes and shapes[0][-3:] == (3, heads, d_k) and kv == heads:
+        return ""
+    if family == _ops.VIEW and shapes and kv == heads:
+        tail = shapes[0]
+        if tail[-2:] == (heads, 3 * d_k) or tail[-3:] == (heads, 3, d_k):
+            return INTERLEAVED  # GPT-NeoX, BLOOM: each head's [q | k | v] together
+    got = " and ".join(str(list(s)) for s in shapes)
+    return f"its output is cut by {op} into {got}, not into Q, K, V blocks of whole heads"
+
+
+def _out_by_call_order(model, group: HeadGroup, watch: Watch, names: dict) -> None:
+    """The output projection of a layer that keeps it elsewhere (BERT's SelfOutput.dense):
+    the first Linear called after the layer's value projection that reads heads * d_k
+    features."""
+    calls = [names.get(id(module)) for module, _, _ in watch.linears]
+    projections = {r.param.rpartition(".")[0] for r in group.rows}
+    seen = [i for i, name in enumerate(calls) if name in projections]
+    if not seen:
+        return
+    width = group.heads * group.d_k
+    for name in calls[max(seen) + 1 :]:
+        if not name:
+            continue
+        module = model.get_submodule(name)
+        if _is_projection(module) and module.weight.shape[1 - _out_axis(module)] == width:
+            group.rows += _out_columns(_prefix(name), module, group.heads, group.d_k)
+            group.has_out = True
+            return
 
 
 def _sizes(module) -> tuple[int, int, int] | None:
@@ -135,7 +211,7 @@ def _prefix(name: str) -> str:
     return f"{name}." if name else ""
 
 
-def _from_attributes(name: str, module) -> HeadGroup | None:
+def _from_attributes(name: str, module, watch=None, traced=None) -> HeadGroup | None:
     sizes = _sizes(module)
     if sizes is None:
         return None
@@ -170,12 +246,18 @@ def _from_attributes(name: str, module) -> HeadGroup | None:
         part = getattr(module, packed)
         if part.weight.shape[_out_axis(part)] != (heads + 2 * kv) * d_k:
             return None
-        for offset, count, is_kv in (
-            (0, heads, False),
-            (heads * d_k, kv, True),
-            ((heads + kv) * d_k, kv, True),
-        ):
-            rows += _proj_rows(f"{base}{packed}.", part, offset, count, d_k, is_kv)
+        layout = _packed_layout(traced or module, packed, watch, heads, kv, d_k) if watch else ""
+        if layout == INTERLEAVED:
+            rows += _proj_rows(f"{base}{packed}.", part, 0, heads, 3 * d_k, False)
+        elif layout:
+            return None
+        else:
+            for offset, count, is_kv in (
+                (0, heads, False),
+                (heads * d_k, kv, True),
+                ((heads + kv) * d_k, kv, True),
+            ):
+                rows += _proj_rows(f"{base}{packed}.", part, offset, count, d_k, is_kv)
     out_name = next((n for n in _OUT if _is_projection(getattr(module, n, None))), None)
     if out_name is not None:
         rows += _out_columns(f"{base}{out_name}.", getattr(module, out_name), heads, d_k)

@@ -5,8 +5,9 @@ import torch
 from .. import _ops
 from .compare import deviation, scale_of
 from .edits import derangement, take
-from .head_groups import HeadGroup, find_heads
-from .result import ProbeResult, skipped
+from .head_bias import per_head_bias
+from .head_groups import HeadGroup, find_heads, refused
+from .result import ProbeResult, not_applicable, skipped
 from .subject import Subject
 from .tree import first_output
 from .watch import describe_event
@@ -49,8 +50,18 @@ def head_permutation(s: Subject) -> ProbeResult:
     import copy
 
     name = "head-permutation invariance"
+    if s.distributed:
+        return skipped(name, f"{s.distributed}: permuting its rows would move heads across shards")
+    bias = per_head_bias(s.events)
+    if bias:
+        return not_applicable(
+            name, f"the scores get a bias per head ({bias}): permuting heads is no symmetry"
+        )
     groups = find_heads(s.model, s.watch, s.traced_model)
     if not groups:
+        why = refused(s.model, s.watch, s.traced_model)
+        if why:
+            return skipped(name, why)
         return skipped(name, "found no Q/K/V projections with a declared head count of 2 or more")
     try:
         model = copy.deepcopy(s.model)

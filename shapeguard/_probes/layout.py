@@ -1,9 +1,32 @@
-"""Which input axes are batch and seq, as the probes read the inputs."""
+"""Which input axes are batch and which are tokens, read from the trace's axis provenance.
+
+After one traced forward every axis of every input carries an identity (`_names/dims`):
+its kind (batch, token, feature) from the ops that consumed it, and a root shared by
+every axis it was lined up with. The probes read the inputs' roles from it, never
+from parameter names:
+
+- token ids: an integer input an embedding read (edited by drawing other ids);
+- data: any other floating input with a batch or token axis (activations, images,
+  audio, rotary tables handed in: redrawn with noise);
+- masks: an input whose values an op applied to attention scores (read back with
+  `masks.MaskUse`), or a bool input; its polarity, keep or hide, is read from how the
+  module applied it: the keys that no query saw are its padding;
+- other: everything else (position ids, a constant): moved with its tokens, never
+  redrawn.
+
+Token axes are grouped by identity: a memory as long as the target is another
+sequence. Group 0 holds the queries: the tokens whose positions the output keeps;
+a group whose positions no output keeps (an image's height and width, audio
+frames before a strided conv) is read but never cut. Where an axis has no kind (a
+mask the module only indexed), its size decides, and a size shared by the batch and a
+sequence, or by two sequences, leaves the probes that need it skipped (`ambiguous`).
+"""
 
 from dataclasses import dataclass, field
 
 import torch
 
+from .._names import dims as D
 from .tree import leaves
 
 
@@ -13,119 +36,559 @@ class Leaf:
 
     path: tuple
     name: str
-    kind: str  # "data" (token features), "mask", "other" (cos/sin, positions, ...)
+    kind: str  # "ids", "data", "mask", "other"
     batch: int | None = None
-    seq: dict[int, int] = field(default_factory=dict)  # axis -> seq group
+    seq: dict[int, int] = field(default_factory=dict)  # axis -> token group
+    ids_range: tuple[int, int] | None = None  # ids: the values new ids are drawn from
+    polarity: str = ""  # padding mask: "keep" (nonzero = a real token) or "hide"
+    padding: bool = False  # a [batch, seq] padding mask (one token axis), polarity known
+    dtype: str = ""  # "float", "bool" or "int"; "additive" for a 0 / -inf float mask
 
 
-def _kind(name: str, t: torch.Tensor) -> str:
-    """ "mask" (bool, integer, named so, or an additive 0 / -inf float mask), "other" for
-    positional inputs (cos, sin, position tables: moved with their tokens, never
-    redrawn), else "data"."""
-    if t.dtype == torch.bool or not t.is_floating_point() or "mask" in name.lower():
-        return "mask"
-    if positional_name(name):
-        return "other"
-    if t.device.type != "cpu" or t.numel() > 1 << 22 or t.dim() < 2:
-        return "data"
-    additive = bool(((t == 0) | (t <= -1e4)).all()) and bool((t <= -1e4).any())
-    return "mask" if additive else "data"
+@dataclass(slots=True)
+class OutLeaf:
+    """One floating tensor of the output, with its batch axes and token axes."""
+
+    path: tuple
+    batch: tuple[int, ...] = ()
+    seq: dict[int, int] = field(default_factory=dict)  # axis -> token group
+    # Axes as long as the batch that are not known to be it, nor features nor tokens
+    # (CLIP's images-by-texts logits): its examples cannot be compared one by one.
+    loose: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
 class Layout:
-    """Batch size, seq groups and each leaf's axes, as the probes see the inputs."""
+    """Batch size, token groups and each leaf's axes, as the probes see the inputs."""
 
     batch_size: int | None
-    lengths: list[int]  # length of each seq group; group 0 holds the queries
+    lengths: list[int]  # the length of each token group; group 0 holds the queries
     leaves: dict[tuple, Leaf]
-    ambiguous: str = ""  # why some axes cannot be told apart, if they cannot
+    ambiguous: str = ""  # why some token axes cannot be told apart, if they cannot
+    ambiguous_batch: str = ""  # why some input's batch axis cannot be told, if it cannot
     batch_dim: int = 0
     seq_dim: int = 1
+    outputs: list[OutLeaf] = field(default_factory=list)
+    queries: bool = False  # group 0 is a sequence the outputs keep
+    group_names: list[str] = field(default_factory=list)  # "input_ids", "memory", ...
+    pads: dict[int, torch.Tensor] = field(default_factory=dict)  # group -> bool [batch, len]
+    made_inside: str = ""  # why no group is kept by the outputs (patches of an image, ...)
+    polarity_unknown: str = ""  # a mask whose polarity the trace could not read
+    # Uniform masks no op applied, as long as two sequences: (path, token axis, groups,
+    # polarity). `resolve_pending` pads one key and retraces to see which it pads.
+    pending: list = field(default_factory=list)
+
+    def padded(self, group: int) -> torch.Tensor | None:
+        """bool [batch, length] of padded positions of a group (None: no padding known)."""
+        return self.pads.get(group)
+
+    def leaves_of(self, *kinds: str) -> list[Leaf]:
+        return [leaf for leaf in self.leaves.values() if leaf.kind in kinds]
 
 
-def read_layout(model, args: tuple, kwargs: dict, names: list[str]) -> Layout | str:
-    """Find batch and seq axes: the first floating input with 3 or more axes is
-    [batch, seq, features] ([seq, batch, features] for a module built with
-    batch_first=False); other inputs are matched by their sizes."""
-    found = leaves((args, kwargs))
-    name_of = {p: names[i] if i < len(names) else _path_name(p) for i, (p, _) in enumerate(found)}
-    kinds = {p: _kind(name_of[p], t) for p, t in found}
-    primary = next(((p, t) for p, t in found if kinds[p] == "data" and t.dim() >= 3), None)
-    if primary is None:
-        return "no input is [batch, seq, features]: the probes need one"
-    batch_dim, seq_dim = (1, 0) if _seq_first(model) else (0, 1)
-    p_shape = primary[1].shape
-    batch_size = int(p_shape[batch_dim])
-    lengths = [int(p_shape[seq_dim])]
-    layout = Layout(batch_size, lengths, {}, batch_dim=batch_dim, seq_dim=seq_dim)
+def _root(axis) -> D.Dim | None:
+    """The dim of an axis that is one dim whole (not a factor, not merged)."""
+    if len(axis) != 1:
+        return None
+    atom = axis[0]
+    return atom[0].find() if D.is_whole(atom) else None
+
+
+def _roots(axis) -> list:
+    return [atom[0].find() for atom in axis]
+
+
+def _kind(axis) -> str | None:
+    kind = D.kind_of(axis)
+    return None if kind in ("mixed", D.COPY) else kind
+
+
+def read_layout(
+    found: list[tuple[tuple, torch.Tensor]],
+    names: dict[tuple, str],
+    metas: dict[tuple, object],
+    watch,
+    outputs: list[tuple[tuple, torch.Tensor, object]],
+) -> Layout | str:
+    """The probes' view of the inputs (or why there is none), from the trace's provenance:
+    `metas` are the inputs' metas when the trace ended, `outputs` the traced output's
+    floating tensors with theirs."""
+    dims = {}
     for path, t in found:
-        kind = kinds[path]
-        leaf = Leaf(path, name_of[path], kind)
-        if kind == "data" and t.dim() >= 3 and t.shape[batch_dim] == batch_size:
-            # Another token input: keys and values, or a memory of its own length.
-            length = int(t.shape[seq_dim])
-            if length not in lengths:
-                lengths.append(length)
-            leaf.batch, leaf.seq = batch_dim, {seq_dim: lengths.index(length)}
+        meta = metas.get(path)
+        axes = getattr(meta, "dims", None)
+        dims[path] = axes if axes is not None and len(axes) == t.dim() else ((),) * t.dim()
+    embedded = [{id(r) for axis in axes for r in _roots(axis)} for axes, _ in watch.embedded]
+    rows = {}
+    kinds: dict[tuple, str] = {}
+    for path, t in found:
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            kinds[path] = "data"
+            continue
+        own = {id(r) for axis in dims[path] for r in _roots(axis)}
+        hit = next(
+            (
+                i
+                for i, roots in enumerate(embedded)
+                if own and own <= roots and t.dtype != torch.bool
+            ),
+            None,
+        )
+        if hit is not None:
+            kinds[path] = "ids"
+            rows[path] = watch.embedded[hit][1]
         else:
-            leaf.kind = "other" if kind == "data" else kind
-            _match_by_size(layout, leaf, t)
+            kinds[path] = "mask" if t.dtype == torch.bool else "other"
+    # Masks: additive floats (0 and very negative), and any input whose values are
+    # what an op hid from the scores (or their inverse): a 0/1 float mask too.
+    from .masks import matches
+
+    for path, t in found:
+        if kinds[path] in ("ids", "mask") or t.device.type != "cpu":
+            continue
+        if kinds[path] == "data" and _additive(t):
+            kinds[path] = "mask"
+            continue
+        if t.numel() > 1 << 22 or not _binary(t):
+            continue
+        if any(matches(t != 0, use) for use in watch.mask_uses):
+            kinds[path] = "mask"
+
+    # Batch: the batch axes of ids and data; their size is the batch size.
+    batch_roots: set[int] = set()
+    batch_size = None
+    batch_axis: dict[tuple, int | None] = {}
+    for path, t in found:
+        axes = dims[path]
+        hits = [d for d, a in enumerate(axes) if _kind(a) == D.BATCH]
+        batch_axis[path] = hits[0] if len(hits) == 1 else None
+        if batch_axis[path] is not None and kinds[path] in ("ids", "data"):
+            root = _root(axes[batch_axis[path]])
+            if root is not None:
+                batch_roots.add(id(root))
+            if batch_size is None:
+                batch_size = int(t.shape[batch_axis[path]])
+
+    if batch_size is None:
+        # A batch of one has no batch dim (a size-1 axis carries nothing): the leading
+        # axis of ids and data, by the batch-first convention.
+        for path, t in found:
+            if kinds[path] in ("ids", "data") and t.dim() >= 2 and t.shape[0] == 1:
+                batch_axis[path] = 0
+                batch_size = 1
+        for path, t in found:
+            lead = t.dim() >= 2 and t.shape[0] == 1 and batch_axis[path] is None
+            if kinds[path] not in ("ids", "data") and batch_size == 1 and lead:
+                batch_axis[path] = 0
+
+    # Token groups: distinct token roots of ids and data, in order of appearance.
+    group_of: dict[int, int] = {}
+    group_roots: list = []
+    group_names: list[str] = []
+    for path, t in found:
+        if kinds[path] not in ("ids", "data"):
+            continue
+        for d, axis in enumerate(dims[path]):
+            root = _root(axis)
+            if root is None or _kind(axis) != D.TOKEN or int(t.shape[d]) < 1:
+                continue
+            if id(root) not in group_of:
+                group_of[id(root)] = len(group_roots)
+                group_roots.append(root)
+                group_names.append(names.get(path, _path_name(path)))
+
+    # Group 0: the tokens the outputs keep (the queries).
+    out_groups: list[int] = []
+    for _, _t, meta in outputs:
+        for axis in getattr(meta, "dims", ()) or ():
+            root = _root(axis)
+            if root is not None and id(root) in group_of and group_of[id(root)] not in out_groups:
+                out_groups.append(group_of[id(root)])
+    aliases: dict[int, int] = {}
+    if group_roots and not out_groups:
+        # No output axis is one of the inputs' token axes: an output axis of a token
+        # group's length, which no other size in play has, stands for it (a position
+        # mixing made by a [seq, seq] buffer is still over the tokens).
+        aliases = _by_length(outputs, group_roots, batch_size)
+        out_groups = sorted(set(aliases.values()))
+    order = out_groups + [g for g in range(len(group_roots)) if g not in out_groups]
+    group_roots = [group_roots[g] for g in order]
+    group_names = [group_names[g] for g in order]
+    group_of = {id(r): i for i, r in enumerate(group_roots)}
+    group_of.update({key: order.index(g) for key, g in aliases.items()})
+    lengths = [int(r.size) for r in group_roots]
+    layout = Layout(
+        batch_size,
+        lengths,
+        {},
+        outputs=[],
+        queries=bool(out_groups),
+        group_names=group_names,
+    )
+    if group_roots and not out_groups:
+        axes = ", ".join(
+            f"{D.axis_name(((r, 1, r.size),)) or 'axis'} of {n}"
+            for r, n in zip(group_roots, group_names, strict=True)
+        )
+        layout.made_inside = (
+            f"the outputs keep none of the inputs' token axes ({axes}): the module makes "
+            "its positions inside (patches, strided frames)"
+        )
+
+    for path, t in found:
+        name = names.get(path, _path_name(path))
+        leaf = Leaf(path, name, kinds[path], batch_axis[path])
+        leaf.dtype = (
+            "float" if t.is_floating_point() else "bool" if t.dtype == torch.bool else "int"
+        )
+        for d, axis in enumerate(dims[path]):
+            root = _root(axis)
+            if root is not None and id(root) in group_of and d != leaf.batch:
+                leaf.seq[d] = group_of[id(root)]
+        if kinds[path] == "ids":
+            leaf.ids_range = _ids_range(t, rows[path])
+        if kinds[path] in ("mask", "other"):
+            _by_size(layout, leaf, t, dims[path], watch.mask_uses, group_roots)
+        if leaf.kind == "data" and leaf.batch is None and not leaf.seq:
+            leaf.kind = "other"
         layout.leaves[path] = leaf
+    _read_masks(layout, found, dims, watch, group_roots)
+    for path, t in found:
+        leaf = layout.leaves[path]
+        if leaf.kind in ("mask", "other") and not layout.ambiguous:
+            known = {layout.batch_size, *layout.lengths}
+            loose = [
+                d
+                for d in range(t.dim())
+                if d != leaf.batch
+                and d not in leaf.seq
+                and int(t.shape[d]) in known
+                and int(t.shape[d]) > 1
+                and _kind(dims[path][d]) != D.FEATURE
+            ]
+            applied = [d for d in loose if any(u.target[-1] == t.shape[d] for u in watch.mask_uses)]
+            # A mask no op applied (an all-ones mask the module skipped) is left as it is.
+            if applied and leaf.batch is not None and leaf.kind == "mask":
+                layout.ambiguous = (
+                    f"{leaf.name} {list(t.shape)}: batch and seq (or two sequences) are both "
+                    f"{int(t.shape[applied[0]])}, so its axes cannot be told apart; use distinct sizes"
+                )
+    layout.outputs = _out_leaves(outputs, batch_roots, group_of, batch_size, lengths)
+    if not layout.queries and any(leaf.seq for leaf in layout.outputs):
+        layout.queries, layout.made_inside = True, ""
     return layout
 
 
-def _match_by_size(layout: Layout, leaf: Leaf, t: torch.Tensor) -> None:
-    """Axes of a mask (all of them) or of a cos/sin-like input (all but the last) named
-    by size; a size shared by batch and a seq group, or by two groups, is ambiguous."""
-    dims = range(t.dim()) if leaf.kind == "mask" else range(t.dim() - 1)
-    known = [layout.batch_size, *layout.lengths]
-    if (
-        leaf.kind == "mask"
-        and t.dim() == 2
-        and tuple(t.shape) == (known[0], known[1]) == (known[1], known[0])
-    ):
-        # batch == seq: a triangle is [seq_q, seq_k], anything else a [batch, seq] padding mask.
-        if _triangular(t):
-            leaf.seq = {0: 0, 1: 0}
-        else:
-            leaf.batch, leaf.seq = 0, {1: 0}
-        return
-    for d in dims:
-        size = int(t.shape[d])
-        if size == 1 or size not in known:
+def _by_length(outputs, group_roots: list, batch_size) -> dict[int, int]:
+    """{id of an output axis's dim: group} for output axes as long as exactly one token
+    group, where that length is no other size of the output or the batch."""
+    lengths = [int(r.size) for r in group_roots]
+    found: dict[int, int] = {}
+    for _, t, meta in outputs:
+        axes = getattr(meta, "dims", None)
+        if axes is None or len(axes) != t.dim():
             continue
-        if known.count(size) > 1:
-            layout.ambiguous = (
+        sizes = [int(n) for n in t.shape]
+        for d, axis in enumerate(axes):
+            root = _root(axis)
+            n = sizes[d]
+            if root is None or _kind(axis) not in (None, D.TOKEN) or lengths.count(n) != 1:
+                continue
+            if n == batch_size or sizes.count(n) != 1:
+                continue
+            found[id(root)] = lengths.index(n)
+    return found
+
+
+def _additive(t: torch.Tensor) -> bool:
+    """A float mask: 0 where a key is kept and very negative where it is hidden."""
+    if t.device.type != "cpu" or t.numel() > 1 << 22 or t.dim() < 2:
+        return False
+    hidden = t <= -1e4
+    return bool(hidden.any()) and bool(((t == 0) | hidden).all())
+
+
+def _ids_range(t: torch.Tensor, rows: int) -> tuple[int, int]:
+    """The ids new ids are drawn from: those the input uses, never special low ids it
+    does not (a pad id), within the table."""
+    if t.numel() == 0 or t.device.type == "meta":
+        return (0, max(rows - 1, 0))
+    values = t.detach().reshape(-1).cpu()
+    common = torch.mode(values).values
+    rest = values[values != common] if bool((values != common).any()) else values
+    lo, hi = int(rest.min()), int(rest.max())
+    return (max(lo, 0), min(hi, rows - 1))
+
+
+def _by_size(layout: Layout, leaf: Leaf, t: torch.Tensor, axes, uses, group_roots) -> None:
+    """A mask's or another input's axes that provenance left unnamed, named by size: the
+    batch size, or a group's length, when only one of them has it. A square mask over
+    one sequence whose pattern is causal is [seq_q, seq_k], even when batch == seq."""
+    square = _square_causal(layout, t, uses, group_roots)
+    if square is not None:
+        leaf.batch, leaf.seq = None, {0: square, 1: square}
+        return
+    known = [layout.batch_size, *layout.lengths]
+    for d in range(t.dim()):
+        size = int(t.shape[d])
+        if d == leaf.batch or d in leaf.seq or size == 1:
+            continue
+        kind = _kind(axes[d]) if axes[d] else None
+        if kind == D.FEATURE or size not in known:
+            continue
+        groups = [g for g, n in enumerate(layout.lengths) if n == size]
+        is_batch = size == layout.batch_size
+        if t.dim() == 2 and leaf.batch is not None and len(groups) == 1:
+            leaf.seq[d] = groups[0]  # [batch, seq]: the other axis is the tokens
+        elif is_batch and not groups and leaf.batch is None:
+            leaf.batch = d
+        elif len(groups) == 1 and not is_batch:
+            leaf.seq[d] = groups[0]
+        elif (leaf.kind == "mask" or _binary(t)) and leaf.batch is not None:
+            continue  # a padding mask's tokens: decided by how the module applied it
+        else:
+            layout.ambiguous = layout.ambiguous or (
                 f"{leaf.name} {list(t.shape)}: batch and seq (or two sequences) are both "
                 f"{size}, so its axes cannot be told apart; use distinct sizes"
             )
+            if is_batch:
+                layout.ambiguous_batch = layout.ambiguous_batch or layout.ambiguous
+
+
+def _square_causal(layout: Layout, t: torch.Tensor, uses, group_roots) -> int | None:
+    """The group of a [seq, seq] mask whose pattern is causal (either polarity): the one
+    sequence of that length, or the one a self-attention of that length ran over."""
+    from .masks import causal_pattern
+
+    if t.dim() != 2 or t.shape[0] != t.shape[1] or t.shape[0] < 2 or t.device.type != "cpu":
+        return None
+    n = int(t.shape[0])
+    groups = [g for g, size in enumerate(layout.lengths) if size == n]
+    marked = _marked(t)
+    if not groups or marked is None:
+        return None
+    target = tuple(t.shape)
+    if not (causal_pattern(marked, target) or causal_pattern(~marked, target)):
+        return None
+    if len(groups) == 1:
+        return groups[0]
+    selves = set()
+    for use in uses:
+        keys, queries = (
+            _root(use.keys) if use.keys else None,
+            _root(use.queries) if use.queries else None,
+        )
+        if keys is not None and keys is queries and tuple(use.target[-2:]) == (n, n):
+            selves |= {g for g in groups if group_roots[g] is keys}
+    return selves.pop() if len(selves) == 1 else None
+
+
+def _read_masks(layout: Layout, found, dims, watch, group_roots) -> None:
+    """Each padding mask's polarity and group, from the keys the module hid."""
+    uses = list(watch.mask_uses)
+    pads: dict[int, torch.Tensor] = {}
+    for path, t in found:
+        leaf = layout.leaves[path]
+        if leaf.kind not in ("mask", "other", "ids") or t.device.type != "cpu":
             continue
-        if size == layout.batch_size and leaf.batch is None and not leaf.seq:
-            leaf.batch = d
-        elif size in layout.lengths:
-            leaf.seq[d] = layout.lengths.index(size)
+        if leaf.kind in ("other", "ids") and not _binary(t):
+            continue  # position ids, offsets, token ids: not a mask (OPT's 0/1 mask is
+            # read by a position embedding through its cumsum, and is still a mask)
+        if leaf.batch is None and len(leaf.seq) == 2:
+            continue  # a [seq_q, seq_k] mask
+        marked = _marked(t)
+        if marked is None:
+            continue
+        fit = _as_padding(layout, leaf, t, marked)
+        if fit is None:
+            continue
+        rows, seq_axis, candidates = fit
+        polarity, group = _polarity(rows, candidates, uses, group_roots, layout)
+        uniform = bool(rows.all()) or not bool(rows.any())
+        if polarity is None and uniform and len(candidates) > 1:
+            layout.pending.append((path, seq_axis, candidates, "keep" if rows.all() else "hide"))
+            continue
+        if polarity is None:
+            if leaf.kind == "mask" and bool(rows.any()) and not bool(rows.all()):
+                layout.polarity_unknown = layout.polarity_unknown or (
+                    f"{leaf.name}: the trace saw no op hide the keys it marks, nor the others, "
+                    "so its polarity (which value is padding) is unknown"
+                )
+            continue
+        leaf.kind, leaf.polarity, leaf.padding = "mask", polarity, True
+        if leaf.dtype == "float" and (_additive(t) or not _binary(t)):
+            leaf.dtype = "additive"
+        leaf.seq = {seq_axis: group}
+        pad = rows if polarity == "hide" else ~rows
+        pads[group] = pad | pads[group] if group in pads else pad
+    layout.pads = pads
 
 
-def _triangular(t: torch.Tensor) -> bool:
-    from ..checks.mask_semantics import triangle
-
-    hidden = t <= -1e4 if t.is_floating_point() and bool((t < 0).any()) else t != 0
-    return bool(triangle(hidden) or triangle(~hidden))
+def _binary(t: torch.Tensor) -> bool:
+    return t.numel() <= 1 << 22 and bool(((t == 0) | (t == 1)).all())
 
 
-def _seq_first(model) -> bool:
-    for module in (model, getattr(model, "self_attn", None)):
-        if module is not None and getattr(module, "batch_first", True) is False:
-            return True
-    return False
+def _marked(t: torch.Tensor) -> torch.Tensor | None:
+    """True where a mask's value is "marked": nonzero (bool, integer), or very negative
+    (an additive float mask)."""
+    if t.numel() > 1 << 22:
+        return None
+    if t.dtype.is_floating_point:
+        if _additive(t):
+            return t <= -1e4
+        return t != 0 if _binary(t) else None  # a 0/1 float mask
+    return t != 0
+
+
+def _as_padding(layout: Layout, leaf: Leaf, t, marked):
+    """(rows [batch, len], token axis, candidate groups) when `t` is a [batch, seq]-like
+    mask: a batch axis, one axis of a token group's length, the others of size 1."""
+    b = layout.batch_size
+    if b is None or t.dim() < 2:
+        return None
+    batch = leaf.batch
+    if batch is None and t.shape[0] == b:
+        batch = 0
+    if batch is None:
+        return None
+    others = [d for d in range(t.dim()) if d != batch and t.shape[d] > 1]
+    if len(others) != 1:
+        return None
+    (seq_axis,) = others
+    length = int(t.shape[seq_axis])
+    if leaf.seq:
+        candidates = [g for d, g in leaf.seq.items() if d == seq_axis]
+    else:
+        candidates = [g for g, n in enumerate(layout.lengths) if n == length]
+    if not candidates:
+        return None
+    rows = marked.movedim(batch, 0).movedim(seq_axis, -1).reshape(b, length).cpu()
+    leaf.batch = batch
+    return rows, seq_axis, candidates
+
+
+def _polarity(rows, candidates, uses, group_roots, layout):
+    """("keep" or "hide", group): the polarity under which the keys the module hid from
+    every query are the ones the mask marks as padding; (None, None) when no use fits."""
+    length = rows.shape[-1]
+    fits = []
+    for use in uses:
+        if use.unseen.shape[-1] != length or use.unseen.shape[0] not in (1, rows.shape[0]):
+            continue
+        key_root = _root(use.keys) if use.keys else None
+        groups = [g for g in candidates if key_root is None or group_roots[g] is key_root]
+        if key_root is not None and not groups and len(candidates) > 1:
+            continue
+        unseen = use.unseen.expand(rows.shape)
+        for polarity, pad in (("keep", ~rows), ("hide", rows)):
+            if bool((unseen == pad).all()):
+                strength = 2 if bool(unseen.any()) else 0 if use.extra else 1
+                fits.append((strength, polarity, (groups or candidates)[0]))
+    # A use that hid some keys is evidence; one that hid none only agrees, and a mask
+    # that hides nothing else (a padding mask, all ones) agrees better than a causal one.
+    if fits:
+        best = max(f[0] for f in fits)
+        chosen = {(p, g) for strength, p, g in fits if strength == best}
+        if len(chosen) == 1 and (best > 0 or len(candidates) == 1):
+            return chosen.pop()
+        return None, None
+    if not any(u.unseen.shape[-1] == length for u in uses):
+        # No op applied it (SDPA is_causal with an all-ones mask): nothing was hidden, so
+        # a uniform mask marks no padding under one polarity only.
+        if bool(rows.all()) and len(candidates) == 1:
+            return "keep", candidates[0]
+        if not bool(rows.any()) and len(candidates) == 1:
+            return "hide", candidates[0]
+    return None, None
+
+
+def _out_leaves(outputs, batch_roots: set, group_of: dict, batch_size, lengths) -> list[OutLeaf]:
+    found = []
+    for path, t, meta in outputs:
+        axes = getattr(meta, "dims", None)
+        if axes is None or len(axes) != t.dim():
+            # Made where the session did not look (a DTensor's redistribution in a
+            # parallel style's hook): its axes by size, where sizes are unambiguous.
+            leaf = _by_size_alone(path, t, batch_size, lengths)
+            if leaf is not None:
+                found.append(leaf)
+            continue
+        batch, seq = [], {}
+        for d, axis in enumerate(axes):
+            root = _root(axis)
+            if root is not None and id(root) in batch_roots:
+                batch.append(d)
+            elif root is not None and id(root) in group_of:
+                seq[d] = group_of[id(root)]
+            elif _kind(axis) == D.BATCH and int(t.shape[d]) == batch_size:
+                batch.append(d)
+        loose = tuple(
+            d
+            for d, axis in enumerate(axes)
+            if d not in batch
+            and d not in seq
+            and int(t.shape[d]) == batch_size
+            and _kind(axis) not in (D.FEATURE, D.TOKEN)
+        )
+        if batch or seq:
+            found.append(OutLeaf(path, tuple(batch), seq, loose))
+    return found
+
+
+def _by_size_alone(path, t, batch_size, lengths) -> OutLeaf | None:
+    sizes = [int(n) for n in t.shape]
+    batch = tuple(
+        d
+        for d, n in enumerate(sizes)
+        if n == batch_size and sizes.count(n) == 1 and n not in lengths
+    )
+    seq = {
+        d: lengths.index(n)
+        for d, n in enumerate(sizes)
+        if d not in batch and lengths.count(n) == 1 and sizes.count(n) == 1 and n != batch_size
+    }
+    return OutLeaf(path, batch, seq) if batch or seq else None
 
 
 def _path_name(path: tuple) -> str:
     return ".".join(str(p) for p in path[1:]) or "input"
 
 
-def positional_name(name: str) -> bool:
-    """`position_embeddings.0`, `cos`, `freqs_cis`: an input that encodes positions."""
-    lowered = name.lower()
-    return any(w in lowered for w in ("position", "pos_", "cos", "sin", "rotary", "rope", "freqs"))
+def input_leaves(args: tuple, kwargs: dict) -> list[tuple[tuple, torch.Tensor]]:
+    return leaves((args, kwargs))
+
+
+def padded_once(layout: Layout, inputs, pending):
+    """The inputs with the last key of example 0 marked as padding in a pending mask."""
+    from .tree import rebuild
+
+    path, seq_axis, _, polarity = pending
+    leaf = layout.leaves[path]
+
+    def mark(p, t):
+        if p != path:
+            return t
+        t = t.clone()
+        index = [slice(None)] * t.dim()
+        index[leaf.batch if leaf.batch is not None else 0] = 0
+        index[seq_axis] = t.shape[seq_axis] - 1
+        t[tuple(index)] = 0 if polarity == "keep" else 1
+        return t
+
+    return rebuild(inputs, mark)
+
+
+def settle_pending(layout: Layout, pending, retraced: Layout) -> None:
+    """Take the group a pending mask pads from a retrace with one key padded."""
+    path, seq_axis, candidates, polarity = pending
+    found = retraced.leaves.get(path)
+    if found is None or not found.padding or retraced.lengths != layout.lengths:
+        return
+    (group,) = set(found.seq.values())
+    if group not in candidates:
+        return
+    leaf = layout.leaves[path]
+    leaf.kind, leaf.padding, leaf.polarity = "mask", True, polarity
+    leaf.seq = {seq_axis: group}
+    batch = layout.batch_size or 1
+    layout.pads.setdefault(group, torch.zeros(batch, layout.lengths[group], dtype=torch.bool))

@@ -1,5 +1,7 @@
 """Where a failed probe's difference first appears: the traced op and its line."""
 
+import contextlib
+
 import torch
 
 from .compare import deviation, scale_of
@@ -21,19 +23,41 @@ def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
     from .._session import close_session, open_session
 
     args, kwargs = inputs
-    disabled, _config._disabled_by_api = _config._disabled_by_api, False  # probe runs turn it off
     session = open_session(Trace(mode=mode), root=s.model)
     watch = Watch(session, keep_values=True)
     try:
-        with warnings.catch_warnings():
+        with _config.forced_on(), warnings.catch_warnings():
             warnings.simplefilter("ignore", ShapeWarning)
             session.enter_module(s.model, args, kwargs)
             with watch:
                 s.model(*args, **kwargs)
     finally:
         close_session(session)
-        _config._disabled_by_api = disabled
     return watch.values or []
+
+
+def traced_findings(s: Subject, inputs) -> list:
+    """The findings of one traced forward on `inputs` (warn mode: every finding)."""
+    import warnings
+
+    from .. import _config
+    from .._errors import ShapeWarning
+    from .._record import Trace
+    from .._session import close_session, open_session
+
+    args, kwargs = inputs
+    trace = Trace(mode="warn")
+    session = open_session(trace, root=s.model)
+    try:
+        with _config.forced_on(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", ShapeWarning)
+            session.enter_module(s.model, args, kwargs)
+            # A rule's error in warn mode is a finding already; torch's own is the step's.
+            with contextlib.suppress(Exception):
+                s.model(*args, **kwargs)
+    finally:
+        close_session(session)
+    return trace.findings
 
 
 def locate(s: Subject, inputs_a, inputs_b, region) -> str:

@@ -1,61 +1,148 @@
-"""Probes along the seq axis: causality, length change, key padding, token permutation."""
+"""Probes along the tokens: causality, length change, key padding, token permutation.
+
+They edit the token groups the layout found (token ids by drawing other ids, data with
+noise), group 0 being the queries: the tokens whose positions the output keeps. Padded
+positions are left out of every comparison.
+"""
 
 import torch
 
-from .compare import deviation, scale_of
 from .edits import (
-    along,
     derangement,
     distinct_length,
+    padded,
     permuted,
     perturbed,
     sizes_in_play,
     sliced,
     take,
+    take_examples,
 )
-from .layout import Leaf
 from .locate import crashed, locate, region_padding, region_permuted, region_prefix
-from .result import ProbeResult, skipped
-from .subject import Subject, out_rows
-from .tree import rebuild
+from .result import ProbeResult, not_applicable, skipped
+from .subject import Subject
 
-_PAD_NAMES = ("pad",)
+# Every split is tested up to this many tokens; beyond, LONG_SPLITS splits spread evenly
+# from 1 to length - 1 (with the unchanged copy, one batch of 8 copies of one example).
+STRICT_UP_TO = 16
+LONG_SPLITS = 7
+
+
+def _group_names(s: Subject, group: int) -> str:
+    names = [
+        leaf.name
+        for leaf in s.layout.leaves.values()
+        if leaf.kind in ("ids", "data") and group in leaf.seq.values()
+    ]
+    return ", ".join(names)
+
+
+def _queries(s: Subject, name: str) -> ProbeResult | None:
+    """Why a probe over the queries cannot run (a skipped result), or None."""
+    if not s.layout.queries:
+        why = s.layout.made_inside or "no input has a token axis that the outputs keep"
+        return not_applicable(name, why)
+    if s.layout.lengths[0] < 2:
+        return skipped(name, "needs 2 or more tokens")
+    if not s.outputs(group=0):
+        return not_applicable(name, "no output keeps the tokens' positions")
+    return None
+
+
+def splits(length: int) -> list[int]:
+    """The split points t of the causality test: every one up to STRICT_UP_TO tokens, else
+    LONG_SPLITS of them from 1 to length - 1 (both ends included), evenly spread."""
+    if length <= STRICT_UP_TO:
+        return list(range(1, length))
+    step = (length - 2) / (LONG_SPLITS - 1)
+    return sorted({max(1, min(length - 1, round(1 + i * step))) for i in range(LONG_SPLITS)})
 
 
 def causality(s: Subject) -> ProbeResult:
-    """In a causal module, changing later tokens leaves earlier tokens' outputs unchanged."""
+    """In a causal module, no token's output depends on any later token: for each split t,
+    changing tokens t.. leaves the outputs of tokens ..t-1 unchanged."""
     name = "causality"
     if not s.causal:
-        return skipped(
+        return not_applicable(
             name,
-            "the module is not causal (no is_causal, no triangular mask, "
-            "not declared with causal=True)",
+            "the module is not causal (no is_causal, no causal mask, no causal attention "
+            "layer, not declared with causal=True)",
         )
-    length = s.layout.lengths[0]
-    if length < 2 or s.out_seq is None:
-        return skipped(name, "needs 2 or more tokens and a seq axis in the output")
-    t = length // 2
-    later = torch.arange(t, length)
-    changed = perturbed(s.layout, s.inputs, s.generator, group=0, positions=later)
-    out = s.run(changed)
-    early = list(range(t))
-    dev = deviation(
-        out_rows(s, out, positions=early),
-        out_rows(s, s.reference, positions=early),
-        scale_of(s.reference),
-    )
+    cannot = _queries(s, name)
+    if cannot is not None:
+        return cannot
+    layout = s.layout
+    length = layout.lengths[0]
+    cuts = splits(length)
+    pad = layout.padded(0)
+    e = int(pad.sum(1).argmin()) if pad is not None and layout.batch_size else 0
+    leaves = [leaf for leaf in s.outputs(group=0) if len(leaf.batch) <= 1]
+    if not leaves:
+        return not_applicable(name, "no output keeps the tokens' positions per example")
+    n = len(cuts) + 1
+    if layout.batch_size:
+        stacked = take_examples(layout, s.inputs, torch.full((n,), e, dtype=torch.long))
+        later = torch.zeros(n, length, dtype=torch.bool)
+        for c, t in enumerate(cuts, 1):
+            later[c, t:] = True
+        changed = perturbed(layout, stacked, s.generator, group=0, cells=later)
+        got = s.run_all(changed)
+        pads = {0: pad[[e] * n]} if pad is not None else {}
+        devs = [
+            s.measure(
+                got,
+                got,
+                leaves,
+                examples=[c],
+                want_examples=[0],
+                positions={0: list(range(t))},
+                pad_examples=[c],
+                pads=pads,
+            )
+            for c, t in enumerate(cuts, 1)
+        ]
+    else:
+        devs = []
+        for t in cuts:
+            changed = perturbed(layout, s.inputs, s.generator, group=0, positions=range(t, length))
+            got = s.run_all(changed)
+            devs.append(s.measure(got, s.refs, leaves, positions={0: list(range(t))}))
+    failing = [i for i, d in enumerate(devs) if d > s.rtol]
+    tokens = _group_names(s, 0)
+    about = f" of {tokens}" if tokens else ""
+    if not failing:
+        t_list = (
+            f"for each t from 1 to {length - 1}"
+            if len(cuts) == length - 1
+            else ("for t in " + ", ".join(map(str, cuts)))
+        )
+        return s.result(
+            name,
+            max(devs),
+            f"changing tokens t..{length - 1}{about}, {t_list},",
+            "the outputs of tokens 0..t-1",
+            "",
+        )
+    # The smallest split that fails names the first token that sees a later one: the
+    # split before it passed, so that token is t - 1.
+    i = min(failing)
+    t = cuts[i]
+    single = take_examples(layout, s.inputs, torch.tensor([e])) if layout.batch_size else s.inputs
+    moved = perturbed(layout, single, s.generator, group=0, positions=range(t, length))
+    example = f" (example {e})" if layout.batch_size else ""
 
     def point():
-        return locate(s, s.inputs, changed, region_prefix("seq", length, t, same_size=True))
+        return locate(s, single, moved, region_prefix("seq", length, t, same_size=True))
 
+    moved_at = f"token {t - 1}" if i == 0 or cuts[i - 1] == t - 1 else f"tokens 0..{t - 1}"
     return s.result(
         name,
-        dev,
-        f"changing tokens {t}..{length - 1}",
-        f"the outputs of tokens 0..{t - 1}",
+        devs[i],
+        f"changing tokens {t}..{length - 1}{about}{example}",
+        f"the output of {moved_at}",
         f"the module is causal ({s.causal}) but earlier tokens see later ones: check the "
-        "mask's polarity and direction (hide key j from query i when j > i) and that it "
-        "reaches every head",
+        "mask's direction and its diagonal (hide key j from query i when j > i, never "
+        "j > i + 1) and that it reaches every head",
         point,
     )
 
@@ -63,28 +150,35 @@ def causality(s: Subject) -> ProbeResult:
 def length_change(s: Subject) -> ProbeResult:
     """The module runs at a shorter length; a causal one gives a prefix's outputs unchanged."""
     name = "length change"
-    length = s.layout.lengths[0]
-    if s.layout.ambiguous:
-        return skipped(name, s.layout.ambiguous)
-    t = distinct_length(length, sizes_in_play(s.layout, s.declared))
+    cannot = _queries(s, name)
+    if cannot is not None:
+        return cannot
+    layout = s.layout
+    length = layout.lengths[0]
+    if layout.ambiguous:
+        return skipped(name, layout.ambiguous)
+    t = distinct_length(length, sizes_in_play(layout, s.declared))
     if t is None:
         return skipped(name, f"no shorter length than {length} that differs from the other sizes")
-    short = sliced(s.layout, s.inputs, group=0, length=t)
+    short = sliced(layout, s.inputs, group=0, length=t)
     try:
-        out = s.run(short)
+        got = s.run_all(short)
     except Exception as error:
         return crashed(name, f"at seq {t} instead of {length}", error, s, short)
-    if s.out_seq is not None and out.shape[s.out_seq] != t:
-        return ProbeResult(
-            name,
-            "failed",
-            f"at seq {t} instead of {length} the output has "
-            f"{out.shape[s.out_seq]} positions on its seq axis, not {t}",
-        )
-    if not s.causal or s.out_seq is None:
+    leaves = s.outputs(group=0)
+    for leaf in leaves:
+        out = got.get(leaf.path)
+        for d, g in leaf.seq.items():
+            if g == 0 and out is not None and out.shape[d] != t:
+                return ProbeResult(
+                    name,
+                    "failed",
+                    f"at seq {t} instead of {length} the output {_path(leaf.path)} has "
+                    f"{out.shape[d]} positions on its seq axis, not {t}",
+                )
+    if not s.causal:
         return ProbeResult(name, "passed", f"runs at seq {t} instead of {length}")
-    ref = s.reference.narrow(s.out_seq, 0, t)
-    dev = deviation(out, ref, scale_of(s.reference))
+    dev = s.measure(got, s.refs, leaves, want_positions={0: list(range(t))})
 
     def point():
         return locate(s, s.inputs, short, region_prefix("seq", length, t))
@@ -101,75 +195,125 @@ def length_change(s: Subject) -> ProbeResult:
 
 
 def key_padding(s: Subject) -> ProbeResult:
-    """Changing keys marked as padding leaves the real tokens' outputs unchanged."""
+    """Changing the tokens a padding mask marks leaves the real tokens' outputs unchanged.
+    The mask's polarity is the one the module applies it with (the trace read it)."""
     name = "key-padding invariance"
-    found = _padding_leaf(s)
-    if isinstance(found, str):
-        return skipped(name, found)
-    path, leaf, group, pads_true = found
-    if s.out_batch is None or (group == 0 and s.out_seq is None):
-        return skipped(name, "the output has no batch and seq axes to compare")
-    length = s.layout.lengths[group]
-    p = max(1, length // 3)
-    padded = torch.arange(length - p, length)
-    with_padding = rebuild(
-        s.inputs, lambda q, t: _pad(t, leaf, padded, pads_true) if q == path else t
-    )
-    reference = s.run(with_padding)
-    changed = perturbed(
-        s.layout, with_padding, s.generator, example=0, group=group, positions=padded
-    )
-    out = s.run(changed)
-    b = s.layout.batch_size
-    parts = []
-    if group == 0:  # self-attention: the padded queries' own outputs may change
-        real = list(range(length - p))
-        parts.append(
-            (
-                out_rows(s, out, examples=[0], positions=real),
-                out_rows(s, reference, examples=[0], positions=real),
-            )
-        )
+    layout = s.layout
+    masks = [leaf for leaf in layout.leaves.values() if leaf.padding]
+    if not masks:
+        if layout.polarity_unknown:
+            return skipped(name, layout.polarity_unknown)
+        return not_applicable(name, "no input is a padding mask ([batch, seq], applied to keys)")
+    if layout.batch_size is None:
+        return skipped(name, "the padding mask has no batch axis")
+    mask = masks[0]
+    (group,) = set(mask.seq.values())
+    length = layout.lengths[group]
+    if length < 2:
+        return skipped(name, "needs 2 or more tokens")
+    if not any(group in leaf.seq.values() for leaf in layout.leaves_of("ids", "data")):
+        return skipped(name, f"no input holds the tokens {mask.name} pads")
+    pad = layout.padded(group)
+    counts = pad.sum(1)
+    full = counts >= length
+    if bool(((counts > 0) & ~full).any()):
+        # The inputs' own padding: change what the padded positions hold.
+        e = int(torch.where(full, -1, counts).argmax())
+        inputs, reference, pads = s.inputs, s.refs, layout.pads
+        cells = torch.zeros_like(pad)
+        cells[e] = pad[e]
+        how = "its own"
     else:
-        parts.append((out_rows(s, out, examples=[0]), out_rows(s, reference, examples=[0])))
-    if b > 1:
-        rest = list(range(1, b))
-        parts.append((out_rows(s, out, examples=rest), out_rows(s, reference, examples=rest)))
-    dev = max(deviation(a, r, scale_of(reference)) for a, r in parts)
-    polarity = "True" if pads_true else "False"
-    keys = "key" if p == 1 else f"{p} keys"
+        # None yet: pad the first example (on the left for a causal module, whose
+        # batched generation pads there; on the right otherwise).
+        e, p = 0, max(1, length // 3)
+        cells = torch.zeros_like(pad)
+        if s.causal and group == 0:
+            cells[0, :p] = True
+        else:
+            cells[0, length - p :] = True
+        inputs = padded(layout, s.inputs, group, cells)
+        pads = dict(layout.pads)
+        pads[group] = pad | cells
+        reference = s.run_all(inputs)
+        how = "added"
+    changed = perturbed(layout, inputs, s.generator, group=group, cells=cells)
+    got = s.run_all(changed)
+    dev = s.measure(got, reference, s.outputs(batch=True), pads=pads)
+    positions = cells[e].nonzero().flatten().tolist()
+    value = _pad_value(mask)
+    where = _positions(positions)
+    tokens = _group_names(s, group)
 
     def point():
-        return locate(s, with_padding, changed, region_padding(length, p))
+        return locate(s, inputs, changed, region_padding(length, len(positions)))
 
     return s.result(
         name,
         dev,
-        f"changing the last {keys} of example 0, marked as padding in {leaf.name} "
-        f"({polarity} = padding)",
+        f"changing {tokens} at the padded position{'s' if len(positions) > 1 else ''} "
+        f"{where} of example {e} ({how} padding: {mask.name} marks it {value}, as "
+        f"{_applied_by(s)} reads it)",
         "the real tokens' outputs",
-        "padded keys still reach the real tokens: check the mask's polarity and that it "
-        "sits on the key axis ([batch, 1, 1, seq_k])",
+        "padded tokens still reach the real ones: the mask must reach every attention "
+        "over these keys (cross-attention too), before the softmax, and nothing else "
+        "may mix tokens (a pooling, a convolution over positions)",
         point,
     )
+
+
+def _pad_value(mask) -> str:
+    """How a mask spells padding: -inf (additive), True / False (bool), 1 / 0."""
+    if mask.dtype == "additive":
+        return "-inf"
+    hide = mask.polarity == "hide"
+    if mask.dtype == "bool":
+        return "True" if hide else "False"
+    return "1" if hide else "0"
+
+
+def _applied_by(s: Subject) -> str:
+    ops = []
+    for use in s.watch.mask_uses:
+        if use.op not in ops:
+            ops.append(use.op)
+    return ", ".join(ops[:2]) if ops else "the module"
+
+
+def _positions(positions: list[int]) -> str:
+    if len(positions) > 2 and positions == list(range(positions[0], positions[-1] + 1)):
+        return f"{positions[0]}..{positions[-1]}"
+    return ", ".join(map(str, positions))
 
 
 def token_permutation(s: Subject) -> ProbeResult:
     """Without masks or positions, permuting the tokens permutes the outputs alike."""
     name = "token-permutation equivariance"
-    if s.causal or s.watch.masked:
-        return skipped(name, f"the module applies a mask ({s.causal or s.watch.masked})")
+    if s.causal:
+        return not_applicable(name, f"the module is causal ({s.causal})")
+    inside = _mask_made_inside(s)
+    if inside:
+        return not_applicable(name, f"the module applies a mask over the positions ({inside})")
     if s.watch.positional:
-        return skipped(name, f"the module has positional terms ({s.watch.positional})")
-    if s.out_seq is None or s.layout.lengths[0] < 2:
-        return skipped(name, "needs 2 or more tokens and a seq axis in the output")
+        return not_applicable(name, f"the module has positional terms ({s.watch.positional})")
+    cannot = _queries(s, name)
+    if cannot is not None:
+        return cannot
     if s.layout.ambiguous:
         return skipped(name, s.layout.ambiguous)
     perms = {g: derangement(n, s.generator) for g, n in enumerate(s.layout.lengths) if n > 1}
     moved = permuted(s.layout, s.inputs, perms)
-    out = s.run(moved)
-    expected = take(s.reference, s.out_seq, perms[0])
-    dev = deviation(out, expected, scale_of(s.reference))
+    got = s.run_all(moved)
+    leaves = s.outputs(group=0)
+    expected = {}
+    for leaf in leaves:
+        t = s.refs[leaf.path]
+        for d, g in leaf.seq.items():
+            if g in perms:
+                t = take(t, d, perms[g])
+        expected[leaf.path] = t
+    pads = {g: p[:, perms[g]] for g, p in s.layout.pads.items() if g in perms}
+    dev = s.measure(got, expected, leaves, pads=pads)
 
     def point():
         return locate(s, s.inputs, moved, region_permuted(s.layout.lengths[0], perms[0]))
@@ -185,24 +329,17 @@ def token_permutation(s: Subject) -> ProbeResult:
     )
 
 
-def _padding_leaf(s: Subject):
-    """The [batch, seq_k] (or [batch, 1, 1, seq_k]) padding mask among the inputs, with its
-    polarity: True (or nonzero) marks padding when its name says pad, else it marks keys to
-    keep; a float mask is additive (very negative = padding)."""
-    for path, leaf in s.layout.leaves.items():
-        if leaf.kind != "mask" or leaf.batch is None or len(leaf.seq) != 1:
-            continue
-        ((dim, group),) = leaf.seq.items()
-        if s.layout.lengths[group] < 2:
-            continue
-        return path, leaf, group, any(w in leaf.name.lower() for w in _PAD_NAMES)
-    return "no [batch, seq_k] padding mask among the inputs"
+def _mask_made_inside(s: Subject) -> str:
+    """The op of a mask that hides more than padded keys, when no input mask over two
+    token axes (moved with the tokens) accounts for it."""
+    square = any(leaf.kind == "mask" and len(leaf.seq) >= 2 for leaf in s.layout.leaves.values())
+    for use in s.watch.mask_uses:
+        if use.extra and not square:
+            return use.op
+    if s.watch.masked and not s.watch.mask_uses:
+        return s.watch.masked  # applied where its values could not be read
+    return ""
 
 
-def _pad(t: torch.Tensor, leaf: Leaf, padded: torch.Tensor, pads_true: bool) -> torch.Tensor:
-    """The mask with the `padded` keys of example 0 marked as padding."""
-    t = t.clone()
-    ((dim, _),) = leaf.seq.items()
-    where = along(t, dim, padded) & along(t, leaf.batch, torch.tensor([0]))
-    value = torch.finfo(t.dtype).min if t.is_floating_point() else int(pads_true)
-    return t.masked_fill(where.to(t.device), value)
+def _path(path: tuple) -> str:
+    return ".".join(map(str, path)) or "output"

@@ -1,14 +1,21 @@
-"""The module under probe: a private copy, its inputs, its reference output, and the verdict."""
+"""The module under probe: a private copy, its inputs, its reference outputs, and the verdict.
 
-from dataclasses import dataclass
+A probe compares outputs leaf by leaf (every floating tensor of the output that has a
+batch or token axis the layout knows), on the examples and positions it says, and
+never on padded positions: a padded query's output is whatever the module makes of a
+row that sees nothing, and no property holds there.
+"""
+
+from dataclasses import dataclass, field
 
 import torch
 
 from .. import _axes
+from .compare import deviation, scale_of
 from .edits import take
-from .layout import Layout
+from .layout import Layout, OutLeaf
 from .result import ProbeResult
-from .tree import first_output
+from .tree import first_output, pick
 from .watch import Watch
 
 
@@ -19,9 +26,9 @@ class Subject:
     model: torch.nn.Module
     inputs: tuple  # (args, kwargs)
     layout: Layout
-    reference: torch.Tensor
-    out_batch: int | None
-    out_seq: int | None
+    reference: torch.Tensor  # the first floating output
+    out_batch: int | None  # its batch axis
+    out_seq: int | None  # its query axis
     watch: Watch
     events: list
     declared: dict
@@ -29,13 +36,87 @@ class Subject:
     generator: torch.Generator
     causal: str = ""
     traced_model: torch.nn.Module | None = None  # the copy the trace ran (its Linears)
+    refs: dict = field(default_factory=dict)  # path -> reference output leaf
+    findings: list = field(default_factory=list)  # the trace's findings
+    distributed: str = ""  # why the module's state is sharded (DTensor), when it is
+    # A function giving this subject in the dtype the module was given (the probes run
+    # on a float64 copy); a failure there is confirmed as given.
+    as_given: object = None
+    mismatch: str = ""  # why the last measure was infinite without NaN (shapes differ)
 
     def run(self, inputs) -> torch.Tensor:
+        """The first floating output of one forward."""
         args, kwargs = inputs
         out = first_output(self.model(*args, **kwargs))
         if out is None:
             raise RuntimeError("the module returned no floating-point tensor")
         return out
+
+    def run_all(self, inputs) -> dict:
+        """Every compared output leaf of one forward, by path."""
+        args, kwargs = inputs
+        out = self.model(*args, **kwargs)
+        found = {}
+        for leaf in self.layout.outputs:
+            value = pick(out, leaf.path)
+            if isinstance(value, torch.Tensor):
+                found[leaf.path] = value
+        return found
+
+    def outputs(self, *, group: int | None = None, batch: bool = False) -> list[OutLeaf]:
+        """The output leaves with an axis of token group `group`, or (`batch`) with a
+        batch axis whose examples can be told apart."""
+        found = []
+        for leaf in self.layout.outputs:
+            if leaf.path not in self.refs:
+                continue
+            if group is not None and group not in leaf.seq.values():
+                continue
+            if batch and (not leaf.batch or self.unclear(leaf)):
+                continue
+            found.append(leaf)
+        return found
+
+    def unclear(self, leaf: OutLeaf) -> bool:
+        """An axis as long as the batch that is not known to be the batch (CLIP's
+        texts-by-images logits): its examples cannot be compared one by one."""
+        return bool(leaf.loose)
+
+    def measure(
+        self,
+        got: dict,
+        want: dict,
+        leaves: list[OutLeaf],
+        *,
+        examples=None,
+        want_examples=None,
+        positions: dict | None = None,
+        want_positions: dict | None = None,
+        pad_examples=None,
+        pads: dict | None = None,
+    ) -> float:
+        """The largest deviation over `leaves` between `got` and `want`, each restricted to
+        some examples (on every batch axis) and some positions of token groups, real
+        tokens only (`pads`, bool [batch, length] per group, default the inputs')."""
+        worst = 0.0
+        pads = self.layout.pads if pads is None else pads
+        for leaf in leaves:
+            if leaf.path not in got or leaf.path not in want:
+                return float("inf")
+            a = _restrict(got[leaf.path], leaf, examples, positions)
+            b = _restrict(
+                want[leaf.path], leaf, want_examples or examples, want_positions or positions
+            )
+            if a is None or b is None or a.shape != b.shape:
+                self.mismatch = (
+                    f"{_path(leaf.path)} is {list(got[leaf.path].shape)} where "
+                    f"{list(b.shape) if b is not None else '?'} was expected"
+                )
+                return float("inf")
+            rows = pad_examples if pad_examples is not None else want_examples or examples
+            keep = _real(a, leaf, pads, rows, want_positions or positions)
+            worst = max(worst, deviation(a, b, scale_of(b, keep), keep))
+        return worst
 
     def result(
         self,
@@ -46,6 +127,7 @@ class Subject:
         hint: str,
         point=None,
         lead: str = "first seen at ",
+        where: str = "",
     ) -> ProbeResult:
         """Passed or failed by `dev` against the tolerance: "<action> left <target>
         unchanged", or "<action> moved <target> by ..." with the op `point()` names."""
@@ -55,24 +137,72 @@ class Subject:
                 name, "passed", f"{action} left {target} unchanged (deviation {dev:.1e})", dev, tol
             )
         op = point() if point is not None else ""
-        where = f"\n  {lead}{op}" if op else ""
+        at = f"\n  {lead}{op}" if op else ""
         return ProbeResult(
             name,
             "failed",
-            f"{action} moved {target} by {_fmt(dev)} of the output's scale (tolerance "
-            f"{tol:.0e}){where}\n  hint: {hint}",
+            f"{action} moved {target}{where} by {_fmt(dev, self.mismatch)} of the output's "
+            f"scale (tolerance "
+            f"{tol:.0e}){at}\n  hint: {hint}",
             dev,
             tol,
             op,
         )
 
 
-def _fmt(dev: float) -> str:
-    return "inf (NaN appeared)" if dev == float("inf") else f"{dev:.2g}"
+def _restrict(t: torch.Tensor, leaf: OutLeaf, examples, positions):
+    if examples is not None:
+        index = torch.as_tensor(examples, dtype=torch.long)
+        for d in leaf.batch:
+            if d >= t.dim():
+                return None
+            t = take(t, d, index)
+    if positions:
+        for d, g in leaf.seq.items():
+            if g in positions and positions[g] is not None:
+                if d >= t.dim():
+                    return None
+                t = take(t, d, torch.as_tensor(positions[g], dtype=torch.long))
+    return t
+
+
+def _real(t: torch.Tensor, leaf: OutLeaf, pads: dict, examples, positions):
+    """True where an output row belongs to a real token (its example and position read
+    from the group's padding); None when nothing is padded."""
+    if len(leaf.batch) != 1:
+        return None
+    keep = None
+    (batch,) = leaf.batch
+    for d, g in leaf.seq.items():
+        pad = pads.get(g)
+        if pad is None or not bool(pad.any()):
+            continue
+        if examples is not None:
+            pad = pad[torch.as_tensor(examples, dtype=torch.long)]
+        if positions and positions.get(g) is not None:
+            pad = pad[:, torch.as_tensor(positions[g], dtype=torch.long)]
+        if tuple(pad.shape) != (t.shape[batch], t.shape[d]):
+            continue
+        shape = [1] * t.dim()
+        shape[batch], shape[d] = pad.shape
+        real = (~pad).view(shape) if batch < d else (~pad).t().contiguous().view(shape)
+        real = real.expand(t.shape)
+        keep = real if keep is None else keep & real
+    return keep
+
+
+def _fmt(dev: float, mismatch: str = "") -> str:
+    if dev != float("inf"):
+        return f"{dev:.2g}"
+    return f"inf ({mismatch})" if mismatch else "inf (NaN appeared)"
+
+
+def _path(path: tuple) -> str:
+    return "the output" if not path else "the output " + ".".join(map(str, path))
 
 
 def out_rows(subject: Subject, out: torch.Tensor, *, examples=None, positions=None):
-    """The output restricted to some examples (batch axis) and query positions (seq axis)."""
+    """The first output restricted to some examples (batch axis) and query positions."""
     if examples is not None:
         out = take(out, subject.out_batch, torch.as_tensor(examples))
     if positions is not None:

@@ -1,21 +1,43 @@
-"""Tensors nested in a forward's inputs and outputs: found, replaced, picked out."""
+"""Tensors nested in a forward's inputs and outputs: found, replaced, picked out.
 
-from collections.abc import Callable
+Inputs and outputs nest tensors in tuples, lists, dicts (and other mappings, such as
+transformers' `BatchEncoding` and `ModelOutput`) and dataclasses (a user's `Batch`);
+every tensor is found by its path, and a copy of the structure can be made with some
+tensors replaced. Other objects (a cache, a config) are left as they are.
+"""
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping
 
 import torch
 
 
+def _is_dataclass_instance(obj) -> bool:
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+
+
+def _items(obj):
+    """(key, value) of a container the probes look into, or None for anything else."""
+    if isinstance(obj, tuple | list):
+        return list(enumerate(obj))
+    if isinstance(obj, Mapping):
+        return list(obj.items())
+    if _is_dataclass_instance(obj):
+        return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    return None
+
+
 def leaves(obj, path=()) -> list[tuple[tuple, torch.Tensor]]:
-    """Every tensor in nested tuples, lists and dicts, with its path."""
+    """Every tensor in nested tuples, lists, mappings and dataclasses, with its path."""
     if isinstance(obj, torch.Tensor):
         return [(path, obj)]
+    items = _items(obj)
+    if items is None:
+        return []
     found = []
-    if isinstance(obj, tuple | list):
-        for i, item in enumerate(obj):
-            found += leaves(item, (*path, i))
-    elif isinstance(obj, dict):
-        for key, item in obj.items():
-            found += leaves(item, (*path, key))
+    for key, item in items:
+        found += leaves(item, (*path, key))
     return found
 
 
@@ -27,18 +49,46 @@ def rebuild(obj, fn: Callable, path=()):
         return type(obj)(*(rebuild(v, fn, (*path, i)) for i, v in enumerate(obj)))
     if isinstance(obj, tuple | list):
         return type(obj)(rebuild(v, fn, (*path, i)) for i, v in enumerate(obj))
-    if isinstance(obj, dict):
+    if isinstance(obj, dict) and type(obj) is dict:
         return {k: rebuild(v, fn, (*path, k)) for k, v in obj.items()}
+    if isinstance(obj, Mapping):
+        values = {k: rebuild(v, fn, (*path, k)) for k, v in obj.items()}
+        try:
+            new = copy.copy(obj)
+            for k, v in values.items():
+                new[k] = v
+            return new
+        except Exception:
+            return values
+    if _is_dataclass_instance(obj):
+        new = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            object.__setattr__(new, f.name, rebuild(getattr(obj, f.name), fn, (*path, f.name)))
+        return new
+    return obj
+
+
+def pick(obj, path: tuple):
+    """The value at `path` in a nested structure (None when it is not there)."""
+    for key in path:
+        items = _items(obj)
+        if items is None:
+            return None
+        found = dict(items) if not isinstance(obj, tuple | list) else None
+        if found is not None:
+            if key not in found:
+                return None
+            obj = found[key]
+        else:
+            if not isinstance(key, int) or key >= len(obj):
+                return None
+            obj = obj[key]
     return obj
 
 
 def first_output(out) -> torch.Tensor | None:
     """The first floating tensor of a module's output (tuple, dict or ModelOutput)."""
-    if isinstance(out, torch.Tensor):
-        return out if out.is_floating_point() else None
-    items = out.values() if isinstance(out, dict) else out if isinstance(out, tuple | list) else ()
-    for item in items:
-        found = first_output(item)
-        if found is not None:
-            return found
+    for _, t in leaves(out):
+        if t.is_floating_point():
+            return t
     return None

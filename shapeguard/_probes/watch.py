@@ -1,10 +1,13 @@
 """What one traced forward tells the probes: causal, masked, positional, its projections."""
 
+from contextlib import contextmanager
+
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from .. import _ops
 from ..checks import mask_semantics
-from ..checks.mask_semantics import aligned, mask_uses, triangle
+from ..checks.mask_semantics import mask_uses
 from .tree import first_output
 
 # The ops whose masks `mask_uses` reads: the only ones worth building an OpCall for.
@@ -13,6 +16,11 @@ _MASKING_OPS = frozenset(s for op in mask_semantics.MASKING for s in op.spelling
 _POSITIONAL_OPS = _ops.spellings_where(positional=True)
 _TABLE_READS = _ops.spellings_where(reads_table=True)
 _LINEAR = _ops.by_name("linear")
+_EMBEDDING = _ops.by_name("embedding")
+# Products a projection module computes its output with (nn.Linear, Conv1D's addmm,
+# FalconLinear's @); elementwise ops, which may mask attention weights after the softmax.
+_PROJECTING = _ops.family_ops(_ops.PRODUCT)
+_WEIGHT_MASKING = _ops.family_ops(_ops.BINARY)
 
 
 class Watch:
@@ -32,6 +40,13 @@ class Watch:
         self.masked = ""  # where a mask is applied
         self.positional = ""  # where a positional term is computed
         self.linears: list[tuple] = []  # (module, input role, output role)
+        self.embedded: list[tuple] = []  # (axes of the ids an embedding read, table rows)
+        # id(Linear) -> (op, output shapes) of the first op that read its output: how a
+        # packed projection is cut into Q, K, V.
+        self.first_use: dict[int, tuple] = {}
+        self._made_by = WeakTensorKeyDictionary()
+        self.mask_uses: list = []  # masks.MaskUse: how each op applied its mask
+        self._last_mask = None  # (mask, how it was applied, its MaskUse): read once
         self.values: list[tuple] | None = [] if keep_values else None
 
         class _Mode(TorchFunctionMode):
@@ -40,10 +55,13 @@ class Watch:
                 op = op_name(func)
                 if op in skip:
                     return func(*args, **kwargs)
-                count = len(watch.session.trace.events)
-                watch._before(func, op, args, kwargs)
+                session = watch.session
+                count = len(session.trace.events)
+                with _unobserved(session):
+                    watch._before(func, op, args, kwargs)
                 out = func(*args, **kwargs)
-                watch._after(op, args, out, count)
+                with _unobserved(session):
+                    watch._after(op, args, out, count)
                 return out
 
         self.mode = _Mode()
@@ -62,7 +80,9 @@ class Watch:
         return op
 
     def _before(self, func, op: str, args, kwargs) -> None:
-        if op not in _MASKING_OPS:
+        if _ops.declared(op) is _EMBEDDING:
+            self._embedding(args, kwargs)
+        if op not in _MASKING_OPS and op not in _WEIGHT_MASKING:
             return
         from .._session import OpCall
 
@@ -71,15 +91,88 @@ class Watch:
             self.causal = f"{op}(is_causal=True)"
         for use in mask_uses(call):
             self.masked = self.masked or use.op
-            hidden = aligned(use.hidden, len(use.target))
-            square = hidden.shape[-2:] == use.target[-2:] and min(use.target[-2:]) > 1
-            if square and not self.causal and triangle(hidden):
+            self._mask_use(call, use)
+        self._weights_masked(call)
+
+    def _weights_masked(self, call) -> None:
+        """A mask applied after the softmax: recorded for the probes (its polarity)."""
+        from . import masks
+
+        found = masks.after_softmax(call)
+        if found is None:
+            return
+        op, hidden, target = found
+        self.masked = self.masked or op
+        keys, queries = masks.key_axis(call, "masked_fill")
+        unseen = masks.unseen_keys(hidden, target)
+        kept = masks.kept(hidden, self.mask_uses)
+        extra = masks.beyond_padding(hidden, target, unseen)
+        self.mask_uses.append(masks.MaskUse(op, target, unseen, keys, queries, kept, extra))
+
+    def _mask_use(self, call, use) -> None:
+        """What the probes keep of a mask use: its padding, its key axis, causal or not."""
+        from . import masks
+
+        # Every layer applies the same mask tensor: read its values once.
+        same = self._last_mask
+        if same is not None and same[0] is use.mask and same[1] == (use.op, use.target, use.kind):
+            if same[2] is not None:
+                keys, queries = masks.key_axis(call, use.op)
+                prev = same[2]
+                self.mask_uses.append(
+                    masks.MaskUse(
+                        use.op, use.target, prev.unseen, keys, queries, prev.hidden, prev.extra
+                    )
+                )
+            return
+        summary = None
+        if use.kind != "combined":
+            keys, queries = masks.key_axis(call, use.op)
+            unseen = masks.unseen_keys(use.hidden, use.target)
+            hidden = masks.kept(use.hidden, self.mask_uses)
+            extra = masks.beyond_padding(use.hidden, use.target, unseen)
+            summary = masks.MaskUse(use.op, use.target, unseen, keys, queries, hidden, extra)
+            self.mask_uses.append(summary)
+        if use.mask is not None:
+            self._last_mask = (use.mask, (use.op, use.target, use.kind), summary)
+        if not self.causal:
+            shape = masks.causal_pattern(use.hidden, use.target)
+            if shape == "triangle":
                 self.causal = f"a triangular mask in {use.op}"
+            elif shape == "band":
+                self.causal = f"a mask near the diagonal in {use.op}"
+
+    def _embedding(self, args, kwargs) -> None:
+        ids = args[0] if args else kwargs.get("input")
+        table = args[1] if len(args) > 1 else kwargs.get("weight")
+        if not isinstance(ids, torch.Tensor) or not isinstance(table, torch.Tensor):
+            return
+        meta = self.session.metas.get(ids)
+        if meta is not None and table.dim() == 2:
+            self.embedded.append((meta.dims, int(table.shape[0])))
 
     def _after(self, op: str, args, out, count: int) -> None:
         session = self.session
         if op in _POSITIONAL_OPS or (op in _TABLE_READS and _reads_a_table(session, args)):
             self.positional = self.positional or self._where(count, op)
+        if self._made_by:
+            for a in args:
+                key = self._made_by.get(a) if isinstance(a, torch.Tensor) else None
+                if key is None or key in self.first_use:
+                    continue
+                outs = out if isinstance(out, tuple | list) else (out,)
+                if isinstance(out, torch.Tensor) and out.dim() and out.shape[-1] == a.shape[-1]:
+                    self._made_by[out] = key  # unsqueeze, a cast: still the projection's
+                    continue
+                shapes = tuple(tuple(o.shape) for o in outs if isinstance(o, torch.Tensor))
+                self.first_use[key] = (op, shapes)
+        if op in _PROJECTING and session.module_stack and isinstance(out, torch.Tensor):
+            module = session.module_stack[-1]
+            weight = getattr(module, "weight", None)
+            if _ops.declared(op) is _LINEAR or (
+                isinstance(weight, torch.Tensor) and weight.dim() == 2
+            ):
+                self._made_by[out] = id(module)  # GPT-2's Conv1D (addmm), FalconLinear (@)
         if _ops.declared(op) is _LINEAR and session.module_stack and isinstance(out, torch.Tensor):
             meta_in, meta_out = session.metas.get(args[0]), session.metas.get(out)
             self.linears.append(
@@ -94,6 +187,18 @@ class Watch:
             meta = session.metas.get(out)
             axes = meta.axes if meta else ()
             self.values.append((op, self._where(count, op), out.detach().clone(), axes))
+
+
+@contextmanager
+def _unobserved(session):
+    """The watch's own torch calls (reading a mask's values) are not the model's: the
+    session lets them through unrecorded, as it does its checkers' calls."""
+    before = session._dispatching
+    session._dispatching = True
+    try:
+        yield
+    finally:
+        session._dispatching = before
 
 
 def _reads_a_table(session, args) -> bool:

@@ -146,9 +146,16 @@ def mha_batch_first(call):
     query = call.args[0] if call.args else call.kwargs.get("query")
     if not _is_tensor(query) or query.dim() != 3:
         return
-    # The model's own input says which axis is the batch (its usual layout): read as
-    # [seq, batch, embed], that batch axis would be attended along.
+    # Read as [seq, batch, embed], the batch axis would be attended along. The input's
+    # usual layout ([batch, seq, ...]) alone is no witness: a seq-first model hands its
+    # [seq, batch, embed] input to batch_first=False exactly as the bug hands [batch, seq,
+    # embed], and the two compute the same thing. Only structure tells them apart: the
+    # positions found on axis 1 (a position embedding of arange, a rotary table, an
+    # attention or a conv that ran along it) or a contract that says so.
     if call.kind(query, 0) != BATCH or call.kind(query, 1) != TOKEN:
+        return
+    first, second = call.kind(query, 0, strong=True), call.kind(query, 1, strong=True)
+    if first == TOKEN or second == BATCH or (first != BATCH and second != TOKEN):
         return
     axes = call.axes(query)
     label = call.label(0, "query")

@@ -277,9 +277,25 @@ class _View:
                 if entangled[j]:
                     continue
                 kinds = D.kinds_in(axes[j])
-                if TOKEN in kinds and FEATURE in kinds:
+                if TOKEN in kinds and FEATURE in kinds and not self._deliberate_fold(j, axes[j]):
                     return self._merge_violation(real_i, real_j)
         return None
+
+    def _deliberate_fold(self, j: int, axis) -> bool:
+        """The user built target size j from the size of the axis we only take for
+        positions by the input's usual layout: `view(T, bsz * h, d)` after
+        `T, bsz, C = x.size()` folds what seq-first code knows is its batch with the heads.
+        Structure (attention, a conv, positions) outranks the user's arithmetic; the
+        convention does not."""
+        tokens = [a[0].find() for a in axis if a[0].find().kind == TOKEN]
+        if not tokens or any(root.kind_rank > D.CONVENTION for root in tokens):
+            return False
+        intents = view_intents(self.call, len(self.resolved))
+        intent = intents[j] if j < len(intents) else None
+        if intent is None or intent.axis is None:
+            return False
+        read = {id(root) for root in D.roots_of(intent.axis)}
+        return all(id(root) in read for root in tokens)
 
     def _merge_violation(self, real_i, real_j) -> Violation:
         # The heads that belong with the merged d_k may sit on an axis of their own just

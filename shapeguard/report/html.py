@@ -7,6 +7,7 @@ lines of JavaScript for hover read-outs; the page is complete without them.
 Attention heatmaps need values, which a trace never keeps: get them from one
 separate forward with `capture_attention(model, *inputs)` and pass the result
 as `attention=`. `shapeguard trace FILE --html report.html` does both on cpu.
+`render_fragment(trace)` is the part a notebook shows (`Trace._repr_html_`).
 """
 
 import html
@@ -22,7 +23,7 @@ from ._capture import capture_attention as capture_attention
 from ._png import color, heatmap_uri
 from .text import ATTENTION_OPS, _human_bytes
 
-__all__ = ["capture_attention", "render_html"]
+__all__ = ["capture_attention", "render_fragment", "render_html"]
 
 _CHAR_W = 6.7  # px per character of the 11px monospace font in the diagram
 _ROW_GAP = 34
@@ -33,7 +34,13 @@ _MAX_HOVER_CELLS = 200_000
 _SCALE_SEQS = (512, 2048, 8192, 32768, 131072)
 
 
-def render_html(trace, attention: dict | None = None, *, title: str = "shapeguard report") -> str:
+def render_html(
+    trace,
+    attention: dict | None = None,
+    *,
+    title: str = "shapeguard report",
+    checks: list[tuple[str, str, str]] | None = None,
+) -> str:
     """One self-contained HTML page for `trace`.
 
     Args:
@@ -41,6 +48,8 @@ def render_html(trace, attention: dict | None = None, *, title: str = "shapeguar
         attention: optional weights from `capture_attention(model, *inputs)`, drawn
             as per-head heatmaps for batch element 0. Omit it for a shapes-only report.
         title: the page title.
+        checks: `shapeguard check`'s (check, status, detail) rows: a Checks section, and
+            the verdict counts the failed ones.
 
     Returns:
         The page, as a string; write it to a `.html` file and open it in any browser.
@@ -53,7 +62,8 @@ def render_html(trace, attention: dict | None = None, *, title: str = "shapeguar
         (True, False)
     """
     blocks = _flow.build_blocks(trace)
-    sections = [
+    sections = [] if checks is None else [("checks", "Checks", _checks_section(checks))]
+    sections += [
         ("flow", "Attention flow", _flow_section(trace, blocks)),
         ("findings", f"Findings ({len(trace.findings)})", _findings_section(trace)),
         ("source", "Source", _source_section(trace)),
@@ -71,7 +81,7 @@ def render_html(trace, attention: dict | None = None, *, title: str = "shapeguar
         css=_CSS,
         trap=_ERROR_TRAP,
         script=_SCRIPT,
-        header=_header(trace, title),
+        header=_header(trace, title, checks),
         nav=nav,
         body=body,
         hover=_hover_data(attention),
@@ -88,7 +98,7 @@ def _e(text) -> str:
 
 
 # -- header ---------------------------------------------------------------------------
-def _header(trace, title: str) -> str:
+def _header(trace, title: str, checks=None) -> str:
     from .._version import __version__
 
     devices = sorted({r.device for e in trace.events for r in e.outputs}) or ["-"]
@@ -99,6 +109,10 @@ def _header(trace, title: str) -> str:
         if errors or warnings
         else "no findings"
     )
+    failed = sum(1 for _, result, _ in checks or () if result == "FAIL")
+    if checks is not None:
+        status = "error" if failed else status
+        verdict = f"{failed} check{'s' * (failed != 1)} failed" if failed else "all checks passed"
     dropped = f" ({trace.dropped_events} more not recorded)" if trace.dropped_events else ""
     return (
         f"<header><h1>{_e(title)}</h1>"
@@ -124,8 +138,7 @@ def _node_lines(node: _flow.Node, trace, wrap: int = 60) -> list[tuple[str, str]
         lines.append(("meta", f"{label} {extra.named_shape}"))
     for number in node.findings:
         finding = trace.findings[number]
-        relation = finding.message.splitlines()[0] if finding.message else finding.kind
-        lines.extend(("finding", part) for part in _wrap(f"#{number + 1} {relation}", wrap))
+        lines.extend(("finding", part) for part in _wrap(f"#{number + 1} {finding.headline}", wrap))
     if node.location:
         lines.append(("loc", os.path.basename(node.location)))
     return lines
@@ -350,6 +363,59 @@ def _findings_section(trace) -> str:
     return f'<ol class="findings">{"".join(items)}</ol>'
 
 
+def _checks_section(checks) -> str:
+    rows = "".join(
+        f'<tr class="{_e(result.lower())}"><td>{_e(name)}</td><td><b>{_e(result)}</b></td>'
+        f"<td>{_e(detail)}</td></tr>"
+        for name, result, detail in checks
+    )
+    return (
+        '<table class="checks"><thead><tr><th>check</th><th>result</th><th>detail</th></tr>'
+        f"</thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def render_fragment(trace) -> str:
+    """The report's findings, attention flow and its table of ops, as one `<div>` with its
+    own styles, for a notebook cell (`Trace._repr_html_`)."""
+    from .text import attention_rows
+
+    head = "".join(f"<th>{h}</th>" for h in ("#", "module", "op", "tensor", "shape", "dtype", "line"))
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{_e(c)}</td>" for c in (*row[:6], row[7])) + "</tr>"
+        for row in attention_rows(trace)
+    )
+    return (
+        f'<div class="shapeguard"><style>{_scoped_css()}</style>'
+        f"<p>{_e(_text_summary(trace))}</p>"
+        f"{_findings_section(trace)}{_flow_section(trace, _flow.build_blocks(trace))}"
+        f'<table class="ops"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
+    )
+
+
+def _scoped_css() -> str:
+    """The page's styles, each rule limited to `.shapeguard` (a notebook has its own page)."""
+    rules = []
+    for rule in _CSS.split("}"):
+        selectors, brace, body = rule.partition("{")
+        if not brace:
+            continue
+        scoped = []
+        for selector in selectors.split(","):
+            selector = selector.strip()
+            scoped.append(
+                ".shapeguard" if selector in (":root", "body") else f".shapeguard {selector}"
+            )
+        rules.append(f"{', '.join(scoped)} {{{body}}}")
+    return "\n".join(rules)
+
+
+def _text_summary(trace) -> str:
+    from .text import summary_line
+
+    return summary_line(trace)
+
+
 # -- source -------------------------------------------------------------------------------
 def _split_location(location: str) -> tuple[str, int] | None:
     path, _, line = location.rpartition(":")
@@ -383,8 +449,7 @@ def _source_section(trace) -> str:
         info = files.setdefault(found[0], {}).setdefault(found[1], {"source": "", "chips": {}, "findings": []})
         info["findings"].append((number, finding))
         if not info["source"]:
-            lines = finding.message.splitlines()
-            info["source"] = lines[2].strip() if len(lines) > 2 and lines[1].lstrip().startswith(("in", "at")) else ""
+            info["source"] = finding.source
     if not files:
         return '<p class="note">No source locations were recorded.</p>'
     return "".join(_source_file(path, lines) for path, lines in files.items())
@@ -741,6 +806,7 @@ img.heat { image-rendering:pixelated; border:1px solid var(--line); display:bloc
 .legend { color:var(--muted); margin-left:10px; white-space:nowrap; }
 .ramp { display:inline-block; width:90px; height:10px; vertical-align:middle; border-radius:2px; }
 table.memory tr.score td { background:#fff8ec; }
+table.checks tr.fail td { background:#ffe9e9; } table.checks tr.skip td { color:var(--muted); }
 td.bar { width:180px; } td.bar span { display:block; height:10px; background:#7b8fd1; border-radius:2px; }
 #tip { position:absolute; background:#1d2330; color:#fff; font-size:12px; padding:2px 6px;
   border-radius:4px; pointer-events:none; }

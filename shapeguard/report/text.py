@@ -11,18 +11,30 @@ from .._roles import ROLES
 # Ops that make or combine attention tensors, shown even when no role was found: the
 # op table's `shown` ops, in every spelling an event may carry.
 ATTENTION_OPS = _ops.shown_ops()
-# The trace table's columns: (header, style, wraps). The shape column never wraps: it is
-# the point of the table.
-_COLUMNS = (
-    ("#", "dim", False),
-    ("module", "cyan", False),
-    ("op", "", False),
-    ("tensor", "bold", False),
-    ("shape", "green", False),
-    ("dtype", "dim", False),
-    ("bytes", "dim", False),
-    ("line", "dim", True),
+# The trace table's columns, in order: header -> rich style. A narrow terminal drops bytes
+# and dtype first, then shortens and drops module and op, then shortens the tensor's name;
+# `#`, tensor, shape and line stay, and only the shape wraps, when nothing else is left.
+_COLUMNS = {
+    "#": "dim",
+    "module": "cyan",
+    "op": "",
+    "tensor": "bold",
+    "shape": "green",
+    "dtype": "dim",
+    "bytes": "dim",
+    "line": "dim",
+}
+_FIT_STEPS = (
+    ("drop", "bytes", 0),
+    ("drop", "dtype", 0),
+    ("shrink", "module", 8),
+    ("shrink", "op", 6),
+    ("drop", "module", 0),
+    ("drop", "op", 0),
+    ("shrink", "tensor", 10),
 )
+# As wide as a table can be when the output is not cut to a width.
+_UNLIMITED = 100_000
 _CHECK_STYLES = {"pass": "green", "FAIL": "bold red", "warn": "yellow", "skip": "dim"}
 # A layer index: an all-digit part of a module path (`blocks.7.attn`).
 _LAYER_INDEX = re.compile(r"(?:(?<=\.)|^)\d+(?=\.|$)")
@@ -34,20 +46,55 @@ def render_target(picked, inputs) -> str:
     import inspect
 
     model = type(picked.model).__name__
-    args = ", ".join(f"{k}={v!r}" for k, v in picked.kwargs.items())
+    shown = getattr(picked, "shown", {})
+    args = ", ".join(f"{k}={shown.get(k) or repr(v)}" for k, v in picked.kwargs.items())
     how = picked.how if picked.how == model else f"{model} from {picked.how}"
     try:
         names = list(inspect.signature(picked.model.forward).parameters)
     except (TypeError, ValueError):
         names = []
+    notes = getattr(inputs, "notes", {})
+    named = [(names[i] if i < len(names) else "", a) for i, a in enumerate(inputs.args)]
     shapes = [
-        f"{names[i]}={_tensor_text(a)}" if i < len(names) else _tensor_text(a)
-        for i, a in enumerate(inputs.args)
-    ] + [f"{k}={_tensor_text(v)}" for k, v in inputs.kwargs.items()]
+        f"{name}={_value_text(name, value, notes)}" if name else _value_text(name, value, notes)
+        for name, value in [*named, *inputs.kwargs.items()]
+    ]
     return (
         f"model   {how}{f' ({args})' if args else ''}\n"
         f"inputs  {', '.join(shapes)}  (from {inputs.how})"
     )
+
+
+def _value_text(name: str, value, notes: dict) -> str:
+    """A tensor's shape and dtype, with what its values are when shapeguard made them
+    (`ids < 101`); a dict or a dataclass of tensors field by field."""
+    if hasattr(value, "shape"):
+        note = notes.get(name)
+        return _tensor_text(value) + (f" ({note})" if note else "")
+    import dataclasses
+
+    if isinstance(value, dict) or dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+        if isinstance(value, dict):
+            items, form = value.items(), "{{{}}}"
+            keys = {k: f"{name}[{k!r}]" for k in value}
+        else:
+            items = (
+                vars(value).items()
+                if not dataclasses.is_dataclass(value)
+                else [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+            )
+            form = type(value).__name__ + "({})"
+            keys = {k: f"{name}.{k}" for k, _ in items}
+        parts = [
+            f"{k}: {_value_text(keys[k], v, notes)}"
+            if isinstance(value, dict)
+            else f"{k}={_value_text(keys[k], v, notes)}"
+            for k, v in items
+            if hasattr(v, "shape")
+        ]
+        if parts:
+            return form.format(", ".join(parts))
+    return type(value).__name__
 
 
 def _tensor_text(value) -> str:
@@ -87,17 +134,20 @@ def fold_rows(rows, keep: set[str]) -> tuple[list, int]:
     """Leave out rows that repeat an earlier row in another layer; return (kept, folded count).
 
     A row is `(index, module, op, tensor, shape, dtype, bytes, line)` as `attention_rows`
-    makes it; rows whose index is in `keep` are always kept.
+    makes it; rows whose index is in `keep` are always kept, and so is every row of the
+    first layer seen: only a module whose path differs from the earlier row's by its layer
+    index (`blocks.7.attn` after `blocks.0.attn`) repeats it.
     """
-    seen: set[tuple] = set()
+    seen: dict[tuple, str] = {}
     kept, folded = [], 0
     for row in rows:
         index, module, *rest = row
         key = (_LAYER_INDEX.sub("*", module), *rest)
-        if key in seen and index not in keep:
+        first = seen.get(key)
+        if first is not None and first != module and index not in keep:
             folded += 1
             continue
-        seen.add(key)
+        seen.setdefault(key, module)
         kept.append(row)
     return kept, folded
 
@@ -112,11 +162,17 @@ def _human_bytes(n: int) -> str:
 
 
 def summary_line(trace) -> str:
-    """`20 ops in 5 modules; 0 errors, 0 warnings`."""
+    """`20 ops in 5 modules; 0 errors, 0 warnings` (and `; 1 suppressed`)."""
+    suppressed = len(getattr(trace, "suppressed", ()))
     return (
-        f"{len(trace.events)} ops in {trace.modules_seen} modules; "
-        f"{len(trace.errors)} errors, {len(trace.warnings)} warnings"
+        f"{_count(len(trace.events), 'op')} in {_count(trace.modules_seen, 'module')}; "
+        f"{_count(len(trace.errors), 'error')}, {_count(len(trace.warnings), 'warning')}"
+        + (f"; {suppressed} suppressed" if suppressed else "")
     )
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def render_table(
@@ -126,8 +182,13 @@ def render_table(
     color: bool = False,
     all_ops: bool = False,
     fold: bool = False,
+    notes: tuple[str, ...] = (),
 ) -> str:
-    """The trace as a table, then its findings; plain text unless `color`.
+    """The trace as a table, then `notes` (what the run could not check), its summary line
+    and its findings; plain text unless `color`.
+
+    At `width` columns (None: as wide as the table needs, nothing cut or wrapped) the
+    columns that matter least give way first (`_FIT_STEPS`).
 
     With `fold`, a row that repeats an earlier row in another layer (`blocks.7.attn` for
     `blocks.0.attn`: same op, tensor, shape, dtype and source line) is left out, so an
@@ -142,16 +203,20 @@ def render_table(
     if fold:
         rows, folded = fold_rows(rows, {str(f.event_index) for f in trace.findings})
     table = Table(title="shapeguard trace", title_justify="left", show_lines=False)
-    for header, style, wrap in _COLUMNS:
-        table.add_column(
-            header,
-            style=style if color else None,
-            overflow="fold" if wrap else "ellipsis",
-            no_wrap=not wrap,
-        )
+    shown, limits = fit_columns(rows, width)
+    for header, style in _COLUMNS.items():
+        if header in shown:
+            table.add_column(
+                header,
+                style=style if color else None,
+                overflow="fold" if header == "shape" else "ellipsis",
+                no_wrap=header != "shape",
+                max_width=limits.get(header),
+            )
+    keep = [i for i, header in enumerate(_COLUMNS) if header in shown]
     for row in rows:
         # Text cells: "[batch=2, ...]" would otherwise be read as rich markup.
-        table.add_row(*(Text(cell) for cell in row))
+        table.add_row(*(Text(row[i]) for i in keep))
     lines = []
     if folded:
         repeat = (
@@ -161,18 +226,85 @@ def render_table(
             f"{folded} {repeat} above in another layer, with the same op and shapes "
             "(--no-fold shows them)"
         )
-    lines += _findings_lines(trace)
+    lines += _findings_lines(trace, notes)
     return _render(table, lines, width=width, color=color).rstrip() + "\n"
 
 
-def render_findings(trace) -> str:
+def fit_columns(rows, width: int | None) -> tuple[list[str], dict[str, int]]:
+    """The columns shown at `width` and the widths they are cut to ({} where uncut).
+
+    >>> rows = [("3", "blocks.0.attn", "masked_fill", "scores", "[batch=2, heads=4, seq_q=5, seq_k=5]", "float32", "800 B", "model.py:26")]
+    >>> fit_columns(rows, 80)[0]
+    ['#', 'op', 'tensor', 'shape', 'line']
+    >>> fit_columns(rows, None)[0] == list(_COLUMNS)
+    True
+    """
+    natural = {
+        header: max([len(header), *(len(row[i]) for row in rows)])
+        for i, header in enumerate(_COLUMNS)
+    }
+    shown = list(_COLUMNS)
+    limits: dict[str, int] = {}
+
+    def total() -> int:
+        return sum(limits.get(h, natural[h]) for h in shown) + 3 * len(shown) + 1
+
+    if width is None:
+        return shown, limits
+    for step, header, floor in _FIT_STEPS:
+        excess = total() - width
+        if excess <= 0:
+            break
+        if step == "drop":
+            shown.remove(header)
+        elif header in shown:
+            limits[header] = max(floor, natural[header] - excess, min(floor, natural[header]))
+    return shown, limits
+
+
+def render_findings(trace, notes: tuple[str, ...] = ()) -> str:
     """The summary line and the findings, without the table (for a model that failed
     before its first op, whose table would be empty)."""
-    return "\n".join(_findings_lines(trace)) + "\n"
+    return "\n".join(_findings_lines(trace, notes)) + "\n"
 
 
-def _findings_lines(trace) -> list[str]:
-    return [summary_line(trace)] + [f"{f.severity}: {f.message}" for f in trace.findings]
+def _findings_lines(trace, notes: tuple[str, ...] = ()) -> list[str]:
+    lines = [f"note: {note}" for note in notes]
+    lines += [summary_line(trace)] + [f"{f.severity}: {f.message}" for f in trace.findings]
+    lines += [
+        f"suppressed: {f.kind} at {f.location} (# shapeguard: ignore[{f.kind}])"
+        for f in getattr(trace, "suppressed", ())
+    ]
+    return lines
+
+
+def render_github(trace, checks=()) -> str:
+    """GitHub Actions workflow commands: one `::error` / `::warning` line per finding (at its
+    file and line, which GitHub shows as an annotation there), then one `::error` per
+    failed check of `shapeguard check` (`checks`: its (check, status, detail) rows)."""
+    lines = []
+    for finding in trace.findings:
+        path, _, line = finding.location.rpartition(":")
+        where = f" file={_escape(path, True)},line={line}" if path and line.isdigit() else ""
+        title = _escape(f"shapeguard {finding.kind}", True)
+        level = "error" if finding.severity == "error" else "warning"
+        lines.append(
+            f"::{level}{where},title={title}::{_escape(finding.message)}".replace(
+                f"::{level},", f"::{level} ", 1
+            )
+        )
+    findings = {f.kind for f in trace.findings}
+    for name, status, detail in checks:
+        if status == "FAIL" and name != "trace" and name not in findings:
+            title = _escape(f"shapeguard check: {name}", True)
+            lines.append(f"::error title={title}::{_escape(detail)}")
+    return "".join(line + "\n" for line in lines)
+
+
+def _escape(text: str, property: bool = False) -> str:
+    """GitHub's escaping of a workflow command's message (and, more, of its properties)."""
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if property else text
 
 
 def render_check(rows, *, width: int | None = 150, color: bool = False) -> str:
@@ -197,7 +329,7 @@ def _render(table, lines: list[str], *, width: int | None, color: bool) -> str:
     buffer = io.StringIO()
     console = Console(
         file=buffer,
-        width=width,
+        width=width or _UNLIMITED,
         color_system="auto" if color else None,
         force_terminal=color,
         no_color=not color,

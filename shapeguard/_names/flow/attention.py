@@ -60,6 +60,8 @@ def _mha(q, k, qm, km, vm, outputs, learn: bool = True):
     if learn:
         _claim(qm.dims[0], TOKEN, side="q")
         _claim(km.dims[0], TOKEN, side="k")
+        if len(vm.dims) == k.dim() and km.dims[0] and vm.dims[0]:
+            D.line_up(km.dims[0], vm.dims[0])  # key i and value i are one position
         if q.dim() == 3:
             for meta in (qm, km, vm):
                 _claim(meta.dims[1], BATCH)
@@ -102,6 +104,10 @@ def _composite(call, outputs):
         _claim(meta.dims[seq], TOKEN, side=side)
         _claim(meta.dims[batch], BATCH)
         _claim(meta.dims[2], FEATURE)
+    if is_mha and len(metas) >= 3:
+        seq = 1 if batch_first else 0
+        if tensors[1].shape[seq] == tensors[2].shape[seq] > 1:
+            D.line_up(metas[1].dims[seq], metas[2].dims[seq])  # key i and value i: one position
     made = []
     for out in outputs:
         source = None

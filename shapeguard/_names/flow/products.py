@@ -2,7 +2,7 @@
 
 from ... import _ops
 from .. import dims as D
-from ..dims import COPY, FEATURE, STRUCTURE, TOKEN, Axis
+from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
 from .base import Made, _claim, _is_tensor, _tag_of, _tags, propagates
 
 
@@ -23,6 +23,8 @@ def classify_product(
     kr, kc = D.strong_kind_of(rows), D.strong_kind_of(cols)
     if FEATURE in (kr, kc) or ka not in (FEATURE, None) or kb not in (FEATURE, None):
         return None
+    if BATCH in (D.kind_of(rows), D.kind_of(cols)) and D.roots_of(rows) != D.roots_of(cols):
+        return None  # examples against other examples (CLIP's image-text logits)
     if TOKEN in (kr, kc) or FEATURE in (ka, kb):
         return "scores"
     # Nothing known: a product of a tensor with a transposed one along their last axes.
@@ -126,7 +128,23 @@ def _matmul(call, a, b, outputs) -> list[Made] | None:
         for atom in cb:
             if D.claim_kind(atom[0], TOKEN, STRUCTURE):
                 D.set_side(atom[0].find(), k=True)
+        if not call.reported:
+            _claim_values(cols, b_dims[-3] if b.dim() >= 3 else None)
     return [Made(tuple(dims), _tags(tags), role)]
+
+
+def _claim_values(v_cols: Axis, v_heads: Axis | None) -> None:
+    """attn @ V: V's last axis is its head size, and the factor just outside it in the same
+    dim (the head split) its heads, as for K in the query-key product."""
+    if len(v_cols) != 1 or not D.is_factor(v_cols) or D.strong_kind(v_cols[0]) != FEATURE:
+        return
+    D.claim_part(v_cols[0], "d_k", STRUCTURE)
+    if v_heads is None:
+        return
+    sibling = _sibling(v_heads, v_cols[0])
+    if sibling is not None:
+        name = "kv_heads" if COPY in D.kinds_in(v_heads) else "heads"
+        D.claim_part(sibling, name, STRUCTURE)
 
 
 def _claim_operand_roles(qm, km) -> None:

@@ -1,0 +1,1 @@
+"""A package whose model module imports its layers relatively."""

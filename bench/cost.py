@@ -721,6 +721,107 @@ def depth(quick: bool) -> dict:
     return found
 
 
+# -- the profile ------------------------------------------------------------------------------
+PROFILE_TOP = 14
+
+
+def _short(func: tuple) -> str:
+    """pstats' (file, line, name) as `shapeguard/_session.py:812(_record)`."""
+    filename, line, name = func
+    if filename == "~":
+        return name  # a builtin: `<method 'get' of 'dict' objects>`
+    parts = filename.replace(os.sep, "/").split("/")
+    for root in ("shapeguard", "torch", "transformers"):
+        if root in parts:
+            parts = parts[len(parts) - 1 - parts[::-1].index(root) :]
+            break
+    else:
+        parts = parts[-2:]
+    return f"{'/'.join(parts)}:{line}({name})"
+
+
+def profile_per_op(quick: bool) -> dict:
+    """cProfile of shapeguard's per-op path on the tiny Llama forward (the tiny GPT when
+    transformers is missing): replayed forwards (the steady state), and first traces (a
+    model traced once, as a test does). Entries by own time per traced op; cProfile's
+    own cost inflates every entry, so read the shares, not the microseconds."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    import shapeguard
+
+    workloads = _llama_workloads(quick)[:1] or _gpt_workloads(quick)[:1]
+    w = workloads[0]
+    forwards = 3 if quick else 30
+    found = {"workload": w.name, "forwards": forwards}
+    for kind in ("replayed", "first trace"):
+        models = [w.build() for _ in range(forwards if kind == "first trace" else 1)]
+        if kind == "replayed":
+            for _ in range(3):  # recorded on the second session, replayed from the third
+                with shapeguard.trace():
+                    w.call(models[0])
+        with shapeguard.trace() as t:
+            w.call(models[0])
+        ops = max(1, len(t.events))
+        profiler = cProfile.Profile()
+        with torch.no_grad():
+            for i in range(forwards):
+                model = models[0] if kind == "replayed" else models[i]
+                profiler.enable()
+                with shapeguard.trace():
+                    w.call(model)
+                profiler.disable()
+        stats = pstats.Stats(profiler)
+        total_calls = sum(v[1] for v in stats.stats.values())
+        rows = []
+        per = 1e6 / (forwards * ops)
+        for func, (_cc, nc, tt, ct, _callers) in stats.stats.items():
+            rows.append((tt, func, nc, ct))
+        rows.sort(key=lambda r: r[0], reverse=True)
+        all_tt = sum(r[0] for r in rows) or 1.0
+        found[kind] = {
+            "ops": ops,
+            "calls_per_op": total_calls / (forwards * ops),
+            "us_per_op": all_tt * per,
+            "top": [
+                (_short(func), nc / (forwards * ops), tt * per, ct * per, tt / all_tt)
+                for tt, func, nc, ct in rows[:PROFILE_TOP]
+            ],
+        }
+    return found
+
+
+def _profile_tables(prof: dict) -> list[Table]:
+    tables = []
+    for kind in ("replayed", "first trace"):
+        p = prof[kind]
+        tables.append(
+            Table(
+                f"Where a traced op's time goes: {prof['workload']}, {kind} "
+                f"(cProfile, {prof['forwards']} forwards of {p['ops']} ops)",
+                ["function", "calls per op", "own us per op", "cumulative us per op", "share"],
+                [
+                    [f"`{name}`", f"{calls:.2f}", f"{own:.2f}", f"{cum:.2f}", f"{share:.0%}"]
+                    for name, calls, own, cum, share in p["top"]
+                ],
+                [
+                    f"{p['calls_per_op']:.0f} Python calls per traced op, {p['us_per_op']:.0f} us "
+                    "of profiled time per op (plain ops included; cProfile inflates small "
+                    "calls most). Own time: in the function itself; cumulative: with its callees."
+                ],
+            )
+        )
+    return tables
+
+
+def _top(prof: dict, kind: str, n: int = 3) -> str:
+    """The first entries of a profile, for a missed target's note."""
+    top = prof[kind]["top"][:n]
+    return ", ".join(f"{name} {share:.0%}" for name, _c, _o, _cum, share in top)
+
+
 # -- the report -------------------------------------------------------------------------------
 def _ratio(t) -> str:
     return f"{t.ratio:.2f}x ({t.ratio_q1:.2f}-{t.ratio_q3:.2f})"
@@ -728,6 +829,10 @@ def _ratio(t) -> str:
 
 def _us(seconds: float) -> str:
     return f"{seconds * 1e6:+.1f} us"
+
+
+def _skipped(title: str) -> Table:
+    return Table(title, ["figure"], [["not measured in quick mode (subprocesses)"]])
 
 
 def run(quick: bool = False) -> Section:
@@ -740,6 +845,7 @@ def run(quick: bool = False) -> Section:
         workloads.append(_mha_workload(MEDIUM_MHA, quick))
     workloads += _gpt_workloads(quick) + _llama_workloads(quick)
     measured = [measure(w) for w in workloads]
+    prof = profile_per_op(quick)
 
     names = [*FLOOR_VARIANTS, "torchinfo.summary", "shapeguard.trace", "guard"]
     rows, per_op_rows = [], []
@@ -788,6 +894,7 @@ def run(quick: bool = False) -> Section:
             ],
         ),
     ]
+    tables += _profile_tables(prof)
     targets = []
     by_name = {m.workload.name: m for m in measured}
     llama = by_name.get("transformers Llama, forward")
@@ -801,8 +908,8 @@ def run(quick: bool = False) -> Section:
                 f"<= {PER_OP_VS_FLOOR:.0f}x the recorder + weak table floor",
                 f"{ratio:.2f}x ({_us(mine)} vs {_us(floor)})",
                 ratio <= PER_OP_VS_FLOOR,
-                f"{_us(mine - floor)} per op above the floor: the replayed step's checks "
-                "(line, module, inputs' makers, arguments), the outputs' metas, the module hooks",
+                f"{_us(mine - floor)} per op above the floor; by own time (profile, replayed): "
+                + _top(prof, "replayed"),
             )
         )
         g = llama.timings["guard"]
@@ -813,7 +920,8 @@ def run(quick: bool = False) -> Section:
                 _ratio(g),
                 g.ratio <= GUARD_LLAMA,
                 f"{_us(llama.per_op('guard'))} per op on ops of "
-                f"{_us(llama.timings['plain'].seconds / llama.ops)} each",
+                f"{fmt_seconds(llama.timings['plain'].seconds / llama.ops)} each; "
+                + _top(prof, "replayed"),
             )
         )
     train = next((m for m in measured if "training step" in m.workload.name), None)
@@ -927,40 +1035,46 @@ def run(quick: bool = False) -> Section:
         )
     )
 
-    meta = meta_stack(quick)
-    tables.append(
-        Table(
-            "`shapeguard trace --device meta` against a plain meta forward (fresh processes)",
-            [
-                "layers",
-                "plain meta forward, CPU",
-                "shapeguard trace, CPU",
-                "ratio",
-                "peak RSS",
-                "rounds",
-            ],  # fmt: skip
-            [
+    if quick:  # fresh interpreters importing torch: most of a smoke run's time
+        tables.append(_skipped("`shapeguard trace --device meta` against a plain meta forward"))
+    else:
+        meta = meta_stack(quick)
+        tables.append(
+            Table(
+                "`shapeguard trace --device meta` against a plain meta forward (fresh processes)",
                 [
-                    str(meta["layers"]),
-                    f"{meta['plain']:.2f} s",
-                    f"{meta['cli']:.2f} s",
-                    f"{meta['ratio']:.3f}x",
-                    f"{meta['peak_rss'] / (1 << 20):,.0f} MiB",
-                    str(meta["rounds"]),
-                ]
-            ],
-            ["Both import torch and run torch's own meta kernels; the difference is shapeguard's."],
+                    "layers",
+                    "plain meta forward, CPU",
+                    "shapeguard trace, CPU",
+                    "ratio",
+                    "peak RSS",
+                    "rounds",
+                ],  # fmt: skip
+                [
+                    [
+                        str(meta["layers"]),
+                        f"{meta['plain']:.2f} s",
+                        f"{meta['cli']:.2f} s",
+                        f"{meta['ratio']:.3f}x",
+                        f"{meta['peak_rss'] / (1 << 20):,.0f} MiB",
+                        str(meta["rounds"]),
+                    ]
+                ],
+                [
+                    "Both import torch and run torch's own meta kernels; the difference is shapeguard's."
+                ],
+            )
         )
-    )
-    targets.append(
-        Target(
-            "--device meta on the 80-layer stack",
-            f"<= {META_RATIO}x a plain meta forward; peak RSS < 1 GiB",
-            f"{meta['ratio']:.3f}x; {meta['peak_rss'] / (1 << 20):,.0f} MiB",
-            meta["ratio"] <= META_RATIO and meta["peak_rss"] < META_RSS,
-            "the traced forward (a first trace: nothing to replay) and the report",
+        targets.append(
+            Target(
+                "--device meta on the 80-layer stack",
+                f"<= {META_RATIO}x a plain meta forward; peak RSS < 1 GiB",
+                f"{meta['ratio']:.3f}x; {meta['peak_rss'] / (1 << 20):,.0f} MiB",
+                meta["ratio"] <= META_RATIO and meta["peak_rss"] < META_RSS,
+                "the traced forward (a first trace: nothing to replay) and the report; "
+                "first-trace profile: " + _top(prof, "first trace"),
+            )
         )
-    )
 
     comp = compiled(quick)
     tables.append(
@@ -981,26 +1095,30 @@ def run(quick: bool = False) -> Section:
         )
     )
 
-    suite = suite_cpu(quick)
-    tables.append(
-        Table(
-            "The project's tests, plugin on vs off (CPU of the pytest process)",
-            ["files", "plugin off", "plugin on", "ratio", "rounds"],
-            [[", ".join(os.path.basename(f) for f in suite["files"]), f"{suite['off']:.1f} s",
-              f"{suite['on']:.1f} s", f"{suite['ratio']:.3f}x", str(suite["rounds"])]],
-            ["The test files the plugin traces (the others opt out with no_shapeguard); "
-             "off: `-o shapeguard=false`, the plugin installed and not asked."],
+    if quick:
+        tables.append(_skipped("The project's tests, plugin on vs off"))
+    else:
+        suite = suite_cpu(quick)
+        tables.append(
+            Table(
+                "The project's tests, plugin on vs off (CPU of the pytest process)",
+                ["files", "plugin off", "plugin on", "ratio", "rounds"],
+                [[", ".join(os.path.basename(f) for f in suite["files"]), f"{suite['off']:.1f} s",
+                  f"{suite['on']:.1f} s", f"{suite['ratio']:.3f}x", str(suite["rounds"])]],
+                ["The test files the plugin traces (the others opt out with no_shapeguard); "
+                 "off: `-o shapeguard=false`, the plugin installed and not asked."],
+            )
+        )  # fmt: skip
+        targets.append(
+            Target(
+                "the project's own suite, plugin on vs off",
+                "<= 5% CPU",
+                f"{(suite['ratio'] - 1) * 100:+.1f}%",
+                suite["ratio"] <= SUITE_CPU,
+                "each traced test's first forward (a test traces a model once, so nothing "
+                "repeats); by own time (profile, first trace): " + _top(prof, "first trace"),
+            )
         )
-    )  # fmt: skip
-    targets.append(
-        Target(
-            "the project's own suite, plugin on vs off",
-            "<= 5% CPU",
-            f"{(suite['ratio'] - 1) * 100:+.1f}%",
-            suite["ratio"] <= SUITE_CPU,
-            "each traced test's first forward: a test traces a model once, so nothing repeats",
-        )
-    )
 
     depths = depth(quick)
     costs = [cost for cost, _ in depths.values()]

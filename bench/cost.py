@@ -70,6 +70,20 @@ SUITE = (
     "tests/test_silent_bugs.py",
 )
 
+# The rows of issue 16's Targets table, as the report names them (in its order).
+TARGETS = (
+    "extra per traced op, tiny Llama forward",
+    "guard (every op), tiny Llama forward",
+    "trace, GPT training step",
+    "guard, tutorial MHA at (8, 512, 512)",
+    'disabled guard, and check="first" after the first call',
+    "memory per recorded event",
+    "first trace through a new source file",
+    "--device meta on the 80-layer stack",
+    "compiled guarded module, steady state",
+    "the project's own suite, plugin on vs off",
+    "per-op cost vs depth",
+)
 # The targets of issue 16.
 PER_OP_VS_FLOOR = 2.0  # shapeguard's extra per op over the recorder + weak table's
 GUARD_LLAMA = 3.5
@@ -586,10 +600,19 @@ with torch.no_grad():
 """
 
 
+def _child_env() -> dict:
+    """This checkout first on the path: the child measures this shapeguard."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def _child(command: list[str]) -> tuple[float, int]:
     """CPU seconds (user + system) and peak RSS of one subprocess."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
+    done = subprocess.run(
+        command, capture_output=True, text=True, check=False, cwd=REPO, env=_child_env()
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0,):
         raise RuntimeError(
@@ -666,7 +689,11 @@ def suite_cpu(quick: bool) -> dict:
     """pytest over test files the project's plugin traces, plugin on (the project's own
     setting) and off (`-o shapeguard=false`: installed, not asked), CPU of the subprocess."""
     files = list(SUITE[:1] if quick else SUITE)
+    # This checkout's plugin, by module, whatever an installed copy's entry points name.
+    plugin = ["-p", "no:shapeguard", "-p", "no:shapeguard_ini"]
+    plugin += ["-p", "shapeguard._pytest_ini", "-p", "shapeguard._pytest_plugin"]
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    base += plugin
     on, off = base + files, base + ["-o", "shapeguard=false"] + files
     rounds = 1 if quick else 2
     cpu_on, cpu_off = [], []
@@ -680,10 +707,13 @@ def suite_cpu(quick: bool) -> dict:
 
 def _child_cpu(command) -> float:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
+    done = subprocess.run(
+        command, capture_output=True, text=True, check=False, cwd=REPO, env=_child_env()
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
-        raise RuntimeError(f"pytest exited {done.returncode}: {done.stdout[-1500:]}")
+        output = (done.stdout + done.stderr)[-1500:]
+        raise RuntimeError(f"pytest exited {done.returncode}: {output}")
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
@@ -748,8 +778,6 @@ def profile_per_op(quick: bool) -> dict:
     import cProfile
     import pstats
 
-    import torch
-
     import shapeguard
 
     workloads = _llama_workloads(quick)[:1] or _gpt_workloads(quick)[:1]
@@ -757,22 +785,26 @@ def profile_per_op(quick: bool) -> dict:
     forwards = 3 if quick else 30
     found = {"workload": w.name, "forwards": forwards}
     for kind in ("replayed", "first trace"):
-        models = [w.build() for _ in range(forwards if kind == "first trace" else 1)]
+        # First traces: a new model each (and one more to count the ops on).
+        models = [w.build() for _ in range(forwards + 1 if kind == "first trace" else 1)]
+
+        def traced(model):
+            # One `with` line for the warm-up and the profiled calls: a session without a
+            # module is replayed by the line that opened it.
+            with shapeguard.trace() as t:
+                w.call(model)
+            return t
+
         if kind == "replayed":
             for _ in range(3):  # recorded on the second session, replayed from the third
-                with shapeguard.trace():
-                    w.call(models[0])
-        with shapeguard.trace() as t:
-            w.call(models[0])
-        ops = max(1, len(t.events))
+                traced(models[0])
+        ops = max(1, len(traced(models[-1]).events))
         profiler = cProfile.Profile()
-        with torch.no_grad():
-            for i in range(forwards):
-                model = models[0] if kind == "replayed" else models[i]
-                profiler.enable()
-                with shapeguard.trace():
-                    w.call(model)
-                profiler.disable()
+        for i in range(forwards):
+            model = models[0] if kind == "replayed" else models[i]
+            profiler.enable()
+            traced(model)
+            profiler.disable()
         stats = pstats.Stats(profiler)
         total_calls = sum(v[1] for v in stats.stats.values())
         rows = []

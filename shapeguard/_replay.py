@@ -607,9 +607,23 @@ def _outputs(outs: tuple, objs: list | None, metas: list, slot: int) -> list:
     return out
 
 
+# Builders by template: templates repeat from layer to layer and from session to session,
+# and compiling one costs more than the op it records.
+_builders: dict = {}
+
+
 def _builder(template):
     """A function (metas, objs) -> the output's dims, for a template of `Capture.end`
-    (compiled once per recorded step: the replay calls it on every repeat)."""
+    (compiled once per template: the replay calls it on every repeat)."""
+    built = _builders.get(template)
+    if built is None:
+        if len(_builders) > 8192:
+            _builders.clear()
+        built = _builders[template] = _compile_builder(template)
+    return built
+
+
+def _compile_builder(template):
     if type(template) is int:
         source = f"m[{template}].dims"
     else:

@@ -65,3 +65,21 @@ def test_the_same_finding_twice_in_one_forward_is_kept_twice():
             for _ in range(4):
                 model(torch.randn(B, S, D))
     assert [(f.kind, f.count) for f in trace.findings] == [("view_mixes_axes", 4)] * 3
+
+
+def test_a_long_trace_reads_the_same_events_as_one_forward_each():
+    # Once a trace of several forwards ends, its pending events keep shared name tuples,
+    # not every forward's metas: what they read must not change.
+    model = HandAttention()
+    x = torch.randn(B, S, D)
+    with shapeguard.trace() as one:
+        model(x)
+    with shapeguard.trace() as long:
+        for _ in range(4):
+            model(x)
+    single = [e.to_dict() for e in one.events]
+    events = [e.to_dict() for e in long.events]
+    assert len(events) == 4 * len(single)
+    for k, event in enumerate(events):
+        expected = dict(single[k % len(single)], index=k)
+        assert event == expected

@@ -277,7 +277,24 @@ def _named_by_caller(frame: FrameType, site: Site, depth: int = 0) -> Site:
         outer = _named_by_caller(caller, outer, depth + 1)
         if outer.returned:
             return site
-    return dataclasses.replace(site, targets=outer.targets, returned=False)
+    return _renamed(site, outer.targets)
+
+
+# (id of a site, the caller's targets) -> (the site, it named so): one object per naming, so
+# that a replay, which compares sites by identity, sees the same site on every call.
+_renamed_cache: dict[tuple[int, tuple[str, ...]], tuple[Site, Site]] = {}
+
+
+def _renamed(site: Site, targets: tuple[str, ...]) -> Site:
+    key = (id(site), targets)
+    entry = _renamed_cache.get(key)
+    if entry is not None and entry[0] is site:
+        return entry[1]
+    renamed = dataclasses.replace(site, targets=targets, returned=False)
+    if len(_renamed_cache) > 50_000:
+        _renamed_cache.clear()
+    _renamed_cache[key] = (site, renamed)
+    return renamed
 
 
 def _site_for(code: CodeType, lasti: int, in_module: bool) -> Site:

@@ -268,3 +268,28 @@ def test_numbers_no_rule_reads_do_not_stop_a_replay():
 
     traces = [step(s) for s in (0.5, 0.25, 0.125)]
     assert traces[2]._replayed == traces[2]._steps > 0
+
+
+class _SplitHeads(nn.Module):
+    """A helper whose returned value its caller names (`Q = self.split(...)`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(12, 12)
+
+    def split(self, x):
+        return x.view(x.shape[0], x.shape[1], 3, 4).transpose(1, 2)
+
+    def forward(self, x):
+        Q = self.split(self.proj(x))
+        return Q.softmax(dim=-1)
+
+
+def test_a_helper_named_by_its_caller_replays(monkeypatch):
+    # The site of a helper's `return` is named by the caller's line: the same site object
+    # each call, or a replay (which compares sites by identity) could never match it.
+    model = _SplitHeads()
+    x = torch.randn(2, 5, 12)
+    third = _replays(monkeypatch, model, (x,))
+    assert third._replayed == third._steps
+    assert "Q" in [r.label for e in third.events for r in e.outputs]

@@ -701,7 +701,7 @@ def suite_cpu(quick: bool) -> dict:
     files = list(SUITE[:1] if quick else SUITE)
     # This checkout's plugin, by module, whatever an installed copy's entry points name.
     plugin = ["-p", "no:shapeguard", "-p", "no:shapeguard_ini"]
-    plugin += ["-p", "shapeguard._pytest_ini", "-p", "shapeguard._pytest_plugin"]
+    plugin += ["-p", "shapeguard._plugin.ini", "-p", "shapeguard._plugin.plugin"]
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
     base += plugin
     on, off = base + files, base + ["-o", "shapeguard=false"] + files

@@ -17,7 +17,7 @@ import contextlib
 import torch
 
 from . import _session
-from ._contract_call import remember, signature_key
+from ._contract.call import remember, signature_key
 from ._errors import ShapeError
 
 _compiled_errors: dict[type, type] = {}

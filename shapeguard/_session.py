@@ -36,9 +36,6 @@ def _is_compiling() -> bool:
     return _torch_compiling() and not getattr(_local, "eager", False)
 
 
-_checks.declare("session", {"torch_error": _checks.ERROR})
-
-
 def current_session() -> "Session | None":
     return getattr(_local, "session", None)
 

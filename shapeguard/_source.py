@@ -15,9 +15,28 @@ import inspect
 import linecache
 import os
 import sys
+import threading
 import tokenize
 from dataclasses import dataclass
 from types import CodeType, FrameType
+
+# CPython 3.11 keeps the AST constructor's recursion depth in state shared by threads:
+# two threads parsing at once can fail with "SystemError: AST constructor recursion depth
+# mismatch" (cpython gh-106905). Our parses take turns; a parse by the user's own code in
+# another thread can still collide, so that one error is retried once.
+_parse_lock = threading.Lock()
+
+
+def parse(text: str, mode: str = "exec") -> ast.AST:
+    """`ast.parse`, safe to call from several threads at once."""
+    with _parse_lock:
+        try:
+            return ast.parse(text, mode=mode)
+        except SystemError as error:
+            if "recursion depth mismatch" not in str(error):
+                raise
+            return ast.parse(text, mode=mode)
+
 
 # einops calls torch from its own backend: the user's line is the rearrange call.
 _SKIP_PACKAGES = ("torch", "jaxtyping", "beartype", "typing_extensions", "shapeguard", "einops")
@@ -199,7 +218,7 @@ def _parse(lines: list[str], offset: int, header: bool = False) -> ast.AST | Non
     if not lines:
         return None
     try:
-        tree = ast.parse(("class _:\n" if header else "") + "".join(lines))
+        tree = parse(("class _:\n" if header else "") + "".join(lines))
     except (SyntaxError, ValueError):
         return None
     if offset:
@@ -502,7 +521,7 @@ def short_label(expr: str) -> str:
 def sequence_items(expr: str) -> list[str] | None:
     """The element expressions of a list or tuple literal: `[a, b[:, :1]]` -> `a`, `b[:, :1]`."""
     try:
-        node = ast.parse(expr, mode="eval").body
+        node = parse(expr, mode="eval").body
     except SyntaxError:
         return None
     if isinstance(node, ast.List | ast.Tuple):

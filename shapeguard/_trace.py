@@ -51,14 +51,10 @@ def trace(
         model(*args, **kwargs)
         return record
     from . import _replay
-    from ._session import close_session, open_session
+    from ._tracing import tracing
 
+    # A model given to trace() is an opener: its sessions replay once they repeat.
     root = model if hasattr(model, "named_modules") else None
-    session = open_session(record, root=root, opener=_replay.opener("model", root))
-    try:
-        if hasattr(model, "named_modules"):
-            session.enter_module(model, args, kwargs)
+    with tracing(record, model, args, kwargs, opener=_replay.opener("model", root)):
         model(*args, **kwargs)
-    finally:
-        close_session(session)
     return record

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from beartype import beartype
 from beartype.roar import BeartypeException
 
-from . import _source
-from ._contract_annotations import annotation_lines, resolve_hints
-from ._contract_spec import array_types, spec_of
-from ._errors import ContractError
+from .. import _source
+from .._errors import ContractError
+from .annotations import annotation_lines, resolve_hints
+from .spec import array_types, spec_of
 
 
 @dataclass(slots=True)
@@ -156,7 +156,7 @@ def _read_dims(array_type, qualname, param, bound, symbolic, named, unbound) -> 
         if d.kind != "symbolic" or "{" in d.expr:
             continue
         try:
-            tree = ast.parse(d.expr, mode="eval")
+            tree = _source.parse(d.expr, mode="eval")
         except SyntaxError:
             raise ContractError(
                 f'{qualname}: {param}: dim "{d.expr}" in "{spec.dim_str}" is neither a name, '

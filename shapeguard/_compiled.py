@@ -3,13 +3,13 @@ while dynamo traces them; nothing of shapeguard enters the graph.
 
 Dynamo traces a module's hooks along with its forward, so a guard's pre-hook runs
 symbolically, once per graph it compiles (a new input signature, or one the graph's
-guards reject: a bad input always is one). There it calls `check`, which dynamo does
-not trace: marked as having a constant result, it is called at trace time with the
-real arguments, and its result (0) is a constant of the graph. `check` runs the module
-forward eagerly under shapeguard, as a guarded call would, with the RNG and the
-buffers put back afterwards; its findings are the eager ones (raised, warned,
-`last_trace`), and a compiled call with a signature already checked (compiled, or in
-an eager call) costs nothing.
+guards reject: a bad input always is one). There it calls `check` through
+`_guard._compiled_check`, which dynamo does not trace: marked as having a constant
+result, it is called at trace time with the real arguments, and its result (0) is a
+constant of the graph. `check` runs the module forward eagerly under shapeguard, as a
+guarded call would, with the RNG and the buffers put back afterwards; its findings are
+the eager ones (raised, warned, `last_trace`), and a compiled call with a signature
+already checked (compiled, or in an eager call) costs nothing.
 """
 
 import contextlib
@@ -23,13 +23,11 @@ from ._errors import ShapeError
 _compiled_errors: dict[type, type] = {}
 
 
-def check(module, *args, **kwargs) -> int:
-    """Check one call of a guarded module eagerly, once per input signature (called by
-    dynamo while it traces the guard's pre-hook)."""
+def check(state, module, *args, **kwargs) -> int:
+    """Check one call of a guarded module (`state`: its guard's) eagerly, once per input
+    signature (called through `_guard._compiled_check` while dynamo traces the guard's
+    pre-hook)."""
     __tracebackhide__ = True
-    from . import _guard
-
-    state = _guard._guarded.get(module)
     if state is None:
         return 0
     key = signature_key(args, kwargs)
@@ -46,11 +44,6 @@ def check(module, *args, **kwargs) -> int:
     finally:
         local.eager = False
     return 0
-
-
-# What `torch.compiler.assume_constant_result` sets, set here so that importing shapeguard
-# never imports torch._dynamo.
-check._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 class _kept:

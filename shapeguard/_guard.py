@@ -291,6 +291,20 @@ def _load_runtime():
     return _runtime
 
 
+def _compiled_check(module, *args, **kwargs) -> int:
+    """`_compiled.check` of a guarded module's call (what dynamo calls at trace time)."""
+    __tracebackhide__ = True
+    from . import _compiled
+
+    return _compiled.check(_guarded.get(module), module, *args, **kwargs)
+
+
+# What `torch.compiler.assume_constant_result` sets, set here so that importing shapeguard
+# never imports torch._dynamo: dynamo calls this with the real arguments while it traces
+# the pre-hook, and takes its result (0) as a constant of the graph.
+_compiled_check._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def _pre_hook(module, args, kwargs):
     __tracebackhide__ = True
     rt = _runtime or _load_runtime()
@@ -299,8 +313,8 @@ def _pre_hook(module, args, kwargs):
     # the call checked eagerly instead, once per input signature (`_compiled.check`, which
     # dynamo calls at trace time and does not trace).
     if rt.is_compiling():
-        if getattr(rt.compiled_check, "_dynamo_marked_constant", False):
-            rt.compiled_check(module, *args, **kwargs)
+        if getattr(_compiled_check, "_dynamo_marked_constant", False):
+            _compiled_check(module, *args, **kwargs)
         return None
     state = _guarded.get(module)
     if state is None:

@@ -19,12 +19,12 @@ LAYERS = {
     "trace": (
         "shapeguard._session", "shapeguard._record", "shapeguard._composites",
         "shapeguard._construction", "shapeguard._meta", "shapeguard._flash", "shapeguard._trace",
-        "shapeguard._replay", "shapeguard._tp", "shapeguard._ranks", "shapeguard.attention",
+        "shapeguard._replay", "shapeguard._tracing", "shapeguard._tp", "shapeguard._ranks", "shapeguard.attention",
     ),
     "on the trace": (
         "shapeguard.report", "shapeguard._contract", "shapeguard.contracts", "shapeguard._guard",
         "shapeguard._probes", "shapeguard._check", "shapeguard._check_summary",
-        "shapeguard._explain", "shapeguard.distributed",
+        "shapeguard._explain", "shapeguard.distributed", "shapeguard._compiled",
     ),
     "top": ("shapeguard._cli", "shapeguard._plugin", "shapeguard.__main__", "shapeguard"),
 }  # fmt: skip

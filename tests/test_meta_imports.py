@@ -14,7 +14,7 @@ pytestmark = pytest.mark.no_shapeguard
 
 # Only ops whose meta kernels are torch's C++ ones: a plain meta forward of this model
 # imports no compiler, so one that shapeguard's trace of it imports is shapeguard's.
-MODEL = '''
+MODEL = """
 import torch
 from torch import nn
 
@@ -39,7 +39,7 @@ class Attention(nn.Module):
 
 def example_inputs():
     return (torch.randn(2, 5, 32),), {}
-'''
+"""
 
 REPORT = """
 import json, sys
@@ -56,7 +56,7 @@ with torch.no_grad():
 """
 
 CLI = """
-from shapeguard._cli import main
+from shapeguard._cli.commands import main
 try:
     main(["trace", {path!r}, "--device", "meta"])
 except SystemExit as exit:

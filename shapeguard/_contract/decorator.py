@@ -23,7 +23,6 @@ import jaxtyping
 import torch
 
 from .. import _config, _source
-from .._compiled import check as compiled_check  # noqa: F401
 from .._errors import ContractError, Operand, ShapeError
 from .._replay import opener  # noqa: F401
 from .._session import close_session, current_session, open_session  # noqa: F401

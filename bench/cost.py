@@ -992,7 +992,10 @@ def run(quick: bool = False) -> Section:
                 t.ratio <= TRACE_TRAIN,
                 f"{_us(train.per_op('shapeguard.trace'))} per op over {train.ops} ops, on "
                 f"ops of {fmt_seconds(train.timings['plain'].seconds / train.ops)} each "
-                "(replayed: the same path as the Llama rows)",
+                "(replayed: the same path as the Llama rows); the floors on the same step: "
+                f"recorder {train.timings['recorder'].ratio:.2f}x, recorder + weak table "
+                f"{train.timings['recorder + weak table'].ratio:.2f}x, so any tool that "
+                "records every op of a step this size pays more than the target",
             )
         )
     medium = next((m for m in measured if m.workload.size.startswith("medium")), None)

@@ -1,7 +1,7 @@
 """Run every shapeguard benchmark, print markdown tables, write docs/benchmarks.md.
 
     pip install -e ".[bench]"            # torchinfo, for the side-by-side table
-    python bench/run.py                  # the full run: about 7-8 minutes on 2 idle cores
+    python bench/run.py                  # the full run: about 8-9 minutes on 2 cores
     python bench/run.py --quick          # a smoke run (seconds); writes nothing unless --output
     python bench/run.py --only overhead,scale
     python bench/run.py --clock wall     # wall-clock samples (default: the thread's CPU time)

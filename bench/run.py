@@ -1,7 +1,7 @@
 """Run every shapeguard benchmark, print markdown tables, write docs/benchmarks.md.
 
     pip install -e ".[bench]"            # torchinfo, for the side-by-side table
-    python bench/run.py                  # the full run: about 7-8 minutes on 2 idle cores
+    python bench/run.py                  # the full run: about 8-9 minutes on 2 cores
     python bench/run.py --quick          # a smoke run (seconds); writes nothing unless --output
     python bench/run.py --only overhead,scale
     python bench/run.py --clock wall     # wall-clock samples (default: the thread's CPU time)
@@ -9,6 +9,7 @@
 Every figure is measured in this run, side by side, on one thread (see
 `bench/_timing.py`); nothing is copied from an earlier run. The pieces:
 
+- cost          (bench/cost.py)          per-op cost against the floors; every target of issue 16
 - overhead      (bench/overhead.py)      guard / trace / check="first" / disabled vs unguarded
 - contracts     (bench/contracts.py)     contract-checked forward vs plain vs bare jaxtyping
 - meta_scale    (bench/meta_scale.py)    `shapeguard trace --device meta` on an 80-layer stack
@@ -38,7 +39,7 @@ if HERE not in sys.path:
 from _timing import REPO, Section, Table, Target, fmt_seconds, machine  # noqa: E402
 
 DOC = os.path.join(REPO, "docs", "benchmarks.md")
-PIECES = ("overhead", "contracts", "meta_scale", "scale", "check_probe", "side_by_side")
+PIECES = ("cost", "overhead", "contracts", "meta_scale", "scale", "check_probe", "side_by_side")
 
 
 # -- adapters: each piece's own entry point, turned into a Section -------------------------
@@ -251,6 +252,7 @@ def _generic(module, name: str, quick: bool) -> Section:
 
 
 TITLES = {
+    "cost": "Cost per op against the floors, and the targets of issue 16",
     "overhead": "Overhead",
     "contracts": "Contracts: checked forward vs plain vs bare jaxtyping + beartype",
     "meta_scale": "Scale: 80-layer Llama-70B-shaped stack on the meta device",

@@ -73,3 +73,11 @@ def validate_mode(mode: str) -> str:
     if mode not in MODES:
         raise ContractError(f"mode={mode!r} is not a shapeguard mode; use one of {MODES}")
     return mode
+
+
+def validate_max_events(value) -> int:
+    from ._errors import ContractError
+
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ContractError(f"max_events={value!r} must be a whole number of events, 0 or more")
+    return value

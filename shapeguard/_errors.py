@@ -199,6 +199,9 @@ class Finding:
     relation: str = ""  # the broken relation, the message's first line
     source: str = ""  # the user's source line
     operands: tuple[Operand, ...] = ()
+    # How often the trace made this finding: a warning that repeats every forward is
+    # counted here, not stored again (`event_index` is its first occurrence's).
+    count: int = 1
 
     @classmethod
     def of(cls, error: "ShapeError", severity: str, event_index: int | None) -> "Finding":
@@ -236,6 +239,7 @@ class Finding:
             "operands": [{"name": o.name, "shape": o.shape} for o in self.operands],
             "hint": self.hint,
             "event_index": self.event_index,
+            "count": self.count,
         }
 
 

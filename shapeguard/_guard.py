@@ -24,6 +24,7 @@ class GuardOptions:
     strict: bool = False
     check: str = "every"
     ops: bool = True
+    max_events: int = 100_000
 
 
 @dataclass(slots=True)
@@ -35,6 +36,8 @@ class _GuardState:
     # check="first": input signatures already checked. Per instance, not per class,
     # because attribute-bound dims (d_model, n_heads) differ between instances.
     seen: dict = field(default_factory=dict)
+    # Under torch.compile: input signatures checked eagerly (`_compiled`).
+    compiled: dict = field(default_factory=dict)
 
 
 _guarded: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -52,6 +55,7 @@ def guard(
     strict: bool = False,
     check: str = "every",
     ops: bool = True,
+    max_events: int = 100_000,
 ):
     """Check every forward of a module class or instance.
 
@@ -71,6 +75,8 @@ def guard(
             trace of the checked call).
         ops: also check every tensor op inside forward (the default). `ops=False` keeps
             only the contract on the forward's boundary: the cheap setting for training.
+        max_events: events a forward's trace (`last_trace`) keeps at most; the ops past
+            them are still checked.
 
     Returns:
         The class or the instance, guarded.
@@ -85,7 +91,11 @@ def guard(
         ...
     """
     options = GuardOptions(
-        _config.validate_mode(mode), bool(strict), _validate_check(check), bool(ops)
+        _config.validate_mode(mode),
+        bool(strict),
+        _validate_check(check),
+        bool(ops),
+        _config.validate_max_events(max_events),
     )
     if target is None:
         return functools.partial(_apply, options=options)
@@ -223,6 +233,9 @@ def _check_config(module) -> None:
 
 
 def _install(module, options: GuardOptions, contract=None) -> None:
+    # Loaded now, not by the first hook call: dynamo, tracing a compiled module's hooks,
+    # cannot guard on a global that its own trace changed.
+    _load_runtime()
     if module in _guarded:
         _guarded[module].options = options
         return
@@ -278,12 +291,30 @@ def _load_runtime():
     return _runtime
 
 
+def _compiled_check(module, *args, **kwargs) -> int:
+    """`_compiled.check` of a guarded module's call (what dynamo calls at trace time)."""
+    __tracebackhide__ = True
+    from . import _compiled
+
+    return _compiled.check(_guarded.get(module), module, *args, **kwargs)
+
+
+# What `torch.compiler.assume_constant_result` sets, set here so that importing shapeguard
+# never imports torch._dynamo: dynamo calls this with the real arguments while it traces
+# the pre-hook, and takes its result (0) as a constant of the graph.
+_compiled_check._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
 def _pre_hook(module, args, kwargs):
     __tracebackhide__ = True
     rt = _runtime or _load_runtime()
-    # Under torch.compile everything steps aside: jaxtyping + beartype give false
-    # positives there, and the session's mode would break the graph.
+    # Under torch.compile this hook is traced: it steps aside (jaxtyping + beartype give
+    # false positives on fake tensors, the session's mode would break the graph) and has
+    # the call checked eagerly instead, once per input signature (`_compiled.check`, which
+    # dynamo calls at trace time and does not trace).
     if rt.is_compiling():
+        if getattr(_compiled_check, "_dynamo_marked_constant", False):
+            _compiled_check(module, *args, **kwargs)
         return None
     state = _guarded.get(module)
     if state is None:
@@ -299,10 +330,8 @@ def _pre_hook(module, args, kwargs):
     if not _config.is_enabled():
         return None
     contract = state.contract
-    call = None
-    if key is not None or (contract is not None and contract.returns is not None):
-        # Popped by _post_hook, which runs also when this hook or forward raises.
-        call = rt.push_call(module, key)
+    # Popped by _post_hook, which runs also when this hook or forward raises.
+    call = rt.push_call(module, key)
     session = rt.current_session()
     if options.ops:
         # A background session (the pytest plugin's) lets a guarded module keep its own
@@ -310,8 +339,8 @@ def _pre_hook(module, args, kwargs):
         if session is None or session.background:
             from ._record import Trace
 
-            trace = Trace(mode=options.mode, strict=options.strict)
-            session = rt.open_session(trace, root=module)
+            trace = Trace(mode=options.mode, strict=options.strict, max_events=options.max_events)
+            session = rt.open_session(trace, root=module, opener=rt.opener("guard", module))
             _owned.count = getattr(_owned, "count", 0) + 1
             session.owner = module
             session.owner_depth = 1
@@ -332,9 +361,8 @@ def _pre_hook(module, args, kwargs):
         session=session,
         where=None,  # named only when a message is written
     )
-    if call is not None:
-        call.single, call.variadic = single, variadic
-        call.state, call.session = state, session
+    call.single, call.variadic = single, variadic
+    call.state, call.session = state, session
     if session is not None:
         rt.name_inputs(session, contract, single, args, kwargs)
     return None
@@ -389,3 +417,7 @@ def _finish_call(rt, module, call, output, args, kwargs) -> None:
         )
     if call.key is not None:
         rt.remember(state.seen, call.key)
+    # A compiled call of this signature need not be checked again (`_compiled.check`).
+    rt.remember(
+        state.compiled, call.key if call.key is not None else rt.signature_key(args, kwargs)
+    )

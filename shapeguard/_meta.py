@@ -30,6 +30,7 @@ class TensorMeta:
         "param",
         "flagged",
         "laid_out",
+        "slot",
         "_names",
         "_epoch",
     )
@@ -65,8 +66,48 @@ class TensorMeta:
         self.flagged = flagged
         # Made by a transpose or permute (or a copy of one): its axis order was chosen.
         self.laid_out = laid_out
+        # Where the session made it: the op's step and output (`_replay`), or the order in
+        # which a tensor made outside the trace was first seen (a negative number).
+        self.slot = 0
         self._names: tuple[str | None, ...] | None = None
         self._epoch = -1
+
+    @classmethod
+    def made(cls, dims, fields: tuple, slot) -> "TensorMeta":
+        """A meta from `FIELDS` values, as a replayed op makes its outputs (no keywords)."""
+        meta = cls.__new__(cls)
+        meta.dims = dims
+        (
+            meta.tags,
+            meta.label,
+            meta.role,
+            meta.op,
+            meta.buffer,
+            meta.sliced,
+            meta.rotary,
+            meta.param,
+            meta.flagged,
+            meta.laid_out,
+        ) = fields
+        meta.slot = slot
+        meta._names = None
+        meta._epoch = -1
+        return meta
+
+    def fields(self) -> tuple:
+        """The values of `FIELDS`, in that order."""
+        return (
+            self.tags,
+            self.label,
+            self.role,
+            self.op,
+            self.buffer,
+            self.sliced,
+            self.rotary,
+            self.param,
+            self.flagged,
+            self.laid_out,
+        )
 
     @property
     def axes(self) -> tuple[str | None, ...]:
@@ -79,6 +120,21 @@ class TensorMeta:
 
     def tag(self, i: int) -> str | None:
         return self.tags[i] if i < len(self.tags) else None
+
+
+# What a meta says besides its axes, in the order of `TensorMeta.fields()`.
+FIELDS = (
+    "tags",
+    "label",
+    "role",
+    "op",
+    "buffer",
+    "sliced",
+    "rotary",
+    "param",
+    "flagged",
+    "laid_out",
+)
 
 
 # Roles only data flow gives: a query-key product, its softmax, attention's output.
@@ -158,6 +214,11 @@ class TensorTable:
                 del data[key]
 
         data[key] = (_weakref.ref(tensor, forget), meta)
+
+    def discard(self, tensor) -> None:
+        entry = self._data.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            del self._data[id(tensor)]
 
     def __len__(self) -> int:
         return len(self._data)

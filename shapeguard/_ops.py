@@ -66,6 +66,8 @@ class Op:
     aliases: bool = False  # a view in torch's sense: the output shares the input's storage
     #   (reshape and flatten, which copy when they must, are not)
     step: str = ""  # the step of attention it computes, as the report's diagram draws it
+    reads_values: bool = False  # a query that reads the tensor's values, not only its
+    #   metadata (item, tolist, __bool__: what a recorded step must remember, `_replay`)
     # flash-attn: how q, k, v arrive ("dense", "qkvpacked", "kvpacked", "varlen",
     # "varlen_qkvpacked", "varlen_kvpacked") and whose entry point it is ("flash_attn",
     # "kernel": a torch.ops.flash_attn op, "shapeguard": shapeguard.attention's).
@@ -102,14 +104,17 @@ def _ops(family: str, names: str, **options) -> None:
 # -- queries: passed straight through, never recorded ---------------------------------
 # fmt: off
 _ops(QUERY, """
-    size dim stride numel is_contiguous element_size data_ptr __len__ __bool__ item tolist
-    __format__ __repr__ __index__ __int__ __float__ __hash__ is_floating_point is_complex
-    nelement _set_grad_enabled storage_offset untyped_storage get_device __reduce_ex__
-    shape dtype device ndim requires_grad is_nested is_cuda is_meta grad_fn grad layout
-    is_sparse is_quantized names _version data is_leaf output_nr _base is_mkldnn is_mps
-    is_xpu itemsize nbytes is_inference _is_view __deepcopy__ __setstate__ __array__ numpy
-    is_signed __dlpack__ __dlpack_device__ _typed_storage storage is_pinned
+    size dim stride numel is_contiguous element_size __len__ is_floating_point is_complex
+    nelement _set_grad_enabled storage_offset get_device shape dtype device ndim
+    requires_grad is_nested is_cuda is_cpu is_meta grad_fn grad layout is_sparse
+    is_quantized names _version is_leaf output_nr _base is_mkldnn is_mps is_xpu itemsize
+    nbytes is_inference _is_view is_signed __dlpack_device__ is_pinned
 """)
+_ops(QUERY, """
+    data_ptr __bool__ item tolist __format__ __repr__ __index__ __int__ __float__ __hash__
+    untyped_storage __reduce_ex__ data __deepcopy__ __setstate__ __array__ numpy __dlpack__
+    _typed_storage storage
+""", reads_values=True)
 # fmt: on
 
 # -- shape-preserving ops -----------------------------------------------------------------

@@ -103,6 +103,15 @@ def _tensor_record(shape, dtype: str, device: str, itemsize: int, meta) -> Tenso
     )
 
 
+def _named_record(shape, dtype: str, device: str, itemsize: int, names: tuple) -> TensorRecord:
+    """A record from what `Trace._compact` kept: (label, role, axes)."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    label, role, axes = names
+    return TensorRecord(label, role, tuple(shape), axes, dtype, numel * itemsize, device)
+
+
 @dataclass(eq=False)
 class Trace:
     """What a shapeguard trace saw.
@@ -133,6 +142,11 @@ class Trace:
     _events: list[Event] = field(default_factory=list, repr=False)
     _pending: list[tuple] = field(default_factory=list, repr=False)
     _live: int = field(default=0, repr=False)  # sessions recording into it now
+    _finding_index: dict = field(default_factory=dict, repr=False)  # see `absorb`
+    _suppressed_index: dict = field(default_factory=dict, repr=False)  # see `add_suppressed`
+    _forward: int = field(default=0, repr=False)  # forwards of a root module so far
+    _replayed: int = field(default=0, repr=False)  # steps its sessions replayed (`_replay`)
+    _steps: int = field(default=0, repr=False)  # steps its sessions made in all
 
     @property
     def events(self) -> list[Event]:
@@ -145,14 +159,22 @@ class Trace:
     def event_count(self) -> int:
         return len(self._events) + len(self._pending)
 
-    def record(self, op, module, module_type, site, inputs, outputs) -> None:
-        """One op, as the session saw it: `inputs`/`outputs` are (shape, dtype name,
-        device type, meta) per tensor; shapes are torch.Size (ints), never tensors."""
-        self._pending.append((op, module, module_type, site, inputs, outputs))
+    def record(self, op, module, module_type, site, inputs, outputs, in_metas, out_metas) -> None:
+        """One op, as the session saw it: `inputs`/`outputs` are (shape, dtype name, device
+        type, item size) per tensor, shapes torch.Size (ints, never tensors), and the metas
+        come apart (a replayed op shares the first four with the op it repeats)."""
+        self._pending.append((op, module, module_type, site, inputs, outputs, in_metas, out_metas))
 
     def _build(self) -> None:
         events = self._events
-        for op, module, module_type, site, inputs, outputs in self._pending:
+        for op, module, module_type, site, inputs, outputs, in_metas, out_metas in self._pending:
+            if in_metas is None:  # compacted: `out_metas` holds the names
+                in_names, out_names = out_metas
+                ins = (_named_record(*t, n) for t, n in zip(inputs, in_names, strict=True))
+                outs = (_named_record(*t, n) for t, n in zip(outputs, out_names, strict=True))
+            else:
+                ins = (_tensor_record(*t, m) for t, m in zip(inputs, in_metas, strict=True))
+                outs = (_tensor_record(*t, m) for t, m in zip(outputs, out_metas, strict=True))
             events.append(
                 Event(
                     index=len(events),
@@ -161,19 +183,40 @@ class Trace:
                     module_type=module_type,
                     location=site.location if site is not None else "",
                     source=site.source if site is not None else "",
-                    inputs=tuple(_tensor_record(*t) for t in inputs),
-                    outputs=tuple(_tensor_record(*t) for t in outputs),
+                    inputs=tuple(ins),
+                    outputs=tuple(outs),
                 )
             )
         self._pending.clear()
         if not self._live:
             self.settle()
 
+    def _compact(self) -> None:
+        """The events not built yet, with their metas read now (the session is over: no
+        name changes any more) and kept as shared tuples, so that the metas and the axes
+        they hold are let go. Done for a trace of several forwards, whose events would
+        otherwise keep every forward's axes alive; one forward's are few."""
+        shared: dict = {}
+        keep = shared.setdefault
+        pending = self._pending
+        for i, (op, module, cls, site, ins, outs, in_metas, out_metas) in enumerate(pending):
+            if in_metas is None:
+                continue
+            names = (
+                tuple(keep(n, n) for n in [(m.label, m.role, m.axes) for m in in_metas]),
+                tuple(keep(n, n) for n in [(m.label, m.role, m.axes) for m in out_metas]),
+            )
+            entry = (op, module, cls, site, keep(ins, ins), keep(outs, outs), None, names)
+            pending[i] = keep(entry, entry)  # a forward that repeats shares its events
+
     # -- context manager ---------------------------------------------------
     def __enter__(self) -> "Trace":
+        from . import _replay, _source
         from ._session import open_session
 
-        self._session = open_session(self, root=None)
+        # Blocks opened on one line repeat (a test helper, a training loop): see `_replay`.
+        where = _source.user_code_position()
+        self._session = open_session(self, root=None, opener=_replay.opener("with", where))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -196,6 +239,8 @@ class Trace:
     def settle(self, start: int = 0) -> None:
         """Fix the axis names and roles of the events built from `start` on (the ones not
         built yet take them when they are: nothing changes names once the session ends)."""
+        if self._forward > 1 and not self._live:
+            self._compact()
         for event in self._events[start:]:
             for record in event.inputs:
                 record.settle()
@@ -203,12 +248,44 @@ class Trace:
                 record.settle()
 
     def add_finding(self, error: ShapeError, severity: str = "error") -> None:
-        """Record `error` as a finding, placed after the last event the trace holds."""
-        self.findings.append(Finding.of(error, severity, self.event_count))
+        """Record `error` as a finding, placed after the last event the trace holds; the
+        same finding again (every forward of a long trace) only counts."""
+        self.absorb(Finding.of(error, severity, self.event_count))
 
-    def move_last_to_suppressed(self) -> None:
-        """The finding just added was silenced on its line (`# shapeguard: ignore[kind]`)."""
-        self.suppressed.append(self.findings.pop())
+    def add_suppressed(self, error: ShapeError, severity: str = "error") -> None:
+        """Record `error` as silenced by `# shapeguard: ignore[kind]`; the same one again
+        only counts, so a long trace keeps one per place and message."""
+        finding = Finding.of(error, severity, self.event_count)
+        key = (finding.kind, finding.severity, finding.location, finding.message)
+        seen = self._suppressed_index.get(key)
+        if seen is not None:
+            seen.count += 1
+            return
+        self._suppressed_index[key] = finding
+        self.suppressed.append(finding)
+
+    def absorb(self, finding: Finding) -> None:
+        """Keep `finding`, unless a forward before this one (of a long trace) made the
+        same ones (same kind, severity, place and message): then the n-th of this forward
+        counts on the n-th of that one. Findings stay bounded however long a trace runs."""
+        findings, index = self.findings, self._finding_index
+        key = (finding.kind, finding.severity, finding.location, finding.message)
+        entry = index.get(key)
+        forward = self._forward
+        if entry is not None and any(f is entry[0][-1] for f in reversed(findings)):
+            stored, first = entry[0], entry[1]
+            if forward != first:
+                if entry[2] != forward:
+                    entry[2], entry[3] = forward, 0
+                n = entry[3]
+                entry[3] = n + 1
+                if n < len(stored):
+                    stored[n].count += finding.count
+                    return
+            stored.append(finding)
+        else:
+            index[key] = [[finding], forward, forward, 0]
+        findings.append(finding)
 
     # -- queries -------------------------------------------------------------
     def records(self, name: str) -> list[TensorRecord]:

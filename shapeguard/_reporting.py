@@ -13,12 +13,10 @@ from ._errors import ShapeError, ShapeWarning
 
 
 class Recorder(Protocol):
-    """Where findings go (a trace): `add_finding`, and the list of silenced ones."""
-
-    suppressed: list
+    """Where findings go (a trace): the kept ones, and the ones silenced on their line."""
 
     def add_finding(self, error: ShapeError, severity: str = "error") -> None: ...
-    def move_last_to_suppressed(self) -> None: ...
+    def add_suppressed(self, error: ShapeError, severity: str = "error") -> None: ...
 
 
 def deliver(
@@ -44,9 +42,7 @@ def deliver(
     __tracebackhide__ = True
     silenced = error.kind in _suppress.kinds_ignored(error.location)
     if trace is not None:
-        trace.add_finding(error, severity)
-        if silenced:
-            trace.move_last_to_suppressed()
+        (trace.add_suppressed if silenced else trace.add_finding)(error, severity)
     if silenced:
         return None
     if (severity == "error" or strict) and mode == "raise":

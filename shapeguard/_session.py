@@ -14,10 +14,10 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _composites, _config, _construction, _flash, _ops, _reporting, _source
+from . import _composites, _config, _construction, _flash, _ops, _replay, _reporting, _source
 from . import checks as _checks
 from ._errors import Context, Operand, ShapeError, Violation
-from ._meta import TensorMeta, TensorTable, buffer_origin, role_for
+from ._meta import TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
 from ._names import axes as _axes
 from ._names import dims as _dims
 from ._names import flow as _flow
@@ -26,6 +26,15 @@ from ._names.axes import Axes, format_shape
 from ._record import Trace
 
 _local = threading.local()
+_QUERY = _ops.QUERY
+_torch_compiling = torch.compiler.is_compiling
+
+
+def _is_compiling() -> bool:
+    """Whether dynamo is tracing (not while shapeguard checks a compiled module eagerly:
+    `_compiled.check`)."""
+    return _torch_compiling() and not getattr(_local, "eager", False)
+
 
 
 def current_session() -> "Session | None":
@@ -60,6 +69,7 @@ class OpCall:
         "_bound",
         "_metas",
         "_tensors",
+        "extras",
     )
 
     def __init__(
@@ -82,6 +92,9 @@ class OpCall:
         # rules, the axis rule and the record all read the same few tensors.
         self._metas: dict[int, TensorMeta] = {}
         self._tensors: list | None = None
+        # While the session records this call: (tensor, had a meta) for each tensor the
+        # rules read that is not an argument (a view's `B, T, C = x.shape`).
+        self.extras: list | None = None
 
     def tensors(self) -> list:
         """The tensor arguments, positional (and in lists: torch.cat) then keyword."""
@@ -126,6 +139,8 @@ class OpCall:
         found = self._metas.get(id(tensor))
         if found is None:
             found = self.session.metas.get(tensor)
+            if self.extras is not None:
+                self._note(tensor, found is not None)
             if found is not None:
                 self._metas[id(tensor)] = found
         return found
@@ -134,8 +149,14 @@ class OpCall:
         """The tensor's meta; a tensor first seen here gets new axes of its own."""
         found = self._metas.get(id(tensor))
         if found is None:
+            if self.extras is not None:
+                self._note(tensor, tensor in self.session.metas)
             found = self._metas[id(tensor)] = self.session.meta_of(tensor)
         return found
+
+    def _note(self, tensor, known: bool) -> None:
+        if not any(t is tensor for t in self.tensors()):
+            self.extras.append((tensor, known))
 
     def dims(self, tensor):
         """The provenance of each axis of `tensor` (atoms of dims, see `_names.dims`)."""
@@ -229,11 +250,30 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _raw(tensor, meta: TensorMeta) -> tuple:
-    """What an event keeps of a tensor: torch.Size holds ints, never the tensor."""
+def _static(tensor) -> tuple:
+    """What an event keeps of a tensor besides its meta: torch.Size holds ints, never the
+    tensor."""
     dtype = tensor.dtype
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
-    return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, meta
+    return tensor.shape, _dtype_name(dtype), device, dtype.itemsize
+
+
+_MISSED = object()  # a replayed op that was not the recording's next step
+
+# (spelling, op) by the function torch hands the mode: two lookups made once per function.
+_SPECS: dict = {}
+
+
+def _spec_of(func) -> tuple:
+    op = _ops.name_of(func)
+    found = (op, _ops.lookup(op))
+    try:
+        if len(_SPECS) > 4096:
+            _SPECS.clear()
+        _SPECS[func] = found
+    except TypeError:  # an unhashable callable
+        pass
+    return found
 
 
 class _Interceptor(TorchFunctionMode):
@@ -242,15 +282,42 @@ class _Interceptor(TorchFunctionMode):
         self.session = session
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        # Session.dispatch, inlined: one frame less on every call torch makes.
         __tracebackhide__ = True
-        kwargs = kwargs or {}
-        return self.session.dispatch(func, args, kwargs)
+        session = self.session
+        if kwargs is None:
+            kwargs = {}
+        try:
+            found = _SPECS.get(func)
+        except TypeError:  # an unhashable callable
+            found = None
+        if found is None:
+            found = _spec_of(func)
+        op, spec = found
+        if (
+            spec.family == _QUERY
+            or session._dispatching
+            or (_torch_compiling() and not getattr(_local, "eager", False))
+            or getattr(_local, "session", None) is not session
+            or not session.enabled
+            or _config._disabled_by_api
+        ):
+            return func(*args, **kwargs)
+        session._dispatching = True
+        try:
+            if session.replay is not None:
+                out = session._replay_op(func, op, spec, args, kwargs)
+                if out is not _MISSED:
+                    return out
+            return session._dispatch(func, op, spec, args, kwargs)
+        finally:
+            session._dispatching = False
 
 
 class Session:
     """The live side of a Trace: mode, hooks, module stack and tensor names."""
 
-    def __init__(self, trace: Trace, root) -> None:
+    def __init__(self, trace: Trace, root, opener=None) -> None:
         self.trace = trace
         self.root = root
         self.owner = None  # the guarded module that opened this session, if any
@@ -268,6 +335,18 @@ class Session:
         self._dispatching = False
         self._previous: Session | None = None
         self._flash_held = False  # this session holds a wrap of flash-attn's entry points
+        # The off switch, read when the session opens and when a forward starts (the root
+        # module entered), not per op; `disable()` is seen at once.
+        self.enabled = True
+        # Replay (see `_replay`): who opened the session, the steps of an earlier session of
+        # that opener being followed, the steps this one records, and the index of the next.
+        self._opener = None if trace.background else opener
+        self.replay: list | None = None
+        self._choices: list = []
+        self.recorder: list | None = None
+        self.step = 0
+        self.replayed = 0  # steps replayed (the trace sums them: `Trace._replayed`)
+        self._fresh = 0  # tensors made outside the trace, numbered as first seen (negative)
 
     # -- lifecycle ---------------------------------------------------------------
     def open(self) -> None:
@@ -285,14 +364,30 @@ class Session:
         _local.session = self
         self.trace._live += 1
         self._flash_held = _flash.patch()
+        self.enabled = _config.is_enabled()
+        opener = self._opener
+        if opener is not None:
+            if opener.recordings:
+                self._choices = [r.steps for r in opener.recordings]
+                self.replay = self._choices[0]
+            elif opener.sessions:
+                self.recorder = []  # the second session of an opener: the first recorded
+            opener.sessions += 1
 
     def close(self) -> None:
         # First, so flash-attn's functions are restored whatever fails below (it never raises).
         held, self._flash_held = self._flash_held, False
         _flash.restore(held)
+        self._stop_recording()
+        self.replay = None
+        self.trace._replayed += self.replayed
+        self.trace._steps += self.step
         try:
             _composites.release(self)  # a composite's suspended modes, before ours is popped
-            self._mode.__exit__(None, None, None)
+            # Dynamo's trace, into which `_compiled.check` runs a forward, can leave the
+            # stack without our mode when an error unwinds through it: nothing to pop then.
+            if torch._C._len_torch_function_stack():
+                self._mode.__exit__(None, None, None)
         finally:
             self._remove_hooks()
             if getattr(_local, "session", None) is self:
@@ -325,70 +420,260 @@ class Session:
             self.exit_module(module)
 
     def enter_module(self, module, args: tuple, kwargs: dict) -> None:
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             return
         first = not self.module_stack
+        if first:
+            self.enabled = _config.is_enabled()  # once per forward, not per op
+            self.trace._forward += 1
+        if self.replay is not None and self._replay_enter(module, first, args, kwargs):
+            return
+        recorder = self.recorder
+        findings = len(self.trace.findings)
         self.module_stack.append(module)
         key = id(module)
-        if key not in self._seen_modules:
+        new = key not in self._seen_modules
+        if new:
             self._seen_modules.add(key)
             self.trace.modules_seen += 1
             _construction.check_entered(self, module)  # head counts, before its first op
+        step = None
+        if recorder is not None:
+            step = _replay.Step(_replay.ENTER)
+            step.module = _weak(module)
+            step.first = new
+            step.root = first
         if first:
-            self._name_inputs(module, args, kwargs)
+            self._name_inputs(module, args, kwargs, step)
         _composites.enter(self, module, args, kwargs)
+        if self.recorder is not None:
+            clean = len(self.trace.findings) == findings and not _composites.suspended(self)
+            self._append(step if clean and step.kind == _replay.ENTER else None)
+        self.step += 1
 
     def exit_module(self, module) -> None:
+        replayed = False
+        if self.replay is not None:
+            steps, i = self.replay, self.step
+            step = steps[i] if i < len(steps) else None
+            if step is not None and step.kind == _replay.EXIT and step.module() is module:
+                replayed = True
+                self.replayed += 1
+            else:
+                self._diverge()
+        if not replayed and self.recorder is not None:
+            step = _replay.Step(_replay.EXIT)
+            step.module = _weak(module)
+            self._append(step)
+        self.step += 1
         stack = self.module_stack
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is module:
                 del stack[i:]
                 return
 
-    def _name_inputs(self, module, args: tuple, kwargs: dict) -> None:
-        """The root's inputs: parameter names as labels, axes by the usual layouts."""
+    def _input_tensors(self, module, args: tuple, kwargs: dict) -> list:
         names = _parameter_names(type(module))
         tensors = [(names[i] if i < len(names) else f"arg{i}", a) for i, a in enumerate(args)]
         tensors += list(kwargs.items())
-        tensors = [leaf for name, value in tensors for leaf in _nested_tensors(name, value)]
+        return [leaf for name, value in tensors for leaf in _nested_tensors(name, value)]
+
+    def _name_inputs(self, module, args: tuple, kwargs: dict, step=None) -> None:
+        """The root's inputs: parameter names as labels, axes by the usual layouts."""
+        tensors = self._input_tensors(module, args, kwargs)
+        capture = None
+        if step is not None:
+            # What a replay compares: the inputs' names, and what each one is.
+            plain = [t for _, t in tensors]
+            self._describe_inputs(step, plain)
+            step.args = tuple(name for name, _ in tensors)
+            capture = _replay.Capture([self.meta_of(t) for t in plain])
         declared = self.declared_sizes(module)
         mains, masks = [], []
-        for name, tensor in tensors:
-            if not isinstance(tensor, torch.Tensor):
+        try:
+            for name, tensor in tensors:
+                meta = self.meta_of(tensor)
+                if meta.label is None:
+                    meta.label, meta.role = name, role_for(name, None)
+                if tensor.dtype == torch.bool or meta.role == "mask":
+                    masks.append(meta)
+                else:
+                    _roots.claim_input(meta.dims, tensor, name, declared)
+                    mains.append((tensor, meta))
+            _roots.pair_sequences(mains)
+            for meta in masks:
+                main = mains[0][1].dims if mains else ()
+                _roots.guess_mask(meta.dims, main)
+                _roots.mask_batch(meta.dims, main)
+        except BaseException:
+            if capture is not None:
+                capture.abandon()
+            raise
+        if capture is not None:
+            try:
+                step.effects = capture.end([])
+            except _replay.Outside:
+                step.kind = _replay.BARRIER
+
+    # -- replay --------------------------------------------------------------------
+    def _append(self, step) -> None:
+        """Record a step (None: a barrier, after which this session records nothing more)."""
+        if step is None:
+            self.recorder.append(_replay.BARRIER_STEP)
+            self._stop_recording()
+        else:
+            self.recorder.append(step)
+
+    def _stop_recording(self) -> None:
+        recorder, self.recorder = self.recorder, None
+        if recorder is not None and self._opener is not None:
+            _replay.remember(self._opener, recorder)
+
+    def _diverge(self) -> None:
+        """This session's step differs from the recording's: run it, and the rest, as usual
+        (recording them after the replayed ones, unless the recording stopped here too)."""
+        steps, self.replay = self.replay, None
+        self._choices = []
+        i = self.step
+        if steps is None or self._opener is None:
+            return
+        if i < len(steps) and steps[i].kind == _replay.BARRIER:
+            return  # the recording says the same: nothing to learn
+        self.recorder = list(steps[:i])
+
+    def _options(self):
+        """The recordings the next step may follow: the current one, or at the first step,
+        any recorded way the opener's sessions started."""
+        if self.step == 0 and len(self._choices) > 1:
+            return self._choices
+        return (self.replay,)
+
+    def _describe_inputs(self, step, tensors: list) -> None:
+        """The inputs as a replay compares them (`_replay.Step`)."""
+        table = self.metas
+        inputs, firsts = [], []
+        for t in tensors:
+            m = table.get(t)
+            inputs.append((m.slot if m is not None else None, t.shape, t.dtype))
+            if m is None:
+                try:
+                    ref = weakref.ref(t)
+                except TypeError:
+                    ref = None
+                firsts.append((ref, self._first_seen(t)))
+        step.inputs = tuple(inputs)
+        step.firsts = tuple(firsts)
+
+    def _first_seen(self, tensor) -> tuple:
+        """What tells a tensor first seen in a step from another: a parameter or buffer of
+        the root by its name, any other by its layout (strides, device) and kind."""
+        try:
+            strides = tensor.stride()
+        except RuntimeError:  # sparse and nested tensors
+            strides = None
+        name = self._state_name(tensor)
+        buffer = "" if name else _buffer_name(tensor, self.module_stack)
+        return (type(tensor), name, buffer, strides, tensor.device.type, tensor.requires_grad)
+
+    def _match_inputs(self, step, tensors: list) -> list | None:
+        """The inputs' metas when they are the step's (None for a tensor first seen here)."""
+        inputs = step.inputs
+        if len(tensors) != len(inputs):
+            return None
+        table = self.metas
+        metas = []
+        for t, (slot, shape, dtype) in zip(tensors, inputs, strict=True):
+            if t.dtype is not dtype or t.shape != shape:
+                return None
+            m = table.get(t)
+            if slot is None:
+                if m is not None:
+                    return None
+            elif m is None or m.slot != slot:
+                return None
+            metas.append(m)
+        return metas if self._same_firsts(step, tensors, metas) else None
+
+    def _resolve(self, step, tensors: list, metas: list) -> list | None:
+        """Give tensors first seen here their metas, and find the dims the step's template
+        needs; None (and nothing made) when they are not there."""
+        made = [k for k, m in enumerate(metas) if m is None]
+        fresh = self._fresh
+        firsts = iter(step.firsts)
+        for k in made:
+            # The state name recorded: the replay checked that it is that tensor, or one
+            # of that name (`_same_firsts`), so it need not be looked up again.
+            name = next(firsts)[1][1]
+            metas[k] = self.metas.get(tensors[k]) or self._fresh_meta(tensors[k], name)
+        try:
+            return _replay.resolve(step.effects.paths, metas)
+        except (IndexError, AttributeError, TypeError):
+            for k in made:
+                self.metas.discard(tensors[k])
+            self._fresh = fresh
+            return None
+
+    def _replay_enter(self, module, first: bool, args: tuple, kwargs: dict) -> bool:
+        seen = id(module) in self._seen_modules
+        i = self.step
+        tensors = names = None
+        for steps in self._options():
+            step = steps[i] if i < len(steps) else None
+            if (
+                step is None
+                or step.kind != _replay.ENTER
+                or step.root != first
+                or step.first == seen
+                or step.module() is not module
+            ):
                 continue
-            meta = self.meta_of(tensor)
-            if meta.label is None:
-                meta.label, meta.role = name, role_for(name, None)
-            if tensor.dtype == torch.bool or meta.role == "mask":
-                masks.append(meta)
-            else:
-                _roots.claim_input(meta.dims, tensor, name, declared)
-                mains.append((tensor, meta))
-        _roots.pair_sequences(mains)
-        for meta in masks:
-            main = mains[0][1].dims if mains else ()
-            _roots.guess_mask(meta.dims, main)
-            _roots.mask_batch(meta.dims, main)
+            objs = metas = None
+            if first:
+                if tensors is None:
+                    named = self._input_tensors(module, args, kwargs)
+                    tensors = [t for _, t in named]
+                    names = tuple(name for name, _ in named)
+                if names != step.args:
+                    continue
+                metas = self._match_inputs(step, tensors)
+                if metas is None:
+                    continue
+                objs = self._resolve(step, tensors, metas)
+                if objs is None:
+                    continue
+            self.replay = steps
+            self.module_stack.append(module)
+            if step.first:
+                self._seen_modules.add(id(module))
+                self.trace.modules_seen += 1
+            if first:
+                _replay.apply(step.effects, objs, metas, 0)
+            self.step += 1
+            self.replayed += 1
+            return True
+        self._diverge()
+        return False
 
     def meta_of(self, tensor) -> TensorMeta:
         """The meta of `tensor`; one first seen here (a tensor made outside the trace, a
         parameter) gets new axes of its own."""
         meta = self.metas.get(tensor)
         if meta is None:
-            param = isinstance(tensor, torch.nn.Parameter)
-            name = self._state_name(tensor)
-            axes = _dims.fresh_axes(tuple(tensor.shape))
-            for i, axis in enumerate(axes):
-                for dim, _, _ in axis:
-                    dim.origin = (
-                        f"axis {i} of {name}"
-                        if name
-                        else "a parameter"
-                        if param
-                        else "a tensor made outside the trace"
-                    )
-            meta = TensorMeta(axes, param=param)
-            self.metas[tensor] = meta
+            meta = self._fresh_meta(tensor, self._state_name(tensor))
+        return meta
+
+    def _fresh_meta(self, tensor, name: str) -> TensorMeta:
+        """New axes for a tensor first seen here, `name` its state name (or "")."""
+        param = isinstance(tensor, torch.nn.Parameter)
+        origin = "a parameter" if param else "a tensor made outside the trace"
+        axes = _dims.fresh_axes(tuple(tensor.shape))
+        for i, axis in enumerate(axes):
+            for dim, _, _ in axis:
+                dim.origin = f"axis {i} of {name}" if name else origin
+        meta = TensorMeta(axes, param=param)
+        self._fresh -= 1
+        meta.slot = self._fresh
+        self.metas[tensor] = meta
         return meta
 
     def _state_name(self, tensor) -> str:
@@ -429,22 +714,184 @@ class Session:
     # -- ops ---------------------------------------------------------------------
     def dispatch(self, func, args: tuple, kwargs: dict):
         __tracebackhide__ = True
-        op = _ops.name_of(func)
-        spec = _ops.lookup(op)
+        try:
+            found = _SPECS.get(func)
+        except TypeError:  # an unhashable callable
+            found = None
+        if found is None:
+            found = _spec_of(func)
+        op, spec = found
         if (
-            spec.family == _ops.QUERY
+            spec.family == _QUERY
             or self._dispatching
-            or torch.compiler.is_compiling()
+            or _is_compiling()
             # An inner session sees this op too (its mode runs first); check it once.
             or getattr(_local, "session", None) is not self
-            or not _config.is_enabled()
+            or not self.enabled
+            or _config._disabled_by_api
         ):
             return func(*args, **kwargs)
         self._dispatching = True
         try:
+            if self.replay is not None:
+                out = self._replay_op(func, op, spec, args, kwargs)
+                if out is not _MISSED:
+                    return out
             return self._dispatch(func, op, spec, args, kwargs)
         finally:
             self._dispatching = False
+
+    def _replay_op(self, func, op: str, spec, args: tuple, kwargs: dict):
+        """Run the op as the recording's next step says, or return _MISSED (nothing done)
+        when it is not that step. (Written flat: this is the hot path of a replay.)"""
+        __tracebackhide__ = True
+        i = self.step
+        site = tensors = module = None
+        choices = self._choices if i == 0 and len(self._choices) > 1 else (self.replay,)
+        get = self.metas._data.get
+        for steps in choices:
+            step = steps[i] if i < len(steps) else None
+            if step is None or (step.func is not func and step.func != func):
+                continue
+            if tensors is None:
+                site = _source.user_site()
+                stack = self.module_stack
+                module = stack[-1] if stack else None
+                tensors = _tensors_of_args(args)
+                if kwargs:
+                    tensors += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+            ref = step.module
+            if step.site is not site or (ref() if ref is not None else None) is not module:
+                continue
+            count, names, checks = step.args
+            if len(args) != count or (tuple(kwargs) != names if kwargs else names):
+                continue
+            if checks and not _replay.same_checks(checks, args, kwargs):
+                continue
+            inputs = step.inputs
+            if len(tensors) != len(inputs):
+                continue
+            metas = []
+            unseen = False
+            for t, (slot, shape, dtype) in zip(tensors, inputs, strict=True):
+                if t.dtype is not dtype or t.shape != shape:
+                    break
+                entry = get(id(t))
+                m = entry[1] if entry is not None and entry[0]() is t else None
+                if slot is None:
+                    if m is not None:
+                        break
+                    unseen = True
+                elif m is None or m.slot != slot:
+                    break
+                metas.append(m)
+            else:
+                if unseen and not self._same_firsts(step, tensors, metas):
+                    continue
+                if (
+                    step.values
+                    and not all(_replay.same_values(tensors[k], v) for k, v in step.values)
+                    and not self._values_pass(func, op, spec, args, kwargs, site)
+                ):
+                    continue
+                if step.extras and not self._match_extras(step.extras):
+                    continue
+                effects = step.effects
+                if unseen or effects.paths:
+                    objs = self._resolve(step, tensors, metas)
+                    if objs is None:
+                        continue
+                else:
+                    objs = None
+                break
+        else:
+            self._diverge()
+            return _MISSED
+        self.replay = steps
+        try:
+            out = func(*args, **kwargs)
+        except ShapeError:
+            raise
+        except RuntimeError as error:
+            raise self._torch_error(
+                error, OpCall(self, func, op, args, kwargs, site, spec)
+            ) from error
+        if type(out) is torch.Tensor:
+            outputs = [out]
+            shapes = step.outputs
+            same = len(shapes) == 1 and out.shape == shapes[0]
+        else:
+            outputs = _tensors_of(out)
+            shapes = step.outputs
+            same = len(outputs) == len(shapes) and all(
+                o.shape == s for o, s in zip(outputs, shapes, strict=True)
+            )
+        if not same:
+            # Output shapes the inputs' do not decide (nonzero, a boolean index): as usual.
+            self._diverge()
+            self._record(OpCall(self, func, op, args, kwargs, site, spec), out)
+            if self.recorder is not None:
+                self._append(None)
+            self.step += 1
+            return out
+        made = _replay.apply(effects, objs, metas, i * _replay.MAX_OUTPUTS)
+        table = self.metas
+        for tensor, meta in zip(outputs, made, strict=True):
+            table[tensor] = meta
+        event = step.event
+        if event is not None:
+            trace = self.trace
+            pending = trace._pending
+            if len(trace._events) + len(pending) >= trace.max_events:
+                trace.dropped_events += 1
+            else:
+                pending.append((*event, metas, made))
+        self.step = i + 1
+        self.replayed += 1
+        return out
+
+    def _same_firsts(self, step, tensors: list, metas: list) -> bool:
+        """The tensors first seen here are the recorded ones: the same object (a parameter
+        of the same module), or one of the same kind and layout."""
+        firsts = iter(step.firsts)
+        for t, m in zip(tensors, metas, strict=True):
+            if m is not None:
+                continue
+            ref, nature = next(firsts)
+            if ref is not None and ref() is t:
+                if (t.stride(), t.device.type, t.requires_grad) != nature[3:]:
+                    return False
+            elif self._first_seen(t) != nature:
+                return False
+        return True
+
+    def _values_pass(self, func, op: str, spec, args: tuple, kwargs: dict, site) -> bool:
+        """A step whose rules read tensor values that differ from the recorded ones (a
+        mask of other paddings): run its rules again, on the state the replay made, which
+        is the state they saw when recorded. Clean: replay the step (its axes do not depend
+        on values); a finding: run it as usual."""
+        call = OpCall(self, func, op, args, kwargs, site, spec)
+        call.flagged = self._flagged(call)
+        for rule in _checks.rules_for(op):
+            if rule.operands and not _checks.applies(rule, args):
+                continue
+            for _ in rule.check(call):
+                return False
+        return True
+
+    def _match_extras(self, extras: tuple) -> bool:
+        """The tensors the rules read from the user's frame are the recorded ones."""
+        frame = _source.user_frame()
+        if frame is None:
+            return False
+        local = frame.f_locals
+        table = self.metas
+        for name, slot in extras:
+            value = local.get(name)
+            meta = table.get(value) if isinstance(value, torch.Tensor) else None
+            if meta is None or meta.slot != slot:
+                return False
+        return True
 
     def _dispatch(self, func, op: str, spec, args: tuple, kwargs: dict):
         __tracebackhide__ = True
@@ -452,25 +899,41 @@ class Session:
         call = OpCall(self, func, op, args, kwargs, site, spec)
         broken = None  # the first error warn mode let through
         rules = _checks.rules_for(op)
+        step = self._begin_step(call, rules) if self.recorder is not None else None
+        reads = _replay.ValueReads(call.tensors()) if step is not None else None
         upstream = self._flagged(call)
         call.flagged = upstream
+        yielded = False
         if rules:
             here = id(self.module_stack[-1]) if self.module_stack else None
             on_stack = {id(m) for m in self.module_stack} | {None}
             consequence = any(module in on_stack for _, module in upstream)
             reported = set()
-            for rule in rules:
-                for violation in rule.check(call):
-                    violation.severity = _checks.severity(rule, violation)
-                    if violation.severity == "warning" and consequence:
-                        # A tensor of this block already carries a warning: what follows
-                        # from it is that bug again, in other words.
+            if reads is not None:
+                reads.__enter__()
+            try:
+                for rule in rules:
+                    if rule.operands and not _checks.applies(rule, args):
                         continue
-                    reported.add((violation.kind, here))
-                    found = self.report(violation, call)
-                    broken = broken or found
+                    for violation in rule.check(call):
+                        yielded = True
+                        violation.severity = _checks.severity(rule, violation)
+                        if violation.severity == "warning" and consequence:
+                            # A tensor of this block already carries a warning: what follows
+                            # from it is that bug again, in other words.
+                            continue
+                        reported.add((violation.kind, here))
+                        found = self.report(violation, call)
+                        broken = broken or found
+            finally:
+                if reads is not None:
+                    reads.__exit__(None, None, None)
             call.flagged = frozenset(reported) | upstream
             call.reported = bool(reported)
+        if step is not None and reads.read:
+            # Before the op: an op in place changes what it writes into.
+            tensors = call.tensors()
+            step.values = tuple((k, _replay.fingerprint(tensors[k])) for k in sorted(reads.read))
         try:
             out = func(*args, **kwargs)
         except ShapeError:
@@ -478,8 +941,83 @@ class Session:
         except RuntimeError as error:
             # torch fails where a rule said it would: shapeguard's own account of it.
             raise (broken or self._torch_error(error, call)) from error
-        self._record(call, out)
+        if step is None or yielded or upstream:
+            self._record(call, out)
+            if self.recorder is not None:
+                self._append(None)
+        else:
+            self._record_step(step, call, out, reads)
+        self.step += 1
         return out
+
+    def _begin_step(self, call: OpCall, rules):
+        """The step a recorded op will be, as far as it is known before its rules run."""
+        step = _replay.Step(_replay.OP)
+        step.func = call.func
+        step.site = call.site
+        stack = self.module_stack
+        step.module = _weak(stack[-1]) if stack else None
+        self._describe_inputs(step, call.tensors())
+        loose = _replay.loose_numbers(call.spec, rules, call.args)
+        try:
+            step.args = _replay.args_check(call.args, call.kwargs, loose)
+        except _replay.Unkeyable:
+            return None
+        call.extras = []
+        return step
+
+    def _record_step(self, step, call: OpCall, out, reads) -> None:
+        """Record the op (as `_record` does) and what it did, as a step to replay."""
+        tensors = call.tensors()
+        capture = _replay.Capture([call.meta_of(t) for t in tensors])
+        reads.__enter__()
+        try:
+            made = self._record(call, out)
+        except BaseException:
+            capture.abandon()
+            raise
+        finally:
+            reads.__exit__(None, None, None)
+        outputs = _tensors_of(out)
+        try:
+            if len(outputs) >= _replay.MAX_OUTPUTS or len(reads.read) > len(step.values):
+                raise _replay.Outside  # (or an axis rule read values: none does)
+            step.effects = capture.end(made)
+            step.extras = self._extras(call, outputs)
+        except _replay.Outside:
+            self._append(None)
+            return
+        step.outputs = tuple(o.shape for o in outputs)
+        if outputs:
+            path, cls, _ = self.module_description()
+            step.event = (
+                call.op,
+                path,
+                cls,
+                call.site,
+                tuple(_static(t) for t in tensors),
+                tuple(_static(t) for t in outputs),
+            )
+        self._append(step)
+
+    def _extras(self, call: OpCall, outputs: list) -> tuple:
+        """Where the rules' reads of tensors that are not arguments came from: names in the
+        user's frame, which a replay looks up again (raises Outside when not found)."""
+        if not call.extras:
+            return ()
+        frame = _source.user_frame()
+        local = frame.f_locals if frame is not None else {}
+        found = []
+        for tensor, known in call.extras:
+            if any(t is tensor for t in outputs):
+                continue
+            if not known:
+                raise _replay.Outside  # a tensor first seen by a rule: not worth replaying
+            name = next((n for n, v in local.items() if v is tensor), None)
+            if name is None:
+                raise _replay.Outside
+            found.append((name, self.metas.get(tensor).slot))
+        return tuple(found)
 
     def _context(self, call: OpCall) -> Context:
         _, _, module = self.module_description()
@@ -553,10 +1091,11 @@ class Session:
         self.trace.add_finding(shape_error)
         return shape_error
 
-    def _record(self, call: OpCall, out) -> None:
+    def _record(self, call: OpCall, out) -> list:
+        """Name the op's outputs and record its event; returns the outputs' metas."""
         outputs = _tensors_of(out)
         if not outputs:
-            return
+            return []
         spec = call.spec
         in_tensors = call.tensors()
         in_metas = [call.meta_of(t) for t in in_tensors]
@@ -567,6 +1106,7 @@ class Session:
             spec.keeps_value, spec.slices, in_tensors, in_metas, self.module_stack
         )
         out_metas = []
+        slot = self.step * _replay.MAX_OUTPUTS
         for k, (tensor, m) in enumerate(zip(outputs, made, strict=True)):
             label = labels[k] if k < len(labels) else None
             if label is None and k == 0 and first_label:
@@ -584,21 +1124,25 @@ class Session:
                 flagged=call.flagged,
                 laid_out=m.laid_out,
             )
+            meta.slot = slot + k + 1
             self.metas[tensor] = meta
             out_metas.append(meta)
         trace = self.trace
         if trace.event_count >= trace.max_events:
             trace.dropped_events += 1
-            return
+            return out_metas
         path, cls, _ = self.module_description()
         trace.record(
             call.op,
             path,
             cls,
             call.site,
-            tuple(_raw(t, m) for t, m in zip(in_tensors, in_metas, strict=True)),
-            tuple(_raw(t, m) for t, m in zip(outputs, out_metas, strict=True)),
+            tuple(_static(t) for t in in_tensors),
+            tuple(_static(t) for t in outputs),
+            in_metas,
+            out_metas,
         )
+        return out_metas
 
     def _kept_label(self, call: OpCall, spec, in_metas: list, first_label: str) -> str | None:
         """The label an output keeps from its input when the source line gives none."""
@@ -633,6 +1177,13 @@ class Session:
         if len(site.targets) == count:
             return site.targets
         return (site.targets[0],) if len(site.targets) == 1 else ()
+
+
+def _weak(module):
+    try:
+        return weakref.ref(module)
+    except TypeError:
+        return lambda: module
 
 
 def _tensors_of_args(args: tuple) -> list:
@@ -689,8 +1240,10 @@ def _parameter_names(cls: "type[torch.nn.Module]") -> tuple[str, ...]:
     return names
 
 
-def open_session(trace: Trace, root) -> Session:
-    session = Session(trace, root)
+def open_session(trace: Trace, root, opener=None) -> Session:
+    """Open a session. `opener` (from `_replay.opener`) says who opens it, so a session
+    that repeats an earlier one of the same opener replays it (see `_replay`)."""
+    session = Session(trace, root, opener)
     session.open()
     return session
 

@@ -11,10 +11,12 @@ import ast
 import dataclasses
 import functools
 import importlib.util
+import inspect
 import linecache
 import os
 import sys
 import threading
+import tokenize
 import typing
 from dataclasses import dataclass
 from types import CodeType, FrameType
@@ -74,6 +76,7 @@ _FLOORS: set[CodeType] = set()
 def stop_at(code: CodeType) -> None:
     """Never look for the user's frame below a frame running `code`."""
     _FLOORS.add(code)
+    _kinds.pop(id(code), None)  # classified again, as a floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +119,46 @@ def _display_path(filename: str, cwd: str) -> str:
 _TORCH_MODULES = os.sep + os.path.join("torch", "nn", "modules") + os.sep
 
 
+# What each code object on the stack is, by id (the entry keeps the code alive, so the id
+# is not reused): the user's (0), internal (1), internal and an nn.Module's forward (2), a
+# floor (3: see `stop_at`). Keyed by id because code objects compare (and hash) by
+# content: two files may hold equal ones, and hashing a code object hashes its constants.
+_kinds: dict[int, tuple[CodeType, int]] = {}
+_INTERNAL, _IN_MODULE, _FLOOR = 1, 2, 3
+
+
+def _kind(code: CodeType) -> int:
+    entry = _kinds.get(id(code))
+    if entry is not None and entry[0] is code:
+        return entry[1]
+    filename = code.co_filename
+    if not _is_internal(filename):
+        kind = 0
+    elif code in _FLOORS:
+        kind = _FLOOR
+    else:
+        kind = _IN_MODULE if _TORCH_MODULES in filename else _INTERNAL
+    if len(_kinds) > 20_000:
+        _kinds.clear()
+    _kinds[id(code)] = (code, kind)
+    return kind
+
+
+def user_code_position() -> tuple[int, int] | None:
+    """(id of the code object, instruction) of the innermost user frame: a line's key
+    without reading its source."""
+    frame = user_frame()
+    return (id(frame.f_code), frame.f_lasti) if frame is not None else None
+
+
 def user_frame() -> FrameType | None:
     """The innermost frame on the current stack that is the user's."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        if not _is_internal(frame.f_code.co_filename):
+        kind = _kind(frame.f_code)
+        if not kind:
             return frame
-        if frame.f_code in _FLOORS:
+        if kind == _FLOOR:
             return None
         frame = frame.f_back
     return None
@@ -130,49 +166,125 @@ def user_frame() -> FrameType | None:
 
 def function_node(filename: str, scope: int) -> ast.AST | None:
     """The function (or lambda) of `filename` that starts at line `scope`."""
-    key = (filename, scope)
-    if key in _functions:
-        return _functions[key]
-    found = None
-    lines = linecache.getlines(filename)
+    tree = _tree(filename, scope)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if scope in (node.lineno, first):
+                return node
+    return None
+
+
+# -- what is parsed: the function around a site, not the file ---------------------------------
+# (filename, first line) -> (the file's stamp, the parsed block or None); the stamp (size
+# and modification time) drops what a file that changed on disk had.
+_trees: dict[tuple[str, int], tuple[tuple | None, ast.AST | None]] = {}
+_stamps: dict[str, tuple | None] = {}
+
+
+def _stamp(filename: str) -> tuple | None:
     try:
-        tree = parse("".join(lines)) if lines else None
+        st = os.stat(filename)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _fresh_lines(filename: str) -> tuple[tuple | None, list[str]]:
+    """The file's stamp and lines, re-read when the file changed since last read."""
+    stamp = _stamp(filename)
+    if filename in _stamps and _stamps[filename] != stamp:
+        linecache.checkcache(filename)
+    _stamps[filename] = stamp
+    return stamp, linecache.getlines(filename)
+
+
+def _tree(filename: str, first: int) -> ast.AST | None:
+    """The AST of the function (or class) whose code starts at line `first` (0: the whole
+    file), with the file's own line numbers: parsing a big file whole would cost more
+    than the ops of its first trace."""
+    stamp, lines = _fresh_lines(filename)
+    key = (filename, first)
+    cached = _trees.get(key)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    tree = _parse_block(lines, first) if first else None
+    if tree is None:
+        tree = _parse(lines, 0)
+    if len(_trees) > 8192:
+        _trees.clear()
+    _trees[key] = (stamp, tree)
+    return tree
+
+
+def _parse(lines: list[str], offset: int, header: bool = False) -> ast.AST | None:
+    if not lines:
+        return None
+    try:
+        tree = parse(("class _:\n" if header else "") + "".join(lines))
     except (SyntaxError, ValueError):
-        tree = None
-    if tree is not None:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                if scope in (node.lineno, first):
-                    found = node
-                    break
-    if len(_functions) > 4096:
-        _functions.clear()
-    _functions[key] = found
-    return found
+        return None
+    if offset:
+        ast.increment_lineno(tree, offset)
+    return tree
 
 
-_functions: dict[tuple[str, int], ast.AST | None] = {}
+def _parse_block(lines: list[str], first: int) -> ast.AST | None:
+    """The `def` (with its decorators) or `class` that starts at line `first`."""
+    start = first - 1
+    if not 0 <= start < len(lines):
+        return None
+    head = lines[start].lstrip()
+    if not head.startswith(("def ", "async ", "@", "class ")):
+        return None  # a lambda, a comprehension, module code: the whole file
+    try:
+        block = inspect.getblock(lines[start:])
+    except (IndexError, SyntaxError, tokenize.TokenError):
+        return None
+    indented = lines[start][:1].isspace()
+    # An indented method parses under a dummy header line, which shifts the lines by one.
+    return _parse(block, start - 1 if indented else start, header=indented)
+
+
+def forget(filename: str) -> None:
+    """Drop what was parsed of a file (a file rewritten in place with the same size and
+    time stamp: rare, but a test can do it)."""
+    for key in [k for k in _trees if k[0] == filename]:
+        del _trees[key]
+    _stamps.pop(filename, None)
+    linecache.checkcache(filename)
 
 
 def user_site() -> Site | None:
     """The site of the innermost user frame on the current stack."""
     frame: FrameType | None = sys._getframe(1)
     in_module = False
+    kinds = _kinds
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not _is_internal(filename):
-            site = _site_for(frame.f_code, frame.f_lasti, in_module)
+        code = frame.f_code
+        entry = kinds.get(id(code))
+        kind = entry[1] if entry is not None and entry[0] is code else _kind(code)
+        if not kind:
+            lasti = frame.f_lasti
+            entry = _site_cache.get((id(code), lasti, in_module))
+            if entry is not None and entry[0] is code:
+                site = entry[1]
+            else:
+                site = _site_for(code, lasti, in_module)
+            # Named by the caller's line, which differs from call to call: never cached.
             return _named_by_caller(frame, site) if site.returned else site
-        if frame.f_code in _FLOORS:
+        if kind == _FLOOR:
             return None
-        if not in_module and _TORCH_MODULES in filename:
+        if kind == _IN_MODULE:
             in_module = True
         frame = frame.f_back
     return None
 
 
-_site_cache: dict[tuple[str, CodeType, int, bool], Site] = {}
+# Sites by (id of the code object, instruction, in a module); the entry keeps the code.
+_site_cache: dict[tuple[int, int, bool], tuple[CodeType, Site]] = {}
 
 
 def _named_by_caller(frame: FrameType, site: Site, depth: int = 0) -> Site:
@@ -180,7 +292,7 @@ def _named_by_caller(frame: FrameType, site: Site, depth: int = 0) -> Site:
     names what `split_heads` returns `Q`, not `output` (a module's forward is not a
     helper: torch calls it)."""
     caller = frame.f_back
-    if caller is None or depth > 3 or _is_internal(caller.f_code.co_filename):
+    if caller is None or depth > 3 or _kind(caller.f_code):
         return site
     outer = _site_for(caller.f_code, caller.f_lasti, False)
     if outer.callee != frame.f_code.co_name or not outer.targets:
@@ -189,19 +301,35 @@ def _named_by_caller(frame: FrameType, site: Site, depth: int = 0) -> Site:
         outer = _named_by_caller(caller, outer, depth + 1)
         if outer.returned:
             return site
-    return dataclasses.replace(site, targets=outer.targets, returned=False)
+    return _renamed(site, outer.targets)
+
+
+# (id of a site, the caller's targets) -> (the site, it named so): one object per naming, so
+# that a replay, which compares sites by identity, sees the same site on every call.
+_renamed_cache: dict[tuple[int, tuple[str, ...]], tuple[Site, Site]] = {}
+
+
+def _renamed(site: Site, targets: tuple[str, ...]) -> Site:
+    key = (id(site), targets)
+    entry = _renamed_cache.get(key)
+    if entry is not None and entry[0] is site:
+        return entry[1]
+    renamed = dataclasses.replace(site, targets=targets, returned=False)
+    if len(_renamed_cache) > 50_000:
+        _renamed_cache.clear()
+    _renamed_cache[key] = (site, renamed)
+    return renamed
 
 
 def _site_for(code: CodeType, lasti: int, in_module: bool) -> Site:
-    # Code objects compare equal across files (co_filename is not compared), so the
-    # same function in two files would share a site: the filename is part of the key.
-    key = (code.co_filename, code, lasti, in_module)
-    site = _site_cache.get(key)
-    if site is None:
-        site = _build_site(code, lasti, in_module)
-        if len(_site_cache) > 50_000:  # notebooks re-create code objects; keep the cache bounded
-            _site_cache.clear()
-        _site_cache[key] = site
+    key = (id(code), lasti, in_module)
+    entry = _site_cache.get(key)
+    if entry is not None and entry[0] is code:
+        return entry[1]
+    site = _build_site(code, lasti, in_module)
+    if len(_site_cache) > 50_000:  # notebooks re-create code objects; keep the cache bounded
+        _site_cache.clear()
+    _site_cache[key] = (code, site)
     return site
 
 
@@ -214,8 +342,9 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
     )
     if lineno is None:
         lineno = code.co_firstlineno
+    _fresh_lines(filename)  # a file that changed on disk is read again
     source = linecache.getline(filename, lineno).strip()
-    node_index = _file_index(filename)
+    node_index = _code_index(code)
     if node_index is None or col is None:
         return Site(filename, lineno, source, in_module=in_module, scope=code.co_firstlineno)
     found = node_index.get((lineno, col, end_lineno, end_col))
@@ -245,24 +374,34 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
 
 # Keyed by (lineno, col, end_lineno, end_col): the ends are None where Python has none.
 _NodeIndex = dict[tuple[int, int, int | None, int | None], tuple[ast.AST, tuple[str, ...], bool]]
-_file_cache: dict[str, _NodeIndex | None] = {}
+# id of the parsed tree -> (the tree, its index): indexed once, when a site first needs it.
+_indexes: dict[int, tuple[ast.AST, _NodeIndex]] = {}
+
+
+def _code_index(code: CodeType) -> _NodeIndex | None:
+    """The expression sites of the function `code` belongs to."""
+    first = 0 if code.co_name.startswith("<") else code.co_firstlineno
+    tree = _tree(code.co_filename, first)
+    if tree is None:
+        return None
+    entry = _indexes.get(id(tree))
+    if entry is not None and entry[0] is tree:
+        return entry[1]
+    index: _NodeIndex = {}
+    _index_tree(tree, index)
+    if len(_indexes) > 8192:
+        _indexes.clear()
+    _indexes[id(tree)] = (tree, index)
+    return index
 
 
 def _file_index(filename: str) -> _NodeIndex | None:
-    if filename in _file_cache:
-        return _file_cache[filename]
-    lines = linecache.getlines(filename)
-    index: _NodeIndex | None
-    try:
-        tree = parse("".join(lines)) if lines else None
-    except (SyntaxError, ValueError):
-        tree = None
+    """Every expression site of a file (the whole file parsed)."""
+    tree = _tree(filename, 0)
     if tree is None:
-        index = None
-    else:
-        index = {}
-        _index_tree(tree, index)
-    _file_cache[filename] = index
+        return None
+    index: _NodeIndex = {}
+    _index_tree(tree, index)
     return index
 
 

@@ -4,7 +4,15 @@ from . import _config
 from ._record import Trace
 
 
-def trace(model=None, /, *args, mode: str = "raise", strict: bool = False, **kwargs) -> Trace:
+def trace(
+    model=None,
+    /,
+    *args,
+    mode: str = "raise",
+    strict: bool = False,
+    max_events: int = 100_000,
+    **kwargs,
+) -> Trace:
     """Trace a block of code, or one forward of `model`.
 
     With no model, returns a `Trace` to use as a context manager: every torch
@@ -18,6 +26,9 @@ def trace(model=None, /, *args, mode: str = "raise", strict: bool = False, **kwa
         *args, **kwargs: the inputs of that forward.
         mode: "raise" or "warn", as for `guard`.
         strict: turn ShapeWarnings into errors.
+        max_events: events kept at most; the ops past them are still checked, and
+            counted in `dropped_events` (findings are bounded too: a finding repeated by
+            later forwards is counted in its `count`).
 
     Examples:
         >>> import torch, shapeguard
@@ -25,7 +36,11 @@ def trace(model=None, /, *args, mode: str = "raise", strict: bool = False, **kwa
         >>> t.shape_of("output") is None, t.events[0].op, t.events[0].outputs[0].shape
         (True, 'linear', (2, 4))
     """
-    record = Trace(mode=_config.validate_mode(mode), strict=bool(strict))
+    record = Trace(
+        mode=_config.validate_mode(mode),
+        strict=bool(strict),
+        max_events=_config.validate_max_events(max_events),
+    )
     if model is None:
         if args or kwargs:
             from ._errors import ContractError
@@ -35,8 +50,11 @@ def trace(model=None, /, *args, mode: str = "raise", strict: bool = False, **kwa
     if not _config.is_enabled():
         model(*args, **kwargs)
         return record
+    from . import _replay
     from ._tracing import tracing
 
-    with tracing(record, model, args, kwargs):
+    # A model given to trace() is an opener: its sessions replay once they repeat.
+    root = model if hasattr(model, "named_modules") else None
+    with tracing(record, model, args, kwargs, opener=_replay.opener("model", root)):
         model(*args, **kwargs)
     return record

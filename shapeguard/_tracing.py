@@ -11,12 +11,15 @@ from ._record import Trace
 from ._session import Session, close_session, open_session
 
 
-def begin(trace: Trace, model=None, args: tuple = (), kwargs: dict | None = None) -> Session:
+def begin(
+    trace: Trace, model=None, args: tuple = (), kwargs: dict | None = None, opener=None
+) -> Session:
     """Open a session that records into `trace`. With a module, enter it with the inputs
     of its forward. The caller closes the session with `close_session`, also on error;
-    if entering the module raises, the session is closed before the error leaves."""
+    if entering the module raises, the session is closed before the error leaves.
+    `opener`: the record of the sessions this one repeats (`_replay.opener`), if any."""
     root = model if hasattr(model, "named_modules") else None
-    session = open_session(trace, root=root)
+    session = open_session(trace, root=root, opener=opener)
     if root is not None:
         try:
             session.enter_module(root, args, {} if kwargs is None else kwargs)
@@ -35,8 +38,10 @@ class tracing:  # noqa: N801 (used as a function: `with tracing(...) as session`
 
     __slots__ = ("_opened", "_session")
 
-    def __init__(self, trace: Trace, model=None, args: tuple = (), kwargs: dict | None = None):
-        self._opened = (trace, model, args, kwargs)
+    def __init__(
+        self, trace: Trace, model=None, args: tuple = (), kwargs: dict | None = None, opener=None
+    ):
+        self._opened = (trace, model, args, kwargs, opener)
         self._session: Session | None = None
 
     def __enter__(self) -> Session:

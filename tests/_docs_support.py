@@ -51,9 +51,9 @@ def forget_source(path: str) -> None:
     from shapeguard import _source
 
     linecache.checkcache()
-    for name in list(_source._file_cache):
+    for name in {key[0] for key in _source._trees}:
         if name.endswith(os.path.basename(path)):
-            del _source._file_cache[name]
+            _source.forget(name)
 
 
 def run_example(path: str):

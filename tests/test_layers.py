@@ -26,7 +26,7 @@ LAYERS = {
     "on the trace": (
         "shapeguard.report", "shapeguard._contract", "shapeguard.contracts", "shapeguard._guard",
         "shapeguard._probes", "shapeguard._probes.check", "shapeguard._cli.check_summary",
-        "shapeguard._explain", "shapeguard.distributed",
+        "shapeguard._explain", "shapeguard.distributed", "shapeguard._compiled",
     ),
     "top": ("shapeguard._cli", "shapeguard._plugin", "shapeguard.__main__", "shapeguard"),
 }  # fmt: skip

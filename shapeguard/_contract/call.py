@@ -18,13 +18,21 @@ from beartype.roar import BeartypeCallHintViolation
 # API to push one seeded with known sizes; these three functions are stable since 0.2.
 from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
+from .._session import _local as _session_local
 from .bindings import Bindings
 from .compile import Contract, argument_values
 from .explain import explain_arguments, explain_return
 from .report import report
 from .spec import array_types, axes_for, spec_of
 
-is_compiling = torch.compiler.is_compiling
+_torch_compiling = torch.compiler.is_compiling
+
+
+def is_compiling() -> bool:
+    """Whether dynamo is tracing, and this is not shapeguard's own eager check of a
+    compiled module (`_compiled.check`)."""
+    return _torch_compiling() and not getattr(_session_local, "eager", False)
+
 
 # Errors a failing check raises: beartype's violation, or jaxtyping's own complaint
 # about a symbolic dim whose names are not bound.

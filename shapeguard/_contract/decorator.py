@@ -24,6 +24,7 @@ import torch
 
 from .. import _config, _source
 from .._errors import ContractError, Operand, ShapeError
+from .._replay import opener  # noqa: F401
 from .._session import close_session, current_session, open_session  # noqa: F401
 
 # Besides what this module uses: the names `_guard` reaches through it (the rest of a

@@ -36,10 +36,29 @@ Axis = tuple[Atom, ...]
 
 # Bumped whenever a name or kind changes, so cached display names know they are stale.
 _epoch = [0]
+# Every Dim gets the next serial: a session that records its ops (`_replay`) tells the dims an
+# op made (a serial above the one before the op) from the ones it was given.
+_serial = [0]
+# While a step is recorded: the roots a claim or a unification changed (None otherwise).
+_touched: list | None = None
 
 
 def epoch() -> int:
     return _epoch[0]
+
+
+def serial() -> int:
+    return _serial[0]
+
+
+def set_side(root: "Dim", *, q: bool = False, k: bool = False) -> None:
+    """Mark a root as the rows (q) or the columns (k) of a query-key product."""
+    if _touched is not None:
+        _touched.append(root)
+    if q:
+        root.q_side = True
+    if k:
+        root.k_side = True
 
 
 class Dim:
@@ -58,6 +77,7 @@ class Dim:
         "alias",
         "origin",
         "cut",
+        "serial",
     )
 
     def __init__(
@@ -89,6 +109,8 @@ class Dim:
         # positions of that atom it kept), so a head layout can be read back to the rows
         # of the projection it came from.
         self.cut: tuple[Atom, Sequence[int]] | None = None
+        _serial[0] += 1
+        self.serial = _serial[0]
 
     def find(self) -> "Dim":
         root = self
@@ -108,6 +130,8 @@ class Dim:
 def claim_name(dim: Dim, name: str, rank: int) -> None:
     root = dim.find()
     if rank > root.rank:
+        if _touched is not None:
+            _touched.append(root)
         root.name, root.rank = name, rank
         _epoch[0] += 1
 
@@ -117,11 +141,16 @@ def claim_kind(dim: Dim, kind: str, rank: int) -> bool:
     stays (the conflict is for a checker to report, never to be papered over)."""
     root = dim.find()
     if root.kind == kind:
-        root.kind_rank = max(root.kind_rank, rank)
+        if rank > root.kind_rank:
+            if _touched is not None:
+                _touched.append(root)
+            root.kind_rank = rank
         return True
     if root.kind is not None and root.kind_rank >= PARAM:
         return False
     if rank > root.kind_rank:
+        if _touched is not None:
+            _touched.append(root)
         if root.kind is not None and root.rank <= CONVENTION:
             root.name, root.rank = None, 0  # the name went with the kind it had
         root.kind, root.kind_rank = kind, rank
@@ -139,9 +168,13 @@ def claim_part(atom: Atom, name: str, rank: int) -> None:
         return
     parts = root.parts
     if parts is None:
+        if _touched is not None:
+            _touched.append(root)
         parts = root.parts = {}
     key = (stride, size)
     if rank > parts.get(key, ("", 0))[1]:
+        if _touched is not None:
+            _touched.append(root)
         parts[key] = (name, rank)
         _epoch[0] += 1
 
@@ -158,6 +191,9 @@ def unify(a: Dim, b: Dim) -> None:
     a, b = a.find(), b.find()
     if a is b or a.size != b.size:
         return
+    if _touched is not None:
+        _touched.append(a)
+        _touched.append(b)
     # The name of the better-known side wins; a tie goes to the side whose kind is better
     # known (a mask's conventional "batch" never renames the scores' sequence axis).
     if a.kind == COPY and b.kind not in (None, COPY):
@@ -200,6 +236,8 @@ def line_up(x: Axis, y: Axis) -> None:
 
 
 def _alias(root: Dim, atom: Atom) -> None:
+    if _touched is not None:
+        _touched.append(root)
     root.alias = atom
     other = atom[0].find()
     if other.kind is not None and other.kind_rank >= PARAM:

@@ -82,8 +82,4 @@ def pair_sequences(inputs: list) -> None:
     if len(seqs) < 2:
         return
     for i, axis in enumerate(seqs):
-        root = axis[0][0].find()
-        if i == 0:
-            root.q_side = True
-        else:
-            root.k_side = True
+        D.set_side(axis[0][0].find(), q=i == 0, k=i != 0)

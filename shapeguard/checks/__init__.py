@@ -45,6 +45,10 @@ class Rule:
     ops: tuple[str, ...]
     kinds: Mapping[str, frozenset[str]]  # kind -> the severities it may have
     order: int
+    # The rule reads only calls whose first `operands` positional arguments are tensors
+    # (`t + u`, not `t * 0.5`): the session shows it no other, so a replayed step with
+    # other numbers in those places has the same verdict (see `_replay.loose_numbers`).
+    operands: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +89,14 @@ def _declare(family: str, kinds: Mapping[str, frozenset[str]]) -> None:
 
 
 def rule(
-    *ops: _ops.Op, kinds: Mapping[str, Severities], order: int = 0
+    *ops: _ops.Op, kinds: Mapping[str, Severities], order: int = 0, operands: int = 0
 ) -> Callable[[Checker], Checker]:
     """Register the decorated checker on `ops` (entries of the op table).
 
     `kinds` maps each kind the checker may yield to its severity (or the severities it
     chooses between, the violation then saying which); `order` runs the contract of an op
-    (0, the loud errors) before the rules about silent bugs (1, 2).
+    (0, the loud errors) before the rules about silent bugs (1, 2); `operands` > 0 runs the
+    checker only on calls whose first `operands` positional arguments are all tensors.
     """
     declared = _normalize(kinds)
     for op in ops:
@@ -109,7 +114,7 @@ def rule(
                 raise RuntimeError(
                     f"rule {family}.{check.__qualname__} is registered twice (duplicate registration)"
                 )
-        _RULES.append(Rule(check, family, tuple(op.name for op in ops), declared, order))
+        _RULES.append(Rule(check, family, tuple(op.name for op in ops), declared, order, operands))
         _declare(family, declared)
         _BY_SPELLING = None
         return check
@@ -157,6 +162,14 @@ def rules_for(spelling: str) -> tuple[Rule, ...]:
     """The rules to run before an op, contract first (empty when none)."""
     index = _BY_SPELLING if _BY_SPELLING is not None and _loaded else _index()
     return index.get(spelling, ())
+
+
+def applies(r: Rule, args: tuple) -> bool:
+    """Whether rule `r` reads a call with these positional arguments (`Rule.operands`)."""
+    n = r.operands
+    if not n:
+        return True
+    return len(args) >= n and all(hasattr(a, "shape") and hasattr(a, "dtype") for a in args[:n])
 
 
 def checkers_for(spelling: str) -> tuple[Checker, ...]:

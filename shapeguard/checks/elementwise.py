@@ -161,7 +161,7 @@ def _operands(call):
     return a, b, la, lb
 
 
-@rule(*_ARITHMETIC, kinds={"broadcast": ERROR, "mask_broadcast": ERROR})
+@rule(*_ARITHMETIC, kinds={"broadcast": ERROR, "mask_broadcast": ERROR}, operands=2)
 def arithmetic(call: CallView) -> Iterator[Violation]:
     """+ - * /: the operands broadcast (in place: to the first one's shape)."""
     args = call.args
@@ -180,7 +180,12 @@ def arithmetic(call: CallView) -> Iterator[Violation]:
         yield violation
 
 
-@rule(*(op for op in _ARITHMETIC if op.symbol in "+-"), kinds={"mask_dtype": WARNING}, order=1)
+@rule(
+    *(op for op in _ARITHMETIC if op.symbol in "+-"),
+    kinds={"mask_dtype": WARNING},
+    order=1,
+    operands=2,
+)
 def bool_mask_added(call: CallView) -> Iterator[Violation]:
     """A 0/1 mask added to (or subtracted from) float scores masks nothing."""
     args = call.args

@@ -183,7 +183,7 @@ def mha_batch_first(call: CallView) -> Iterator[Violation]:
 
 
 # -- rotary embeddings ---------------------------------------------------------------
-@rule(_ops.by_name("mul"), kinds={"rotary_axis": WARNING}, order=1)
+@rule(_ops.by_name("mul"), kinds={"rotary_axis": WARNING}, order=1, operands=2)
 def rotary_axis(call: CallView) -> Iterator[Violation]:
     """A rotary table (made by cos, sin or polar, or complex: a rotation) multiplied into
     q or k: each of its axes but the last (the frequencies) must line up with the batch or

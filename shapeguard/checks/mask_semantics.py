@@ -48,6 +48,13 @@ MASKING = (
     _ops.SDPA,
     _ops.MHA,
 )
+_MASK_KINDS = {
+    kind: WARNING
+    for kind in (
+        "mask_polarity", "mask_direction", "mask_axis", "mask_fully_masked",
+        "causal_buffer_unsliced", "causal_alignment",
+    )
+}  # fmt: skip
 
 # A fill value at or below this hides a key (−1e9, finfo.min and −inf all do).
 _HIDING = -1e4
@@ -70,17 +77,7 @@ class _Use:
     effect: Callable[[object], str]
 
 
-@rule(
-    *MASKING,
-    kinds={
-        kind: WARNING
-        for kind in (
-            "mask_polarity", "mask_direction", "mask_axis", "mask_fully_masked",
-            "causal_buffer_unsliced", "causal_alignment",
-        )
-    },
-    order=2,
-)  # fmt: skip
+@rule(*(op for op in MASKING if op.name != "add"), kinds=_MASK_KINDS, order=2)
 def check(call: CallView) -> Iterator[Violation]:
     """What a mask hides, read from its values: polarity, direction, axis, empty rows."""
     import torch
@@ -95,6 +92,12 @@ def check(call: CallView) -> Iterator[Violation]:
                 yield violation
         if call.spec is _ops.SDPA:
             yield from _check_is_causal(call)
+
+
+@rule(_ops.by_name("add"), kinds=_MASK_KINDS, order=2, operands=2)
+def added_mask(call):
+    """A mask added to the scores: `check`, on additions of two tensors only."""
+    yield from check(call)
 
 
 # -- reading values ------------------------------------------------------------------

@@ -100,7 +100,7 @@ def _scores_operand(call, scores) -> tuple:
     return (call.operand(call.label_of(scores, "scores"), scores),)
 
 
-@rule(_ops.by_name("add"), kinds={"score_bias_constant": WARNING}, order=1)
+@rule(_ops.by_name("add"), kinds={"score_bias_constant": WARNING}, order=1, operands=2)
 def added_to_scores(call: CallView) -> Iterator[Violation]:
     args = call.args
     if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):

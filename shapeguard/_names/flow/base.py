@@ -104,9 +104,6 @@ def _claim(axis: Axis, kind: str, name: str | None = None, side: str = "") -> No
         return
     if name is not None and len(axis) == 1:
         D.claim_part(axis[0], name, STRUCTURE)
-    for atom in axis:
-        root = atom[0].find()
-        if side == "q":
-            root.q_side = True
-        elif side == "k":
-            root.k_side = True
+    if side in ("q", "k"):
+        for atom in axis:
+            D.set_side(atom[0].find(), q=side == "q", k=side == "k")

@@ -127,7 +127,7 @@ def _matmul(call, a, b, outputs) -> list[Made] | None:
             bm.role = "V"
         for atom in cb:
             if D.claim_kind(atom[0], TOKEN, STRUCTURE):
-                atom[0].find().k_side = True
+                D.set_side(atom[0].find(), k=True)
         if not call.reported:
             _claim_values(cols, b_dims[-3] if b.dim() >= 3 else None)
     return [Made(tuple(dims), _tags(tags), role)]

@@ -1,0 +1,715 @@
+"""Sessions that repeat, replayed instead of recomputed.
+
+What a session computes for one op (the verdicts of the rules, the axes and names of the
+outputs, what the op teaches about its inputs) is a function of the op and its arguments, the
+user's line, the modules it runs in, and the provenance of its inputs, which the earlier steps
+of the same session made from an empty table. So two sessions opened by the same party (one
+guarded module, one `trace(model)`, one `with shapeguard.trace():` line) that make the same
+calls in the same order compute the same things, step for step. A *step* is one dispatched
+call, or a module entered or left; two steps are the same when they have the same function,
+the same line, the same innermost module, the same arguments besides tensors, and tensor
+inputs of the same shapes and dtypes that the same earlier steps made (or, for a tensor first
+seen there, of the same kind: a parameter by its name, a tensor made outside by its layout).
+
+The second session with such a history replays the first one's steps: the rules are not run
+again (a recorded step had no finding), and the outputs' metas and the changes to the inputs'
+axes are made from the recorded template. The first step that differs ends the replay; the
+session runs as usual from there, on the state the replay made, which is the state it would
+have computed. What a rule reads besides the op's inputs is part of the step: tensor values
+(a mask's) by their content, a tensor read from the user's frame (`B, T, C = x.shape` for a
+view) by the step that made it. A step with a finding, a step whose effects reach axes outside
+its inputs, or any change to the session made outside a step (a composite checked at its
+boundary) is a barrier: a replay stops there.
+
+Sessions record only from the second one of an opener on (a forward run once pays nothing),
+and replay from the third on. See docs/design.md ("Sessions that repeat").
+"""
+
+import os
+import weakref
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import _ops
+from ._meta import TensorMeta
+from ._names import dims as D
+
+OP, ENTER, EXIT, NAME, BARRIER = range(5)
+# Outputs of one op that a template can name (torch.split into more parts is a barrier).
+MAX_OUTPUTS = 1024
+# Recordings kept per opener: ways its sessions start (a helper that traces several
+# models in turn, the lengths of a generate loop).
+_VARIANTS = 16
+_MAX_OPENERS = 512  # openers without a module (a `with trace():` line) remembered
+
+
+class Unkeyable(Exception):
+    """An argument whose equality says nothing (or that holds tensors out of reach)."""
+
+
+class Outside(Exception):
+    """A step's effects reach axes that are not its inputs' (or that it made)."""
+
+
+_TENSOR = ("tensor",)  # a tensor's place in an argument key
+_NUMBER = ("number",)  # a number that no rule and no axis rule of the op reads
+_NUMBERS = (int, float, complex)
+_PLAIN = frozenset(
+    {
+        int,
+        float,
+        complex,
+        bool,
+        str,
+        type(None),
+        type(Ellipsis),
+        torch.dtype,
+        torch.device,
+        torch.Size,
+        torch.memory_format,
+        torch.layout,
+    }
+)
+
+
+def _key(value, loose: bool):
+    kind = type(value)
+    if loose and kind in _NUMBERS:
+        return _NUMBER
+    if kind in _PLAIN:
+        return value
+    if isinstance(value, torch.Tensor):
+        return _TENSOR
+    if kind is tuple or kind is list:
+        return (kind, tuple(_key(v, loose) for v in value))
+    if kind is slice:
+        parts = (value.start, value.stop, value.step)
+        if any(isinstance(p, torch.Tensor) for p in parts):
+            raise Unkeyable
+        return (slice, parts)
+    raise Unkeyable
+
+
+def args_key(args: tuple, kwargs: dict, loose: bool) -> tuple:
+    """The arguments besides tensors, comparable with `==` (tensors hold their place)."""
+    key = [_key(a, loose) for a in args]
+    for name, value in kwargs.items():
+        key.append(name)
+        key.append(_key(value, loose))
+    return tuple(key)
+
+
+_EXACT, _ANY_NUMBER, _KEYED, _SAME_TYPE = 1, 2, 3, 4
+
+
+def args_check(args: tuple, kwargs: dict, loose: bool) -> tuple:
+    """How a replay compares the arguments besides tensors: (count, keyword names,
+    ((position or name, how, expected), ...)). Raises Unkeyable."""
+    checks = []
+    items = [*enumerate(args), *kwargs.items()]
+    for where, value in items:
+        kind = type(value)
+        if isinstance(value, torch.Tensor):
+            continue  # counted with the inputs: their number, shapes and makers
+        if loose and kind in _NUMBERS:
+            checks.append((where, _ANY_NUMBER, None))
+        elif kind in _PLAIN:
+            checks.append((where, _EXACT, value))
+        else:
+            try:
+                checks.append((where, _KEYED, (_key(value, loose), loose)))
+            except Unkeyable:
+                if not loose:
+                    raise
+                # Read by nothing (a profiler's handle to record_function): its type holds.
+                checks.append((where, _SAME_TYPE, kind))
+    return (len(args), tuple(kwargs), tuple(checks))
+
+
+def same_args(check: tuple, args: tuple, kwargs: dict) -> bool:
+    """Whether `args_check` of these arguments would be `check` (tensors aside)."""
+    count, names, checks = check
+    if len(args) != count or (tuple(kwargs) != names if kwargs else names):
+        return False
+    return same_checks(checks, args, kwargs)
+
+
+def same_checks(checks: tuple, args: tuple, kwargs: dict) -> bool:
+    for where, how, expected in checks:
+        value = args[where] if type(where) is int else kwargs[where]
+        if how == _EXACT:
+            if type(value) is not type(expected) or value != expected:
+                return False
+        elif how == _ANY_NUMBER:
+            if type(value) not in _NUMBERS:
+                return False
+        elif how == _SAME_TYPE:
+            if type(value) is not expected:
+                return False
+        else:
+            try:
+                if _key(value, expected[1]) != expected[0]:
+                    return False
+            except Unkeyable:
+                return False
+    return True
+
+
+def loose_numbers(spec, rules, args: tuple) -> bool:
+    """Whether numbers in the arguments change nothing the session computes: no rule reads
+    this call (none registered, or each declares tensor operands the call lacks: `x * 0.5`
+    is no broadcast of two tensors), and the axis rules of elementwise families read
+    tensors only. An optimizer's step sizes, a dropout's p."""
+    if spec.family not in (_ops.SAME, _ops.BINARY, _ops.OTHER):
+        return False
+    from .checks import applies
+
+    return not any(applies(r, args) for r in rules)
+
+
+# -- tensor values a rule reads ------------------------------------------------------------
+# Queries that read metadata only; any other call on an input is a read of its values
+# (item, tolist and __bool__ are queries that read values).
+_METADATA = _ops.family_ops(_ops.QUERY) - _ops.spellings_where(reads_values=True)
+
+
+class ValueReads(TorchFunctionMode):
+    """Notes which inputs of a call the rules and axis rules read the values of."""
+
+    def __init__(self, tensors: list) -> None:
+        super().__init__()
+        self.ids: dict[int, list[int]] = {}
+        for i, t in enumerate(tensors):
+            self.ids.setdefault(id(t), []).append(i)
+        self.read: set[int] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.ids and _ops.name_of(func) not in _METADATA:
+            for value in (*args, *kwargs.values()):
+                found = self.ids.get(id(value))
+                if found is None and type(value) in (tuple, list):
+                    for v in value:
+                        self.read.update(self.ids.get(id(v), ()))
+                elif found is not None:
+                    self.read.update(found)
+        return func(*args, **kwargs)
+
+
+class _Never:
+    """A fingerprint equal to nothing (values that could not be read)."""
+
+    def __eq__(self, other) -> bool:
+        return False
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def fingerprint(tensor) -> tuple:
+    """What a step remembers of a tensor whose values a rule read: the tensor itself (weakly,
+    with its version counter) and a hash of its bytes."""
+    if tensor.is_meta:
+        return (None, 0, None)  # no values: the rules read none
+    try:
+        data = tensor.detach()
+        if data.device.type != "cpu":
+            data = data.cpu()
+        raw = data.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        digest = (len(raw), hash(raw))
+    except Exception:  # a layout with no plain bytes: this step is never replayed
+        digest = _Never()
+    try:
+        ref = weakref.ref(tensor)
+    except TypeError:
+        ref = None
+    return (ref, tensor._version, digest)
+
+
+def same_values(tensor, recorded: tuple) -> bool:
+    ref, version, digest = recorded
+    if digest is None:
+        return tensor.is_meta
+    if ref is not None and ref() is tensor and tensor._version == version:
+        return True
+    return fingerprint(tensor)[2] == digest
+
+
+# -- steps -----------------------------------------------------------------------------------
+class Step:
+    """One step of a recorded session: what to compare, and the template of its effects."""
+
+    __slots__ = (
+        "kind",
+        "func",  # the function (OP), a name step's key (NAME)
+        "site",
+        "module",  # weak reference to the innermost module (OP) or the module (ENTER/EXIT)
+        "inputs",  # per input: (slot, None for a tensor first seen here; shape; dtype)
+        "firsts",  # per input first seen here: (weak reference, what kind of tensor it is)
+        "args",  # args_key, or None where the arguments were not compared
+        "values",  # ((input index, fingerprint), ...)
+        "extras",  # ((frame local name, slot), ...): tensors the rules read from the frame
+        "effects",
+        "outputs",  # output shapes
+        "event",  # (op, module path, module class, site, inputs, outputs) without metas
+        "first",  # ENTER: the session's first entry into the module
+        "root",  # ENTER: the root's inputs were named here
+    )
+
+    def __init__(self, kind: int) -> None:
+        self.kind = kind
+        self.func = None
+        self.site = None
+        self.module = None
+        self.inputs = ()
+        self.firsts = ()
+        self.args = ()
+        self.values = ()
+        self.extras = ()
+        self.effects = None
+        self.outputs = ()
+        self.event = None
+        self.first = False
+        self.root = False
+
+
+BARRIER_STEP = Step(BARRIER)
+
+
+class Effects:
+    """What one step did to the axes, relative to its inputs.
+
+    `paths` find the dims the template needs from the inputs' metas: `(0, i, a, j)` is the
+    dim object of atom j of axis a of input i, `(1, i, a, j)` its root, `(2, k)` the root of
+    the alias of the dim found by path k. Dims the step made follow them in the same list
+    of objects; every reference below is an index into it."""
+
+    __slots__ = ("paths", "news", "merges", "states", "changes", "outs", "simple")
+
+    def __init__(self, paths, news, merges, states, changes, outs) -> None:
+        # Outputs made of the inputs' axes, nothing changed: most ops.
+        self.simple = not (news or merges or states or changes)
+        self.paths = paths
+        self.news = news  # per dim made: (size, parent, state)
+        self.merges = merges  # (root, new parent): roots unified into another
+        self.states = states  # (root, state): roots whose facts changed
+        self.changes = changes  # (input index, meta fields): inputs' metas that changed
+        # Per output: (a function (metas, objs) -> its dims, meta fields).
+        self.outs = tuple((_builder(template), fields) for template, fields in outs)
+
+
+_KEEP = -1  # an alias the step did not change
+
+
+def _state(dim) -> tuple:
+    parts = dim.parts
+    return (
+        dim.name,
+        dim.rank,
+        dim.kind,
+        dim.kind_rank,
+        tuple(parts.items()) if parts else parts,
+        dim.q_side,
+        dim.k_side,
+        dim.alias,
+        dim.origin,
+    )
+
+
+class Capture:
+    """Records the effects of one step on the axes of its inputs (`begin`, then `end`)."""
+
+    __slots__ = ("metas", "serial", "atom_ix", "root_ix", "paths", "snaps", "meta_snaps", "touched")
+
+    def __init__(self, metas: list) -> None:
+        self.metas = metas
+        self.serial = D.serial()
+        atom_ix: dict = {}
+        root_ix: dict = {}
+        paths: list = []
+        for i, m in enumerate(metas):
+            for a, axis in enumerate(m.dims):
+                for j, atom in enumerate(axis):
+                    d = atom[0]
+                    if d not in atom_ix:
+                        atom_ix[d] = len(paths)
+                        paths.append((0, i, a, j))
+                    r = d.find()
+                    if r not in root_ix:
+                        if r is d:
+                            root_ix[r] = atom_ix[d]
+                        else:
+                            root_ix[r] = len(paths)
+                            paths.append((1, i, a, j))
+        frontier = list(root_ix)
+        for _ in range(4):  # names read through aliases go four deep (`dims.dim_name`)
+            found = []
+            for r in frontier:
+                alias = r.alias
+                if alias is None:
+                    continue
+                ar = alias[0].find()
+                if ar not in root_ix:
+                    root_ix[ar] = len(paths)
+                    paths.append((2, root_ix[r]))
+                    found.append(ar)
+            frontier = found
+        self.atom_ix = atom_ix
+        self.root_ix = root_ix
+        self.paths = paths
+        self.snaps = {r: _state(r) for r in root_ix}
+        self.meta_snaps = [(m.fields(), m.dims) for m in metas]
+        self.touched = D._touched
+        D._touched = []
+
+    def abandon(self) -> None:
+        D._touched = self.touched
+
+    def end(self, out_metas: list) -> Effects:
+        touched, D._touched = D._touched, self.touched
+        serial = self.serial
+        atom_ix, root_ix = self.atom_ix, self.root_ix
+        base = len(self.paths)
+        news: list = []
+        new_ix: dict = {}
+
+        def ref(d) -> int:
+            k = atom_ix.get(d)
+            if k is None:
+                k = root_ix.get(d)
+            if k is None:
+                if d.serial <= serial:
+                    raise Outside
+                k = new_ix.get(d)
+                if k is None:
+                    k = new_ix[d] = base + len(news)
+                    news.append(d)
+            return k
+
+        for r in touched or ():
+            if r not in root_ix and r.serial <= serial:
+                raise Outside
+        metas = self.metas
+        dims_ix: dict = {}
+        axis_ix: dict = {}
+        for i, m in enumerate(metas):
+            dims_ix.setdefault(m.dims, i)
+            for a, axis in enumerate(m.dims):
+                axis_ix.setdefault(axis, (i, a))
+        outs = []
+        for om in out_metas:
+            i = dims_ix.get(om.dims)
+            if i is not None:
+                template = i
+            else:
+                axes = []
+                for axis in om.dims:
+                    ia = axis_ix.get(axis)
+                    if ia is not None:
+                        axes.append(ia)
+                    else:
+                        axes.append(tuple((ref(d), s, n) for d, s, n in axis))
+                template = tuple(axes)
+            outs.append((template, om.fields()))
+        merges, states = [], []
+        for r, k in root_ix.items():
+            top = r.find()
+            if top is not r:
+                merges.append((k, ref(top)))
+                continue
+            now = _state(r)
+            before = self.snaps[r]
+            if now != before:
+                alias = now[7]
+                if alias is before[7]:
+                    spec = _KEEP
+                elif alias is None:
+                    spec = None
+                else:
+                    spec = (ref(alias[0]), alias[1], alias[2])
+                states.append((k, (*now[:7], spec, now[8])))
+        made = []
+        k = 0
+        while k < len(news):
+            d = news[k]
+            parent = ref(d.parent) if d.parent is not None else None
+            alias = d.alias
+            spec = (ref(alias[0]), alias[1], alias[2]) if alias is not None else None
+            made.append((d.size, parent, (*_state(d)[:7], spec, d.origin)))
+            k += 1
+        changes = []
+        for i, m in enumerate(metas):
+            fields, dims = self.meta_snaps[i]
+            if m.dims is not dims or m.tags != fields[0]:
+                raise Outside
+            now = m.fields()
+            if now != fields:
+                changes.append((i, now))
+        return _compact(self.paths, made, merges, states, changes, outs)
+
+
+def _compact(paths: list, made, merges, states, changes, outs) -> Effects:
+    """The effects with only the paths they use (a template that reuses its inputs' axes
+    whole needs none), references renumbered."""
+    base = len(paths)
+    used: set[int] = set()
+
+    def use(k) -> None:
+        while k is not None and k < base and k not in used:
+            used.add(k)
+            p = paths[k]
+            k = p[1] if p[0] == 2 else None
+
+    def alias_refs(state):
+        alias = state[7]
+        return () if alias is None or alias == _KEEP else (alias[0],)
+
+    for template, _ in outs:
+        if type(template) is not int:
+            for t in template:
+                if not (t and type(t[0]) is int):
+                    for r, _, _ in t:
+                        use(r)
+    for root, parent in merges:
+        use(root)
+        use(parent)
+    for root, state in states:
+        use(root)
+        for r in alias_refs(state):
+            use(r)
+    for _, parent, state in made:
+        use(parent)
+        for r in alias_refs(state):
+            use(r)
+    order = sorted(used)
+    new = {k: i for i, k in enumerate(order)}
+    shift = len(order) - base
+
+    def ref(k):
+        if k is None:
+            return None
+        return new[k] if k < base else k + shift
+
+    def state_of(state):
+        alias = state[7]
+        if alias is None or alias == _KEEP:
+            return state
+        return (*state[:7], (ref(alias[0]), alias[1], alias[2]), state[8])
+
+    kept = tuple((2, new[p[1]]) if p[0] == 2 else p for p in (paths[k] for k in order))
+    return Effects(
+        kept,
+        tuple((size, ref(parent), state_of(state)) for size, parent, state in made),
+        tuple((ref(root), ref(parent)) for root, parent in merges),
+        tuple((ref(root), state_of(state)) for root, state in states),
+        tuple(changes),
+        tuple(
+            (
+                template
+                if type(template) is int
+                else tuple(
+                    t if t and type(t[0]) is int else tuple((ref(r), s, n) for r, s, n in t)
+                    for t in template
+                ),
+                fields,
+            )
+            for template, fields in outs
+        ),
+    )
+
+
+def resolve(paths: tuple, metas: list) -> list:
+    """The dims `paths` find in `metas` (raises when the inputs do not have them)."""
+    objs = []
+    append = objs.append
+    for p in paths:
+        c = p[0]
+        if c == 0:
+            append(metas[p[1]].dims[p[2]][p[3]][0])
+        elif c == 1:
+            append(metas[p[1]].dims[p[2]][p[3]][0].find())
+        else:
+            append(objs[p[1]].alias[0].find())
+    return objs
+
+
+def _set_state(dim, state: tuple, objs: list) -> None:
+    name, rank, kind, kind_rank, parts, q_side, k_side, alias, origin = state
+    dim.name = name
+    dim.rank = rank
+    dim.kind = kind
+    dim.kind_rank = kind_rank
+    dim.parts = dict(parts) if parts is not None else None
+    dim.q_side = q_side
+    dim.k_side = k_side
+    if alias is not _KEEP:
+        dim.alias = (objs[alias[0]], alias[1], alias[2]) if alias is not None else None
+    dim.origin = origin
+
+
+def apply(effects: Effects, objs: list | None, metas: list, slot: int) -> list:
+    """Make the step's effects on the dims `objs` (resolved from its inputs); return the
+    outputs' metas, numbered from `slot`."""
+    if effects.simple:
+        return _outputs(effects.outs, objs, metas, slot)
+    if objs is None:
+        objs = []
+    news = effects.news
+    if news:
+        made = [D.Dim(size) for size, _, _ in news]
+        objs.extend(made)
+        for dim, (_, parent, state) in zip(made, news, strict=True):
+            if parent is not None:
+                dim.parent = objs[parent]
+            _set_state(dim, state, objs)
+    changed = bool(news)
+    for root, parent in effects.merges:
+        objs[root].parent = objs[parent]
+        changed = True
+    for root, state in effects.states:
+        _set_state(objs[root], state, objs)
+        changed = True
+    for i, fields in effects.changes:
+        m = metas[i]
+        (m.tags, m.label, m.role, m.op, m.buffer, m.sliced, m.rotary, m.param, m.flagged) = fields[
+            :9
+        ]
+        m.laid_out = fields[9]
+        changed = True
+    if changed:
+        D._epoch[0] += 1
+    return _outputs(effects.outs, objs, metas, slot)
+
+
+def _outputs(outs: tuple, objs: list | None, metas: list, slot: int) -> list:
+    out = []
+    new = TensorMeta.__new__
+    for build, fields in outs:
+        slot += 1
+        meta = new(TensorMeta)  # TensorMeta.made, inlined
+        meta.dims = build(metas, objs)
+        (
+            meta.tags,
+            meta.label,
+            meta.role,
+            meta.op,
+            meta.buffer,
+            meta.sliced,
+            meta.rotary,
+            meta.param,
+            meta.flagged,
+            meta.laid_out,
+        ) = fields
+        meta.slot = slot
+        meta._names = None
+        meta._epoch = -1
+        out.append(meta)
+    return out
+
+
+# Builders by template: templates repeat from layer to layer and from session to session,
+# and compiling one costs more than the op it records.
+_builders: dict = {}
+
+
+def _builder(template):
+    """A function (metas, objs) -> the output's dims, for a template of `Capture.end`
+    (compiled once per template: the replay calls it on every repeat)."""
+    built = _builders.get(template)
+    if built is None:
+        if len(_builders) > 8192:
+            _builders.clear()
+        built = _builders[template] = _compile_builder(template)
+    return built
+
+
+def _compile_builder(template):
+    if type(template) is int:
+        source = f"m[{template}].dims"
+    else:
+        axes = []
+        for t in template:
+            if t and type(t[0]) is int:
+                axes.append(f"m[{t[0]}].dims[{t[1]}]")
+            else:
+                atoms = "".join(f"(o[{r}], {s}, {n})," for r, s, n in t)
+                axes.append(f"({atoms})")
+        source = "(" + "".join(f"{a}," for a in axes) + ")"
+    return eval(compile(f"lambda m, o: {source}", "<shapeguard replay>", "eval"))
+
+
+# -- recordings --------------------------------------------------------------------------------
+class Recording:
+    """The steps of one finished session."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: list) -> None:
+        self.steps = steps
+
+
+class _Opener:
+    __slots__ = ("sessions", "recordings")
+
+    def __init__(self) -> None:
+        self.sessions = 0
+        self.recordings: list[Recording] = []
+
+
+_by_module: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_by_key: dict = {}
+
+
+def active() -> bool:
+    """Whether sessions replay: `SHAPEGUARD_REPLAY=0` turns it off (read per session)."""
+    return os.environ.get("SHAPEGUARD_REPLAY", "1").strip().lower() not in _OFF
+
+
+_OFF = ("0", "false", "off", "no")
+
+
+def opener(kind: str, owner) -> _Opener | None:
+    """The record of sessions opened by `owner` (a module, or a hashable key); None when
+    there is none or replay is off."""
+    if owner is None or not active():
+        return None
+    if isinstance(owner, torch.nn.Module):
+        try:
+            table = _by_module.get(owner)
+            if table is None:
+                table = _by_module[owner] = {}
+        except TypeError:
+            return None
+        key = kind
+    else:
+        table = _by_key
+        key = (kind, owner)
+        if key not in table and len(table) >= _MAX_OPENERS:
+            table.clear()
+    found = table.get(key)
+    if found is None:
+        found = table[key] = _Opener()
+    return found
+
+
+def _head(step: Step) -> tuple:
+    """How a session starts: a forward of one model at one input signature (decode steps
+    of `generate` are one per length), or one op at one line."""
+    module = step.module() if step.module is not None else None
+    return (step.kind, step.func, step.site, id(module), tuple(i[1:] for i in step.inputs))
+
+
+def remember(record: _Opener, steps: list) -> None:
+    """Keep a finished session's steps as the newest recording of its opener (one per way
+    the opener's sessions start: a helper that traces several models keeps each)."""
+    if not steps or steps[0].kind == BARRIER:
+        return
+    head = _head(steps[0])
+    recordings = [r for r in record.recordings if _head(r.steps[0]) != head]
+    record.recordings = [Recording(steps), *recordings][:_VARIANTS]
+
+
+def forget_all() -> None:
+    """Drop every recording (tests; a source file that changed drops its sites' steps too)."""
+    _by_module.clear()
+    _by_key.clear()

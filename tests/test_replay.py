@@ -1,0 +1,295 @@
+"""Sessions that repeat are replayed (`shapeguard/_replay.py`), and a replay changes nothing.
+
+A session of an opener (a model given to `trace`, a guarded module, a `with trace():` line)
+is recorded the second time it runs and replayed from the third on, as long as its steps
+repeat. Every test here compares a replayed trace with the trace the same calls make with
+replay off (`SHAPEGUARD_REPLAY=0`): the same events, names, roles, findings and outputs,
+over the bug zoo (bugs and fixes, at pairwise-distinct and coincident sizes), the correct
+models, and one configuration of every real-model family. Then the cases where a replay
+must stop: other shapes, other mask values, another line, a module entered in another
+order, a tensor made elsewhere, a finding.
+"""
+
+import warnings
+
+import bug_zoo as zoo
+import pytest
+import torch
+from test_invariants import BUGS, CORRECT
+from torch import nn
+
+import shapeguard
+from shapeguard import ShapeWarning, _replay
+
+pytestmark = pytest.mark.no_shapeguard  # the plugin's own session would hold every op
+
+
+@pytest.fixture(autouse=True)
+def _fresh_recordings():
+    _replay.forget_all()
+    yield
+    _replay.forget_all()
+
+
+def _trace(model, args, kwargs=None):
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", ShapeWarning)
+        return shapeguard.trace(model, *args, mode="warn", **(kwargs or {}))
+
+
+def _reference(monkeypatch, model, args, kwargs=None):
+    with monkeypatch.context() as m:
+        m.setenv("SHAPEGUARD_REPLAY", "0")
+        return _trace(model, args, kwargs)
+
+
+def _same(replayed, reference):
+    assert replayed.to_dict() == reference.to_dict()
+    assert [r.role for e in replayed.events for r in e.outputs] == [
+        r.role for e in reference.events for r in e.outputs
+    ]
+
+
+def _replays(monkeypatch, model, args, fresh_args=None):
+    """Trace three times (the third replays), then once more on other tensors of the
+    same shapes; each trace equals the one replay off gives."""
+    reference = _reference(monkeypatch, model, args)
+    first, second, third = (_trace(model, args) for _ in range(3))
+    for t in (first, second, third):
+        _same(t, reference)
+    assert first._replayed == second._replayed == 0
+    if fresh_args is not None:
+        fourth = _trace(model, fresh_args)
+        _same(fourth, _reference(monkeypatch, model, fresh_args))
+    return third
+
+
+def _fresh(args):
+    """Other tensors of the same shapes: new values, the same masks."""
+    torch.manual_seed(1)
+    return tuple(
+        torch.randn_like(a) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        for a in args
+    )
+
+
+SETTINGS = pytest.mark.parametrize("sizes", [zoo.DISTINCT, zoo.COINCIDENT], ids=lambda s: s.name)
+
+
+@SETTINGS
+@pytest.mark.parametrize("bug", BUGS, ids=str)
+def test_a_bug_replays_to_the_same_findings(bug, sizes, monkeypatch):
+    model, args = bug.make(sizes, bug.name)
+    if not bug.silent(sizes):
+        return  # a loud bug raises before the session ends: nothing to replay
+    third = _replays(monkeypatch, model, args, _fresh(args))
+    assert third.findings  # replayed up to the finding, which is found again
+
+
+@SETTINGS
+@pytest.mark.parametrize("bug", BUGS, ids=str)
+def test_fixed_code_replays_whole(bug, sizes, monkeypatch):
+    model, args = bug.make(sizes, None)
+    third = _replays(monkeypatch, model, args, _fresh(args))
+    # A plain function has no opener; torch's composites are checked at their boundary.
+    if isinstance(model, nn.Module) and not type(model).__module__.startswith("torch.nn"):
+        assert third._replayed > 0
+
+
+@SETTINGS
+@pytest.mark.parametrize("name", CORRECT)
+def test_a_correct_model_replays(name, sizes, monkeypatch):
+    model, args = CORRECT[name](sizes)
+    _replays(monkeypatch, model, args, _fresh(args))
+
+
+def _real_configs():
+    import real_models
+
+    seen, picked = set(), []
+    for config in real_models.configs():
+        if config.family not in seen and config.sizes == "distinct":
+            seen.add(config.family)
+            picked.append(pytest.param(config, id=config.id))
+    return picked
+
+
+@pytest.mark.parametrize("config", _real_configs())
+def test_a_real_model_replays(config, monkeypatch):
+    import real_models
+
+    if config.id not in real_models.TORCH_IDS:
+        pytest.importorskip("transformers")
+    model, args, kwargs = real_models.build(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = _reference(monkeypatch, model, args, kwargs)
+        traces = [_trace(model, args, kwargs) for _ in range(3)]
+    for t in traces:
+        _same(t, reference)
+    if config.id not in real_models.TORCH_IDS:  # torch's composites: checked at the boundary
+        assert traces[2]._replayed > 0
+
+
+# -- where a replay stops ----------------------------------------------------------------
+class Attention(nn.Module):
+    def __init__(self, d_model=12, n_heads=3):
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x, mask=None):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=-1)
+        q = q.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+        k = k.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+        v = v.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / (C // self.n_heads) ** 0.5
+        if mask is not None:
+            scores = scores.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
+        attn = torch.softmax(scores, dim=-1)
+        return self.out((attn @ v).transpose(1, 2).reshape(B, T, C))
+
+
+def _steps(model, *args):
+    return [_trace(model, args) for _ in range(3)]
+
+
+def test_the_third_session_replays_every_step():
+    model = Attention()
+    x = torch.randn(2, 5, 12)
+    first, second, third = _steps(model, x)
+    assert third._replayed == third._steps > len(third.events)  # modules entered and left
+    assert third.to_dict() == first.to_dict()
+
+
+def test_other_shapes_are_not_replayed(monkeypatch):
+    model = Attention()
+    _steps(model, torch.randn(2, 5, 12))
+    x = torch.randn(2, 6, 12)
+    other = _trace(model, (x,))
+    assert other._replayed == 0  # the first step names the input, of another shape
+    _same(other, _reference(monkeypatch, model, (x,)))
+
+
+def test_other_mask_values_are_read_again(monkeypatch):
+    model = Attention()
+    x = torch.randn(2, 5, 12)
+    full = torch.ones(2, 5, dtype=torch.long)
+    _steps(model, x, full)
+    padded = full.clone()
+    padded[1, 3:] = 0
+    other = _trace(model, (x, padded))  # the mask's rules run again: clean, so replayed
+    assert other._replayed == other._steps
+    _same(other, _reference(monkeypatch, model, (x, padded)))
+
+
+def test_mask_values_with_a_finding_stop_the_replay(monkeypatch):
+    model = Attention()
+    x = torch.randn(2, 5, 12)
+    _steps(model, x, torch.ones(2, 5, dtype=torch.long))
+    empty = torch.ones(2, 5, dtype=torch.long)
+    empty[1] = 0  # every key of example 1 hidden: a fully masked row
+    other = _trace(model, (x, empty))
+    assert other.findings
+    assert 0 < other._replayed < other._steps
+    _same(other, _reference(monkeypatch, model, (x, empty)))
+
+
+def test_a_with_block_replays_per_line(monkeypatch):
+    model = Attention()
+    x = torch.randn(2, 5, 12)
+
+    def run():
+        with torch.no_grad(), shapeguard.trace() as t:
+            model(x)
+        return t
+
+    first, _, third = run(), run(), run()
+    assert third._replayed > 0
+    _same(third, first)
+
+
+def test_a_guarded_module_replays_every_call():
+    model = shapeguard.guard(Attention())
+    x = torch.randn(2, 5, 12)
+    for _ in range(3):
+        with torch.no_grad():
+            model(x)
+    trace = shapeguard.last_trace(model)
+    assert trace._replayed == trace._steps > 0
+
+
+def test_a_finding_is_a_barrier():
+    class Carve(Attention):
+        def forward(self, x):
+            B, T, C = x.shape
+            q = self.qkv(x)[..., :C].reshape(B, self.n_heads, T, C // self.n_heads)  # carve
+            return q.sum()
+
+    model = Carve(12, 3)
+    x = torch.randn(3, 3, 12)  # seq == heads: a legal view that mixes the tokens
+    traces = _steps(model, x)
+    assert [len(t.findings) for t in traces] == [1, 1, 1]
+    assert 0 < traces[2]._replayed < traces[2]._steps
+    assert traces[2].to_dict() == traces[0].to_dict()
+
+
+def test_a_shared_line_keeps_a_recording_per_model():
+    models = [Attention(), Attention(12, 4)]
+    x = torch.randn(2, 5, 12)
+
+    def run(model):
+        with torch.no_grad(), shapeguard.trace() as t:
+            model(x)
+        return t
+
+    for _ in range(3):
+        traces = [run(m) for m in models]
+    assert all(t._replayed > 0 for t in traces)
+
+
+def test_replay_off_replays_nothing(monkeypatch):
+    monkeypatch.setenv("SHAPEGUARD_REPLAY", "0")
+    model = Attention()
+    traces = _steps(model, torch.randn(2, 5, 12))
+    assert [t._replayed for t in traces] == [0, 0, 0]
+
+
+def test_numbers_no_rule_reads_do_not_stop_a_replay():
+    # An optimizer's step size changes every step: elementwise ops with no rule ignore it.
+    model = nn.Linear(4, 4)
+
+    def step(scale):
+        with torch.no_grad(), shapeguard.trace() as t:
+            (model(torch.ones(2, 4)) * scale).relu().clamp(min=scale)
+        return t
+
+    traces = [step(s) for s in (0.5, 0.25, 0.125)]
+    assert traces[2]._replayed == traces[2]._steps > 0
+
+
+class _SplitHeads(nn.Module):
+    """A helper whose returned value its caller names (`Q = self.split(...)`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(12, 12)
+
+    def split(self, x):
+        return x.view(x.shape[0], x.shape[1], 3, 4).transpose(1, 2)
+
+    def forward(self, x):
+        Q = self.split(self.proj(x))
+        return Q.softmax(dim=-1)
+
+
+def test_a_helper_named_by_its_caller_replays(monkeypatch):
+    # The site of a helper's `return` is named by the caller's line: the same site object
+    # each call, or a replay (which compares sites by identity) could never match it.
+    model = _SplitHeads()
+    x = torch.randn(2, 5, 12)
+    third = _replays(monkeypatch, model, (x,))
+    assert third._replayed == third._steps
+    assert "Q" in [r.label for e in third.events for r in e.outputs]

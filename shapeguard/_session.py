@@ -15,7 +15,18 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _axes, _composites, _config, _construction, _flash, _ops, _source, _suppress
+from . import (
+    _axes,
+    _composites,
+    _config,
+    _construction,
+    _flash,
+    _ops,
+    _ranks,
+    _source,
+    _suppress,
+    _tp,
+)
 from . import checks as _checks
 from ._axes import Axes, format_shape
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
@@ -187,7 +198,12 @@ class OpCall:
                 or (target[lead + i] if lead + i >= 0 and like.shape[lead + i] == size else None)
                 for i, (name, size) in enumerate(zip(axes, shape, strict=True))
             )
-        return Operand(name, f"{format_shape(shape, axes)} {_dtype_name(tensor.dtype)}")
+        notes = self.session.trace.axis_notes or None
+        return Operand(
+            name,
+            f"{format_shape(shape, axes, notes)} {_dtype_name(tensor.dtype)}"
+            f"{_tp.operand_note(tensor)}",
+        )
 
     def axis(self, tensor, dim: int) -> str:
         return _axes.axis_name(self.axes(tensor), dim, tensor.dim())
@@ -222,9 +238,13 @@ def _dtype_name(dtype) -> str:
 
 
 def _raw(tensor, meta: TensorMeta) -> tuple:
-    """What an event keeps of a tensor: torch.Size holds ints, never the tensor."""
+    """What an event keeps of a tensor: torch.Size holds ints, never the tensor (and of a
+    DTensor its placements and local shape: `_tp.record_sharding`)."""
     dtype = tensor.dtype
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
+    if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
+        sharded = _tp.record_sharding(tensor, meta)
+        return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, meta, sharded
     return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, meta
 
 
@@ -366,6 +386,10 @@ class Session:
         """The meta of `tensor`; one first seen here (a tensor made outside the trace, a
         parameter) gets new axes of its own."""
         meta = self.metas.get(tensor)
+        if meta is None and type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
+            meta = _tp.dtensor_meta(self, tensor)  # from_local made it: its shard's axes
+            if meta is not None:
+                self.metas[tensor] = meta
         if meta is None:
             param = isinstance(tensor, torch.nn.Parameter)
             name = self._state_name(tensor)
@@ -398,7 +422,10 @@ class Session:
         key = id(module)
         found = self._declared.get(key)
         if found is None:
-            found = self._declared[key] = _axes.declared_sizes(module)
+            found = _axes.declared_sizes(module)
+            if found and _tp.dtensor_class() is not None:
+                found = _tp.local_sizes(self, module, found)  # a TP shard's local head counts
+            self._declared[key] = found
         return found
 
     def module_path(self, module) -> str:
@@ -440,7 +467,9 @@ class Session:
 
     def _dispatch(self, func, op: str, spec, args: tuple, kwargs: dict):
         __tracebackhide__ = True
-        site = _source.user_site()
+        site = _source.op_site()
+        if site is _source.PLUMBING:
+            return _tp.plumbing(self, func, spec, args, kwargs)
         call = OpCall(self, func, op, args, kwargs, site, spec)
         broken = None  # the first error warn mode let through
         rules = _checks.rules_for(op)
@@ -468,6 +497,11 @@ class Session:
         except ShapeError:
             raise
         except RuntimeError as error:
+            if type(error) is not RuntimeError:
+                # torch's own kind of failure (NotImplementedError: DTensor has no sharding
+                # strategy for an op; OutOfMemoryError; a collective's DistError), which
+                # `except` clauses in the user's code look for: kept as it is.
+                raise
             # torch fails where a rule said it would: shapeguard's own account of it.
             raise (broken or self._torch_error(error, call)) from error
         self._record(call, out)
@@ -506,7 +540,7 @@ class Session:
         self._warned.add(key)
         site = call.site
         warnings.warn_explicit(
-            ShapeWarning(message, kind=violation.kind, hint=violation.hint),
+            ShapeWarning(_ranks.prefix() + message, kind=violation.kind, hint=violation.hint),
             ShapeWarning,
             site.filename if site else "<shapeguard>",
             site.lineno if site else 0,

@@ -73,6 +73,11 @@ class Site:
         return f"{display_path(self.filename)}:{self.lineno}"
 
 
+# The site of an op torch.distributed called on its own (`user_site`): neither checked
+# nor recorded.
+PLUMBING = Site("<torch.distributed>", 0, "")
+
+
 @functools.lru_cache(maxsize=1024)
 def display_path(filename: str) -> str:
     """The path relative to the working directory when it is below it, else as it is."""
@@ -85,6 +90,9 @@ def display_path(filename: str) -> str:
 
 # Frames of torch's own nn.Module forwards: an op there ran inside a module the user called.
 _TORCH_MODULES = os.sep + os.path.join("torch", "nn", "modules") + os.sep
+# Frames of torch.distributed (DTensor's from_local/to_local/redistribute, functional
+# collectives, FSDP's unshard): an op there is distributed plumbing, not the user's.
+_TORCH_DISTRIBUTED = os.sep + os.path.join("torch", "distributed") + os.sep
 
 
 def user_frame() -> FrameType | None:
@@ -137,6 +145,27 @@ def user_site() -> Site | None:
             return _named_by_caller(frame, site) if site.returned else site
         if frame.f_code in _FLOORS:
             return None
+        if not in_module and _TORCH_MODULES in filename:
+            in_module = True
+        frame = frame.f_back
+    return None
+
+
+def op_site() -> Site | None:
+    """`user_site` for an intercepted op: `PLUMBING` when torch.distributed called it on
+    the way from the user's frame (DTensor's from_local and redistribute, collectives,
+    FSDP's unshard), so the session neither checks nor records it."""
+    frame: FrameType | None = sys._getframe(1)
+    in_module = False
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_internal(filename):
+            site = _site_for(frame.f_code, frame.f_lasti, in_module)
+            return _named_by_caller(frame, site) if site.returned else site
+        if frame.f_code in _FLOORS:
+            return None
+        if _TORCH_DISTRIBUTED in filename:
+            return PLUMBING
         if not in_module and _TORCH_MODULES in filename:
             in_module = True
         frame = frame.f_back

@@ -7,6 +7,7 @@ from math import prod
 from .. import _axes, _ops
 from .._errors import Violation
 from . import ERROR, rule
+from . import tp as _tp_checks
 from .config import divisibility_violation
 
 
@@ -26,6 +27,9 @@ def target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
         "view_numel": ERROR,
         "noncontiguous_view": ERROR,
         "head_divisibility": ERROR,
+        # Tensor parallelism's account of a wrong element count (checks/tp.py).
+        "tp_global_heads": ERROR,
+        "tp_local_heads": ERROR,
     },
 )
 def view(call):
@@ -45,7 +49,9 @@ def view(call):
     expr = f"{label}.{call.op}({spelled})"
     resolved = _axes.resolve_view_shape(numel, target)
     if resolved is None:
-        yield _numel_violation(call, x, label, expr, shape, target)
+        yield _tp_checks.view_violation(call, x, target, expr, label) or _numel_violation(
+            call, x, label, expr, shape, target
+        )
         return
     if (
         call.op == "view"

@@ -27,6 +27,17 @@ def rank_world() -> tuple[int, int] | None:
     return None
 
 
+def describe(info: dict) -> dict:
+    """Add this process's rank and world size (and `simulated`) to `info`, when it has them."""
+    found = rank_world()
+    if found is not None:
+        info.setdefault("rank", found[0])
+        info.setdefault("world_size", found[1])
+        if simulated():
+            info.setdefault("simulated", True)
+    return info
+
+
 def simulated() -> bool:
     """The process group is torch's `fake` one: one process plays one rank of many, with
     no other rank to tell its output from (tests, `shapeguard trace --tp`)."""

@@ -324,10 +324,7 @@ class Trace:
         from . import _ranks
 
         found = dict(self.distributed) if self.distributed else {}
-        ranks = _ranks.rank_world()
-        if ranks is not None:
-            found.setdefault("rank", ranks[0])
-            found.setdefault("world_size", ranks[1])
+        _ranks.describe(found)
         return found or None
 
     def to_json(self, *, indent: int | None = 2) -> str:

@@ -472,10 +472,7 @@ def local_sizes(session, module, found: dict) -> dict:
     info = trace.distributed = trace.distributed if trace.distributed is not None else {}
     from . import _ranks
 
-    ranks = _ranks.rank_world()
-    if ranks is not None:
-        info.setdefault("rank", ranks[0])
-        info.setdefault("world_size", ranks[1])
+    _ranks.describe(info)
     path = session.module_path(module)
     info.setdefault("modules", {})[path or type(module).__name__] = describe(split)
     return out

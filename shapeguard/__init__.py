@@ -7,6 +7,7 @@ names that need torch load on first use.
 from importlib import metadata as _metadata
 
 from ._config import disable as disable
+from ._config import disabled as disabled
 from ._config import enable as enable
 from ._config import is_enabled as is_enabled
 from ._errors import ContractError as ContractError
@@ -56,29 +57,28 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source tree
     from ._version import __version__ as __version__
 
-__all__ = sorted(
-    [
-        "CheckReport",
-        "ContractError",
-        "ProbeResult",
-        "attention",
-        "check",
-        "contract",
-        "contracts",
-        "Event",
-        "Finding",
-        "ShapeError",
-        "ShapeWarning",
-        "TensorRecord",
-        "Trace",
-        "__version__",
-        "disable",
-        "enable",
-        "guard",
-        "is_enabled",
-        "is_guarded",
-        "last_trace",
-        "trace",
-        "unguard",
-    ]
-)
+__all__ = [
+    "CheckReport",
+    "ContractError",
+    "Event",
+    "Finding",
+    "ProbeResult",
+    "ShapeError",
+    "ShapeWarning",
+    "TensorRecord",
+    "Trace",
+    "__version__",
+    "attention",
+    "check",
+    "contract",
+    "contracts",
+    "disable",
+    "disabled",
+    "enable",
+    "guard",
+    "is_enabled",
+    "is_guarded",
+    "last_trace",
+    "trace",
+    "unguard",
+]

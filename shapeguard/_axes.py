@@ -1,9 +1,8 @@
-"""Named axes: what each axis of a traced tensor means (batch, heads, seq_q, d_k, ...).
+"""Shape arithmetic and the sizes a module declares (d_model, heads, kv_heads, d_k).
 
-Names come from three places, strongest first: propagation through the op that
-made the tensor (a transpose swaps names, a view that splits d_model into
-heads x d_k names both parts), the sizes the module declares in its attributes,
-and the leading dims of the input. Pure Python: shapes are tuples of ints.
+How views group axes, broadcasting, divisors, and how a named shape is written. What an
+axis *is* comes from data flow (`shapeguard._names`), not from here. Pure Python: shapes
+are tuples of ints.
 """
 
 from collections.abc import Iterable, Sequence
@@ -29,6 +28,13 @@ def _int_attr(obj: object, names: Iterable[str]) -> tuple[str, int] | None:
         value = own.get(name)
         if value is None:
             value = getattr(cls, name, None)
+            if isinstance(value, property):
+                # `@property def head_dim(self)`: the size the instance reports, as a
+                # contract binding it reads it (one reader, one answer).
+                try:
+                    value = getattr(obj, name)
+                except Exception:  # a property that cannot answer declares nothing
+                    value = None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return name, value
     return None
@@ -54,36 +60,6 @@ def declared_sizes(module: object) -> dict[str, tuple[str, int]]:
     return found
 
 
-class Vocabulary:
-    """Sizes known in a trace and their names; a size claimed by two names is ambiguous."""
-
-    __slots__ = ("_by_size",)
-
-    def __init__(self) -> None:
-        self._by_size: dict[int, str | None] = {}
-
-    def add(self, name: str, size: int) -> None:
-        if size <= 1:
-            return
-        known = self._by_size.get(size, name)
-        self._by_size[size] = name if known == name else None
-
-    def add_module(self, module: object) -> None:
-        for axis, (_, size) in declared_sizes(module).items():
-            self.add(axis, size)
-
-    def prefer(self, name: str, size: int) -> None:
-        """Name `size` `name` whatever was guessed before (a contract's word is final)."""
-        if size > 1:
-            self._by_size[size] = name
-
-    def name_of(self, size: int) -> str | None:
-        return self._by_size.get(size)
-
-    def guess(self, shape: Sequence[int]) -> Axes:
-        return tuple(self._by_size.get(s) for s in shape)
-
-
 def format_shape(shape: Sequence[int], axes: Axes | None = None, notes: dict | None = None) -> str:
     """`[batch=2, heads=8, seq=16, d_k=64]`; unnamed axes show their size alone. `notes`
     add to a name of a given size: {("heads", 6): "12/tp2"} gives `heads=6 (12/tp2)`."""
@@ -106,20 +82,6 @@ def axis_name(axes: Axes | None, dim: int, ndim: int) -> str:
     if axes and len(axes) == ndim and axes[dim]:
         return axes[dim]  # type: ignore[return-value]
     return f"dim {dim - ndim}"
-
-
-def permute(axes: Axes, order: Sequence[int]) -> Axes:
-    return tuple(axes[i] for i in order)
-
-
-def transpose(axes: Axes, d0: int, d1: int) -> Axes:
-    n = len(axes)
-    if not n:
-        return axes
-    d0, d1 = d0 % n, d1 % n
-    out = list(axes)
-    out[d0], out[d1] = out[d1], out[d0]
-    return tuple(out)
 
 
 def resolve_view_shape(numel: int, target: Sequence[int]) -> tuple[int, ...] | None:
@@ -174,43 +136,6 @@ def view_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int],
             j += 1
         groups.append((gi, gj))
     return groups
-
-
-def view_axes(
-    src_shape: Sequence[int], src_axes: Axes, dst_shape: Sequence[int], vocab: Vocabulary
-) -> Axes:
-    """Names for a view/reshape result: kept axes keep their names, split and merged ones
-    are named from the vocabulary (a split of d_model into 8 x 64 gives heads, d_k)."""
-    groups = view_groups(src_shape, dst_shape)
-    out: list[str | None] = [None] * len(dst_shape)
-    if groups is None:
-        return vocab.guess(dst_shape)
-    for gi, gj in groups:
-        real_i = [i for i in gi if src_shape[i] != 1]
-        real_j = [j for j in gj if dst_shape[j] != 1]
-        if len(real_i) == 1 and len(real_j) == 1:
-            out[real_j[0]] = src_axes[real_i[0]] if src_axes else None
-            if out[real_j[0]] is None:
-                out[real_j[0]] = vocab.name_of(dst_shape[real_j[0]])
-        else:
-            for j in real_j:
-                out[j] = vocab.name_of(dst_shape[j])
-    return tuple(out)
-
-
-def matmul_axes(a_shape: Sequence[int], a_axes: Axes, b_shape: Sequence[int], b_axes: Axes) -> Axes:
-    """Names for `a @ b`: the batch axes of the longer operand, then a's rows and b's columns."""
-    if len(a_shape) < 2 or len(b_shape) < 2:
-        return ()
-    batch_src = a_axes if len(a_shape) >= len(b_shape) else b_axes
-    batch = tuple(batch_src[:-2]) if batch_src else ()
-    rows = a_axes[-2] if a_axes else None
-    cols = b_axes[-1] if b_axes else None
-    # Self-attention scores: queries and keys come from one sequence axis. Its name may
-    # already be seq_q when a previous layer's output feeds this one.
-    if rows == cols and rows in ("seq", "seq_q", "seq_k"):
-        rows, cols = "seq_q", "seq_k"
-    return (*batch, rows, cols)
 
 
 def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...] | None:

@@ -197,6 +197,7 @@ def run_check(
     """`check` with the inputs as a tuple and a dict (for the CLI and the pytest plugin)."""
     import torch
 
+    from . import _config
     from ._errors import ContractError
 
     if not isinstance(model, torch.nn.Module):
@@ -209,35 +210,35 @@ def run_check(
         report.results.append(_shape_result(traced))
         if traced.error is not None:
             return report
-        try:
-            subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
-        except Exception as error:
-            subject = ProbeResult(
-                "probes", "failed", f"the module fails outside the trace: {error}"
-            )
-        if isinstance(subject, ProbeResult):
-            report.results.append(subject)
-            return report
-        for probe in PROBES:
-            report.results.append(_run_probe(probe, subject))
+        # Probe runs are plain forwards, guarded or not (the traced re-runs some probes
+        # ask for switch checks back on for themselves: _probes.locate).
+        with _config.disabled():
+            try:
+                subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
+            except Exception as error:
+                subject = ProbeResult(
+                    "probes", "failed", f"the module fails outside the trace: {error}"
+                )
+            if isinstance(subject, ProbeResult):
+                report.results.append(subject)
+                return report
+            for probe in PROBES:
+                report.results.append(_run_probe(probe, subject))
     return report
 
 
 # -- leaving the caller's module as it was ----------------------------------------------
 @contextmanager
 def _untouched(model):
-    """A private copy of `model` in eval mode; RNG states, modes, requires_grad and the
-    off switch restored afterwards. Without a copy (deepcopy failed), the module itself,
+    """A private copy of `model` in eval mode; RNG states, modes and requires_grad
+    restored afterwards. Without a copy (deepcopy failed), the module itself,
     with its parameters and buffers restored too."""
     import torch
-
-    from . import _config
 
     rng = torch.get_rng_state()
     py_rng = random.getstate()
     modes = {m: m.training for m in model.modules()}
     grads = {p: p.requires_grad for p in model.parameters()}
-    disabled = _config._disabled_by_api
     saved = None
     try:
         work = copy.deepcopy(model)
@@ -248,7 +249,6 @@ def _untouched(model):
         work.eval()
         yield work
     finally:
-        _config._disabled_by_api = disabled
         torch.set_rng_state(rng)
         random.setstate(py_rng)
         if saved is not None:
@@ -344,7 +344,6 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
 
     import torch
 
-    from . import _config
     from ._probes import intent
     from ._probes.layout import read_layout
 
@@ -362,7 +361,6 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
         return _probes.skipped("probes", layout)
     for pending in layout.pending:
         _settle_pending(work, args, kwargs, layout, pending, leaf_names)
-    _config._disabled_by_api = True  # probe runs are plain forwards, guarded or not
     generator = torch.Generator().manual_seed(seed)
     for dtype in (torch.float64, None):
         try:

@@ -50,7 +50,7 @@ def summary_rows(model, inputs, run, device: str, *, find_runner, progress=None)
     """
     trace = run.trace
     rows = [("trace", "FAIL" if trace.findings else "pass", summary_line(trace))]
-    rows += [(f.kind, "FAIL", f.message.splitlines()[0]) for f in trace.findings]
+    rows += [(f.kind, "FAIL", f.headline) for f in trace.findings]
     details = [f.message for f in trace.findings]
     probes = _run_probes(model, inputs, run, device, find_runner, progress)
     return Summary(rows + probes.rows, details + probes.details, probes.report)

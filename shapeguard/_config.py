@@ -1,10 +1,15 @@
 """The off switch and the modes. Read at call time, never cached at import."""
 
+import contextlib
 import os
+import threading
 
 MODES = ("raise", "warn")
 
 _disabled_by_api = False
+# `disabled()` / `forced_on()` blocks, per thread: one thread's block never switches
+# another thread.
+_local = threading.local()
 
 
 def disable() -> None:
@@ -19,9 +24,45 @@ def enable() -> None:
     _disabled_by_api = False
 
 
+def disabled():
+    """Checks off inside the block, in this thread only; on again after it, also when
+    the block raises. Blocks nest; the innermost block decides.
+
+    >>> import shapeguard
+    >>> with shapeguard.disabled():
+    ...     shapeguard.is_enabled()
+    False
+    >>> shapeguard.is_enabled()
+    True
+    """
+    return _switched(False)
+
+
+def forced_on():
+    """Checks on inside the block in this thread, whatever `disable()` or an outer
+    `disabled()` block said (`SHAPEGUARD=0` still wins): for shapeguard's own traced runs,
+    such as the forwards `check` asks for explicitly."""
+    return _switched(True)
+
+
+@contextlib.contextmanager
+def _switched(on: bool):
+    stack = _local.__dict__.setdefault("stack", [])
+    stack.append(on)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
 def is_enabled() -> bool:
-    """Whether checks run now: `SHAPEGUARD=0` and `disable()` both turn them off."""
-    if _disabled_by_api:
+    """Whether checks run now: `SHAPEGUARD=0` turns them off; else the innermost
+    `disabled()` block of this thread, else `disable()`."""
+    stack = _local.__dict__.get("stack")
+    if stack:
+        if not stack[-1]:
+            return False
+    elif _disabled_by_api:
         return False
     return os.environ.get("SHAPEGUARD", "1").strip().lower() not in ("0", "false", "off", "no")
 

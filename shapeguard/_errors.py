@@ -4,7 +4,7 @@ Pure Python: this module must import without torch, so the pytest plugin and
 `import shapeguard` stay cheap.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +184,9 @@ class ContractError(Exception):
 
 @dataclass(slots=True)
 class Finding:
-    """A violation recorded in a trace, with its context and rendered message."""
+    """A violation recorded in a trace: its parts, as the message is written from them
+    (relation; module, location, source; operands; hint), and the rendered message.
+    Renderers read the parts, never re-split the message."""
 
     kind: str
     severity: str
@@ -194,16 +196,44 @@ class Finding:
     location: str = ""
     hint: str = ""
     event_index: int | None = None
-    extra: dict = field(default_factory=dict)
+    relation: str = ""  # the broken relation, the message's first line
+    source: str = ""  # the user's source line
+    operands: tuple[Operand, ...] = ()
+
+    @classmethod
+    def of(cls, error: "ShapeError", severity: str, event_index: int | None) -> "Finding":
+        return cls(
+            kind=error.kind,
+            severity=severity,
+            message=error.render(),
+            op=error.op,
+            module=error.module,
+            location=error.location,
+            hint=error.hint,
+            event_index=event_index,
+            relation=error.relation,
+            source=error.source,
+            operands=error.operands,
+        )
+
+    @property
+    def headline(self) -> str:
+        """The broken relation (for findings recorded from a message alone, its first line)."""
+        if self.relation:
+            return self.relation
+        return self.message.splitlines()[0] if self.message else self.kind
 
     def to_dict(self) -> dict:
         return {
             "kind": self.kind,
             "severity": self.severity,
             "message": self.message,
+            "relation": self.headline,
             "op": self.op,
             "module": self.module,
             "location": self.location,
+            "source": self.source,
+            "operands": [{"name": o.name, "shape": o.shape} for o in self.operands],
             "hint": self.hint,
             "event_index": self.event_index,
         }

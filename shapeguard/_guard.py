@@ -10,6 +10,7 @@ and `unguard` removes exactly those hooks.
 
 import functools
 import inspect
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -38,9 +39,10 @@ class _GuardState:
 
 _guarded: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _last_traces: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-# Sessions a guard opened and has not closed yet (all threads): while none is open,
-# the forward hook has no session to close and skips looking for one.
-_owned_sessions = 0
+# Sessions a guard opened and has not closed yet, per thread (sessions belong to the
+# thread that opened them): while none is open, the forward hook has no session to close
+# and skips looking for one.
+_owned = threading.local()
 
 
 def guard(
@@ -310,8 +312,7 @@ def _pre_hook(module, args, kwargs):
 
             trace = Trace(mode=options.mode, strict=options.strict)
             session = rt.open_session(trace, root=module)
-            global _owned_sessions
-            _owned_sessions += 1
+            _owned.count = getattr(_owned, "count", 0) + 1
             session.owner = module
             session.owner_depth = 1
             _last_traces[module] = trace
@@ -349,18 +350,17 @@ def _post_hook(module, args, kwargs, output):
         if call is not None and not rt.forward_raised(call, output):
             _finish_call(rt, module, call, output, args, kwargs)
     finally:
-        if _owned_sessions:
+        if getattr(_owned, "count", 0):
             _close_owned_session(rt, module)
     return None
 
 
 def _close_owned_session(rt, module) -> None:
-    global _owned_sessions
     session = rt.current_session()
     if session is not None and session.owner is module:
         session.owner_depth -= 1
         if session.owner_depth <= 0:
-            _owned_sessions -= 1
+            _owned.count -= 1
             session.exit_module(module)
             rt.close_session(session)
 

@@ -450,7 +450,6 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
     # A forward may write into its buffers (a cache, a step count): put back what it wrote.
     buffers = [b for b in model.buffers() if b.device.type == "cpu" and b.numel() <= _BUFFER_LIMIT]
     saved = [(b, b._version, b.detach().clone()) for b in buffers]
-    disabled = _config._disabled_by_api
     # Local hooks on torch's own modules: a global pre-hook gets no keyword arguments.
     handles = [
         m.register_forward_pre_hook(watcher.module_call, with_kwargs=True)
@@ -459,9 +458,8 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
     ]
     failed = False
     try:
-        _config._disabled_by_api = True
         model.eval()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), _mode(watcher):
+        with _config.disabled(), torch.no_grad(), torch.random.fork_rng(devices=[]), _mode(watcher):
             model(*args, **kwargs)
     except _Done:
         pass
@@ -470,7 +468,6 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
     finally:
         for handle in handles:
             handle.remove()
-        _config._disabled_by_api = disabled
         for module, flag in training.items():
             module.training = flag
         with torch.no_grad():

@@ -23,8 +23,6 @@ from ._errors import ShapeError, format_message
 class LoadError(Exception):
     """The file or the options cannot give a model: a usage error (exit status 2)."""
 
-    exit_code = 2
-
 
 class ModelCrashed(Exception):
     """The user's code raised something other than a ShapeError (exit status 1).
@@ -32,8 +30,6 @@ class ModelCrashed(Exception):
     `message` is rendered in the house format, at the user's innermost source line, with
     the error's whole text (einops explains itself on its second and third lines).
     """
-
-    exit_code = 1
 
     def __init__(self, phase: str, error: BaseException, path: str = "") -> None:
         self.phase = phase

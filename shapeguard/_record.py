@@ -241,18 +241,7 @@ class Trace:
 
     def add_finding(self, error: ShapeError, severity: str = "error") -> None:
         """Record `error` as a finding, placed after the last event the trace holds."""
-        self.findings.append(
-            Finding(
-                kind=error.kind,
-                severity=severity,
-                message=error.render(),
-                op=error.op,
-                module=error.module,
-                location=error.location,
-                hint=error.hint,
-                event_index=self.event_count,
-            )
-        )
+        self.findings.append(Finding.of(error, severity, self.event_count))
 
     # -- queries -------------------------------------------------------------
     def records(self, name: str) -> list[TensorRecord]:

@@ -78,11 +78,16 @@ class Site:
 PLUMBING = Site("<torch.distributed>", 0, "")
 
 
-@functools.lru_cache(maxsize=1024)
 def display_path(filename: str) -> str:
     """The path relative to the working directory when it is below it, else as it is."""
+    return _display_path(filename, os.getcwd())
+
+
+@functools.lru_cache(maxsize=1024)
+def _display_path(filename: str, cwd: str) -> str:
+    # Keyed by the working directory too: after os.chdir the same file reads differently.
     try:
-        rel = os.path.relpath(filename)
+        rel = os.path.relpath(filename, cwd)
     except ValueError:
         return filename
     return filename if rel.startswith("..") else rel

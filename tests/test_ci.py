@@ -14,3 +14,53 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest" in test_command and test_command.startswith("pip install torch==2.13.0")
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test_command in ci
+
+
+def test_the_suite_dogfoods_the_plugin_strictly():
+    """Every test runs inside a trace and a ShapeWarning fails it, so a false warning on
+    the project's own code cannot pass; tests that warn on purpose opt out by marker."""
+    import tomllib
+
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert ini["shapeguard"] is True
+    assert ini["shapeguard_strict"] is True
+    assert "error" in ini["filterwarnings"]
+
+
+def test_every_module_the_tests_import_is_installed_by_the_test_group():
+    """A fresh CI machine installs only the project and its `test` group: a test module
+    importing anything else fails collection there while passing on a developer's machine."""
+    import ast
+    import sys
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    declared = [*project["project"]["dependencies"], *project["dependency-groups"]["test"]]
+    installed = {
+        re.split(r"[<>=!~\[ ;]", spec, maxsplit=1)[0].lower().replace("-", "_") for spec in declared
+    }
+    optional = {"flash_attn", "torchinfo", "mypy"}  # imported only behind find_spec/importorskip
+    local = {path.stem for path in (ROOT / "tests").rglob("*.py")} | {
+        "shapeguard",
+        "examples",
+        "bench",
+    }
+    local |= {path.stem for path in (ROOT / "examples").glob("*.py")} | {
+        path.stem for path in (ROOT / "bench").glob("*.py")
+    }
+    missing = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in local or top in optional:
+                    continue
+                if top not in installed:
+                    missing.setdefault(top, path.name)
+    assert not missing, f"imported by tests but not in the test group: {missing}"

@@ -233,6 +233,7 @@ def test_forward_violation_exits_1_with_findings_after_the_table(tmp_path):
     assert result.stderr == f"shapeguard: 1 error in {path}\n"
 
 
+@pytest.mark.no_shapeguard  # warns on purpose
 def test_a_warning_is_a_violation(tmp_path):
     path = write(tmp_path, ATTENTION.replace("scores.softmax(dim=-1)", "scores.softmax(dim=-2)"))
     result = run("trace", path)
@@ -795,6 +796,7 @@ def test_python_dash_m_reports_usage_errors_with_status_2(tmp_path):
     assert done.stderr.startswith("shapeguard: error: no such file: ")
 
 
+@pytest.mark.no_shapeguard  # warns on purpose
 def test_strict_stops_at_the_first_warning(tmp_path):
     path = write(tmp_path, ATTENTION.replace("scores.softmax(dim=-1)", "scores.softmax(dim=-2)"))
     relaxed = run("trace", path)

@@ -8,16 +8,25 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MODULES = [
-    "shapeguard._errors",
-    "shapeguard._roles",
-    "shapeguard._guard",
-    "shapeguard._trace",
-    "shapeguard.attention",
-    "shapeguard.report.html",
-    "shapeguard.report._capture",
-    "shapeguard.report._png",
-]
+
+
+def _modules_with_examples() -> list[str]:
+    """Every module of the package whose source holds a `>>>` example."""
+    package = ROOT / "shapeguard"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if ">>> " not in path.read_text():
+            continue
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+MODULES = _modules_with_examples()
+
+
+def test_the_modules_with_examples_are_found():
+    assert {"shapeguard._errors", "shapeguard._config", "shapeguard.report.text"} <= set(MODULES)
 
 
 @pytest.mark.no_shapeguard

@@ -357,6 +357,7 @@ def test_guard_changes_no_user_state_rng_mode_or_weights():
     shapeguard.unguard(layer)
 
 
+@pytest.mark.no_shapeguard  # warns on purpose
 def test_nested_trace_checks_each_op_once_and_background_collects_findings():
     model = HandAttention(bug="softmax_axis")
     guarded = shapeguard.guard(HandAttention(bug="softmax_axis"), mode="warn")

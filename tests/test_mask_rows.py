@@ -21,6 +21,9 @@ from torch import nn
 import shapeguard
 from shapeguard import ShapeWarning
 
+# These tests provoke ShapeWarnings on purpose and assert on them.
+pytestmark = pytest.mark.no_shapeguard
+
 SIZES = {
     "distinct": (2, 3, 5, 11),  # batch, heads, seq, d_k
     "coincident": (4, 4, 4, 4),

@@ -144,6 +144,7 @@ def test_key_padding_catches_a_mask_applied_after_softmax():
     )
 
 
+@pytest.mark.no_shapeguard  # warns on purpose
 def test_token_permutation_catches_a_sequence_pooling_module():
     report = check(Attention("pool"), torch.randn(B, S, D))
     assert (
@@ -158,6 +159,7 @@ def test_token_permutation_catches_a_sequence_pooling_module():
     )
 
 
+@pytest.mark.no_shapeguard  # warns on purpose
 def test_head_permutation_catches_a_merge_without_transpose():
     report = check(Attention("merge"), torch.randn(B, S, D))
     failed = result(report, "head-permutation invariance")
@@ -323,6 +325,7 @@ def test_guarded_modules_are_probed_without_their_guard():
 
 
 # -- the report ---------------------------------------------------------------------------
+@pytest.mark.no_shapeguard  # warns on purpose
 def test_report_renders_a_plain_table_and_each_failure_in_full():
     report = check(Attention("merge"), torch.randn(B, S, D))
     text = report.render(width=120)
@@ -338,6 +341,7 @@ def test_report_renders_a_plain_table_and_each_failure_in_full():
     assert report.to_dict()["passed"] is False
 
 
+@pytest.mark.no_shapeguard  # warns on purpose
 def test_report_as_json_carries_every_probe_with_its_reason_and_verdict():
     import json
 

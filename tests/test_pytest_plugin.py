@@ -537,3 +537,15 @@ def test_the_no_torch_check_can_fail(pytester):
     result = pytester.runpytest_subprocess("-s", "--shapeguard")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*torch imported: True*"])
+
+
+def test_report_section_and_summary_match_their_golden_file(tester):
+    """The whole section a failing test gets, and the run's summary line, byte for byte
+    (SHAPEGUARD_REGEN=1 rewrites tests/golden/pytest_section.txt)."""
+    from _golden import check_golden
+
+    write_tests(tester, SWALLOWED)
+    result = tester.runpytest("--shapeguard")
+    out = result.stdout.str()
+    summary = [line for line in out.splitlines() if line.startswith("shapeguard: ")]
+    check_golden("pytest_section.txt", "\n".join([*section(out), "", *summary]) + "\n")

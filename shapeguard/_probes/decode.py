@@ -321,8 +321,7 @@ def _cause(s, protocol, lo, hi, step, findings, error) -> str:
             stale = _stale(f.message, lo, hi)
             if stale:
                 return stale
-        first = f.message.splitlines()[0]
-        return f"the trace of this step found {f.kind}: {first}"
+        return f"the trace of this step found {f.kind}: {f.headline}"
     if error is not None:
         stale = _stale(str(error), lo, hi)
         if stale:

@@ -23,18 +23,16 @@ def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
     from .._session import close_session, open_session
 
     args, kwargs = inputs
-    disabled, _config._disabled_by_api = _config._disabled_by_api, False  # probe runs turn it off
     session = open_session(Trace(mode=mode), root=s.model)
     watch = Watch(session, keep_values=True)
     try:
-        with warnings.catch_warnings():
+        with _config.forced_on(), warnings.catch_warnings():
             warnings.simplefilter("ignore", ShapeWarning)
             session.enter_module(s.model, args, kwargs)
             with watch:
                 s.model(*args, **kwargs)
     finally:
         close_session(session)
-        _config._disabled_by_api = disabled
     return watch.values or []
 
 
@@ -48,11 +46,10 @@ def traced_findings(s: Subject, inputs) -> list:
     from .._session import close_session, open_session
 
     args, kwargs = inputs
-    disabled, _config._disabled_by_api = _config._disabled_by_api, False
     trace = Trace(mode="warn")
     session = open_session(trace, root=s.model)
     try:
-        with warnings.catch_warnings():
+        with _config.forced_on(), warnings.catch_warnings():
             warnings.simplefilter("ignore", ShapeWarning)
             session.enter_module(s.model, args, kwargs)
             # A rule's error in warn mode is a finding already; torch's own is the step's.
@@ -60,7 +57,6 @@ def traced_findings(s: Subject, inputs) -> list:
                 s.model(*args, **kwargs)
     finally:
         close_session(session)
-        _config._disabled_by_api = disabled
     return trace.findings
 
 

@@ -17,6 +17,7 @@ declared with `declare`).
 
 import importlib
 import pkgutil
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -115,27 +116,34 @@ def declare(family: str, kinds: Mapping[str, Severities]) -> None:
     _declare(family, _normalize(kinds))
 
 
+# The check modules load once, on the first trace; threads tracing at once wait for it
+# (a half-loaded registry would miss rules for the rest of the process).
+_loading = threading.RLock()
+
+
 def _load() -> None:
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    with _loading:
+        if _loaded:
+            return
+        _loaded = True  # a check module that asks for rules while importing sees these
+        for info in pkgutil.iter_modules(__path__):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{__name__}.{info.name}")
 
 
 def _index() -> dict[str, tuple[Rule, ...]]:
     global _BY_SPELLING
-    _load()
-    if _BY_SPELLING is None:
-        table: dict[str, list[Rule]] = {}
-        for r in sorted(_RULES, key=lambda r: (r.order, r.family)):
-            for name in r.ops:
-                for spelling in _ops.lookup(name).spellings:
-                    table.setdefault(spelling, []).append(r)
-        _BY_SPELLING = {spelling: tuple(rules) for spelling, rules in table.items()}
-    return _BY_SPELLING
+    with _loading:
+        _load()
+        if _BY_SPELLING is None:
+            table: dict[str, list[Rule]] = {}
+            for r in sorted(_RULES, key=lambda r: (r.order, r.family)):
+                for name in r.ops:
+                    for spelling in _ops.lookup(name).spellings:
+                        table.setdefault(spelling, []).append(r)
+            _BY_SPELLING = {spelling: tuple(rules) for spelling, rules in table.items()}
+        return _BY_SPELLING
 
 
 def rules_for(spelling: str) -> tuple[Rule, ...]:

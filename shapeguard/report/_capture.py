@@ -80,16 +80,12 @@ def capture_attention(model, /, *args, **kwargs) -> dict[str, dict]:
         hooks.register_module_forward_pre_hook(lambda m, a: stack.append(m)),
         hooks.register_module_forward_hook(lambda m, a, o: _pop(stack, m), always_call=True),
     ]
-    was_enabled = _config.is_enabled()
-    _config.disable()
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]), mode:
+        with _config.disabled(), torch.no_grad(), torch.random.fork_rng(devices=[]), mode:
             model(*args, **kwargs)
     finally:
         for handle in handles:
             handle.remove()
-        if was_enabled:
-            _config.enable()
     return captured
 
 

@@ -138,8 +138,7 @@ def _node_lines(node: _flow.Node, trace, wrap: int = 60) -> list[tuple[str, str]
         lines.append(("meta", f"{label} {extra.named_shape}"))
     for number in node.findings:
         finding = trace.findings[number]
-        relation = finding.message.splitlines()[0] if finding.message else finding.kind
-        lines.extend(("finding", part) for part in _wrap(f"#{number + 1} {relation}", wrap))
+        lines.extend(("finding", part) for part in _wrap(f"#{number + 1} {finding.headline}", wrap))
     if node.location:
         lines.append(("loc", os.path.basename(node.location)))
     return lines
@@ -450,8 +449,7 @@ def _source_section(trace) -> str:
         info = files.setdefault(found[0], {}).setdefault(found[1], {"source": "", "chips": {}, "findings": []})
         info["findings"].append((number, finding))
         if not info["source"]:
-            lines = finding.message.splitlines()
-            info["source"] = lines[2].strip() if len(lines) > 2 and lines[1].lstrip().startswith(("in", "at")) else ""
+            info["source"] = finding.source
     if not files:
         return '<p class="note">No source locations were recorded.</p>'
     return "".join(_source_file(path, lines) for path, lines in files.items())

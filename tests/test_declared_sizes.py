@@ -1,0 +1,55 @@
+"""One reader of the sizes a module declares: the engine and a contract agree, also when
+a size is a property (`@property def head_dim`) rather than a plain attribute."""
+
+import pytest
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from shapeguard import _axes
+from shapeguard._contract_bindings import bind_attributes
+from shapeguard._contract_compile import compile_contract
+
+pytestmark = pytest.mark.no_shapeguard
+
+
+class PropertyHeadDim(nn.Module):
+    """head_dim 16 by property, although d_model // n_heads would be 12."""
+
+    def __init__(self):
+        super().__init__()
+        self.d_model, self.n_heads = 48, 4
+
+    @property
+    def head_dim(self) -> int:
+        return 16
+
+
+class BrokenProperty(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.d_model, self.n_heads = 48, 4
+
+    @property
+    def head_dim(self) -> int:
+        raise RuntimeError("not configured yet")
+
+
+def test_a_property_declares_its_value():
+    assert _axes.declared_sizes(PropertyHeadDim())["d_k"] == ("head_dim", 16)
+
+
+def test_a_property_that_cannot_answer_declares_nothing_and_the_size_is_derived():
+    declared = _axes.declared_sizes(BrokenProperty())
+    assert declared["d_k"][1] == 12
+
+
+def test_the_engine_and_a_contract_read_the_same_size():
+    module = PropertyHeadDim()
+    declared = _axes.declared_sizes(module)
+
+    def forward(self, x: Float[Tensor, "batch seq heads d_k"]): ...
+
+    contract = compile_contract(forward, method=True)
+    bindings = bind_attributes(contract, module)
+    assert bindings.sizes["d_k"] == declared["d_k"][1] == 16
+    assert bindings.sources["d_k"] == "self.head_dim"

@@ -147,6 +147,11 @@ def view_violation(call, x, target, expr: str, label: str) -> Violation | None:
         return None  # it fits after all
     lead = ", ".join(str(s) for s in target[:-2])
     lead = f"{lead}, " if lead else ""
+    # With -1 for the heads, the leading sizes must be given: x's own (a -1 among them
+    # would make two).
+    fixed = target[:-2] if -1 not in target[:-2] else tuple(int(s) for s in x.shape[:-1])
+    fixed = ", ".join(str(s) for s in fixed)
+    fixed = f"{fixed}, " if fixed else ""
     relation = (
         f"{expr}: {heads.attr}={count} is the global head count, but {label} is this rank's "
         f"shard of {projection.name}: {features} = {projection.out_features} / tp={split.tp} "
@@ -155,7 +160,7 @@ def view_violation(call, x, target, expr: str, label: str) -> Violation | None:
     hint = (
         f"use the local head count, {heads.attr} // tp = {heads.local}: "
         f"{label}.view({lead}{heads.local}, {hd}); or -1 as torchtitan does "
-        f"({label}.view({lead}-1, {hd})), which works at any tp; or keep DTensor activations "
+        f"({label}.view({fixed}-1, {hd})), which works at any tp; or keep DTensor activations "
         "(ColwiseParallel(use_local_output=False)) and global sizes"
     )
     return Violation("tp_global_heads", relation, operands, hint)
@@ -174,13 +179,17 @@ def _local_on_dtensor(call, x, split, count, features, expr, label, operands):
     lead = ", ".join(str(s) for s in x.shape[:-1])
     relation = (
         f"{expr}: {label} is a DTensor ({_tp.sharding_text(x)}), and a view of a DTensor "
-        f"takes global sizes, but {heads.attr}={count} is the local head count "
-        f"({heads.total} / tp={tp})"
+        f"takes global sizes, but "
+        + (
+            f"{heads.attr}={count} is the local head count ({heads.total} / tp={tp})"
+            if heads.declared == count
+            else f"{count} is the local head count ({heads.attr}={heads.total} / tp={tp})"
+        )
     )
     attr_note = (
         f"do not divide {heads.attr} by tp while the activations stay DTensors"
         if heads.declared == count
-        else f"{heads.attr} is the global {heads.total}"
+        else f"{heads.attr}={heads.total} is already the count a DTensor view takes"
     )
     hint = (
         f"view the DTensor with global sizes, {label}.view({lead}, {heads.total}, {hd}) or "

@@ -3,6 +3,7 @@
 import ast
 import inspect
 
+from . import _source
 from ._errors import ContractError
 
 
@@ -76,7 +77,7 @@ def annotation_lines(fn) -> dict:
     lines = {"def": code.co_firstlineno}
     try:
         source, start = inspect.getsourcelines(fn)
-        tree = ast.parse("".join(_dedent(source)))
+        tree = _source.parse("".join(_dedent(source)))
     except (OSError, TypeError, SyntaxError):
         return {"": (code.co_filename, lines)}
     for node in ast.walk(tree):

@@ -156,7 +156,7 @@ def _read_dims(array_type, qualname, param, bound, symbolic, named, unbound) -> 
         if d.kind != "symbolic" or "{" in d.expr:
             continue
         try:
-            tree = ast.parse(d.expr, mode="eval")
+            tree = _source.parse(d.expr, mode="eval")
         except SyntaxError:
             raise ContractError(
                 f'{qualname}: {param}: dim "{d.expr}" in "{spec.dim_str}" is neither a name, '

@@ -6,9 +6,6 @@ from dataclasses import dataclass
 from . import _source
 from ._contract_compile import Contract
 from ._errors import Operand, ShapeError, ShapeWarning
-from .checks import ERROR, WARNING, declare
-
-declare("contracts", {"contract": (ERROR, WARNING)})
 
 
 @dataclass(slots=True)

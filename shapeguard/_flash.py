@@ -20,6 +20,7 @@ from ._flash_contract import (
     KINDS,
     MAX_HEAD_DIM,
     SUSPICIOUS_HEADS,
+    WRAPPED,
     Spec,
     _is_tensor,
     check_dense,
@@ -27,6 +28,8 @@ from ._flash_contract import (
     check_qkvpacked,
     enforce,
     import_hint,
+    is_entry_point,
+    is_kernel_op,
     site_label,
     spec,
 )
@@ -70,24 +73,11 @@ __all__ = [
 _lock = threading.RLock()
 _depth = 0
 _bindings: list[tuple[dict, str, object, object]] = []  # (module dict, name, original, wrapper)
-_originals: dict[int, object] = {}  # id -> original function, while wrapped
 # Where the originals were bound at the last scan of sys.modules, and what that scan saw.
 # Scanning every module's globals costs about a millisecond, and a guarded module opens a
 # session on every forward: scan again only when a module was imported or flash_attn changed.
 _scan_key: tuple = ()
 _locations: list[tuple[dict, str]] = []
-
-
-def is_entry_point(func) -> bool:
-    """Whether `func` is a flash-attn entry point wrapped by the open trace."""
-    return _originals.get(id(func)) is func
-
-
-def is_kernel_op(func) -> bool:
-    """Whether `func` is one of flash-attn's torch.ops kernels (any overload)."""
-    qualified = getattr(func, "_qualified_op_name", None) or getattr(func, "_name", "")
-    namespace = getattr(func, "namespace", None) or str(qualified).split("::", 1)[0]
-    return namespace in FLASH_NAMESPACES
 
 
 def patch() -> bool:
@@ -129,7 +119,7 @@ def _install() -> None:
             found[id(func)] = func
     if not found:
         return
-    _originals.update(found)
+    WRAPPED.update(found)
     key = (len(sys.modules), frozenset(found))
     if key != _scan_key:
         _locations[:] = _scan(found)
@@ -169,7 +159,7 @@ def _uninstall() -> None:
                 namespace[key] = original
         except Exception:
             continue
-    _originals.clear()
+    WRAPPED.clear()
 
 
 def _wrap(original):

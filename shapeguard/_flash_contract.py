@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from . import _axes, _ops
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
-from .checks import ERROR, WARNING, declare
+from .checks import ERROR, WARNING
 
 # Every kind flash-attn's contract reports (the entry points, the kernels, varlen).
 KINDS = {
@@ -37,7 +37,7 @@ KINDS = {
     "layout_bshd": (ERROR, WARNING),
     "layout_bhsd": (ERROR, WARNING),
 }  # fmt: skip
-declare("flash", KINDS)
+# Declared by the flash rule that yields them (checks/flash.py).
 
 # flash_api.cpp: "FlashAttention forward only supports head dimension at most 256".
 MAX_HEAD_DIM = 256
@@ -47,6 +47,27 @@ SUSPICIOUS_HEADS = 256
 FLASH_DTYPES = ("float16", "bfloat16")
 FLASH_NAMESPACES = ("flash_attn", "flashattn")  # flash-attn renamed its op namespace in 2.7
 ENTRY_POINTS = _ops.FLASH_ENTRY_POINTS
+
+# -- which functions are flash-attn's (the flash rule checks these and nothing else) ---
+# id -> the original of each entry point the open trace has wrapped (filled by `_flash`).
+WRAPPED: dict[int, object] = {}
+
+
+def is_entry_point(func) -> bool:
+    """Whether `func` is a flash-attn entry point wrapped by the open trace."""
+    return WRAPPED.get(id(func)) is func
+
+
+def is_kernel_op(func) -> bool:
+    """Whether `func` is one of flash-attn's torch.ops kernels (any overload)."""
+    qualified = getattr(func, "_qualified_op_name", None) or getattr(func, "_name", "")
+    namespace = getattr(func, "namespace", None) or str(qualified).split("::", 1)[0]
+    return namespace in FLASH_NAMESPACES
+
+
+def is_shapeguard_entry(func) -> bool:
+    """Whether `func` is shapeguard.attention's own kernel call (marked where defined)."""
+    return getattr(func, "__shapeguard_flash_entry__", False) is True
 
 
 # -- what the contract reads of a tensor -----------------------------------------------

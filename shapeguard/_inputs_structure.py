@@ -31,7 +31,7 @@ import typing
 import zlib
 from dataclasses import dataclass
 
-from . import _ops
+from . import _ops, _source
 from ._loader import LoadError
 
 FLOAT, IDS, MASK = "float", "ids", "mask"
@@ -252,7 +252,7 @@ def _is_tensor_type(annotation) -> bool:
 def _reads_of(forward, name: str) -> tuple[list[str], list[str]]:
     """String keys (`name["k"]`, `name.get("k")`) and attributes (`name.k`) the forward reads."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+        tree = _source.parse(textwrap.dedent(inspect.getsource(forward)))
     except (OSError, TypeError, SyntaxError):
         return [], []
     keys: list[str] = []
@@ -308,7 +308,7 @@ class Maker:
     def tensor(self, leaf: Leaf):
         import torch
 
-        from ._inputs import check_size, dtype_of
+        from ._input_sizes import check_size, dtype_of
 
         dtype = dtype_of(leaf.dtype_name(self.model_dtype), leaf.name)
         check_size(leaf.name, leaf.shape, dtype, self.device)
@@ -328,7 +328,7 @@ class Maker:
             # Integers of unknown use: 0 is a valid id for any embedding.
             return torch.zeros(leaf.shape, dtype=dtype)
         except (RuntimeError, MemoryError) as error:
-            from ._inputs import memory_error
+            from ._input_sizes import memory_error
 
             raise memory_error(leaf.name, leaf.shape, dtype, self.device, error) from None
 

@@ -17,6 +17,7 @@ import typing
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from . import _source
 from ._errors import ShapeError, format_message
 
 
@@ -108,22 +109,21 @@ def is_memory_error(error: BaseException) -> bool:
 def _user_frame(error: BaseException, path: str) -> tuple[str, str]:
     """`file:line` and source of the innermost frame in the model's own folder (the file,
     its package), else the innermost outside torch, shapeguard and einops."""
-    from ._source import _is_internal, display_path
 
     frames = traceback.extract_tb(error.__traceback__)
     folder = os.path.dirname(os.path.abspath(path)) + os.sep if path else ""
     chosen = None
     for frame in frames:
         where = os.path.abspath(frame.filename)
-        if folder and where.startswith(folder) and not _is_internal(where):
+        if folder and where.startswith(folder) and not _source._is_internal(where):
             chosen = frame
     if chosen is None:
         for frame in frames:
-            if not _is_internal(os.path.abspath(frame.filename)):
+            if not _source._is_internal(os.path.abspath(frame.filename)):
                 chosen = frame
     if chosen is None:
         return "", ""
-    return f"{display_path(chosen.filename)}:{chosen.lineno}", (chosen.line or "").strip()
+    return f"{_source.display_path(chosen.filename)}:{chosen.lineno}", (chosen.line or "").strip()
 
 
 # -- loading the file ------------------------------------------------------------------------
@@ -260,9 +260,8 @@ def _find_module(dotted: str) -> tuple[str, str, list[str], list[str]]:
 
 
 def display(path: str) -> str:
-    from ._source import display_path
 
-    return display_path(path) or "."
+    return _source.display_path(path) or "."
 
 
 def _compile(path: str):
@@ -270,9 +269,8 @@ def _compile(path: str):
         with open(path, "rb") as f:
             return compile(f.read(), path, "exec")
     except SyntaxError as error:
-        from ._source import display_path
 
-        where = f"{display_path(path)}:{error.lineno}" if error.lineno else display_path(path)
+        where = f"{_source.display_path(path)}:{error.lineno}" if error.lineno else _source.display_path(path)
         raise LoadError(
             f"syntax error at {where}: {error.msg}; fix the file and run again"
         ) from error
@@ -475,7 +473,7 @@ def _top_classes(module: ModuleType, classes: list[type]) -> list[type]:
     if len(classes) == 1:
         return classes
     try:
-        tree = ast.parse(inspect.getsource(module))
+        tree = _source.parse(inspect.getsource(module))
     except (OSError, TypeError, SyntaxError):
         return classes
     names = {c.__name__ for c in classes}
@@ -611,7 +609,6 @@ def _config_class(module: ModuleType, target, param: str, how: str) -> type | No
 def _site(module: ModuleType, target) -> str:
     """`file:line` where the file builds or defines the model: the `model = ...` statement,
     else the function or class definition."""
-    from ._source import display_path
 
     path = getattr(module, "__file__", None) or ""
     if not path:
@@ -624,7 +621,7 @@ def _site(module: ModuleType, target) -> str:
             line = 0
     else:
         try:
-            tree = ast.parse(inspect.getsource(module))
+            tree = _source.parse(inspect.getsource(module))
         except (OSError, TypeError, SyntaxError):
             tree = None
         for node in getattr(tree, "body", ()):
@@ -633,7 +630,7 @@ def _site(module: ModuleType, target) -> str:
                 for t in node.targets
             ):
                 line = node.lineno
-    return f"{display_path(path)}:{line}" if line else ""
+    return f"{_source.display_path(path)}:{line}" if line else ""
 
 
 def _located(error: ShapeError, target, kwargs: dict, path: str) -> ShapeError:
@@ -655,14 +652,13 @@ def _located(error: ShapeError, target, kwargs: dict, path: str) -> ShapeError:
         if text.lstrip().startswith(("class ", "def ", "async def ")):
             line += offset
             break
-    from ._source import display_path
 
     return ShapeError(
         error.relation,
         kind=error.kind,
         op=error.op,
         module=error.module,
-        location=f"{display_path(path)}:{line}" if line else display_path(path),
+        location=f"{_source.display_path(path)}:{line}" if line else _source.display_path(path),
         source=f"{_call_text(target, kwargs)}  # called by shapeguard",
         operands=error.operands,
         hint=error.hint,

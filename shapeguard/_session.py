@@ -38,9 +38,6 @@ from ._record import Trace
 
 _local = threading.local()
 
-_checks.declare("session", {"torch_error": _checks.ERROR})
-
-
 def current_session() -> "Session | None":
     return getattr(_local, "session", None)
 

@@ -14,8 +14,27 @@ import importlib.util
 import linecache
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from types import CodeType, FrameType
+
+# CPython 3.11 keeps the AST constructor's recursion depth in state shared by threads:
+# two threads parsing at once can fail with "SystemError: AST constructor recursion depth
+# mismatch" (cpython gh-106905). Our parses take turns; a parse by the user's own code in
+# another thread can still collide, so that one error is retried once.
+_parse_lock = threading.Lock()
+
+
+def parse(text: str, mode: str = "exec") -> ast.AST:
+    """`ast.parse`, safe to call from several threads at once."""
+    with _parse_lock:
+        try:
+            return ast.parse(text, mode=mode)
+        except SystemError as error:
+            if "recursion depth mismatch" not in str(error):
+                raise
+            return ast.parse(text, mode=mode)
+
 
 # einops calls torch from its own backend: the user's line is the rearrange call.
 _SKIP_PACKAGES = ("torch", "jaxtyping", "beartype", "typing_extensions", "shapeguard", "einops")
@@ -120,7 +139,7 @@ def function_node(filename: str, scope: int) -> ast.AST | None:
     found = None
     lines = linecache.getlines(filename)
     try:
-        tree = ast.parse("".join(lines)) if lines else None
+        tree = parse("".join(lines)) if lines else None
     except (SyntaxError, ValueError):
         tree = None
     if tree is not None:
@@ -258,7 +277,7 @@ def _file_index(filename: str) -> _NodeIndex | None:
     lines = linecache.getlines(filename)
     index: _NodeIndex | None
     try:
-        tree = ast.parse("".join(lines)) if lines else None
+        tree = parse("".join(lines)) if lines else None
     except (SyntaxError, ValueError):
         tree = None
     if tree is None:
@@ -392,7 +411,7 @@ def short_label(expr: str) -> str:
 def sequence_items(expr: str) -> list[str] | None:
     """The element expressions of a list or tuple literal: `[a, b[:, :1]]` -> `a`, `b[:, :1]`."""
     try:
-        node = ast.parse(expr, mode="eval").body
+        node = parse(expr, mode="eval").body
     except SyntaxError:
         return None
     if isinstance(node, ast.List | ast.Tuple):

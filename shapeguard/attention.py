@@ -308,6 +308,7 @@ def _dense(q, k, v, *, causal, softmax_scale, window_size, layout, path):
 
 # The session names an op by its __name__: the trace shows this call as the user wrote it.
 _dense.__name__ = _dense.__qualname__ = "flash_attention"
+_dense.__shapeguard_flash_entry__ = True  # type: ignore[attr-defined]  # checks/flash.py reads it
 
 
 def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale, window_size, path):
@@ -333,6 +334,7 @@ def _varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale, window_
 
 
 _varlen.__name__ = _varlen.__qualname__ = "flash_attention_varlen"
+_varlen.__shapeguard_flash_entry__ = True  # type: ignore[attr-defined]  # checks/flash.py reads it
 
 
 def sdpa_flash_semantics(q, k, v, *, causal=False, scale=None, window=(-1, -1)):

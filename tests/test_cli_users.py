@@ -411,9 +411,9 @@ def test_sizes_too_large_are_one_line(args, text):
 def test_an_allocation_torch_refuses_is_one_line(monkeypatch):
     import torch
 
-    from shapeguard import _inputs
+    from shapeguard import _input_sizes
 
-    monkeypatch.setattr(_inputs, "_available_memory", lambda: None)
+    monkeypatch.setattr(_input_sizes, "_available_memory", lambda: None)
 
     def refuse(*args, **kwargs):
         raise RuntimeError(

@@ -145,3 +145,20 @@ def test_locations_follow_the_working_directory(tmp_path, monkeypatch):
     assert display_path(target) == "model.py"
     monkeypatch.chdir(tmp_path)
     assert display_path(target) == "pkg/model.py"
+
+
+def test_every_parse_in_the_package_takes_turns():
+    """CPython 3.11's AST constructor shares its recursion depth between threads (gh-106905):
+    two threads parsing at once can raise SystemError. shapeguard's parses go through
+    `_source.parse`, which takes a lock; a bare `ast.parse` elsewhere would bring it back."""
+    import pathlib
+    import re
+
+    package = pathlib.Path(__file__).resolve().parent.parent / "shapeguard"
+    bare = [
+        f"{path.relative_to(package)}:{number}"
+        for path in package.rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bast\.parse\(", line) and path.name != "_source.py"
+    ]
+    assert not bare, f"parse with shapeguard._source.parse instead: {bare}"

@@ -59,7 +59,7 @@ def view_intents(call, count: int) -> list[Intent | None]:
             found.append(None)
             continue
         try:
-            node = ast.parse(text, mode="eval").body
+            node = _source.parse(text, mode="eval").body
         except SyntaxError:
             found.append(None)
             continue

@@ -12,7 +12,7 @@ Every module of this package is a family of rules, loaded on first use; a rule
 registered twice, or an op the table does not know, is an error. `KINDS` is the
 catalogue: every kind shapeguard can report, the family that owns it, and its
 severities (kinds raised outside a rule, by contracts or the session, are
-declared with `declare`).
+declared with `declare` in `declared.py`).
 """
 
 import importlib
@@ -159,9 +159,6 @@ def checkers_for(spelling: str) -> tuple[Checker, ...]:
 def kinds() -> dict[str, Kind]:
     """The catalogue: every kind shapeguard reports."""
     _load()
-    # The modules that report kinds outside a rule declare them when imported.
-    from .. import _contract_report, _flash_contract, _session  # noqa: F401
-
     return {
         name: Kind(name, frozenset(families), frozenset(severities))
         for name, (families, severities) in sorted(_DECLARED.items())

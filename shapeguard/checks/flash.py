@@ -13,22 +13,22 @@ sure the call is flash-attn's (or shapeguard's).
 import functools
 import inspect
 
-from .. import _flash, _ops
+from .. import _flash_contract, _flash_varlen, _ops
 from . import rule
 
 
-@rule(*(op for op in _ops.ALL if op.family == _ops.FLASH), kinds=_flash.KINDS)
+@rule(*(op for op in _ops.ALL if op.family == _ops.FLASH), kinds=_flash_contract.KINDS)
 def flash_contract(call):
     spec = call.spec
     if spec.flash_entry == "kernel":
-        if not _flash.is_kernel_op(call.func):
+        if not _flash_contract.is_kernel_op(call.func):
             return
         yield from _check(call, f"torch.ops.flash_attn.{spec.name}", call.bound(), spec.params)
         return
     if spec.flash_entry == "shapeguard":
-        if not _is_shapeguard_entry(call.func):
+        if not _flash_contract.is_shapeguard_entry(call.func):
             return
-    elif not _flash.is_entry_point(call.func):
+    elif not _flash_contract.is_entry_point(call.func):
         return
     order = _parameters(call.func)
     params = dict(zip(order, call.args, strict=False))
@@ -39,12 +39,12 @@ def flash_contract(call):
 def _check(call, shown: str, p: dict, order: tuple[str, ...]):
     def spec(param: str):
         value = p.get(param)
-        if not _flash._is_tensor(value):
+        if not _flash_contract._is_tensor(value):
             return None
         index = order.index(param) if param in order else len(call.args)
         positional = index < len(call.args)
         label = call.label(index, param) if positional else call.label_of(value, param)
-        return _flash.spec(label, value)
+        return _flash_contract.spec(label, value)
 
     declared = call.declared().get("heads")
     flash = p.get("path", "flash") == "flash"
@@ -53,35 +53,35 @@ def _check(call, shown: str, p: dict, order: tuple[str, ...]):
     if form == "dense":
         q, k, v = spec("q"), spec("k"), spec("v")
         if q and k and v:
-            yield from _flash.check_dense(
+            yield from _flash_contract.check_dense(
                 q, k, v, op=shown, flash=flash, layout=p.get("layout", "bshd"), kernel=kernel,
                 declared_heads=declared,
             )  # fmt: skip
     elif form == "qkvpacked":
         qkv = spec("qkv")
         if qkv:
-            yield from _flash.check_qkvpacked(qkv, op=shown, flash=flash, declared_heads=declared)
+            yield from _flash_contract.check_qkvpacked(qkv, op=shown, flash=flash, declared_heads=declared)
     elif form == "kvpacked":
         q, kv = spec("q"), spec("kv")
         if q and kv:
-            yield from _flash.check_kvpacked(q, kv, op=shown, flash=flash, declared_heads=declared)
+            yield from _flash_contract.check_kvpacked(q, kv, op=shown, flash=flash, declared_heads=declared)
     elif form == "varlen":
         yield from _varlen(shown, p, spec, flash=flash, kernel=kernel)
     elif form == "varlen_qkvpacked":
         qkv, cu = spec("qkv"), spec("cu_seqlens")
         if qkv and cu:
             cu = _cu(p, cu, "cu_seqlens", "max_seqlen")
-            yield from _flash.check_varlen_qkvpacked(qkv, cu, op=shown, flash=flash)
+            yield from _flash_varlen.check_varlen_qkvpacked(qkv, cu, op=shown, flash=flash)
     elif form == "varlen_kvpacked":
         q, kv, cu_q, cu_k = spec("q"), spec("kv"), spec("cu_seqlens_q"), spec("cu_seqlens_k")
         if q and kv and cu_q and cu_k:
             cu_q = _cu(p, cu_q, "cu_seqlens_q", "max_seqlen_q")
             cu_k = _cu(p, cu_k, "cu_seqlens_k", "max_seqlen_k")
-            yield from _flash.check_varlen_kvpacked(q, kv, cu_q, cu_k, op=shown, flash=flash)
+            yield from _flash_varlen.check_varlen_kvpacked(q, kv, cu_q, cu_k, op=shown, flash=flash)
 
 
 def _cu(p: dict, cu, param: str, max_param: str):
-    return _flash.cu_seqlens(cu.name, p[param], p.get(max_param), max_param)
+    return _flash_varlen.cu_seqlens(cu.name, p[param], p.get(max_param), max_param)
 
 
 def _varlen(shown, p, spec, *, flash: bool, kernel: bool):
@@ -90,16 +90,10 @@ def _varlen(shown, p, spec, *, flash: bool, kernel: bool):
     if not all(specs):
         return
     args = tuple(p[n] for n in names) + (p.get("max_seqlen_q"), p.get("max_seqlen_k"))
-    yield from _flash.check_varlen_args(
+    yield from _flash_varlen.check_varlen_args(
         [s.name for s in specs], args, op=shown, flash=flash, kernel=kernel,
         paged=p.get("block_table") is not None,
     )  # fmt: skip
-
-
-def _is_shapeguard_entry(func) -> bool:
-    from .. import attention
-
-    return func is attention._dense or func is attention._varlen
 
 
 @functools.cache

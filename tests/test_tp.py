@@ -274,3 +274,36 @@ def test_fake_tp_refuses_bad_degrees_and_ranks():
         pass
     with pytest.raises(ContractError, match=r"rank must be in 0\.\.1"), fake_tp(2, rank=2):
         pass
+
+
+# -- FSDP ------------------------------------------------------------------------------------
+@pytest.fixture
+def dp2_tp2_mesh():
+    """A 2-D mesh (dp=2, tp=2) on torch's fake process group of 4 ranks, rank 0."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shapeguard.distributed import _register_fake
+
+    _register_fake()
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=4)
+    try:
+        yield init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")
+def test_fsdp2_and_fsdp2_with_tp_have_no_finding_and_show_only_user_code(dp2_tp2_mesh):
+    fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
+    both = parallel(dp2_tp2_mesh["tp"], Attention(tp=2, local="tp"))
+    fully_shard(both, mesh=dp2_tp2_mesh["dp"])
+    trace = shapeguard.trace(both, example_input())
+    assert trace.findings == []
+    assert "heads=6 (12/tp2)" in trace.table(width=220)
+    assert {e.location.split(":")[0] for e in trace.events} == {"tests/tp_models.py"}
+    alone = Attention()
+    fully_shard(alone, mesh=dp2_tp2_mesh["dp"])  # dp's Shard(0) is not tensor parallelism
+    trace = shapeguard.trace(alone, example_input())
+    assert trace.findings == []
+    assert "tp" not in json.dumps(trace.to_dict()["distributed"].get("modules", {}))

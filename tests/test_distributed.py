@@ -191,3 +191,37 @@ def test_the_tp_simulator_agrees_with_real_ranks_on_an_uneven_split(tmp_path):
     assert simulated[0].startswith(
         "error tp_head_divisibility on all 3 ranks: wk (Linear) at tp_llama.py:25"
     )
+
+
+# -- shapeguard.distributed.spawn: a test body on real ranks -----------------------------------
+def _tp_body(rank, world, n_kv_heads):
+    """A spawned rank's body: Llama attention on a tp mesh over the real ranks."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from tp_models import Attention, example_input, parallel
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)
+    model = parallel(mesh, Attention(n_kv_heads=n_kv_heads))
+    model(example_input())
+
+
+@pytest.mark.no_shapeguard
+def test_spawned_ranks_findings_reach_the_test_and_are_raised(shapeguard):
+    from shapeguard import ShapeError
+    from shapeguard.distributed import spawn
+
+    with _one_torchrun_at_a_time(), pytest.raises(ShapeError) as info:
+        spawn(_tp_body, 2, args=(3,), timeout=TIMEOUT)
+    assert info.value.kind == "tp_head_divisibility"
+    assert str(info.value).startswith("[all 2 ranks] n_kv_heads=3 is not divisible by tp=2")
+    # The test's own trace has it too: a spawned rank is no blind spot for the plugin.
+    assert [f.kind for f in shapeguard.findings] == ["tp_head_divisibility"]
+
+
+def test_the_fake_tp_fixture_plays_one_rank(shapeguard_fake_tp):
+    import torch.distributed as dist
+
+    with shapeguard_fake_tp(3, rank=2) as mesh:
+        assert (dist.get_rank(), dist.get_world_size(), mesh.size()) == (2, 3, 3)
+    assert not dist.is_initialized()

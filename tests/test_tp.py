@@ -28,12 +28,14 @@ def _error(model, x) -> ShapeError:
 # -- tp_head_divisibility --------------------------------------------------------------------
 @pytest.mark.no_shapeguard
 def test_llama3_8b_at_tp16_on_meta_reproduces_torchtitan_932_and_names_tp():
-    x = torch.empty(1, 64, LLAMA3_8B["dim"], device="meta")
+    """torchtitan#932 ran seq 64, where wk's local 64 features equal seq; here seq is 48,
+    so every size differs (batch 2, seq 48, 2 local heads of 128, 256 local q features)."""
+    x = torch.empty(2, 48, LLAMA3_8B["dim"], device="meta")
     with fake_tp(16) as mesh:
         with torch.device("meta"):
             bare = parallel(mesh, Attention(**LLAMA3_8B))
         # torchtitan#932: torch's own error, at the kv head split, says nothing of tp.
-        with pytest.raises(RuntimeError, match=re.escape("shape '[1, 64, -1, 128]' is invalid")):
+        with pytest.raises(RuntimeError, match=re.escape("shape '[2, 48, -1, 128]' is invalid")):
             bare(x)
         error = _error(bare, x)
     assert error.kind == "tp_head_divisibility"
@@ -49,23 +51,25 @@ def test_llama3_8b_at_tp16_on_meta_reproduces_torchtitan_932_and_names_tp():
 
 
 def test_llama3_8b_at_tp8_on_meta_passes():
+    """At tp=8 each rank holds one kv head: its 128 features are head_dim, by the model."""
     with fake_tp(8) as mesh:
         with torch.device("meta"):
             model = parallel(mesh, Attention(**LLAMA3_8B))
-        trace = shapeguard.trace(model, torch.empty(1, 64, LLAMA3_8B["dim"], device="meta"))
+        trace = shapeguard.trace(model, torch.empty(2, 48, LLAMA3_8B["dim"], device="meta"))
     assert trace.findings == []
     info = trace.to_dict()["distributed"]
     assert (info["rank"], info["world_size"], info["simulated"]) == (0, 8, True)
     module = info["modules"]["Attention"]
     assert module["heads"] == {"attribute": "n_heads", "declared": 32, "global": 32, "local": 4}
     assert module["kv_heads"]["local"] == 1
+    assert "heads=4 (32/tp8)" in trace.table(width=220)
 
 
 @pytest.mark.no_shapeguard
 def test_an_uneven_kv_split_names_the_rank_shares_and_the_degrees_that_work():
     with fake_tp(2) as mesh:
         model = parallel(mesh, Attention(n_kv_heads=3))  # wk: 48 features, 3 heads of 16
-        error = _error(model, example_input())
+        error = _error(model, example_input(batch=7))  # batch 3 would be the kv count
     assert error.kind == "tp_head_divisibility"
     assert str(error).startswith("n_kv_heads=3 is not divisible by tp=2: each rank would hold ")
     assert "24 of wk's 48 output features, head_dim 16" in str(error)
@@ -76,7 +80,7 @@ def test_an_uneven_kv_split_names_the_rank_shares_and_the_degrees_that_work():
 def test_fewer_kv_heads_than_ranks_hints_kv_replication():
     with fake_tp(4) as mesh:
         model = parallel(mesh, Attention(n_kv_heads=2))  # 12 q heads split 4 ways: 3 each
-        error = _error(model, example_input())
+        error = _error(model, example_input(batch=7))  # batch 3 would be the local count
     assert error.kind == "tp_head_divisibility"
     assert str(error).startswith("n_kv_heads=2 is not divisible by tp=4: each rank would hold")
     assert error.hint.startswith("tp degrees that work for n_heads=12, n_kv_heads=2: 1, 2;")

@@ -85,5 +85,5 @@ def parallel(mesh, model, **plan_kwargs):
     return parallelize_module(model, mesh, plan(**plan_kwargs))
 
 
-def example_input(device=None, seq=S):
-    return torch.randn(B, seq, DIM, device=device)
+def example_input(device=None, seq=S, batch=B):
+    return torch.randn(batch, seq, DIM, device=device)

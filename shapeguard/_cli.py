@@ -125,6 +125,11 @@ def _simulate_tp(target, text: str) -> None:
 
     with target.translate():
         degrees = _cli_tp.parse_degrees(text)
+    if target.json_path or target.html_path or target.format != "text":
+        raise UsageFailure(
+            "--tp prints a text report only; for JSON run the ranks (torchrun ... --json "
+            "trace.json) and shapeguard merge them"
+        )
     results = _cli_tp.simulate(target.argv, degrees)
     lines, working, failed = [], [], 0
     for tp, merged, failure in results:
@@ -142,8 +147,9 @@ def _simulate_tp(target, text: str) -> None:
         lines.append(body.rstrip("\n"))
     if len(results) > 1:
         lines.append(
-            f"tp degrees that work: {', '.join(map(str, working))}" if working else
-            "no tp degree tried works"
+            f"of the tp degrees tried ({', '.join(map(str, degrees))}), these work: "
+            f"{', '.join(map(str, working))}" if working else
+            f"none of the tp degrees tried ({', '.join(map(str, degrees))}) works"
         )  # fmt: skip
     elif working:
         lines.append(f"tp={working[0]}: no finding on any rank (simulated)")

@@ -184,7 +184,7 @@ def test_the_tp_simulator_agrees_with_real_ranks_on_an_uneven_split(tmp_path):
     assert "tp=2: no finding" in out
     assert "tp=3: 3 ranks of 3 (simulated on torch's fake process group)" in out
     assert "the ranks would hold 22 and 20 of wk's 64 output features" in out
-    assert out.rstrip().endswith("tp degrees that work: 2")
+    assert out.rstrip().endswith("of the tp degrees tried (2, 3), these work: 2")
     assert "1 of 2 tp degrees failed in tp_llama.py" in sweep.stderr
     simulated = _blocks(out)
     assert simulated and simulated == _blocks(merge.stdout), (out, merge.stdout)

@@ -143,3 +143,13 @@ def test_a_single_process_run_is_left_alone(monkeypatch):
     assert _ranks.prefix() == "" and _ranks.shows_full_report()
     assert _ranks.rank_path("trace.json") == "trace.json"
     assert _ranks.rank_path("t.{rank}.json") == "t.0.json"
+
+
+def test_tp_option_refuses_bad_degrees_and_report_files():
+    model = "tests/cli_models/tp_llama.py"
+    result = CliRunner().invoke(cli, ["trace", model, "--tp", "0,2"])
+    assert result.exit_code == 2
+    assert "--tp 0,2: give a tp degree or a list of them, e.g. --tp 2 or 1,2,4,8" in result.output
+    result = CliRunner().invoke(cli, ["trace", model, "--tp", "2", "--json", "t.json"])
+    assert result.exit_code == 2
+    assert "--tp prints a text report only" in result.output

@@ -65,7 +65,9 @@ def cpu_memory(model_file: str = MODEL_FILE, *, layers: int | None = None) -> di
     import torch
 
     import shapeguard
-    from shapeguard import _inputs, _loader, _ops
+    from shapeguard import _ops
+    from shapeguard._cli import inputs as _inputs
+    from shapeguard._cli import loader as _loader
 
     with _loader.loaded(model_file) as module:
         kwargs = {"n_layers": layers} if layers is not None else {}

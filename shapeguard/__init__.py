@@ -30,7 +30,7 @@ _LAZY = {
     "ProbeResult": ("._probes", "ProbeResult"),
     "attention": (".attention", None),
     "check": ("._check", "check"),
-    "contract": ("._contracts", "contract"),
+    "contract": ("._contract.decorator", "contract"),
     "contracts": (".contracts", None),
 }
 

@@ -1,6 +1,6 @@
 """`python -m shapeguard`: the same command line as `shapeguard`."""
 
-from ._cli import main
+from ._cli.commands import main
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 
 A guarded module gets one forward pre-hook (with kwargs) and one forward hook
 (`always_call=True`). The pre-hook checks the forward's shape contract (its
-jaxtyping annotations, see `_contracts`) and opens a session when none is open;
+jaxtyping annotations, see `_contract.decorator`) and opens a session when none is open;
 the hook checks the return value and closes the session, also when forward
 raises. Nothing else of the module changes: outputs are returned as they are,
 and `unguard` removes exactly those hooks.
@@ -118,7 +118,7 @@ def _apply(target, *, options: GuardOptions):
 
 def _compile_forward(cls):
     """The contract of `cls.forward`, compiled now so a malformed annotation fails here."""
-    from . import _contracts
+    from ._contract import decorator as _contracts
 
     forward = getattr(cls, "forward", None)
     if forward is None or not callable(forward):
@@ -228,7 +228,7 @@ def _install(module, options: GuardOptions, contract=None) -> None:
         return
     state = _GuardState(options)
     if contract is not None:
-        from . import _contracts
+        from ._contract import decorator as _contracts
 
         state.contract = contract
         state.bound = _contracts.bind_attributes(contract, module)
@@ -267,12 +267,12 @@ _runtime = None
 
 
 def _load_runtime():
-    """The torch-side helpers (`_contracts`, which also carries the session functions),
+    """The torch-side helpers (`_contract.decorator`, which also carries the session functions),
     imported on the first hook call so `import shapeguard` stays free of torch, and kept
     in a global so later calls pay no import."""
     global _runtime
     if _runtime is None:
-        from . import _contracts
+        from ._contract import decorator as _contracts
 
         _runtime = _contracts
     return _runtime

@@ -240,7 +240,7 @@ def _raw(tensor, meta: TensorMeta) -> tuple:
     dtype = tensor.dtype
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
     if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
-        sharded = _tp.record_sharding(tensor, meta)
+        sharded = _tp.record_sharding(tensor, meta, current_session())
         return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, meta, sharded
     return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, meta
 

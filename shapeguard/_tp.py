@@ -108,17 +108,15 @@ def operand_note(t) -> str:
     return f", DTensor {sharding_text(t)}, local {list(local_shape(t))}"
 
 
-def record_sharding(t, meta=None):
+def record_sharding(t, meta=None, session=None):
     """(placements, mesh dims, local shape, local numel) for the trace's record of a
-    DTensor made by an op; its local shard gets the DTensor's axes (`link_local`)."""
+    DTensor made by an op; its local shard gets the DTensor's axes (`link_local`) in
+    `session` (the current one: the session passes itself, so this module never imports
+    it)."""
     if not is_dtensor(t):
         return None
-    if meta is not None:
-        from ._session import current_session
-
-        session = current_session()
-        if session is not None:
-            link_local(session, t, meta)
+    if meta is not None and session is not None:
+        link_local(session, t, meta)
     local = local_shape(t)
     numel = 1
     for s in local:

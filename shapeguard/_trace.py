@@ -35,13 +35,8 @@ def trace(model=None, /, *args, mode: str = "raise", strict: bool = False, **kwa
     if not _config.is_enabled():
         model(*args, **kwargs)
         return record
-    from ._session import close_session, open_session
+    from ._tracing import tracing
 
-    session = open_session(record, root=model if hasattr(model, "named_modules") else None)
-    try:
-        if hasattr(model, "named_modules"):
-            session.enter_module(model, args, kwargs)
+    with tracing(record, model, args, kwargs):
         model(*args, **kwargs)
-    finally:
-        close_session(session)
     return record

@@ -16,8 +16,8 @@ import types
 import pytest
 from click.testing import CliRunner
 
-from shapeguard import _cli
-from shapeguard._cli import cli
+from shapeguard._cli import commands as _cli
+from shapeguard._cli.commands import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = os.path.join(ROOT, "examples", "seed_mha.py")

@@ -22,7 +22,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from shapeguard._cli import cli
+from shapeguard._cli.commands import cli
 
 pytestmark = pytest.mark.no_shapeguard  # the buggy copies break shape rules on purpose
 
@@ -291,7 +291,7 @@ def test_a_first_guess_the_forward_refutes_is_corrected(tmp_path):
 def test_making_inputs_leaves_the_model_and_the_rng_as_they_were():
     import torch
 
-    from shapeguard import _inputs
+    from shapeguard._cli import inputs as _inputs
 
     class Counting(torch.nn.Module):
         def __init__(self):
@@ -411,7 +411,7 @@ def test_sizes_too_large_are_one_line(args, text):
 def test_an_allocation_torch_refuses_is_one_line(monkeypatch):
     import torch
 
-    from shapeguard import _input_sizes
+    from shapeguard._cli import input_sizes as _input_sizes
 
     monkeypatch.setattr(_input_sizes, "_available_memory", lambda: None)
 
@@ -618,7 +618,7 @@ def test_the_probing_progress_counts_forwards_with_no_total(monkeypatch):
     import torch
     from rich.console import Console
 
-    from shapeguard import _cli
+    from shapeguard._cli import commands as _cli
 
     buffer = io.StringIO()
     monkeypatch.setattr(

@@ -13,8 +13,9 @@ from jaxtyping import Bool, Float, Shaped, jaxtyped
 from torch import Tensor, nn
 
 import shapeguard
-from shapeguard import _contracts, _source
-from shapeguard._contracts import contract, contract_of
+from shapeguard import _source
+from shapeguard._contract import decorator as _contracts
+from shapeguard._contract.decorator import contract, contract_of
 from shapeguard.contracts import GQAK, HeadsQ, Mask, Tokens
 
 pytestmark = pytest.mark.no_shapeguard  # these tests trigger violations on purpose

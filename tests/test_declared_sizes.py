@@ -6,8 +6,8 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from shapeguard import _axes
-from shapeguard._contract_bindings import bind_attributes
-from shapeguard._contract_compile import compile_contract
+from shapeguard._contract.bindings import bind_attributes
+from shapeguard._contract.compile import compile_contract
 
 pytestmark = pytest.mark.no_shapeguard
 

@@ -164,7 +164,7 @@ def test_the_tp_simulator_agrees_with_real_ranks_on_an_uneven_split(tmp_path):
     """tp=3 cuts wk's 64 features 22/22/20: the simulator runs rank 0 and rank 2 (rank 1's
     shards have rank 0's sizes) and must report what three real ranks do; the sweep names
     the degrees that work."""
-    from shapeguard import _cli_tp
+    from shapeguard._cli import tp as _cli_tp
 
     real = _torchrun(3, "trace", "tp_llama.py", "--json", tmp_path / "trace.json")
     assert real.returncode != 0, real.stdout + real.stderr[-3000:]

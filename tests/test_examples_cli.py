@@ -16,7 +16,7 @@ import shlex
 import pytest
 from click.testing import CliRunner
 
-from shapeguard._cli import cli
+from shapeguard._cli.commands import cli
 
 pytestmark = pytest.mark.no_shapeguard  # these tests trigger violations on purpose
 

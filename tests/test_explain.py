@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch import nn
 
-from shapeguard._cli import cli
-from shapeguard._explain import explain, factor_pairs
+from shapeguard._cli.commands import cli
+from shapeguard._explain.explain import explain, factor_pairs
 
 pytestmark = pytest.mark.no_shapeguard  # these tests trigger violations on purpose
 

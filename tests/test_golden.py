@@ -8,7 +8,7 @@ import pytest
 from _golden import check_golden
 from click.testing import CliRunner
 
-from shapeguard._cli import cli
+from shapeguard._cli.commands import cli
 
 pytestmark = pytest.mark.no_shapeguard
 

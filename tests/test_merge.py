@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from shapeguard import _merge, _ranks
-from shapeguard._cli import cli
+from shapeguard._cli.commands import cli
 
 
 def _finding(relation: str, *, kind="tp_head_divisibility", operands=()) -> dict:

@@ -20,19 +20,15 @@ def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
     from .. import _config
     from .._errors import ShapeWarning
     from .._record import Trace
-    from .._session import close_session, open_session
+    from .._tracing import tracing
 
     args, kwargs = inputs
-    session = open_session(Trace(mode=mode), root=s.model)
-    watch = Watch(session, keep_values=True)
-    try:
-        with _config.forced_on(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", ShapeWarning)
-            session.enter_module(s.model, args, kwargs)
+    with _config.forced_on(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShapeWarning)
+        with tracing(Trace(mode=mode), s.model, args, kwargs) as session:
+            watch = Watch(session, keep_values=True)
             with watch:
                 s.model(*args, **kwargs)
-    finally:
-        close_session(session)
     return watch.values or []
 
 
@@ -43,20 +39,15 @@ def traced_findings(s: Subject, inputs) -> list:
     from .. import _config
     from .._errors import ShapeWarning
     from .._record import Trace
-    from .._session import close_session, open_session
+    from .._tracing import tracing
 
     args, kwargs = inputs
     trace = Trace(mode="warn")
-    session = open_session(trace, root=s.model)
-    try:
-        with _config.forced_on(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", ShapeWarning)
-            session.enter_module(s.model, args, kwargs)
-            # A rule's error in warn mode is a finding already; torch's own is the step's.
-            with contextlib.suppress(Exception):
-                s.model(*args, **kwargs)
-    finally:
-        close_session(session)
+    with _config.forced_on(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShapeWarning)
+        # A rule's error in warn mode is a finding already; torch's own is the step's.
+        with tracing(trace, s.model, args, kwargs), contextlib.suppress(Exception):
+            s.model(*args, **kwargs)
     return trace.findings
 
 

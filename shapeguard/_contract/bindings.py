@@ -2,9 +2,9 @@
 
 from dataclasses import dataclass, field
 
-from . import _axes
-from ._contract_compile import Contract
-from ._errors import ContractError
+from .. import _axes
+from .._errors import ContractError
+from .compile import Contract
 
 _ALIAS_AXIS = {
     alias: axis for axis, aliases in _axes.ATTRIBUTE_AXES.items() for alias in (axis, *aliases)

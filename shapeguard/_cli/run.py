@@ -9,8 +9,8 @@ forward ran (`failure_trace`).
 import dataclasses
 from dataclasses import dataclass, field
 
-from ._errors import Finding, ShapeError
-from ._loader import ModelCrashed, error_lines, is_memory_error, on_device
+from .._errors import Finding, ShapeError
+from .loader import ModelCrashed, error_lines, is_memory_error, on_device
 
 
 @dataclass(slots=True)
@@ -54,9 +54,9 @@ def run_traced(
 
     import torch
 
-    from ._errors import ShapeWarning
-    from ._record import Trace
-    from ._session import close_session, open_session
+    from .._errors import ShapeWarning
+    from .._record import Trace
+    from .._tracing import tracing
 
     trace = Trace(mode="raise", strict=strict)
     run = Run(trace)
@@ -68,13 +68,12 @@ def run_traced(
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
-            session = open_session(trace, root=model)
             try:
-                session.enter_module(model, args, kwargs)
-                if prepare is not None:
-                    prepare(session)
-                with torch.no_grad(), on_device(device):
-                    model(*args, **kwargs)
+                with tracing(trace, model, args, kwargs) as session:
+                    if prepare is not None:
+                        prepare(session)
+                    with torch.no_grad(), on_device(device):
+                        model(*args, **kwargs)
             except ShapeError as error:
                 run.shape_error = error
                 if not any(f.message == error.render() for f in trace.findings):
@@ -90,8 +89,6 @@ def run_traced(
             except Exception as error:
                 run.crash = ModelCrashed("forward", error, path)
                 run.crash.__cause__ = error
-            finally:
-                close_session(session)
     finally:
         fake_logger.setLevel(previous_level)
     run.warnings = [w for w in caught if not issubclass(w.category, ShapeWarning)]
@@ -100,7 +97,7 @@ def run_traced(
         run.memory = (error_lines(cause) or [type(cause).__name__])[0]
     if site:
         _place(trace, site)
-    from . import _suppress
+    from .. import _suppress
 
     _suppress.apply(trace)
     return run
@@ -117,7 +114,7 @@ def _place(trace, site: str) -> None:
 
 
 def _register_floor() -> None:
-    from ._source import stop_at
+    from .._source import stop_at
 
     stop_at(run_traced.__code__)
 
@@ -155,7 +152,7 @@ def add_crash(trace, crash: ModelCrashed) -> None:
 def failure_trace(kind: str, message: str, location: str, hint: str):
     """A trace holding only the failure that stopped the model before any forward ran
     (importing the file, building the model), for `--json` and `--html`."""
-    from ._record import Trace
+    from .._record import Trace
 
     trace = Trace()
     add_error(trace, kind, message, location=location, hint=hint)

@@ -1,7 +1,7 @@
 """Whether a tensor the CLI would make fits: torch's size limit and this machine's free
 memory, checked before any allocation; and dtypes by name, as `--input` spells them."""
 
-from ._loader import LoadError
+from .loader import LoadError
 
 # The largest size (and element count) torch takes.
 _MAX_SIZE = 2**63 - 1

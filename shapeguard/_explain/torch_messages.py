@@ -3,9 +3,9 @@ view, masks, scaled_dot_product_attention and nn.MultiheadAttention."""
 
 import re
 
-from ._axes import divisors
-from ._errors import Operand
-from ._explain_rules import Explanation, Rules, factor_pairs, ints, prime_factors
+from .._axes import divisors
+from .._errors import Operand
+from .rules import Explanation, Rules, factor_pairs, ints, prime_factors
 
 RULES = Rules()
 

@@ -31,8 +31,8 @@ import typing
 import zlib
 from dataclasses import dataclass
 
-from . import _ops, _source
-from ._loader import LoadError
+from .. import _ops, _source
+from .loader import LoadError
 
 FLOAT, IDS, MASK = "float", "ids", "mask"
 # Mask polarity: True (1) marks a real token; True marks padding; additive (0 / -inf).
@@ -308,7 +308,7 @@ class Maker:
     def tensor(self, leaf: Leaf):
         import torch
 
-        from ._input_sizes import check_size, dtype_of
+        from .input_sizes import check_size, dtype_of
 
         dtype = dtype_of(leaf.dtype_name(self.model_dtype), leaf.name)
         check_size(leaf.name, leaf.shape, dtype, self.device)
@@ -328,7 +328,7 @@ class Maker:
             # Integers of unknown use: 0 is a valid id for any embedding.
             return torch.zeros(leaf.shape, dtype=dtype)
         except (RuntimeError, MemoryError) as error:
-            from ._input_sizes import memory_error
+            from .input_sizes import memory_error
 
             raise memory_error(leaf.name, leaf.shape, dtype, self.device, error) from None
 
@@ -443,7 +443,7 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
     forward raised (other than stopping because every leaf was read)."""
     import torch
 
-    from . import _config
+    from .. import _config
 
     watcher = _Watcher(tensors, leaves, model)
     training = {m: m.training for m in model.modules()}
@@ -736,7 +736,7 @@ def _fit_mask(shape: tuple, use: _Use) -> tuple:
     target, got = use.target, use.shape
     if not target or not shape:
         return shape
-    from ._axes import broadcast_shapes
+    from .._axes import broadcast_shapes
 
     if got and broadcast_shapes(tuple(got), tuple(target)) == tuple(target):
         return shape
@@ -791,7 +791,7 @@ def _shape(value) -> tuple:
 
 
 def _broadcast(a, b) -> tuple | None:
-    from ._axes import broadcast_shapes
+    from .._axes import broadcast_shapes
 
     shapes = [_shape(x) for x in (a, b) if hasattr(x, "shape")]
     if not shapes:

@@ -11,7 +11,7 @@ Where they come from, first that applies:
    after a module attribute (`d_model`, `n_heads`, `head_dim`, ...) take its value,
    `--dim name=size` sets any dim, and the rest get pairwise-distinct sizes, so that a
    swapped axis or a coincidental broadcast cannot hide.
-4. The model's own structure (`_inputs_structure`): token ids for a parameter that
+4. The model's own structure (`_cli.inputs_structure`): token ids for a parameter that
    feeds the first nn.Embedding, activations as wide as the Linear (or norm, conv,
    nn.MultiheadAttention) that reads them, a dict or dataclass batch of those, and
    masks with real padding in the polarity of the op that reads them, starting from
@@ -31,10 +31,10 @@ import inspect
 import typing
 from dataclasses import dataclass, field
 
-from . import _axes, _source
-from . import _inputs_structure as _structure
-from ._input_sizes import _check_count, _dtype
-from ._loader import LoadError
+from .. import _axes, _source
+from . import inputs_structure as _structure
+from .input_sizes import _check_count, _dtype
+from .loader import LoadError
 
 # First choices for well-known dims; every other dim takes the next free size of _POOL.
 _PREFERRED = {
@@ -83,7 +83,7 @@ class Inputs:
     def claim_layouts(self, session) -> None:
         """Tell a trace's session the layout of the inputs made seq-first: what reads them
         says so, which is more than the usual [batch, seq, features] of a model's input."""
-        from ._names import dims
+        from .._names import dims
 
         for tensor in self.seq_first:
             axes = session.meta_of(tensor).dims
@@ -381,7 +381,7 @@ def _call_example(example, device: str) -> tuple[tuple, dict]:
     except LoadError:
         raise
     except Exception as error:
-        from ._loader import ModelCrashed
+        from .loader import ModelCrashed
 
         raise ModelCrashed(
             "example_inputs()", error, inspect.getsourcefile(example) or ""

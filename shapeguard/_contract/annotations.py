@@ -3,8 +3,8 @@
 import ast
 import inspect
 
-from . import _source
-from ._errors import ContractError
+from .. import _source
+from .._errors import ContractError
 
 
 def resolve_hints(fn, signature, qualname: str) -> dict:

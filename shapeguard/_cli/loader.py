@@ -17,8 +17,8 @@ import typing
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from . import _source
-from ._errors import ShapeError, format_message
+from .. import _source
+from .._errors import ShapeError, format_message
 
 
 class LoadError(Exception):
@@ -76,7 +76,7 @@ def _crash_hint(error: BaseException) -> str:
     text = str(error)
     found = re.search(r"can't divide axis of length (\d+) in chunks of (\d+)", text)
     if found:
-        from ._axes import divisors
+        from .._axes import divisors
 
         size, parts = int(found.group(1)), int(found.group(2))
         fits = ", ".join(str(d) for d in divisors(size) if d > 1)
@@ -269,8 +269,11 @@ def _compile(path: str):
         with open(path, "rb") as f:
             return compile(f.read(), path, "exec")
     except SyntaxError as error:
-
-        where = f"{_source.display_path(path)}:{error.lineno}" if error.lineno else _source.display_path(path)
+        where = (
+            f"{_source.display_path(path)}:{error.lineno}"
+            if error.lineno
+            else _source.display_path(path)
+        )
         raise LoadError(
             f"syntax error at {where}: {error.msg}; fix the file and run again"
         ) from error

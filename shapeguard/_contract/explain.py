@@ -15,13 +15,13 @@ from beartype.door import is_bearable
 # API to push one seeded with known sizes; these three functions are stable since 0.2.
 from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
-from ._contract_bindings import Bindings
-from ._contract_compile import Contract, argument_values
-from ._contract_hints import dtype_hint
-from ._contract_locate import locate
-from ._contract_render import render_actual, render_bindings, render_expected
-from ._contract_report import Broken
-from ._contract_spec import Spec, array_types, hint_text, spec_of
+from .bindings import Bindings
+from .compile import Contract, argument_values
+from .hints import dtype_hint
+from .locate import locate
+from .render import render_actual, render_bindings, render_expected
+from .report import Broken
+from .spec import Spec, array_types, hint_text, spec_of
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ class Failed(click.ClickException):
     def show(self, file=None) -> None:
         if self.show_traceback and self.cause is not None:
             _traceback.print_exception(self.cause, file=sys.stderr)
-        from . import _ranks
+        from .. import _ranks
 
         lead = _ranks.prefix()
         click.echo(f"{lead}{self.prefix}{self.format_message()}", err=True)

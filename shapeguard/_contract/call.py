@@ -3,7 +3,7 @@
 Each call pushes a jaxtyping dimension memo seeded with the sizes the module
 declares (`d_model`, `n_heads`, ...), runs the beartype checker, and keeps the
 bindings for the return value. Only when a check fails does the slow path in
-`_contract_explain` run. `check="first"` keys calls by their input signature.
+`_contract.explain` run. `check="first"` keys calls by their input signature.
 """
 
 import sys
@@ -18,11 +18,11 @@ from beartype.roar import BeartypeCallHintViolation
 # API to push one seeded with known sizes; these three functions are stable since 0.2.
 from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
-from ._contract_bindings import Bindings
-from ._contract_compile import Contract, argument_values
-from ._contract_explain import explain_arguments, explain_return
-from ._contract_report import report
-from ._contract_spec import array_types, axes_for, spec_of
+from .bindings import Bindings
+from .compile import Contract, argument_values
+from .explain import explain_arguments, explain_return
+from .report import report
+from .spec import array_types, axes_for, spec_of
 
 is_compiling = torch.compiler.is_compiling
 
@@ -180,8 +180,8 @@ def name_inputs(session, contract: Contract, single: dict, args: tuple, kwargs: 
 def _claim_names(session, hint, value, label: str) -> None:
     if not isinstance(value, torch.Tensor):
         return
-    from ._meta import role_for
-    from ._names import dims as D
+    from .._meta import role_for
+    from .._names import dims as D
 
     for array_type in array_types(hint):
         names = axes_for(spec_of(array_type), tuple(value.shape))

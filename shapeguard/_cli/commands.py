@@ -1,8 +1,8 @@
 """The `shapeguard` command: trace, check and explain.
 
-A thin click group over library functions (`_loader`, `_inputs`, `_run`,
-`_check_summary`, `_explain`, `report.text`). Exit statuses are carried by exception
-classes (`_cli_errors`): 0 clean, 1 violations found or the model crashed, 2 a usage
+A thin click group over library functions (`_cli.loader`, `_cli.inputs`, `_cli.run`,
+`_check_summary`, `_explain.explain`, `report.text`). Exit statuses are carried by exception
+classes (`_cli.errors`): 0 clean, 1 violations found or the model crashed, 2 a usage
 or loading error, 130 interrupted. The report goes to stdout, diagnostics (a spinner, a progress bar,
 warnings) to stderr. torch is imported only by the commands that need it.
 """
@@ -12,11 +12,11 @@ import sys
 
 import click
 
-from ._check_summary import probe_rows as probe_rows
-from ._check_summary import probe_runner as probe_runner
-from ._cli_errors import Failed, Interrupted, UsageFailure
-from ._cli_target import target_options
-from ._version import __version__
+from .._check_summary import probe_rows as probe_rows
+from .._check_summary import probe_runner as probe_runner
+from .._version import __version__
+from .errors import Failed, Interrupted, UsageFailure
+from .target import target_options
 
 
 class _Group(click.Group):
@@ -84,7 +84,7 @@ def trace(target, all_ops, no_fold, tp_degrees):
     paths get the rank (`{rank}` in the path, else `.rank<r>` before the suffix), and
     `shapeguard merge` makes one report of them.
     """
-    from .report.text import render_findings, render_table, render_target
+    from ..report.text import render_findings, render_table, render_target
 
     if tp_degrees is not None:
         _simulate_tp(target, tp_degrees)
@@ -120,8 +120,9 @@ def trace(target, all_ops, no_fold, tp_degrees):
 
 def _simulate_tp(target, text: str) -> None:
     """`trace --tp`: each degree's simulated ranks, merged; the degrees that work."""
-    from . import _cli_tp, _merge
-    from ._cli_target import echo
+    from .. import _merge
+    from . import tp as _cli_tp
+    from .target import echo
 
     with target.translate():
         degrees = _cli_tp.parse_degrees(text)
@@ -174,7 +175,7 @@ def merge(reports):
       torchrun --nproc_per_node=2 -m shapeguard trace model.py --json trace.json
       shapeguard merge trace.rank*.json
     """
-    from . import _merge
+    from .. import _merge
 
     loaded = {}
     try:
@@ -203,7 +204,7 @@ def _count_text(trace) -> str:
 
 def _notes(target, picked, inputs) -> tuple[str, ...]:
     """What the value checks had nothing to test with, for the report."""
-    from . import _inputs_structure
+    from . import inputs_structure as _inputs_structure
 
     lines = []
     if target.device == "meta":
@@ -234,7 +235,7 @@ def _attention(target, picked, inputs, run):
     """The attention weights for --html's heatmaps: one more forward on cpu (none on meta)."""
     if not target.html_path or target.device != "cpu" or run.crash is not None:
         return None
-    from .report.html import capture_attention
+    from ..report.html import capture_attention
 
     try:
         return capture_attention(picked.model, *inputs.args, **inputs.kwargs)
@@ -253,8 +254,8 @@ def check(target):
     The probes (batch independence, causality, ...) need real values, so they are
     skipped on --device meta. Exit status 1 on any failure.
     """
-    from ._check_summary import summary_rows
-    from .report.text import render_check, render_target
+    from .._check_summary import summary_rows
+    from ..report.text import render_check, render_target
 
     with target.loaded() as module, contextlib.ExitStack() as stack:
         picked, inputs, run = _load_and_run(target, module, stack)
@@ -302,7 +303,7 @@ def explain(text: str | None) -> None:
       shapeguard explain "mat1 and mat2 shapes cannot be multiplied (64x128 and 256x64)"
       python train.py 2>&1 | shapeguard explain
     """
-    from ._explain import explain as explain_text
+    from .._explain.explain import explain as explain_text
 
     if text is None:
         stdin = sys.stdin
@@ -336,8 +337,10 @@ def _load_and_run(target, module, stack):
     """
     import warnings
 
-    from . import _cli_tp, _inputs, _loader
-    from ._run import add_crash, run_traced
+    from . import inputs as _inputs
+    from . import loader as _loader
+    from . import tp as _cli_tp
+    from .run import add_crash, run_traced
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
@@ -393,7 +396,7 @@ def _made_up_hint(inputs) -> str:
 
 
 def _emit_warnings(caught) -> None:
-    from ._errors import ShapeWarning
+    from .._errors import ShapeWarning
 
     for w in caught:
         if not issubclass(w.category, ShapeWarning):  # those are findings, in the report

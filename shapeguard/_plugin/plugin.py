@@ -1,7 +1,7 @@
 """The pytest plugin: run tests inside a shapeguard trace and fail them on shape violations.
 
 Registered under the `pytest11` entry point as `shapeguard` (`-p no:shapeguard` turns it
-off; its ini keys stay declared by `_pytest_ini`, an entry point of its own). It does nothing until asked: `--shapeguard` or the ini key `shapeguard = true` for
+off; its ini keys stay declared by `_plugin.ini`, an entry point of its own). It does nothing until asked: `--shapeguard` or the ini key `shapeguard = true` for
 every test, `@pytest.mark.shapeguard(mode=..., strict=...)` for one test or module,
 `@pytest.mark.no_shapeguard` to opt one out. torch is imported by the first traced test
 (`Trace.__enter__` loads the session), never by loading the plugin.
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from ._config import MODES, is_enabled
-from ._errors import Finding, ShapeWarning
-from ._pytest_ini import MARKERS, add_ini_keys
-from ._record import Event, Trace
+from .._config import MODES, is_enabled
+from .._errors import Finding, ShapeWarning
+from .._record import Event, Trace
+from .ini import MARKERS, add_ini_keys
 
 _LAST_OPS = 10  # ops listed before the violation in the report section
 _MARKER_ARGS = ("mode", "strict")
@@ -86,7 +86,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="ShapeWarnings (legal but suspicious shapes) fail the test too; without it they "
         "are reported and never raised. Implies --shapeguard (ini: shapeguard_strict).",
     )
-    # Also declared by `_pytest_ini` (its own entry point), which `-p no:shapeguard` leaves on.
+    # Also declared by `_plugin.ini` (its own entry point), which `-p no:shapeguard` leaves on.
     add_ini_keys(parser)
 
 
@@ -205,7 +205,7 @@ def pytest_runtest_call(item: pytest.Item):
         with trace:
             plan.opened = True
             result = yield
-    from . import _suppress
+    from .. import _suppress
 
     _suppress.apply(trace)
     if plan.checked:
@@ -266,7 +266,7 @@ def shapeguard_fake_tp():
                 model = parallelize_module(Attention(), mesh, plan)
                 model(x)
     """
-    from .distributed import fake_tp
+    from ..distributed import fake_tp
 
     return fake_tp
 

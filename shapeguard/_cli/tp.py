@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from ._loader import LoadError
+from .loader import LoadError
 
 ENV = "SHAPEGUARD_FAKE_TP"
 
@@ -65,7 +65,7 @@ def parallel(module, model):
 
     owned = False
     if simulated is not None:
-        from .distributed import _register_fake
+        from ..distributed import _register_fake
 
         if dist.is_initialized():
             raise LoadError("--tp: the file initializes a process group itself; remove --tp")
@@ -88,7 +88,7 @@ def parallel(module, model):
 
 
 def _already_parallel(model) -> bool:
-    from . import _tp
+    from .. import _tp
 
     _tp.dtensor_class()
     return any(_tp.is_dtensor(p) for p in model.parameters())
@@ -134,7 +134,7 @@ def default_plan(model) -> dict:
     import torch
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    from . import _tp
+    from .. import _tp
 
     plan = {}
     for path, sub in model.named_modules():
@@ -177,7 +177,7 @@ def _run_rank(argv: list[str], tp: int, rank: int, folder: str) -> tuple[dict | 
 def distinct_ranks(report: dict, tp: int) -> dict[int, list[int]]:
     """{rank to run: the ranks whose shards have its sizes}, from rank 0's report: the
     sharded projections' widths, chunked as torch.chunk does."""
-    from ._tp import chunk_sizes
+    from .._tp import chunk_sizes
 
     modules = ((report.get("distributed") or {}).get("modules") or {}).values()
     widths = []
@@ -194,7 +194,7 @@ def distinct_ranks(report: dict, tp: int) -> dict[int, list[int]]:
 
 def simulate(argv: list[str], degrees: list[int]):
     """Run the simulated ranks of each degree: [(tp, merged or None, failure text)]."""
-    from . import _merge
+    from .. import _merge
 
     results = []
     with tempfile.TemporaryDirectory(prefix="shapeguard-tp-") as folder:

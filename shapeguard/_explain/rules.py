@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._errors import Operand, format_message
+from .._errors import Operand, format_message
 
 
 @dataclass(frozen=True, slots=True)

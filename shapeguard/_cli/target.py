@@ -7,8 +7,8 @@ import functools
 
 import click
 
-from ._cli_errors import Failed, UsageFailure
-from ._loader import LoadError, ModelCrashed
+from .errors import Failed, UsageFailure
+from .loader import LoadError, ModelCrashed
 
 _OPTIONS = (
     click.argument("file", required=False, type=click.Path(dir_okay=True, path_type=str)),
@@ -144,7 +144,8 @@ class Target:
         strict,
         show_traceback,
     ):
-        from . import _inputs, _loader
+        from . import inputs as _inputs
+        from . import loader as _loader
 
         self.module = module_name
         self.script_args = tuple(script_args)
@@ -187,7 +188,7 @@ class Target:
     def loaded(self):
         """FILE imported as a module while in the block (`_loader.loaded`), with its own
         argv; a failure in the block becomes the CLI's exit status (`translate`)."""
-        from . import _loader
+        from . import loader as _loader
 
         quiet_torch()
         with (
@@ -199,7 +200,7 @@ class Target:
     @contextlib.contextmanager
     def translate(self):
         """Turn library exceptions into the CLI's exit statuses (ShapeError: the report on stdout)."""
-        from ._errors import ShapeError
+        from .._errors import ShapeError
 
         try:
             yield
@@ -219,8 +220,8 @@ class Target:
     def _report_early(self, kind: str, message: str, location: str, hint: str) -> None:
         """A failure before any forward ran (importing or building the model): the message on
         stdout, and a trace holding only that finding for --json and --html."""
-        from ._run import failure_trace
-        from .report.text import render_github
+        from ..report.text import render_github
+        from .run import failure_trace
 
         trace = failure_trace(kind, message, location, hint)
         self.write_files(trace)
@@ -239,8 +240,8 @@ class Target:
             check: `shapeguard check`'s summary (`_check_summary.Summary`), or None.
             attention: heatmap data for --html (`capture_attention`), or None.
         """
-        from . import _ranks
-        from .report.text import render_github
+        from .. import _ranks
+        from ..report.text import render_github
 
         self.write_files(trace, check=check, attention=attention)
         if self.json_path == "-":
@@ -253,13 +254,13 @@ class Target:
             echo(rank_summary(trace))
 
     def write_files(self, trace, *, check=None, attention=None) -> None:
-        from . import _ranks
+        from .. import _ranks
 
         if self.json_path and self.json_path != "-":
             _write(_ranks.rank_path(self.json_path), _json(trace, check))
         if self.html_path:
             try:
-                from .report.html import render_html
+                from ..report.html import render_html
             except ImportError as error:
                 raise UsageFailure(f"--html is not available in this version ({error})") from None
             checks = check.rows if check else None
@@ -269,7 +270,7 @@ class Target:
 def echo(text: str) -> None:
     """The report on stdout; on one rank of several, each line prefixed `[rank r/N]` and
     written whole, so the ranks' lines interleave but never their characters."""
-    from . import _ranks
+    from .. import _ranks
 
     if _ranks.prefix():
         _ranks.write_lines(text)

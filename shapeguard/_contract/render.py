@@ -1,7 +1,7 @@
 """Shapes, contracts and bindings as the contract messages write them."""
 
-from . import _axes
-from ._contract_spec import Spec, axes_for, eval_symbolic
+from .. import _axes
+from .spec import Spec, axes_for, eval_symbolic
 
 
 def tuple_text(shape) -> str:

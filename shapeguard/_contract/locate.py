@@ -1,10 +1,10 @@
 """The first axis of a tensor that breaks its spec, walked as jaxtyping walks it."""
 
-from . import _axes
-from ._contract_hints import fixed_hint, position_hint, rank_hint
-from ._contract_render import tuple_text
-from ._contract_report import Broken
-from ._contract_spec import Spec, eval_symbolic
+from .. import _axes
+from .hints import fixed_hint, position_hint, rank_hint
+from .render import tuple_text
+from .report import Broken
+from .spec import Spec, eval_symbolic
 
 
 def locate(spec: Spec, shape: tuple, label: str, single: dict, variadic: dict, sources: dict):

@@ -3,8 +3,8 @@ and for Python's when flash_attn cannot be imported."""
 
 import re
 
-from ._errors import Operand
-from ._explain_rules import Explanation, Rules
+from .._errors import Operand
+from .rules import Explanation, Rules
 
 RULES = Rules()
 

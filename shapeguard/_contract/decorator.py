@@ -3,16 +3,16 @@
 This module is the public `contract` decorator for plain functions, and the one
 name the guard loads for its torch-side helpers. The work is done by its siblings:
 
-- `_contract_spec`: one jaxtyping array type, read once into a `Spec`;
-- `_contract_compile`: a function's annotations compiled into a `Contract` (a
+- `_contract.spec`: one jaxtyping array type, read once into a `Spec`;
+- `_contract.compile`: a function's annotations compiled into a `Contract` (a
   malformed annotation is a `ContractError` when the class is guarded or the
   function decorated, not at the first call);
-- `_contract_bindings`: dims bound to module attributes (`d_model`, `n_heads`, ...);
-- `_contract_call`: checking a call (the arguments, then the return value) and
+- `_contract.bindings`: dims bound to module attributes (`d_model`, `n_heads`, ...);
+- `_contract.call`: checking a call (the arguments, then the return value) and
   the `check="first"` signature cache;
-- `_contract_explain`, `_contract_locate`, `_contract_hints`, `_contract_render`:
+- `_contract.explain`, `_contract.locate`, `_contract.hints`, `_contract.render`:
   on a failure only, which argument and axis broke, the bindings so far and a fix;
-- `_contract_report`: one `ShapeError` (kind `contract`), or a warning, and a finding.
+- `_contract.report`: one `ShapeError` (kind `contract`), or a warning, and a finding.
 
 Tensor values are never printed.
 """
@@ -22,12 +22,14 @@ import functools
 import jaxtyping
 import torch
 
-from . import _config, _source
+from .. import _config, _source
+from .._errors import ContractError, Operand, ShapeError
+from .._session import close_session, current_session, open_session  # noqa: F401
 
 # Besides what this module uses: the names `_guard` reaches through it (the rest of a
 # call's checks, and the session), and `_call_stack`, which the tests read.
-from ._contract_bindings import Bindings, bind_attributes  # noqa: F401
-from ._contract_call import (  # noqa: F401
+from .bindings import Bindings, bind_attributes  # noqa: F401
+from .call import (  # noqa: F401
     Call,
     _call_stack,
     check_arguments,
@@ -40,9 +42,7 @@ from ._contract_call import (  # noqa: F401
     remember,
     signature_key,
 )
-from ._contract_compile import CACHE_ATTR, Contract, compile_contract
-from ._errors import ContractError, Operand, ShapeError
-from ._session import close_session, current_session, open_session  # noqa: F401
+from .compile import CACHE_ATTR, Contract, compile_contract
 
 # -- jaxtyping's own errors --------------------------------------------------------------
 

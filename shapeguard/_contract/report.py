@@ -3,9 +3,9 @@
 import warnings
 from dataclasses import dataclass
 
-from . import _source
-from ._contract_compile import Contract
-from ._errors import Operand, ShapeError, ShapeWarning
+from .. import _source
+from .._errors import Operand, ShapeError, ShapeWarning
+from .compile import Contract
 
 
 @dataclass(slots=True)

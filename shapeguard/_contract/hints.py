@@ -2,8 +2,8 @@
 
 import itertools
 
-from . import _axes
-from ._contract_spec import Spec, eval_symbolic, names_for
+from .. import _axes
+from .spec import Spec, eval_symbolic, names_for
 
 
 def fixed_hint(label: str, axis: int, size: int, fixed: int) -> str:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from beartype import beartype
 from beartype.roar import BeartypeException
 
-from . import _source
-from ._contract_annotations import annotation_lines, resolve_hints
-from ._contract_spec import array_types, spec_of
-from ._errors import ContractError
+from .. import _source
+from .._errors import ContractError
+from .annotations import annotation_lines, resolve_hints
+from .spec import array_types, spec_of
 
 
 @dataclass(slots=True)

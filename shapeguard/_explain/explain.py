@@ -3,13 +3,14 @@
 Each rule matches one message family and says what it means for attention code
 (which tensor is which, what the numbers are, which sizes were flattened
 together) and the likely fix, in the house message format. The rules live in
-`_explain_torch` and `_explain_flash`; what a rule is, in `_explain_rules`.
+`_explain.torch_messages` and `_explain.flash`; what a rule is, in `_explain.rules`.
 Pure Python: no torch.
 """
 
-from . import _explain_flash, _explain_torch
-from ._explain_rules import Explanation as Explanation
-from ._explain_rules import factor_pairs as factor_pairs
+from . import flash as _explain_flash
+from . import torch_messages as _explain_torch
+from .rules import Explanation as Explanation
+from .rules import factor_pairs as factor_pairs
 
 RULES = [*_explain_torch.RULES, *_explain_flash.RULES]
 

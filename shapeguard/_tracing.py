@@ -1,0 +1,49 @@
+"""The one way to run code under a session: `tracing()` for a block, `begin()` where the
+start and the end are in different hooks (the guard's pre- and post-forward hooks).
+
+Every opener (`shapeguard.trace`, a guarded module, the CLI's run, `check` and its
+probes) goes through here, so a session is always entered the same way (the root module
+entered with the forward's inputs, which names them and checks its head counts before
+its first op) and always closed, also when the forward raises.
+"""
+
+from ._record import Trace
+from ._session import Session, close_session, open_session
+
+
+def begin(trace: Trace, model=None, args: tuple = (), kwargs: dict | None = None) -> Session:
+    """Open a session that records into `trace`. With a module, enter it with the inputs
+    of its forward. The caller closes the session with `close_session`, also on error;
+    if entering the module raises, the session is closed before the error leaves."""
+    root = model if hasattr(model, "named_modules") else None
+    session = open_session(trace, root=root)
+    if root is not None:
+        try:
+            session.enter_module(root, args, {} if kwargs is None else kwargs)
+        except BaseException:
+            close_session(session)
+            raise
+    return session
+
+
+class tracing:  # noqa: N801 (used as a function: `with tracing(...) as session`)
+    """A session open for the block (see `begin`), closed when it ends however it ends.
+
+    A class, not a generator: errors raised while entering are located at the user's line,
+    and a generator's frame would sit in contextlib, between shapeguard and the user.
+    """
+
+    __slots__ = ("_opened", "_session")
+
+    def __init__(self, trace: Trace, model=None, args: tuple = (), kwargs: dict | None = None):
+        self._opened = (trace, model, args, kwargs)
+        self._session: Session | None = None
+
+    def __enter__(self) -> Session:
+        self._session = begin(*self._opened)
+        return self._session
+
+    def __exit__(self, *exc_info) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            close_session(session)

@@ -79,8 +79,10 @@ def format_shape(shape: Sequence[int], axes: Axes | None = None, notes: dict | N
 def axis_name(axes: Axes | None, dim: int, ndim: int) -> str:
     """The name of axis `dim`, or `dim N` when it has none."""
     dim = dim % ndim if ndim else dim
-    if axes and len(axes) == ndim and axes[dim]:
-        return axes[dim]  # type: ignore[return-value]
+    if axes and len(axes) == ndim:
+        name = axes[dim]
+        if name:
+            return name
     return f"dim {dim - ndim}"
 
 

@@ -14,9 +14,14 @@ import random
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, cast
 
 from . import _probes
 from ._probes import ProbeResult
+
+if TYPE_CHECKING:
+    from ._probes.watch import Watch
+    from ._record import Trace
 
 PROBES = (
     _probes.batch_independence,
@@ -108,7 +113,7 @@ class CheckReport:
             color_system="auto" if color else None,
             force_terminal=color,
             record=True,
-            file=_Sink(),
+            file=cast(IO[str], _Sink()),  # rich only writes to it and flushes it
         )
         console.print(table)
         for r in self.failed:
@@ -265,8 +270,8 @@ def _untouched(model):
 # -- the trace --------------------------------------------------------------------------
 @dataclass(slots=True)
 class _Traced:
-    trace: object
-    watch: object
+    trace: "Trace"
+    watch: "Watch"
     out_axes: tuple = ()
     error: Exception | None = None
     # The inputs' and outputs' metas when the forward ended (their axis provenance).
@@ -413,7 +418,7 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
 
 
 def _memo(make):
-    made = []
+    made: list = []
 
     def once():
         if not made:

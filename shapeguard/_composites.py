@@ -31,6 +31,8 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING
 
 import torch
 from torch._C import (
@@ -41,6 +43,9 @@ from torch._C import (
 )
 
 from . import _config, _ops, _source
+
+if TYPE_CHECKING:
+    import inspect
 
 _MHA_OP = _ops.MHA.name  # the op nn.MultiheadAttention calls, as the checks know it
 _MODULE_FILE = torch.nn.modules.module.__file__
@@ -100,7 +105,7 @@ def call_kwargs(module) -> dict:
     A global forward pre-hook gets `(module, args)` only (torch has no `with_kwargs` for
     global pre-hooks), and masks usually come by keyword; `Module._call_impl` keeps them in
     its `inner` closure, which calls the hooks. Read only, never written."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(12):
         if frame is None:
             break
@@ -114,7 +119,7 @@ def call_kwargs(module) -> dict:
     return {}
 
 
-_signatures: "weakref.WeakKeyDictionary[type, object]" = weakref.WeakKeyDictionary()
+_signatures: "weakref.WeakKeyDictionary[type, inspect.Signature]" = weakref.WeakKeyDictionary()
 
 
 def _bind(module, args: tuple, kwargs: dict) -> dict | None:
@@ -137,7 +142,7 @@ class _Attention:
     """One call a composite makes to an nn.MultiheadAttention, as the module would make it."""
 
     path: str  # of the attention module, under the composite ("" for the composite itself)
-    module: object
+    module: torch.nn.MultiheadAttention
     query: object
     key: object
     value: object
@@ -256,8 +261,12 @@ def functional_arguments(attention: _Attention) -> tuple[tuple, dict] | None:
     (masks as given: the checkers read bool and float masks alike)."""
     mha = attention.module
     q, k, v = attention.query, attention.key, attention.value
+    if not (
+        isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    ):
+        return None
     tensors = (q, k, v)
-    if not all(isinstance(t, torch.Tensor) for t in tensors) or any(t.is_nested for t in tensors):
+    if any(t.is_nested for t in tensors):
         return None
     if mha.batch_first and q.dim() == 3:
         # As MultiheadAttention.forward does: F.multi_head_attention_forward takes [seq, batch, E].
@@ -341,7 +350,7 @@ def check(session, module, kind: str, args: tuple, kwargs: dict, site) -> None:
 # -- suspension ----------------------------------------------------------------------------
 @dataclass(slots=True)
 class _Suspension:
-    module: object
+    module: torch.nn.Module
     popped: list  # shapeguard modes taken off the stack, top first
     op: str
     args: tuple

@@ -175,5 +175,5 @@ def _wrap(original):
         # the interceptor quiet, and records one event named after the original.
         return session.dispatch(original, args, kwargs)
 
-    checked.__shapeguard_original__ = original
+    checked.__shapeguard_original__ = original  # type: ignore[attr-defined]  # a marker on the wrapper
     return checked

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from . import _axes, _ops
 from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
-from .checks import ERROR, WARNING
+from .checks import ERROR, WARNING, Severities
 
 # Every kind flash-attn's contract reports (the entry points, the kernels, varlen).
-KINDS = {
+KINDS: dict[str, Severities] = {
     **dict.fromkeys(
         (
             "flash_batch", "flash_cu_seqlens_dtype", "flash_cu_seqlens_order",

@@ -37,9 +37,11 @@ def check_varlen_args(names, args, *, op: str, flash: bool, kernel: bool = False
     """The varlen contract for (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     named `names[:5]`."""
     q, k, v, cu_q, cu_k, max_q, max_k = args
-    specs = [spec(n, t) for n, t in zip(names[:3], (q, k, v), strict=True)]
+    sq, sk, sv = (spec(n, t) for n, t in zip(names[:3], (q, k, v), strict=True))
     return check_varlen(
-        *specs,
+        sq,
+        sk,
+        sv,
         cu_seqlens(names[3], cu_q, max_q, "max_seqlen_q"),
         cu_seqlens(names[4], cu_k, max_k, "max_seqlen_k"),
         op=op,
@@ -102,8 +104,9 @@ def check_varlen(
     if found is not None:
         yield found
         return
-    for cu, t, axis in ((cu_q, q, "total_q"), (cu_k, None if paged else k, "total_k")):
-        found = next(_check_cu_values(cu, t, axis, op=op), None)
+    packed: Spec | None  # k is not checked against cu_seqlens_k when paged
+    for cu, packed, axis in ((cu_q, q, "total_q"), (cu_k, None if paged else k, "total_k")):
+        found = next(_check_cu_values(cu, packed, axis, op=op), None)
         if found is not None:
             yield found
             return
@@ -241,11 +244,13 @@ def check_varlen_qkvpacked(qkv: Spec, cu: CuSeqlens, *, op: str, flash: bool):
     """flash_attn_varlen_qkvpacked_func: qkv is [total, 3, heads, d_k]."""
     parts = yield from unpacked(qkv, ("total", "heads", "d_k"), 1, op=op)
     if parts:
-        yield from check_varlen(*parts, cu, cu, op=op, flash=flash)
+        q, k, v = parts
+        yield from check_varlen(q, k, v, cu, cu, op=op, flash=flash)
 
 
 def check_varlen_kvpacked(q: Spec, kv: Spec, cu_q: CuSeqlens, cu_k: CuSeqlens, *, op, flash):
     """flash_attn_varlen_kvpacked_func: q [total_q, heads, d_k], kv [total_k, 2, kv_heads, d_k]."""
     parts = yield from unpacked(kv, ("total_k", "kv_heads", "d_k"), 1, op=op, before=(q,))
     if parts:
-        yield from check_varlen(q, *parts, cu_q, cu_k, op=op, flash=flash)
+        k, v = parts
+        yield from check_varlen(q, k, v, cu_q, cu_k, op=op, flash=flash)

@@ -143,7 +143,7 @@ def _guard_class(cls, options: GuardOptions):
                 _check_config(self)
             _install(self, options, _compile_forward(type(self)))
 
-    __init__.__shapeguard_wrapped__ = True
+    __init__.__shapeguard_wrapped__ = True  # type: ignore[attr-defined]  # a marker on the wrapper
     cls.__init__ = __init__
     cls.__shapeguard_options__ = options
     return cls

@@ -2,9 +2,14 @@
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ._axes import Axes, format_shape
 from ._errors import Finding, ShapeError
+
+if TYPE_CHECKING:
+    from ._meta import TensorMeta
+    from ._session import Session
 
 SCHEMA_VERSION = 2
 
@@ -22,7 +27,7 @@ class TensorRecord:
     device: str = "cpu"
     # The live tensor's meta, until the session closes and `settle` reads the final axis
     # names and role from it (names learned later in the forward show on every record).
-    meta: object = field(default=None, repr=False, compare=False)
+    meta: "TensorMeta | None" = field(default=None, repr=False, compare=False)
     # A DTensor's placements (`Shard(2)@tp`) and this rank's shard of it; `shape` is the
     # global one and `nbytes` what this rank holds. None for a plain tensor.
     placements: tuple[str, ...] | None = None
@@ -159,7 +164,7 @@ class Trace:
     suppressed: list[Finding] = field(default_factory=list)
     modules_seen: int = 0
     dropped_events: int = 0
-    _session: object = field(default=None, repr=False)
+    _session: "Session | None" = field(default=None, repr=False)
     # Events as the session left them, one flat tuple per op (see `record`), built into
     # `Event`s only when read: most traces are read once, after the forward, if at all.
     _events: list[Event] = field(default_factory=list, repr=False)

@@ -712,7 +712,7 @@ def _tensors_of(out) -> list:
 _param_cache: "weakref.WeakKeyDictionary[type, tuple[str, ...]]" = weakref.WeakKeyDictionary()
 
 
-def _parameter_names(cls: type) -> tuple[str, ...]:
+def _parameter_names(cls: "type[torch.nn.Module]") -> tuple[str, ...]:
     names = _param_cache.get(cls)
     if names is None:
         try:

@@ -15,6 +15,7 @@ import linecache
 import os
 import sys
 import threading
+import typing
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
@@ -25,6 +26,10 @@ from types import CodeType, FrameType
 _parse_lock = threading.Lock()
 
 
+@typing.overload
+def parse(text: str, mode: typing.Literal["exec"] = "exec") -> ast.Module: ...
+@typing.overload
+def parse(text: str, mode: typing.Literal["eval"]) -> ast.Expression: ...
 def parse(text: str, mode: str = "exec") -> ast.AST:
     """`ast.parse`, safe to call from several threads at once."""
     with _parse_lock:
@@ -267,7 +272,8 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
     )
 
 
-_NodeIndex = dict[tuple[int, int, int, int], tuple[ast.AST, tuple[str, ...], bool]]
+# Keyed by (lineno, col, end_lineno, end_col): the ends are None where Python has none.
+_NodeIndex = dict[tuple[int, int, int | None, int | None], tuple[ast.AST, tuple[str, ...], bool]]
 _file_cache: dict[str, _NodeIndex | None] = {}
 
 

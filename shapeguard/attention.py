@@ -161,7 +161,11 @@ def flash_attention_varlen(
     checking = _config.is_enabled() and not torch.compiler.is_compiling()
     path = _path(q, backend, announce=not torch.compiler.is_compiling())
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    kwargs = {"causal": bool(causal), "softmax_scale": softmax_scale, "window_size": window}
+    kwargs: dict[str, object] = {
+        "causal": bool(causal),
+        "softmax_scale": softmax_scale,
+        "window_size": window,
+    }
     kwargs["path"] = path
     if checking:
         from ._session import current_session

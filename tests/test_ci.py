@@ -64,3 +64,30 @@ def test_every_module_the_tests_import_is_installed_by_the_test_group():
                 if top not in installed:
                     missing.setdefault(top, path.name)
     assert not missing, f"imported by tests but not in the test group: {missing}"
+
+
+def test_the_wheel_ships_the_typed_marker():
+    """PEP 561: `shapeguard/py.typed` tells a user's type checker to read the package's
+    annotations. Hatch's wheel takes every file under `packages`, the marker included."""
+    import tomllib
+
+    assert (ROOT / "shapeguard" / "py.typed").is_file()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wheel = project["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert "shapeguard" in wheel["packages"]
+    assert not any("py.typed" in str(pattern) for pattern in wheel.get("exclude", []))
+
+
+def test_ci_type_checks_the_package():
+    """CI runs mypy over the package (configured in pyproject), after the tests; mypy is a
+    dev tool, not in the test group."""
+    import tomllib
+
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert 'pip install "mypy>=1.11" && mypy' in ci
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    mypy = project["tool"]["mypy"]
+    assert mypy["files"] == ["shapeguard"] and mypy["check_untyped_defs"] is True
+    dev = project["dependency-groups"]["dev"]
+    assert any(isinstance(spec, str) and spec.startswith("mypy") for spec in dev)
+    assert not any(spec.startswith("mypy") for spec in project["dependency-groups"]["test"])

@@ -20,6 +20,7 @@ LAYERS = {
         "shapeguard._session", "shapeguard._record", "shapeguard._composites",
         "shapeguard._construction", "shapeguard._meta", "shapeguard._flash", "shapeguard._trace",
         "shapeguard._replay", "shapeguard._tp", "shapeguard._ranks", "shapeguard.attention",
+        "shapeguard._tracing",
     ),
     "on the trace": (
         "shapeguard.report", "shapeguard._contract", "shapeguard.contracts", "shapeguard._guard",

@@ -9,6 +9,7 @@ warnings) to stderr. torch is imported only by the commands that need it.
 
 import contextlib
 import sys
+from collections.abc import Mapping
 
 import click
 
@@ -213,6 +214,7 @@ def _notes(target, picked, inputs) -> tuple[str, ...]:
             "(polarity, direction, axis, empty rows) did not run"
         )
     else:
+        params: Mapping[str, object]
         try:
             import inspect
 

@@ -175,7 +175,9 @@ def make_inputs(
         if not specs:
             return Inputs(args, kwargs, "example_inputs()")
         bound = _bind(signature, args, kwargs, type(model).__name__)
-        nodes = {name: _spec_leaf(spec) for name, spec in specs.items()}
+        nodes: dict[str, _structure.Leaf | _structure.Batch] = {
+            name: _spec_leaf(spec) for name, spec in specs.items()
+        }
 
         def assemble(values: dict) -> tuple[tuple, dict]:
             return _split(params, {**bound, **values})
@@ -190,7 +192,7 @@ def make_inputs(
     for name, annotation in contract.items():
         if annotation is not None and name not in specs:
             sizes.reserve(annotation)
-    nodes: dict[str, object] = {}
+    nodes = {}
     sources: dict[str, str] = {}
     # A forward whose every parameter is optional (HF's `input_ids=None, attention_mask=None,
     # ...`) gets its first one, and its `attention_mask` beside token ids.

@@ -76,7 +76,7 @@ class Leaf:
     layout: str = "batch_first"  # or "seq_first", for nn.MultiheadAttention(batch_first=False)
     unsure: bool = False  # its width is a placeholder until something reads it
     # Set while a provisional forward watches it.
-    use: object = None
+    use: "_Use | None" = None
 
     def dtype_name(self, model_dtype: str) -> str:
         if self.dtype:
@@ -629,7 +629,7 @@ def _module_use(module, param: str, via: str, value, bound: dict) -> _Use | None
             return _Use("mha", via, module, param, shape, width=width)
         if param in ("key_padding_mask", "attn_mask"):
             key = bound.get("key")
-            target = ()
+            target: tuple[int, ...] = ()
             if isinstance(key, torch.Tensor) and key.dim() == 3:
                 batch, seq = (
                     (key.shape[0], key.shape[1])
@@ -719,13 +719,23 @@ def _refine(leaf: Leaf, use: _Use, model, sizes) -> bool:
 
 def _fit_width(leaf: Leaf, use: _Use) -> tuple:
     """Activations `[batch, seq, width]` in the layout of what reads them."""
+    from torch import nn
+
+    width = use.width
+    if width is None:
+        raise ValueError("_fit_width: the use read no width")  # the caller checks it first
     shape = leaf.shape
     if len(shape) < 2:
-        return (*shape[:-1], use.width) if shape else shape
+        return (*shape[:-1], width) if shape else shape
     if use.what == "conv1d":
-        return (shape[0], use.width, shape[-1]) if len(shape) == 3 else (*shape[:2], use.width)
-    shape = (*shape[:2], use.width) if len(shape) == 2 else (*shape[:-1], use.width)
-    if use.what == "mha" and not use.module.batch_first and leaf.layout == "batch_first":
+        return (shape[0], width, shape[-1]) if len(shape) == 3 else (*shape[:2], width)
+    shape = (*shape[:2], width) if len(shape) == 2 else (*shape[:-1], width)
+    mha = use.module if use.what == "mha" else None
+    if (
+        isinstance(mha, nn.MultiheadAttention)
+        and not mha.batch_first
+        and leaf.layout == "batch_first"
+    ):
         leaf.layout = "seq_first"
         shape = (shape[1], shape[0], *shape[2:])
     return shape

@@ -146,11 +146,13 @@ def loaded(path: str | None = None, *, module: str | None = None, argv: tuple = 
     with `sys.argv`, `sys.path` and any module of the same name put back as they were.
     """
     global _loaded_count
-    argv0 = path
+    name: str | None
+    local: list[str] | tuple[str, ...]
     if module is not None:
         name, path, search, local = _find_module(module)
         argv0 = path
     else:
+        argv0 = path or ""  # as given; _check_file refuses an empty path
         path = _check_file(path)
         name, search, local = _module_name(path)
     code = _compile(path)
@@ -293,6 +295,8 @@ def _execute(name: str, path: str, code, shown: str) -> ModuleType:
             path,
             submodule_search_locations=[os.path.dirname(path)] if is_package else None,
         )
+        if spec is None:  # never for a .py file: the source loader takes every one
+            raise ImportError(f"no loader for {path}")
         module = importlib.util.module_from_spec(spec)
         # Registered before it runs: dataclasses and pickling look the module up by name.
         sys.modules[name] = module

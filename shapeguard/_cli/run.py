@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .._errors import Finding, ShapeError
+from .._record import Trace
 from .loader import ModelCrashed, error_lines, is_memory_error, on_device
 
 
@@ -17,7 +18,7 @@ from .loader import ModelCrashed, error_lines, is_memory_error, on_device
 class Run:
     """One traced forward: the trace (complete or up to the failure) and what stopped it."""
 
-    trace: object
+    trace: Trace
     shape_error: BaseException | None = None
     crash: ModelCrashed | None = None
     warnings: list = field(default_factory=list)

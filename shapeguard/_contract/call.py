@@ -83,7 +83,7 @@ def signature_key(args: tuple, kwargs: dict) -> tuple:
     form measured: comprehensions and tuples of pairs cost more).
     """
     tensor = torch.Tensor
-    key = []
+    key: list[object] = []
     append = key.append
     for a in args:
         if isinstance(a, tensor):

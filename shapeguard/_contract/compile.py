@@ -9,7 +9,9 @@ import ast
 import builtins
 import contextlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from beartype import beartype
 from beartype.roar import BeartypeException
@@ -18,6 +20,10 @@ from .. import _source
 from .._errors import ContractError
 from .annotations import annotation_lines, resolve_hints
 from .spec import array_types, spec_of
+
+
+def _not_compiled(*args, **kwargs) -> object:
+    raise RuntimeError("shapeguard: a contract checker called before `compile` set it")
 
 
 @dataclass(slots=True)
@@ -41,8 +47,9 @@ class Contract:
     unbound_names: frozenset[str]  # symbolic names only a module attribute can bind
     method: bool  # the first parameter is `self`, not checked
     names: frozenset[str] = frozenset()  # every parameter name of the signature
-    _check_params: object = None
-    _check_return: object = None
+    # beartype's checkers, set by `compile` (the return one only when there is a return hint).
+    _check_params: Callable[..., object] = _not_compiled
+    _check_return: Callable[..., object] = _not_compiled
     checks: int = 0  # calls whose arguments were checked (tests count them)
     # Python's per-location warning registry: the "default" filter then shows each
     # distinct message once, as for any warning, instead of on every training step.
@@ -109,9 +116,9 @@ def _compile(fn, *, method: bool) -> Contract | None:
     symbolic: set[str] = set()
     bound: set[str] = set()  # names the arguments bind, in order
     unbound: set[str] = set()  # symbolic names no earlier argument binds
-    for p in params:
-        for array_type in array_types(p.hint):
-            _read_dims(array_type, qualname, p.name, bound, symbolic, named, unbound)
+    for param in params:
+        for array_type in array_types(param.hint):
+            _read_dims(array_type, qualname, param.name, bound, symbolic, named, unbound)
     for array_type in array_types(returns):
         _read_dims(array_type, qualname, "return", bound, symbolic, named, unbound)
     if unbound and not method:
@@ -207,7 +214,9 @@ def argument_values(contract: Contract, args: tuple, kwargs: dict):
     """(param, value) for every annotated argument present in this call, in order."""
     for p in contract.params:
         if p.kind is inspect.Parameter.VAR_POSITIONAL:
-            for k, value in enumerate(args[p.position - contract.method :]):
+            # A *args parameter always has its position (`compile` sets it).
+            start = cast(int, p.position) - contract.method
+            for k, value in enumerate(args[start:]):
                 yield p, f"{p.name}[{k}]", value
         elif p.kind is inspect.Parameter.VAR_KEYWORD:
             for name, value in kwargs.items():

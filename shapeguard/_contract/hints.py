@@ -30,7 +30,7 @@ def dtype_hint(label: str, spec: Spec) -> str:
 
 def _expected_sizes(spec: Spec, single: dict) -> list:
     """Per dim of a non-variadic spec: (size or None, accepts 1)."""
-    out = []
+    out: list[tuple[int | None, bool]] = []
     for d in spec.dims:
         if d.kind == "fixed":
             out.append((d.size, d.broadcastable))

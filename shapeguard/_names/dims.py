@@ -378,8 +378,9 @@ def _composite_name(axis: Axis) -> str | None:
     if len(real) == 1 and len(real) < len(axis) and atom_name(real[0]) in ("kv_heads", "heads"):
         return "heads"  # kv heads repeated for grouped-query attention are query heads
     names = [atom_name(a) for a in axis]
-    if all(names) and len(set(names)) == len(names):
-        return "*".join(names)  # type: ignore[arg-type]  # heads*d_k, batch*heads
+    known = [n for n in names if n]
+    if len(known) == len(names) and len(set(known)) == len(known):
+        return "*".join(known)  # heads*d_k, batch*heads
     return None
 
 

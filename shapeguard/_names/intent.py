@@ -14,6 +14,7 @@ intent, and nothing is reported from it.
 """
 
 import ast
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import _source
@@ -41,12 +42,13 @@ def view_intents(call, count: int) -> list[Intent | None]:
     site = call.site
     if site is None:
         return []
+    texts: Sequence[str | None]
     if site.callee in _EINOPS and not site.in_module:
         texts = _einops_texts(site, count)
     elif call._site_matches():
         texts = list(site.args)
-        if len(texts) == 1 and count > 1:
-            texts = _source.sequence_items(texts[0]) or []  # view((B, S, h, d))
+        if len(site.args) == 1 and count > 1:
+            texts = _source.sequence_items(site.args[0]) or []  # view((B, S, h, d))
     else:
         return []
     if len(texts) != count:
@@ -191,6 +193,8 @@ def _aliases(site) -> tuple[dict, dict]:
     func = _source.function_node(site.filename, site.scope)
     if func is not None:
         for node in ast.walk(func):
+            if not isinstance(node, ast.stmt | ast.expr):
+                continue  # no assignment: arguments, keywords, comprehensions
             for target in _targets(node):
                 for name in ast.walk(target):
                     if isinstance(name, ast.Name):
@@ -221,7 +225,7 @@ def _targets(node: ast.AST) -> list:
     return []
 
 
-def _unpack(target: ast.Tuple, value: ast.AST, found: dict) -> None:
+def _unpack(target: ast.Tuple, value: ast.expr, found: dict) -> None:
     names = [e.id if isinstance(e, ast.Name) else None for e in target.elts]
     if isinstance(value, ast.Tuple) and len(value.elts) == len(names):
         for name, item in zip(names, value.elts, strict=True):

@@ -5,6 +5,8 @@ masks (an example's padding is part of the example), nested in dicts and datacla
 alike. Outputs are compared on real tokens only.
 """
 
+from typing import cast
+
 import torch
 
 from .edits import distinct_length, padded, perturbed, sizes_in_play, sliced
@@ -19,7 +21,7 @@ def batch_independence(s: Subject) -> ProbeResult:
     cannot = _cannot_run(s, name)
     if cannot is not None:
         return cannot
-    b = s.layout.batch_size
+    b = cast(int, s.layout.batch_size)  # not None: _cannot_run passed
     j = b - 1
     changed = perturbed(s.layout, s.inputs, s.generator, example=j)
     changed, masks = _one_more_pad(s, changed, j)
@@ -48,7 +50,7 @@ def sub_batch(s: Subject) -> ProbeResult:
     cannot = _cannot_run(s, name)
     if cannot is not None:
         return cannot
-    b = s.layout.batch_size
+    b = cast(int, s.layout.batch_size)  # not None: _cannot_run passed
     k = distinct_length(b, sizes_in_play(s.layout, s.declared)) or 1
     small = sliced(s.layout, s.inputs, batch=k)
     try:

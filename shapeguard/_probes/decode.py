@@ -22,6 +22,7 @@ Caches it drives, in the module's own way:
 
 import inspect
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 
@@ -122,7 +123,8 @@ def _initial(s: Subject, protocol: Protocol, length: int):
     if protocol.cache == "static":
         from transformers import StaticCache
 
-        return StaticCache(config=s.model.config, max_cache_len=length)
+        config: Any = s.model.config  # a transformers model's: only they have a static cache
+        return StaticCache(config=config, max_cache_len=length)
     return None
 
 
@@ -219,9 +221,10 @@ def _compare(s: Subject, protocol: Protocol, run: _Run, prefill: int, length: in
             return _failed(s, protocol, lo, hi, step, dev, first=first)
         worst = max(worst, dev)
     if run.error is not None:
-        lo = run.starts[run.failed_step]
-        hi = prefill if run.failed_step == 0 else lo + 1
-        return _failed(s, protocol, lo, hi, run.failed_step, None, error=run.error)
+        failed = cast(int, run.failed_step)  # set with the error, always
+        lo = run.starts[failed]
+        hi = prefill if failed == 0 else lo + 1
+        return _failed(s, protocol, lo, hi, failed, None, error=run.error)
     return worst
 
 

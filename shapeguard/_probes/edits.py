@@ -7,6 +7,8 @@ padding mask is edited in its own polarity. Other inputs (position ids, a causal
 over the tokens) are moved and cut with their tokens, never redrawn.
 """
 
+from typing import cast
+
 import torch
 
 from .layout import Layout, Leaf
@@ -158,7 +160,8 @@ def padded(layout: Layout, inputs, group: int, cells: torch.Tensor):
         if leaf is None or not leaf.padding or group not in leaf.seq.values():
             return t
         (dim,) = [d for d, g in leaf.seq.items() if g == group]
-        where = grid(t, leaf.batch, dim, cells) if t.dim() > 1 else cells
+        # A padding mask is [batch, seq]: its batch axis is known (`Layout` marks it so).
+        where = grid(t, cast(int, leaf.batch), dim, cells) if t.dim() > 1 else cells
         if leaf.dtype == "additive":
             value = torch.finfo(t.dtype).min
         else:

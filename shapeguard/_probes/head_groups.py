@@ -1,6 +1,7 @@
 """An attention layer's projections as blocks of head rows, for permuting its heads."""
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -175,7 +176,8 @@ def _sizes(module) -> tuple[int, int, int] | None:
 
 
 def _from_trace(model, watch: Watch, names: dict) -> HeadGroup | None:
-    by_role: dict[str, object] = {}
+    # The modules that ran F.linear (an nn.Linear, or a module with a `weight` calling it).
+    by_role: dict[str, Any] = {}
     out = None
     for module, role_in, role_out in watch.linears:
         if role_out in ("Q", "K", "V") and role_out not in by_role:
@@ -228,7 +230,7 @@ def _from_attributes(name: str, module, watch=None, traced=None) -> HeadGroup | 
         return HeadGroup(name, heads, heads, d_k, rows, True)
     rows = []
     for q, k, v in _QKV:
-        parts = [getattr(module, n, None) for n in (q, k, v)]
+        parts: list = [getattr(module, n, None) for n in (q, k, v)]  # whatever the names hold
         if all(_is_projection(p) for p in parts):
             for attr, part, count, is_kv in (
                 (q, parts[0], heads, False),

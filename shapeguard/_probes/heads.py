@@ -1,5 +1,7 @@
 """The head-permutation probe: permuting heads in the projections leaves the output alone."""
 
+from typing import cast
+
 import torch
 
 from .. import _ops
@@ -78,7 +80,8 @@ def head_permutation(s: Subject) -> ProbeResult:
                 return skipped(name, "the heads are not merged by an output projection")
             expected = take(expected, -1, block_index(expected.shape[-1], 0, q_order, group.d_k))
     args, kwargs = s.inputs
-    out = first_output(model(*args, **kwargs))
+    # A tensor: the same forward gave `s.reference`.
+    out = cast(torch.Tensor, first_output(model(*args, **kwargs)))
     dev = deviation(out, expected, scale_of(s.reference))
     return s.result(
         name,

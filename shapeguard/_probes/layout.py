@@ -161,13 +161,13 @@ def read_layout(
     for path, t in found:
         axes = dims[path]
         hits = [d for d, a in enumerate(axes) if _kind(a) == D.BATCH]
-        batch_axis[path] = hits[0] if len(hits) == 1 else None
-        if batch_axis[path] is not None and kinds[path] in ("ids", "data"):
-            root = _root(axes[batch_axis[path]])
+        axis = batch_axis[path] = hits[0] if len(hits) == 1 else None
+        if axis is not None and kinds[path] in ("ids", "data"):
+            root = _root(axes[axis])
             if root is not None:
                 batch_roots.add(id(root))
             if batch_size is None:
-                batch_size = int(t.shape[batch_axis[path]])
+                batch_size = int(t.shape[axis])
 
     if batch_size is None:
         # A batch of one has no batch dim (a size-1 axis carries nothing): the leading
@@ -569,7 +569,7 @@ def padded_once(layout: Layout, inputs, pending):
         if p != path:
             return t
         t = t.clone()
-        index = [slice(None)] * t.dim()
+        index: list[slice | int] = [slice(None)] * t.dim()
         index[leaf.batch if leaf.batch is not None else 0] = 0
         index[seq_axis] = t.shape[seq_axis] - 1
         t[tuple(index)] = 0 if polarity == "keep" else 1

@@ -61,7 +61,7 @@ def locate(s: Subject, inputs_a, inputs_b, region) -> str:
         if op_a != op_b:
             return ""  # the two runs took different paths: no op-by-op comparison
         pair = region(a, b, axes)
-        if pair is not None and deviation(*pair, scale_of(a)) > s.rtol:
+        if pair is not None and deviation(pair[0], pair[1], scale_of(a)) > s.rtol:
             return where
     return ""
 

@@ -5,6 +5,8 @@ noise), group 0 being the queries: the tokens whose positions the output keeps. 
 positions are left out of every comparison.
 """
 
+from typing import cast
+
 import torch
 
 from .edits import (
@@ -213,7 +215,8 @@ def key_padding(s: Subject) -> ProbeResult:
         return skipped(name, "needs 2 or more tokens")
     if not any(group in leaf.seq.values() for leaf in layout.leaves_of("ids", "data")):
         return skipped(name, f"no input holds the tokens {mask.name} pads")
-    pad = layout.padded(group)
+    # Not None: `Layout` records the padding of a group with each padding mask of it.
+    pad = cast(torch.Tensor, layout.padded(group))
     counts = pad.sum(1)
     full = counts >= length
     if bool(((counts > 0) & ~full).any()):

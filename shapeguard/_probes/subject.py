@@ -204,8 +204,12 @@ def _path(path: tuple) -> str:
 def out_rows(subject: Subject, out: torch.Tensor, *, examples=None, positions=None):
     """The first output restricted to some examples (batch axis) and query positions."""
     if examples is not None:
+        if subject.out_batch is None:
+            raise ValueError("out_rows: examples of an output without a batch axis")
         out = take(out, subject.out_batch, torch.as_tensor(examples))
     if positions is not None:
+        if subject.out_seq is None:
+            raise ValueError("out_rows: positions of an output without a query axis")
         out = take(out, subject.out_seq, torch.as_tensor(positions))
     return out
 

@@ -9,6 +9,7 @@ tensors replaced. Other objects (a cache, a config) are left as they are.
 import copy
 import dataclasses
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -54,7 +55,7 @@ def rebuild(obj, fn: Callable, path=()):
     if isinstance(obj, Mapping):
         values = {k: rebuild(v, fn, (*path, k)) for k, v in obj.items()}
         try:
-            new = copy.copy(obj)
+            new: Any = copy.copy(obj)  # any Mapping: one refusing assignment falls back below
             for k, v in values.items():
                 new[k] = v
             return new

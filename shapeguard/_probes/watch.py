@@ -46,7 +46,7 @@ class Watch:
         self.first_use: dict[int, tuple] = {}
         self._made_by = WeakTensorKeyDictionary()
         self.mask_uses: list = []  # masks.MaskUse: how each op applied its mask
-        self._last_mask = None  # (mask, how it was applied, its MaskUse): read once
+        self._last_mask: tuple | None = None  # (mask, how it was applied, its MaskUse): read once
         self.values: list[tuple] | None = [] if keep_values else None
 
         class _Mode(TorchFunctionMode):

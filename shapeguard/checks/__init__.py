@@ -1,12 +1,12 @@
 """The checks registry: rules registered on the op table, with the kinds they raise.
 
-A rule is a function of an `OpCall` that yields `Violation`s; it never raises them
+A rule is a function of an `OpCall` that yields `Violation`s (the type `Checker`); it never raises them
 itself, so the session decides (raise, warn, record) with the user's context. It
 is registered on ops of the op table (`_ops.py`) with the kinds it may yield and
 the severity of each::
 
     @rule(_ops.SOFTMAX, kinds={"softmax_axis": WARNING})
-    def softmax_over_keys(call): ...
+    def softmax_over_keys(call: "OpCall") -> Iterator[Violation]: ...
 
 Every module of this package is a family of rules, loaded on first use; a rule
 registered twice, or an op the table does not know, is an error. `KINDS` is the
@@ -20,15 +20,23 @@ import pkgutil
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import _ops
 from .._errors import Violation
+
+if TYPE_CHECKING:
+    # For the annotation only: the session imports this package while it loads.
+    from .._session import OpCall
 
 ERROR = "error"
 WARNING = "warning"
 _SEVERITIES = (ERROR, WARNING)
 
-Checker = Callable[..., Iterator[Violation]]
+# What a rule is: a function of the intercepted call (`_session.OpCall`, which the session
+# and the composites build) yielding the violations it finds. Every checker is annotated
+# `def name(call: "OpCall") -> Iterator[Violation]`, so `rule` checks it against this type.
+Checker = Callable[["OpCall"], Iterator[Violation]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +71,7 @@ Severities = str | tuple[str, ...]
 
 
 def _normalize(kinds: Mapping[str, Severities]) -> dict[str, frozenset[str]]:
-    out = {}
+    out: dict[str, frozenset[str]] = {}
     for kind, given in kinds.items():
         severities = frozenset((given,) if isinstance(given, str) else given)
         if not severities or not severities <= set(_SEVERITIES):
@@ -79,7 +87,9 @@ def _declare(family: str, kinds: Mapping[str, frozenset[str]]) -> None:
         known.update(severities)
 
 
-def rule(*ops: _ops.Op, kinds: Mapping[str, Severities], order: int = 0):
+def rule(
+    *ops: _ops.Op, kinds: Mapping[str, Severities], order: int = 0
+) -> Callable[[Checker], Checker]:
     """Register the decorated checker on `ops` (entries of the op table).
 
     `kinds` maps each kind the checker may yield to its severity (or the severities it

@@ -1,8 +1,17 @@
 """Masks and broadcasting: masked_fill, where, and masks added to scores."""
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, TypeGuard
+
 from .. import _axes, _ops
 from .._errors import Violation
 from . import ERROR, WARNING, rule
+
+if TYPE_CHECKING:
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
+    from .._session import OpCall
 
 _MASK_KINDS = {"mask_dtype": ERROR, "mask_broadcast": ERROR}
 # + - * / (reflected too: 2 - t arrives as __rsub__), in the table's order.
@@ -11,7 +20,7 @@ _ARITHMETIC = tuple(
 )
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
@@ -81,7 +90,7 @@ def _broadcast_violation(call, kind, relation_prefix, pairs, target=None, mask=N
 
 
 @rule(_ops.by_name("masked_fill"), kinds=_MASK_KINDS)
-def masked_fill(call):
+def masked_fill(call: "OpCall") -> Iterator[Violation]:
     """masked_fill: a bool mask that broadcasts to the tensor it fills."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
@@ -113,7 +122,7 @@ def masked_fill(call):
 
 
 @rule(_ops.by_name("where"), kinds=_MASK_KINDS)
-def where(call):
+def where(call: "OpCall") -> Iterator[Violation]:
     """torch.where: a bool condition that broadcasts with both values."""
     args = call.args
     if len(args) < 3 or not _is_tensor(args[0]):
@@ -153,7 +162,7 @@ def _operands(call):
 
 
 @rule(*_ARITHMETIC, kinds={"broadcast": ERROR, "mask_broadcast": ERROR})
-def arithmetic(call):
+def arithmetic(call: "OpCall") -> Iterator[Violation]:
     """+ - * /: the operands broadcast (in place: to the first one's shape)."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
@@ -172,7 +181,7 @@ def arithmetic(call):
 
 
 @rule(*(op for op in _ARITHMETIC if op.symbol in "+-"), kinds={"mask_dtype": WARNING}, order=1)
-def bool_mask_added(call):
+def bool_mask_added(call: "OpCall") -> Iterator[Violation]:
     """A 0/1 mask added to (or subtracted from) float scores masks nothing."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):

@@ -12,13 +12,22 @@ output features is a feature however many entries it has, so the rules hold when
 seq == heads == d_k. Softmax over the query axis is the softmax family's.
 """
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, TypeGuard
+
 from .. import _ops
 from .._errors import Violation
 from .._names.dims import BATCH, FEATURE, TOKEN
 from . import WARNING, rule
 
+if TYPE_CHECKING:
+    # For the annotations only: the session imports this package while it loads.
+    import torch
 
-def _is_tensor(value) -> bool:
+    from .._session import OpCall
+
+
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
@@ -46,12 +55,14 @@ def _bshd(call, t) -> str:
 
 # -- SDPA ----------------------------------------------------------------------------
 @rule(_ops.SDPA, kinds={"layout_bshd": WARNING}, order=1)
-def sdpa_layout(call):
+def sdpa_layout(call: "OpCall") -> Iterator[Violation]:
     p = call.bound()
     tensors = [p.get(n) for n in ("query", "key", "value")]
-    if not all(_is_tensor(t) and t.dim() == 4 for t in tensors):
-        return
     q, k, v = tensors
+    if not (_is_tensor(q) and _is_tensor(k) and _is_tensor(v)):
+        return
+    if not (q.dim() == 4 and k.dim() == 4 and v.dim() == 4):
+        return
     if not (q.shape[0] == k.shape[0] == v.shape[0] and k.shape[:-1] == v.shape[:-1]):
         return  # a loud mismatch: the sdpa family reports it
     if not (heads_on_seq(call, q) and heads_on_seq(call, k)):
@@ -77,7 +88,7 @@ def sdpa_layout(call):
     kinds={"layout_bshd": WARNING},
     order=1,
 )
-def product_layout(call):
+def product_layout(call: "OpCall") -> Iterator[Violation]:
     """`q @ k.transpose(-2, -1)` on `[batch, seq, heads, d_k]`: the scores pair the heads
     of each token, not the tokens."""
     operands = _qk_operands(call)
@@ -134,7 +145,7 @@ def _qk_operands(call):
 
 # -- nn.MultiheadAttention -------------------------------------------------------------
 @rule(_ops.MHA, kinds={"mha_batch_first": WARNING}, order=1)
-def mha_batch_first(call):
+def mha_batch_first(call: "OpCall") -> Iterator[Violation]:
     module = call.module
     if module is None or getattr(module, "batch_first", True):
         return
@@ -174,7 +185,7 @@ def mha_batch_first(call):
 
 # -- rotary embeddings ---------------------------------------------------------------
 @rule(_ops.by_name("mul"), kinds={"rotary_axis": WARNING}, order=1)
-def rotary_axis(call):
+def rotary_axis(call: "OpCall") -> Iterator[Violation]:
     """A rotary table (made by cos, sin or polar, or complex: a rotation) multiplied into
     q or k: each of its axes but the last (the frequencies) must line up with the batch or
     the positions, never with a factor of the features."""

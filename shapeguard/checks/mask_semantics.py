@@ -24,14 +24,21 @@ Values are read only from small CPU tensors (never on meta), and messages give
 positions and counts, never values.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeGuard, cast
 
 from .. import _axes, _ops
 from .._errors import Violation
 from . import WARNING, rule
 from .elementwise import ref
 from .mha import bind_arguments
+
+if TYPE_CHECKING:
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
+    from .._session import OpCall
 
 # The ops that apply a mask to scores (the probes watch them too).
 MASKING = (
@@ -53,8 +60,8 @@ class _Use:
 
     op: str  # how the message names the op
     label: str  # the user's name for the mask
-    mask: object  # the mask tensor as given
-    hidden: object  # bool tensor, True = hidden, right-aligned to len(target) axes
+    mask: "torch.Tensor | None"  # the mask tensor as given
+    hidden: "torch.Tensor"  # bool tensor, True = hidden, right-aligned to len(target) axes
     target: tuple[int, ...]  # the scores' shape [..., seq_q, seq_k]
     kind: str  # "keep" (True attends: SDPA), "hide" (True hides), "fill", "where", "add"
     # What a row that hides every key gives: called only when such rows are reported
@@ -74,7 +81,7 @@ class _Use:
     },
     order=2,
 )  # fmt: skip
-def check(call):
+def check(call: "OpCall") -> Iterator[Violation]:
     """What a mask hides, read from its values: polarity, direction, axis, empty rows."""
     import torch
 
@@ -91,7 +98,11 @@ def check(call):
 
 
 # -- reading values ------------------------------------------------------------------
-def _readable(t) -> bool:
+def _has_shape(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
+    return hasattr(value, "shape")
+
+
+def _readable(t) -> TypeGuard["torch.Tensor"]:
     """A plain CPU tensor small enough to read: never meta, fake or on an accelerator."""
     return (
         hasattr(t, "device")
@@ -183,7 +194,8 @@ def _where_use(call):
         hidden, fill = cond, a
     else:
         return
-    effect = _fill_effect(_scalar(fill), _result_type(scores[0], fill))
+    # Not None: the branch that chose `fill` compared this scalar with _HIDING.
+    effect = _fill_effect(cast(float, _scalar(fill)), _result_type(scores[0], fill))
     yield _Use("torch.where", call.label(0, "mask"), cond, hidden, target, "where", effect)
 
 
@@ -216,7 +228,9 @@ def _sdpa_use(call):
     p = dict(zip(names, call.args, strict=False))
     p.update({k: v for k, v in call.kwargs.items() if k in names})
     q, k, mask = p.get("query"), p.get("key"), p.get("attn_mask")
-    if not all(hasattr(t, "shape") for t in (q, k, mask)) or q.dim() < 2 or not _readable(mask):
+    if not (_has_shape(q) and _has_shape(k) and _has_shape(mask)):
+        return
+    if q.dim() < 2 or not _readable(mask):
         return
     target = (*q.shape[:-1], k.shape[-2])
     if not _fits(mask.shape, target) or call.kwargs.get("is_causal"):
@@ -233,19 +247,20 @@ def _sdpa_use(call):
 def _mha_uses(call):
     p = bind_arguments(call)
     query, key, heads = p.get("query"), p.get("key"), p.get("num_heads")
-    if not (hasattr(query, "shape") and hasattr(key, "shape") and isinstance(heads, int)):
+    if not (_has_shape(query) and _has_shape(key) and isinstance(heads, int)):
         return
     if query.dim() != 3 or key.dim() != 3 or p.get("bias_k") is not None or p.get("add_zero_attn"):
         return
     tgt, batch, src = int(query.shape[0]), int(query.shape[1]), int(key.shape[0])
     target = (batch, heads, tgt, src)
     hidden = None
-    values = []  # the masks the op adds to the scores (it turns bool ones into -inf)
+    # The masks the op adds to the scores (it turns bool ones into -inf).
+    values: list[torch.Tensor] = []
     # Read only when rows are reported, after both masks are in `values`; only the
     # combined use reports rows (see _findings).
     effect = _mha_effect(values, target, query.dtype, p.get("need_weights", True))
     am, kpm = p.get("attn_mask"), p.get("key_padding_mask")
-    if hasattr(am, "shape") and _readable(am):
+    if _has_shape(am) and _readable(am):
         h = am if str(am.dtype) == "torch.bool" else am <= _HIDING
         if am.dim() == 3 and tuple(am.shape) == (batch * heads, tgt, src):
             h = h.reshape(batch, heads, tgt, src)
@@ -254,7 +269,7 @@ def _mha_uses(call):
         yield _Use("MultiheadAttention", "attn_mask", am, aligned(h, 4), target, "hide", effect)
         hidden = aligned(h, 4)
         values.append(aligned(am.reshape(h.shape), 4))
-    if hasattr(kpm, "shape") and _readable(kpm):
+    if _has_shape(kpm) and _readable(kpm):
         if tuple(kpm.shape) != (batch, src):
             return
         h = (kpm if str(kpm.dtype) == "torch.bool" else kpm <= _HIDING)[:, None, None, :]
@@ -708,7 +723,7 @@ def _check_is_causal(call):
     q, k = p.get("query"), p.get("key")
     if p.get("is_causal") is not True or p.get("attn_mask") is not None:
         return
-    if not (hasattr(q, "shape") and hasattr(k, "shape")) or q.dim() < 2:
+    if not (_has_shape(q) and _has_shape(k)) or q.dim() < 2:
         return
     sq, sk = int(q.shape[-2]), int(k.shape[-2])
     if sq >= sk:

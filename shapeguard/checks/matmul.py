@@ -1,16 +1,24 @@
 """matmul, @, bmm, mm, baddbmm, linear and einsum: inner and batch dims, in the user's names."""
 
+from collections.abc import Iterator
 from math import prod
+from typing import TYPE_CHECKING, TypeGuard
 
 from .. import _axes, _ops, _source
 from .._errors import Operand, Violation
 from . import ERROR, rule
 
+if TYPE_CHECKING:
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
+    from .._session import OpCall
+
 _PRODUCT_KINDS = {"matmul_inner": ERROR, "matmul_batch": ERROR, "matmul_rank": ERROR}
 
 
 @rule(_ops.by_name("matmul"), _ops.by_name("bmm"), _ops.by_name("mm"), kinds=_PRODUCT_KINDS)
-def products(call):
+def products(call: "OpCall") -> Iterator[Violation]:
     """matmul, @, bmm, mm: the inner axes meet, the batch axes broadcast."""
     op = call.op
     if len(call.args) >= 2 and _is_tensor(call.args[0]) and _is_tensor(call.args[1]):
@@ -29,7 +37,7 @@ def products(call):
             )
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
     return hasattr(value, "shape") and hasattr(value, "dim")
 
 
@@ -148,7 +156,7 @@ def _linear_label(call) -> tuple[str, str]:
 
 
 @rule(_ops.by_name("linear"), kinds={"linear_in_features": ERROR})
-def linear_width(call):
+def linear_width(call: "OpCall") -> Iterator[Violation]:
     """F.linear (every nn.Linear): the input's last axis is the layer's in_features."""
     args = call.args
     x = args[0] if args else call.kwargs.get("input")
@@ -185,11 +193,11 @@ def linear_width(call):
 
 
 @rule(_ops.by_name("baddbmm"), kinds={**_PRODUCT_KINDS, "broadcast": ERROR})
-def baddbmm(call):
+def baddbmm(call: "OpCall") -> Iterator[Violation]:
     """baddbmm: the product's axes, and the added tensor broadcasts to it."""
     p = call.bound()
     base, b1, b2 = p.get("input"), p.get("batch1"), p.get("batch2")
-    if not all(_is_tensor(a) for a in (base, b1, b2)):
+    if not (_is_tensor(base) and _is_tensor(b1) and _is_tensor(b2)):
         return
     l1 = call.label(1, "batch1") if len(call.args) > 1 else "batch1"
     l2 = call.label(2, "batch2") if len(call.args) > 2 else "batch2"
@@ -208,7 +216,7 @@ def baddbmm(call):
         )
 
 
-def _parse_einsum(equation: str) -> tuple[list[str], str | None] | None:
+def _parse_einsum(equation: str) -> tuple[list[str], str | None]:
     equation = equation.replace(" ", "")
     if "->" in equation:
         lhs, rhs = equation.split("->", 1)
@@ -237,7 +245,7 @@ def _letter_sizes(spec: str, shape: tuple[int, ...]) -> dict[str, list[int]] | N
 
 
 @rule(_ops.by_name("einsum"), kinds={"einsum_dim": ERROR, "einsum_rank": ERROR})
-def einsum_sizes(call):
+def einsum_sizes(call: "OpCall") -> Iterator[Violation]:
     """einsum: every operand has one letter per axis, and each letter one size."""
     args = call.args
     if not args or not isinstance(args[0], str):

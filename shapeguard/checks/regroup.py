@@ -17,7 +17,9 @@ data where it should not:
   for the target sizes (`view(B, self.n_heads, S, d_k)`) contradict what lands there.
 """
 
+from collections.abc import Iterator
 from math import prod
+from typing import TYPE_CHECKING
 
 from .. import _axes, _ops
 from .._errors import Violation
@@ -28,6 +30,10 @@ from .._names.intent import view_intents
 from . import WARNING, rule
 from . import tp as _tp_checks
 from .heads_view import target_shape, view_compatible
+
+if TYPE_CHECKING:
+    # For the annotation only: the session imports this package while it loads.
+    from .._session import OpCall
 
 _SEQ_AXES = ("seq", "seq_q", "seq_k")
 _EINOPS = ("rearrange", "repeat", "reduce", "pack", "unpack")
@@ -40,7 +46,7 @@ _TOKENS = (BATCH, TOKEN)
     kinds={"view_mixes_axes": WARNING, "batch_mixing": WARNING},
     order=1,
 )
-def regroup(call):
+def regroup(call: "OpCall") -> Iterator[Violation]:
     args = call.args
     if not args or not hasattr(args[0], "shape"):
         return
@@ -87,7 +93,7 @@ class _View:
         self.shape, self.resolved, self.groups = shape, resolved, groups
         self.meta = call.meta_of(x)
         self.axes = call.axes(x)
-        self._target = None
+        self._target: tuple[list[D.Axis], list[bool]] | None = None
 
     @property
     def target(self):
@@ -177,7 +183,8 @@ class _View:
         intents = view_intents(self.call, len(self.resolved))
         by_size: dict[int, list[tuple[bool, str]]] = {}
         for j in first:
-            heads = bool(intents) and intents[j] is not None and intents[j].name == "heads"
+            intent = intents[j] if intents else None
+            heads = intent is not None and intent.name == "heads"
             by_size.setdefault(self.resolved[j], []).append((heads, texts[j]))
         # Equal sizes go where the user's names say: the one that names the heads last.
         for group in by_size.values():

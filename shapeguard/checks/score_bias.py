@@ -8,17 +8,26 @@ the `input` of `baddbmm` (BLOOM), and a float `attn_mask` of SDPA whose finite
 part is constant along the keys (a bias summed with a causal mask).
 """
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, TypeGuard
+
 from .. import _ops
 from .._errors import Violation
 from .._names.flow import classify_product
 from . import WARNING, rule
+
+if TYPE_CHECKING:
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
+    from .._session import OpCall
 
 # At or below this an additive value hides a key (-1e9, finfo.min, -inf): a mask, not a bias.
 _HIDING = -1e4
 _MAX_VALUES = 1 << 22
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
@@ -93,7 +102,7 @@ def _scores_operand(call, scores) -> tuple:
 
 
 @rule(_ops.by_name("add"), kinds={"score_bias_constant": WARNING}, order=1)
-def added_to_scores(call):
+def added_to_scores(call: "OpCall") -> Iterator[Violation]:
     args = call.args
     if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
         return
@@ -116,10 +125,12 @@ def added_to_scores(call):
 
 
 @rule(_ops.by_name("baddbmm"), kinds={"score_bias_constant": WARNING}, order=1)
-def baddbmm_input(call):
+def baddbmm_input(call: "OpCall") -> Iterator[Violation]:
     p = call.bound()
     base, b1, b2 = p.get("input"), p.get("batch1"), p.get("batch2")
-    if not all(_is_tensor(t) and t.dim() == 3 for t in (b1, b2)) or not _is_tensor(base):
+    if not (_is_tensor(b1) and b1.dim() == 3 and _is_tensor(b2) and b2.dim() == 3):
+        return
+    if not _is_tensor(base):
         return
     m1, m2 = call.meta_of(b1), call.meta_of(b2)
     d1, d2 = m1.dims, m2.dims
@@ -132,14 +143,14 @@ def baddbmm_input(call):
 
 
 @rule(_ops.SDPA, kinds={"score_bias_constant": WARNING}, order=1)
-def sdpa_bias(call):
+def sdpa_bias(call: "OpCall") -> Iterator[Violation]:
     """A float attn_mask whose finite part is constant along each row of keys but not the
     same for every row: a bias laid out per query, summed with a mask or alone."""
     import torch
 
     p = call.bound()
     q, k, mask = p.get("query"), p.get("key"), p.get("attn_mask")
-    if not all(_is_tensor(t) for t in (q, k, mask)) or not mask.is_floating_point():
+    if not (_is_tensor(q) and _is_tensor(k) and _is_tensor(mask)) or not mask.is_floating_point():
         return
     if not _readable(mask) or mask.dim() < 2 or q.dim() < 2:
         return

@@ -5,10 +5,19 @@ with is_causal without a word (pytorch#193728); these checks do not depend on
 the backend.
 """
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, TypeGuard
+
 from .. import _axes, _ops
 from .._errors import Violation
 from . import ERROR, rule
 from .elementwise import mask_hint
+
+if TYPE_CHECKING:
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
+    from .._session import OpCall
 
 _KINDS = {
     kind: ERROR
@@ -19,12 +28,12 @@ _KINDS = {
 }  # fmt: skip
 
 
-def _is_tensor(value) -> bool:
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
     return hasattr(value, "shape") and hasattr(value, "dtype")
 
 
 @rule(_ops.SDPA, kinds=_KINDS)
-def sdpa_contract(call):
+def sdpa_contract(call: "OpCall") -> Iterator[Violation]:
     """F.scaled_dot_product_attention's documented contract."""
     p = call.bound()
     q, k, v = p.get("query"), p.get("key"), p.get("value")

@@ -8,6 +8,9 @@ provenance says which factor of its first axis is the broadcast copy and which t
 batch, whatever the sizes.
 """
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, TypeGuard
+
 from .. import _ops
 from .._errors import Violation
 from .._names import dims as D
@@ -15,12 +18,22 @@ from .._names.dims import BATCH, COPY
 from . import WARNING, rule
 from .mha import bind_arguments
 
+if TYPE_CHECKING:
+    # For the annotations only: the session imports this package while it loads.
+    import torch
+
+    from .._session import OpCall
+
+
+def _has_shape(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
+    return hasattr(value, "shape")
+
 
 @rule(_ops.MHA, kinds={"batch_mixing": WARNING}, order=1)
-def mask_tiling(call):
+def mask_tiling(call: "OpCall") -> Iterator[Violation]:
     p = bind_arguments(call)
     mask, query, heads = p.get("attn_mask"), p.get("query"), p.get("num_heads")
-    if not (hasattr(mask, "shape") and hasattr(query, "shape") and isinstance(heads, int)):
+    if not (_has_shape(mask) and _has_shape(query) and isinstance(heads, int)):
         return
     if mask.dim() != 3 or query.dim() != 3:
         return

@@ -20,8 +20,12 @@ What counts as attention weights:
 """
 
 import math
+from typing import TYPE_CHECKING, TypeGuard
 
 from .. import _ops
+
+if TYPE_CHECKING:
+    import torch
 
 # One heatmap is at most MAX_SIZE x MAX_SIZE cells (average-pooled), at most
 # MAX_HEADS heads per call and MAX_CALLS calls per forward: the report stays small.
@@ -197,13 +201,17 @@ def _entry(weights, dim: int, op: str, batched: bool) -> dict:
     return {"op": op, "shape": shape, "dim": dim, "size": [seq_q, seq_k], "heads": heads}
 
 
+def _has_dim(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
+    return hasattr(value, "dim")
+
+
 def _sdpa_weights(args: tuple, kwargs: dict):
     """softmax(q k^T * scale + mask) for batch element 0, as SDPA computes it; None if too big."""
     import torch
 
     p = _ops.bind(_ops.SDPA, args, kwargs)
     q, k, mask = p.get("query"), p.get("key"), p.get("attn_mask")
-    if not (hasattr(q, "dim") and hasattr(k, "dim")) or q.dim() < 3 or q.device.type == "meta":
+    if not (_has_dim(q) and _has_dim(k)) or q.dim() < 3 or q.device.type == "meta":
         return None
     with torch._C.DisableTorchFunction():
         q0 = q[0] if q.dim() == 4 else q

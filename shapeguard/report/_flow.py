@@ -11,6 +11,7 @@ works on a Trace loaded from anywhere, never on tensors.
 from dataclasses import dataclass, field
 
 from .. import _ops
+from .._record import TensorRecord
 
 # Rows of the diagram, top to bottom. A fused kernel (SDPA, flash-attn,
 # nn.MultiheadAttention) stands in for the rows from scores to context.
@@ -50,7 +51,7 @@ class Node:
 
     stage: str  # a ROWS entry, or "fused" / "mha"
     column: str = ""  # "Q", "K", "V", "QKV" or "" (centered)
-    record: object = None  # the TensorRecord shown, None for a failed op
+    record: TensorRecord | None = None  # the TensorRecord shown, None for a failed op
     events: list = field(default_factory=list)  # the Events folded into this box
     extra: list = field(default_factory=list)  # (label, TensorRecord) shown under the main tensor
     findings: list[int] = field(default_factory=list)  # indices into trace.findings

@@ -7,6 +7,7 @@ heatmap as an image with no JavaScript and no network, and it prints as is.
 import base64
 import struct
 import zlib
+from typing import cast
 
 # Anchor colors of viridis (dark blue, low -> yellow, high), linearly interpolated.
 _VIRIDIS = (
@@ -26,7 +27,10 @@ def color(value: float) -> tuple[int, int, int]:
     low = min(int(position), len(_VIRIDIS) - 2)
     t = position - low
     a, b = _VIRIDIS[low], _VIRIDIS[low + 1]
-    return tuple(round(x + (y - x) * t) for x, y in zip(a, b, strict=True))
+    # Three channels: zip of two RGB triples.
+    return cast(
+        tuple[int, int, int], tuple(round(x + (y - x) * t) for x, y in zip(a, b, strict=True))
+    )
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:

@@ -269,7 +269,7 @@ def _edges(nodes: list[_flow.Node]) -> list[tuple[_flow.Node, _flow.Node]]:
                 return context[:1]
         return first_at_or_after(_flow.ROWS.index("scores"))[:1]
 
-    edges = []
+    edges: list[tuple[_flow.Node, _flow.Node]] = []
     for node in nodes:
         row = _row_of(node)
         if node.stage == "input":

@@ -4,6 +4,7 @@ tensor, or per op) and the check summary, rendered with rich to plain text (or c
 import io
 import os
 import re
+from collections.abc import Iterable
 
 from .. import _ops
 from .._roles import ROLES
@@ -74,6 +75,7 @@ def _value_text(name: str, value, notes: dict) -> str:
     import dataclasses
 
     if isinstance(value, dict) or dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+        items: Iterable[tuple[object, object]]  # (key or field name, value)
         if isinstance(value, dict):
             items, form = value.items(), "{{{}}}"
             keys = {k: f"{name}[{k!r}]" for k in value}
@@ -107,7 +109,7 @@ def _tensor_text(value) -> str:
 
 def attention_rows(trace, *, all_ops: bool = False) -> list[tuple[str, ...]]:
     """One row of cells per attention tensor (per op with `all_ops`), in `_COLUMNS` order."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for event in trace.events:
         out = event.outputs[0]
         if not all_ops and out.role not in ROLES and event.op not in ATTENTION_OPS:

@@ -1,7 +1,7 @@
 """What every axis rule shares: the result type, the registry, small helpers."""
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 import torch
 
@@ -35,7 +35,7 @@ def propagates(*families: str):
 
 
 # -- shared helpers ---------------------------------------------------------------------------
-def _is_tensor(x) -> bool:
+def _is_tensor(x) -> TypeGuard[torch.Tensor]:
     return isinstance(x, torch.Tensor)
 
 

@@ -255,7 +255,8 @@ def _einsum(call):
             ca = am.dims[specs[0].index(c)]
             cb = bm.dims[specs[1].index(c)]
             rows, cols = letters.get(only_a[0], ()), letters.get(only_b[0], ())
-            role = classify_product(call, *operands, am, bm, ca, cb, rows, cols)
+            a, b = operands  # the two of them (checked above)
+            role = classify_product(call, a, b, am, bm, ca, cb, rows, cols)
             if role == "scores" and not bm.laid_out:
                 role = role if D.kind_of(ca) == FEATURE or D.kind_of(rows) == TOKEN else None
             if role == "scores":

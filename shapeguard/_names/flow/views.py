@@ -117,11 +117,11 @@ def layout_order(call, ndim: int) -> list[int] | None:
             return None
         src, dst = [s % ndim for s in src], [d % ndim for d in dst]
         rest = [i for i in range(ndim) if i not in src]
-        order: list[int | None] = [None] * ndim
+        placed: list[int | None] = [None] * ndim
         for s, d in zip(src, dst, strict=True):
-            order[d] = s
+            placed[d] = s
         it = iter(rest)
-        return [o if o is not None else next(it) for o in order]
+        return [o if o is not None else next(it) for o in placed]
     if name == "mT" or (name == "t" and ndim <= 2):
         if ndim < 2:
             return list(range(ndim))
@@ -206,10 +206,10 @@ def _index(call, outputs):
         return [Made(tuple(axes))]
     if op == "gather" and _is_tensor(index) and index.dim() == ndim:
         im = call.meta_of(index)
-        axes = tuple(
+        gathered = tuple(
             im.dims[i] if i == d or index.shape[i] != x.shape[i] else m.dims[i] for i in range(ndim)
         )
-        return [Made(axes)]
+        return [Made(gathered)]
     return None
 
 
@@ -315,10 +315,10 @@ def _join(call, outputs):
         return None
     lined = _line_up_all(tensors, metas, [i for i in range(ndim) if i != d])
     parts = [m.dims[d] for m in metas]
-    axes = list(lined)
-    axes.insert(d, _joined_axis(parts, int(out.shape[d])))
+    joined = list(lined)
+    joined.insert(d, _joined_axis(parts, int(out.shape[d])))
     tags = [_tag_of(metas[0], i) for i in range(ndim)]
-    return [Made(tuple(axes), _tags(tags), _common_role(metas), all(m.rotary for m in metas))]
+    return [Made(tuple(joined), _tags(tags), _common_role(metas), all(m.rotary for m in metas))]
 
 
 def _line_up_all(tensors, metas, positions) -> list[Axis]:

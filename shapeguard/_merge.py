@@ -132,14 +132,15 @@ def ranks_text(ranks: list[int], world: int | None) -> str:
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     runs, start = [], ranks[0]
-    for a, b in zip(ranks, ranks[1:] + [None], strict=True):
-        if b != a + 1:
+    for i, a in enumerate(ranks):
+        if i + 1 == len(ranks) or ranks[i + 1] != a + 1:
             runs.append(str(start) if start == a else f"{start}-{a}")
-            start = b
+            if i + 1 < len(ranks):
+                start = ranks[i + 1]
     return "ranks " + ", ".join(runs)
 
 
-def render(merged: Merged, sources: list[str] = ()) -> str:
+def render(merged: Merged, sources: tuple[str, ...] | list[str] = ()) -> str:
     world = merged.world_size
     lines = []
     head = f"shapeguard merge: {len(merged.ranks)} rank{'s' if len(merged.ranks) != 1 else ''}"

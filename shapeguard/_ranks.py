@@ -21,9 +21,9 @@ def rank_world() -> tuple[int, int] | None:
                 return (int(dist.get_rank()), world) if world > 1 else None
         except (RuntimeError, ValueError):
             pass
-    world, rank = os.environ.get("WORLD_SIZE", ""), os.environ.get("RANK", "")
-    if world.isdigit() and rank.isdigit() and int(world) > 1:
-        return int(rank), int(world)
+    size, rank = os.environ.get("WORLD_SIZE", ""), os.environ.get("RANK", "")
+    if size.isdigit() and rank.isdigit() and int(size) > 1:
+        return int(rank), int(size)
     return None
 
 

@@ -62,7 +62,7 @@ class TensorRecord:
         )
 
     def to_dict(self) -> dict:
-        found = {
+        found: dict[str, object] = {
             "label": self.label,
             "role": self.role,
             "shape": list(self.shape),
@@ -113,7 +113,7 @@ class Event:
 
 
 def _tensor_record(
-    shape, dtype: str, device: str, itemsize: int, meta, sharded=None, notes=None
+    shape, dtype: str, device: str, itemsize: int, meta, sharded=None, *, notes=None
 ) -> TensorRecord:
     """`sharded`: a DTensor's (placements, mesh, local shape, local numel), as
     `_tp.record_sharding` gives them."""

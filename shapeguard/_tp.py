@@ -259,7 +259,7 @@ def read_sharding(module, declared: dict, fsdp: bool = False) -> Sharding | None
     projections = {}
     for name, child in module.named_children():
         weight = getattr(child, "weight", None)
-        if not is_dtensor(weight) or weight.dim() != 2:
+        if weight is None or not is_dtensor(weight) or weight.dim() != 2:
             continue
         split = _tp_split(weight, fsdp or _is_fsdp_managed(child))
         if split is None:
@@ -290,11 +290,14 @@ def _read_counts(sharding: Sharding, declared: dict) -> None:
     """The global head counts, from the column-parallel projections' global widths, and
     what the attributes say (the global count, the local one, or neither)."""
     hd, tp = sharding.head_dim, sharding.tp
+    if hd is None:
+        return
     for projection in sharding.projections.values():
         if projection.style != "column" or projection.out_features % hd:
             continue
         total = projection.out_features // hd
         role = projection.role
+        axis: str | None
         if role == "q":
             axis = "heads"
         elif role in ("k", "v"):

@@ -35,7 +35,8 @@ def _register_fake() -> None:
     from torch._C._distributed_c10d import FakeProcessGroup
 
     def create(common_opts, backend_opts):
-        return FakeProcessGroup._create_internal(
+        # torch's stub names two arguments; the 2.13 binding takes the options too.
+        return FakeProcessGroup._create_internal(  # type: ignore[call-arg]
             common_opts.group_rank, common_opts.group_size, backend_opts
         )
 

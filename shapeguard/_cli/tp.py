@@ -107,7 +107,7 @@ def _apply(module, model, mesh):
         return out if out is not None else model
     plan = getattr(module, "tp_plan", None)
     if isinstance(plan, dict):
-        styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+        styles: dict[str, type] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
         resolved = {}
         for path, style in plan.items():
             if isinstance(style, str):
@@ -136,7 +136,7 @@ def default_plan(model) -> dict:
 
     from .. import _tp
 
-    plan = {}
+    plan: dict[str, type] = {}
     for path, sub in model.named_modules():
         roles = {}
         for name, child in sub.named_children():
@@ -196,7 +196,7 @@ def simulate(argv: list[str], degrees: list[int]):
     """Run the simulated ranks of each degree: [(tp, merged or None, failure text)]."""
     from .. import _merge
 
-    results = []
+    results: list[tuple[int, _merge.Merged | None, str]] = []
     with tempfile.TemporaryDirectory(prefix="shapeguard-tp-") as folder:
         for tp in degrees:
             first, failure = _run_rank(argv, tp, 0, folder)

@@ -60,7 +60,10 @@ def measure(batch: int = 8, seq: int = 512, d_model: int = 512, *, repeats: int 
         "ratio_q1": check.ratio_q1,
         "ratio_q3": check.ratio_q3,
         "passed": report.passed,
-        "probes": {r.name: r.status for r in report.results},
+        "probes": {
+            r.name: "n/a" if r.status == "skipped" and not r.applicable else r.status
+            for r in report.results
+        },
     }
 
 

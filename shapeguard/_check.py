@@ -107,7 +107,8 @@ class CheckReport:
         for r in self.results:
             dev = "" if r.deviation is None else f"{r.deviation:.1e}"
             detail = r.message.splitlines()[0] if r.status != "failed" else (r.op or "see below")
-            table.add_row(r.name, Text(r.status, style=styles[r.status]), dev, Text(detail))
+            status = "n/a" if r.status == "skipped" and not r.applicable else r.status
+            table.add_row(r.name, Text(status, style=styles[r.status]), dev, Text(detail))
         console = Console(
             width=width or 100,
             color_system="auto" if color else None,
@@ -277,10 +278,17 @@ class _Traced:
     # The inputs' and outputs' metas when the forward ended (their axis provenance).
     in_metas: dict = field(default_factory=dict)
     out_metas: list = field(default_factory=list)  # (path, tensor, meta) of floating outputs
+    on: bool = True  # checks were on for it (so the retraces of its probes are too)
 
 
-def _trace(model, args: tuple, kwargs: dict) -> _Traced:
-    """One forward under shapeguard, warnings recorded as findings instead of raised."""
+def _trace(model, args: tuple, kwargs: dict, *, like: _Traced | None = None) -> _Traced:
+    """One forward under shapeguard, warnings recorded as findings instead of raised.
+    A retrace `like` an earlier trace (a pending mask, a batch of one grown to two, run
+    from inside the probes' `disabled()` block) has checks forced on when that one had
+    them on: the user's off switch decides once, for the whole `check`."""
+    import contextlib
+
+    from . import _config
     from ._errors import ShapeWarning
     from ._record import Trace
     from ._session import close_session, open_session
@@ -288,13 +296,16 @@ def _trace(model, args: tuple, kwargs: dict) -> _Traced:
     trace = Trace(mode="warn")
     session = open_session(trace, root=model)
     watch = _probes.Watch(session)
-    traced = _Traced(trace, watch)
+    on = _config.is_enabled() if like is None else like.on
+    traced = _Traced(trace, watch, on=on)
+    switch = _config.forced_on() if like is not None and on else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings():
+        with switch, warnings.catch_warnings():
             warnings.simplefilter("ignore", ShapeWarning)
             session.enter_module(model, args, kwargs)
             with watch:
                 out = model(*args, **kwargs)
+            watch.heads.finish(session, model, out)
             first = _probes.first_output(out)
             meta = session.metas.get(first) if first is not None else None
             traced.out_axes = meta.axes if meta is not None else ()
@@ -365,7 +376,7 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
     if isinstance(layout, str):
         return _probes.skipped("probes", layout)
     for pending in layout.pending:
-        _settle_pending(work, args, kwargs, layout, pending, leaf_names)
+        _settle_pending(work, args, kwargs, layout, pending, leaf_names, traced)
     generator = torch.Generator().manual_seed(seed)
     for dtype in (torch.float64, None):
         try:
@@ -414,6 +425,10 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
     subject.rtol = _tolerance(subject)
     if candidate is not work:
         subject.as_given = _memo(lambda: _given(subject, work, args, kwargs, seed))
+    if layout.batch_size == 1:
+        subject.grown = _memo(
+            lambda: _grown(work, model, args, kwargs, layout, causal, seed, traced)
+        )
     return subject
 
 
@@ -453,19 +468,52 @@ def _given(subject, work, args, kwargs, seed):
         rtol=_probes.rtol_for(reference.dtype),
         generator=torch.Generator().manual_seed(seed),
         as_given=None,
+        grown=_memo(lambda: _grown_as_given(subject)) if subject.grown else None,
     )
     given.rtol = _tolerance(given)
     return given
 
 
-def _settle_pending(work, args, kwargs, layout, pending, leaf_names) -> None:
+def _grown(work, model, args, kwargs, layout, causal, seed, traced):
+    """For a batch of one: the subject of the batch grown to two (example 0, then a second
+    example made like it), traced again so its batch axis is read from provenance; or why
+    there is none."""
+    import torch
+
+    from ._probes.edits import grown
+
+    args2, kwargs2 = grown(layout, (args, kwargs), torch.Generator().manual_seed(seed + 1))
+    again = _trace(work, args2, kwargs2, like=traced)
+    if again.error is not None:
+        first = str(again.error).strip().splitlines()
+        return f"the module fails on it ({first[0] if first else type(again.error).__name__})"
+    try:
+        subject = _subject(work, model, args2, kwargs2, again, causal, seed, CheckReport(""))
+    except Exception as error:
+        return f"the module fails on it outside the trace ({error})"
+    if isinstance(subject, ProbeResult):
+        return subject.message.splitlines()[0]
+    if subject.layout.batch_size != 2:
+        return "the grown batch's batch axis cannot be read from the trace"
+    return subject
+
+
+def _grown_as_given(subject):
+    """The grown batch's subject in the dtype the module was given."""
+    grown = subject.grown()
+    if grown is None or isinstance(grown, str) or grown.as_given is None:
+        return grown
+    return grown.as_given()
+
+
+def _settle_pending(work, args, kwargs, layout, pending, leaf_names, traced) -> None:
     """A uniform mask no op applied, as long as two sequences (an all-ones attention_mask
     of an encoder-decoder with equal lengths): pad one key and trace again, to see which
     sequence the module applies it to."""
     from ._probes.layout import padded_once, read_layout, settle_pending
 
     inputs = padded_once(layout, (args, kwargs), pending)
-    retraced = _trace(work, *inputs)
+    retraced = _trace(work, *inputs, like=traced)
     if retraced.error is not None:
         return
     found = _probes.leaves(inputs)

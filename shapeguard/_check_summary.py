@@ -1,6 +1,8 @@
 """The rows of `shapeguard check`'s summary: the trace's result, then each semantic probe's.
 
-A row is `(check, status, detail)` with status `pass`, `FAIL` or `skip`; details are
+A row is `(check, status, detail)` with status `pass`, `FAIL`, `skip` (a probe that
+could have run and did not) or `n/a` (one whose property does not hold for this kind of
+module by design, `applicable: false`), the detail saying why; details are
 the full messages of failures, printed under the table. The probes come from
 whichever module provides them (`probe_runner`), so the summary reads their results
 in several shapes (`probe_rows`).
@@ -152,6 +154,8 @@ def probe_rows(result) -> list[tuple[str, str, str]]:
                 passed = get("severity", "error") != "error"
             status = "pass" if passed else "FAIL"
         status = _STATUS.get(str(status).lower(), str(status))
+        if status == "skip" and get("applicable", True) is False:
+            status = "n/a"  # does not apply to this kind of module: nothing was missed
         message = get("message") or get("detail") or ""
         rows.append((str(name), status, str(message)))
     return rows

@@ -116,7 +116,7 @@ def _tensor_record(
     shape, dtype: str, device: str, itemsize: int, meta, sharded=None, *, notes=None
 ) -> TensorRecord:
     """`sharded`: a DTensor's (placements, mesh, local shape, local numel), as
-    `_tp.record_sharding` gives them."""
+    `_tp_session.record_sharding` gives them."""
     if sharded is None:
         numel = 1
         for s in shape:

@@ -26,6 +26,7 @@ from . import (
     _source,
     _suppress,
     _tp,
+    _tp_session,
 )
 from . import checks as _checks
 from ._axes import Axes, format_shape
@@ -37,6 +38,7 @@ from ._names import roots as _roots
 from ._record import Trace
 
 _local = threading.local()
+
 
 def current_session() -> "Session | None":
     return getattr(_local, "session", None)
@@ -109,7 +111,8 @@ class OpCall:
         return self._bound
 
     # -- naming ------------------------------------------------------------------
-    def _site_matches(self) -> bool:
+    def site_matches(self) -> bool:
+        """Whether the user's expression at this site is this very call (not a call inside it)."""
         site = self.site
         if site is None or site.in_module or not site.callee:
             return False
@@ -123,7 +126,7 @@ class OpCall:
 
     def source_text(self, index: int) -> str | None:
         """The user's expression for positional argument `index`, when the user wrote the call."""
-        if not self._site_matches():
+        if not self.site_matches():
             return None
         site = self.site
         texts = (site.receiver, *site.args) if self.is_method and site.receiver else site.args
@@ -211,6 +214,20 @@ class OpCall:
         stack = self.session.module_stack
         return stack[-1] if stack else None
 
+    @property
+    def root(self):
+        """The module the trace started from (None for a block of code)."""
+        return self.session.root
+
+    def module_path(self, module) -> str:
+        """`module`'s dotted path under the root, as messages name it."""
+        return self.session.module_path(module)
+
+    def tp_owner(self):
+        """The innermost module that declares sizes, and its tensor-parallel split
+        (`_tp.Sharding`, read from DTensor weights), or (None, None)."""
+        return _tp_session.owner(self.session)
+
     def declared(self) -> dict[str, tuple[str, int]]:
         """Sizes declared by the innermost module that declares any (d_model, heads, d_k)."""
         for module in reversed(self.session.module_stack):
@@ -236,11 +253,11 @@ def _dtype_name(dtype) -> str:
 
 def _raw(tensor, meta: TensorMeta) -> tuple:
     """What an event keeps of a tensor: torch.Size holds ints, never the tensor (and of a
-    DTensor its placements and local shape: `_tp.record_sharding`)."""
+    DTensor its placements and local shape: `_tp_session.record_sharding`)."""
     dtype = tensor.dtype
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
     if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
-        sharded = _tp.record_sharding(tensor, meta, current_session())
+        sharded = _tp_session.record_sharding(tensor, meta, current_session())
         return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, meta, sharded
     return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, meta
 
@@ -384,7 +401,7 @@ class Session:
         parameter) gets new axes of its own."""
         meta = self.metas.get(tensor)
         if meta is None and type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
-            meta = _tp.dtensor_meta(self, tensor)  # from_local made it: its shard's axes
+            meta = _tp_session.dtensor_meta(self, tensor)  # from_local made it: its shard's axes
             if meta is not None:
                 self.metas[tensor] = meta
         if meta is None:
@@ -421,7 +438,9 @@ class Session:
         if found is None:
             found = _axes.declared_sizes(module)
             if found and _tp.dtensor_class() is not None:
-                found = _tp.local_sizes(self, module, found)  # a TP shard's local head counts
+                found = _tp_session.local_sizes(
+                    self, module, found
+                )  # a TP shard's local head counts
             self._declared[key] = found
         return found
 
@@ -466,7 +485,7 @@ class Session:
         __tracebackhide__ = True
         site = _source.op_site()
         if site is _source.PLUMBING:
-            return _tp.plumbing(self, func, spec, args, kwargs)
+            return _tp_session.plumbing(self, func, spec, args, kwargs)
         call = OpCall(self, func, op, args, kwargs, site, spec)
         broken = None  # the first error warn mode let through
         rules = _checks.rules_for(op)
@@ -663,7 +682,7 @@ class Session:
             module = call.module
             if module is None or next(module.children(), None) is not None:
                 return ()
-        elif not call._site_matches():
+        elif not call.site_matches():
             return ()
         if len(site.targets) == count:
             return site.targets

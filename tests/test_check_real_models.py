@@ -2,16 +2,19 @@
 models fail no probe, and text models skip none for want of knowing their inputs.
 
 A representative subset, to stay within CI's budget: every family, attention
-implementation and padding layout at pairwise distinct sizes, and the padded layouts at
-coincident sizes (batch == seq == head_dim, where roles cannot be read from sizes):
-about 320 configurations, half a minute on one thread. The "prompt_is_head_dim" and
-"batch_is_kv_heads" settings, which pin naming edge cases of the trace, and the
-unpadded coincident ones are left out (all 701 pass: `check` over `real_models.configs()`). Decoder LMs also run with `use_cache=True`
-passed explicitly, as `generate()` calls them.
+implementation and padding layout at pairwise distinct sizes, the padded layouts at
+coincident sizes (batch == seq == head_dim, where roles cannot be read from sizes), and
+every batch of one (multi-query models at batch == kv heads): about 320 configurations,
+half a minute on one thread. The other "prompt_is_head_dim" and "batch_is_kv_heads"
+configurations, which pin naming edge cases of the trace, and the unpadded coincident
+ones are left out (all 701 pass: `python tests/real_models.py --check`). Decoder LMs also
+run with `use_cache=True` passed explicitly, as `generate()` calls them.
 
-A text model (decoder, encoder, encoder-decoder) may skip a probe only as not
-applicable (no mask to pad, positional terms for token permutation, not causal, no
-cache) or for one of the `LIMITS` below, each with its reason.
+A text model (decoder, encoder, encoder-decoder) skips no probe: one that does not run
+is not applicable (no mask to pad, positional terms for token permutation, not causal,
+no cache, a bias per head), with its reason. Head permutation reads every packed and
+latent layout from provenance (Falcon's grouped [kv, q + 2, d_k], CodeGen's mp_num
+blocks, DeepSeek-V3's MLA), and a batch of one is grown to two for the batch probes.
 """
 
 import functools
@@ -24,23 +27,20 @@ from shapeguard._check import run_check
 
 pytestmark = pytest.mark.no_shapeguard
 
+
+def _batch_of_one(config):
+    family = next((f for f in real_models.FAMILIES if f.name == config.family), None)
+    return family is not None and family.sizes(config.sizes).batch == 1
+
+
 CONFIGS = [
     c
     for c in real_models.configs()
-    if c.sizes == "distinct" or (c.sizes == "coincident" and c.padding != "none")
+    if c.sizes == "distinct"
+    or (c.sizes == "coincident" and c.padding != "none")
+    or _batch_of_one(c)
 ]
 TEXT = {f.name for f in real_models.FAMILIES if f.kind in ("decoder", "encoder", "encdec")}
-
-# Probes that cannot run on some text models yet, and why (the message says so too).
-LIMITS = {
-    # Multi-head latent attention: low-rank Q and KV projections, a rotary key shared by
-    # every head; no block of rows is one head's.
-    ("deepseek-v3", "head-permutation invariance"): "found no Q/K/V projections",
-    # Falcon's grouped packed projection is viewed as [kv heads, heads / kv + 2, d_k].
-    ("falcon", "head-permutation invariance"): "not into Q, K, V blocks of whole heads",
-    # CodeGen's packed projection is cut into its mp_num model-parallel blocks first.
-    ("codegen", "head-permutation invariance"): "not into Q, K, V blocks of whole heads",
-}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -67,14 +67,9 @@ def _check(config, use_cache=False):
 def _unexpected_skips(config, report):
     if config.family not in TEXT:
         return []
-    found = []
-    for r in report.results:
-        if r.status != "skipped" or not r.applicable:
-            continue
-        allowed = LIMITS.get((config.family, r.name))
-        if allowed is None or allowed not in r.message:
-            found.append(f"{r.name}: {r.message}")
-    return found
+    return [
+        f"{r.name}: {r.message}" for r in report.results if r.status == "skipped" and r.applicable
+    ]
 
 
 @pytest.mark.parametrize("config", [pytest.param(c, id=c.id) for c in CONFIGS])

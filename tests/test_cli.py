@@ -702,6 +702,37 @@ def test_check_runs_the_real_probes_when_installed():
     assert not any("FAIL" in row for row in rows)
 
 
+def test_check_marks_probes_that_do_not_apply_as_n_a_with_the_reason():
+    if _cli.probe_runner() is None:
+        pytest.skip("shapeguard._check is not in this tree yet")
+    result = run("check", SEED)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    rows = {
+        cells[0]: cells[1:]
+        for cells in (
+            [c.strip() for c in line.strip("│").split("│")]
+            for line in result.stdout.splitlines()
+            if line.startswith("│")
+        )
+    }
+    assert rows["token-permutation equivariance"] == [
+        "n/a",
+        "the module is causal (a triangular mask in masked_fill)",
+    ]
+    assert rows["key-padding invariance"][0] == "n/a"
+    assert not any(status == "skip" for status, _ in rows.values())
+
+
+def test_probe_rows_tell_a_probe_that_does_not_apply_from_one_skipped():
+    rows = _cli.probe_rows(
+        [
+            types.SimpleNamespace(name="a", status="skipped", applicable=False, message="no mask"),
+            types.SimpleNamespace(name="b", status="skipped", applicable=True, message="sizes"),
+        ]
+    )
+    assert rows == [("a", "n/a", "no mask"), ("b", "skip", "sizes")]
+
+
 def test_check_skips_probes_on_meta(monkeypatch):
     monkeypatch.setattr(_cli, "probe_runner", lambda: pytest.fail("probes must not run on meta"))
     result = run("check", SEED, "--device", "meta")

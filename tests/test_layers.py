@@ -15,11 +15,14 @@ LAYERS = {
         "shapeguard._axes", "shapeguard._roles", "shapeguard._source", "shapeguard._suppress",
         "shapeguard._names",
     ),
-    "checks": ("shapeguard.checks", "shapeguard._flash_contract", "shapeguard._flash_varlen"),
+    "checks": (
+        "shapeguard.checks", "shapeguard._flash_contract", "shapeguard._flash_varlen",
+        "shapeguard._tp",
+    ),
     "trace": (
         "shapeguard._session", "shapeguard._record", "shapeguard._composites",
         "shapeguard._construction", "shapeguard._meta", "shapeguard._flash", "shapeguard._trace",
-        "shapeguard._replay", "shapeguard._tp", "shapeguard._ranks", "shapeguard.attention",
+        "shapeguard._replay", "shapeguard._tp_session", "shapeguard._ranks", "shapeguard.attention",
         "shapeguard._tracing",
     ),
     "on the trace": (
@@ -127,3 +130,16 @@ def test_no_import_cycle():
         if module not in index:
             visit(module)
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_rules_read_the_call_through_its_view():
+    """Rules get a read-only `CallView`: no rule reaches the session or a private part
+    of the call (mypy checks the same in CI; this keeps it visible in the suite)."""
+    reached = []
+    for path in (PACKAGE / "checks").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
+                continue
+            if node.value.id == "call" and (node.attr == "session" or node.attr.startswith("_")):
+                reached.append(f"{path.name}:{node.lineno}: call.{node.attr}")
+    assert not reached, reached

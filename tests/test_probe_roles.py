@@ -354,6 +354,87 @@ def test_batch_independence_catches_examples_that_see_each_other_in_two_styles()
     assert result(check(TinyLM(), ids()), "batch independence").status == "passed"
 
 
+# -- a batch of one is grown to two ----------------------------------------------------------
+GROWN = (
+    "a batch of one grown to two with a second example made like example 0 (other ids and "
+    "data, the same masks): "
+)
+
+
+def test_a_batch_of_one_gets_both_batch_probes_beside_a_second_example():
+    report = check(TinyLM(), ids(batch=1), attention_mask=keep_mask([4]))
+    independence = result(report, "batch independence")
+    assert independence.status == "passed"
+    assert independence.message.startswith(
+        GROWN + "changing example 1 of 2 (input_ids; its padding in attention_mask) left the "
+        "other examples' outputs unchanged"
+    )
+    alone = result(report, "sub-batch consistency")
+    assert alone.status == "passed"
+    assert alone.message.startswith(
+        GROWN + "running the first 1 of 2 examples alone left their outputs unchanged"
+    )
+
+
+def test_a_batch_of_one_still_catches_examples_that_see_each_other_in_two_styles():
+    from test_probes import Attention
+
+    mean = result(check(Attention("batch_norm"), torch.randn(1, S, 33)), "batch independence")
+    roll = result(check(TinyLM(bug="roll_batch"), ids(batch=1)), "batch independence")
+    for failed in (mean, roll):
+        assert failed.status == "failed"
+        assert failed.message.startswith(GROWN + "changing example 1 of 2 (")
+        assert "hint: something mixes examples" in failed.message
+
+
+def test_a_batch_of_one_still_catches_outputs_that_depend_on_the_batch_in_two_styles():
+    class Scaled(TinyLM):
+        def forward(self, input_ids, attention_mask=None):
+            return super().forward(input_ids, attention_mask) * input_ids.shape[0]
+
+    class Centered(TinyLM):
+        def forward(self, input_ids, attention_mask=None):
+            out = super().forward(input_ids, attention_mask)
+            return out - 0.5 * out.mean(dim=0, keepdim=True)  # the batch's mean
+
+    for model in (Scaled(), Centered()):
+        failed = result(check(model, ids(batch=1)), "sub-batch consistency")
+        assert failed.status == "failed"
+        assert failed.message.startswith(
+            GROWN + "running the first 1 of 2 examples alone moved their outputs by "
+        )
+
+
+def test_a_batch_of_one_whose_output_mixes_its_examples_says_so_grown_to_two():
+    class Pooled(TinyLM):  # one row for the whole batch: no example's output to compare
+        def forward(self, input_ids, attention_mask=None):
+            return super().forward(input_ids, attention_mask).mean(dim=0)
+
+    got = result(check(Pooled(), ids(batch=1)), "batch independence")
+    assert got.status == "skipped" and not got.applicable
+    assert got.message.startswith("a batch of one, grown to two: no output has a batch axis")
+
+
+def test_the_grown_batch_is_traced_with_checks_on_inside_the_probes_off_block():
+    """The probes run inside `check`'s own `disabled()` block; the retrace of a grown
+    batch still reads its axes from provenance, unless checks were off for the whole
+    `check` (the user's off switch)."""
+    import shapeguard
+    from shapeguard import _config
+    from shapeguard._check import _trace
+
+    model = TinyLM()
+    first = _trace(model, (ids(batch=2),), {})
+    assert first.on and first.out_axes == ("batch", "seq_q", None)
+    with _config.disabled():
+        again = _trace(model, (ids(batch=2),), {}, like=first)
+    assert again.out_axes == first.out_axes
+    with shapeguard.disabled():
+        off = _trace(model, (ids(batch=2),), {})
+        again = _trace(model, (ids(batch=2),), {}, like=off)
+    assert not off.on and off.out_axes == () and again.out_axes == ()
+
+
 # -- memory vs target, images ---------------------------------------------------------------
 def test_a_memory_as_long_as_the_target_is_its_own_sequence():
     torch.manual_seed(0)

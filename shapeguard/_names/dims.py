@@ -57,6 +57,7 @@ class Dim:
         "k_side",
         "alias",
         "origin",
+        "cut",
     )
 
     def __init__(
@@ -84,6 +85,10 @@ class Dim:
         # q's d_k): only for naming, never for identity.
         self.alias: Atom | None = None
         self.origin = origin
+        # Where a slice, a split or an index cut this dim from: (the atom it cut, the
+        # positions of that atom it kept), so a head layout can be read back to the rows
+        # of the projection it came from.
+        self.cut: tuple[Atom, Sequence[int]] | None = None
 
     def find(self) -> "Dim":
         root = self
@@ -171,6 +176,8 @@ def unify(a: Dim, b: Dim) -> None:
     a.k_side = a.k_side or b.k_side
     if a.alias is None:
         a.alias = b.alias
+    if a.cut is None:
+        a.cut = b.cut
     b.parent = a
     _epoch[0] += 1
 

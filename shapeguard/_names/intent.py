@@ -45,7 +45,7 @@ def view_intents(call, count: int) -> list[Intent | None]:
     texts: Sequence[str | None]
     if site.callee in _EINOPS and not site.in_module:
         texts = _einops_texts(site, count)
-    elif call._site_matches():
+    elif call.site_matches():
         texts = list(site.args)
         if len(site.args) == 1 and count > 1:
             texts = _source.sequence_items(site.args[0]) or []  # view((B, S, h, d))

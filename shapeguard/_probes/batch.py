@@ -2,7 +2,8 @@
 
 Every per-example input is changed or cut together: token ids, data, and padding
 masks (an example's padding is part of the example), nested in dicts and dataclasses
-alike. Outputs are compared on real tokens only.
+alike. Outputs are compared on real tokens only. A batch of one is grown to two first:
+example 0 beside a second example with its structure (other ids, the same masks).
 """
 
 from typing import cast
@@ -18,6 +19,8 @@ from .subject import Subject
 def batch_independence(s: Subject) -> ProbeResult:
     """Changing one example leaves the other examples' outputs unchanged."""
     name = "batch independence"
+    if s.layout.batch_size == 1:
+        return _of_one(s, name, batch_independence)
     cannot = _cannot_run(s, name)
     if cannot is not None:
         return cannot
@@ -47,6 +50,8 @@ def batch_independence(s: Subject) -> ProbeResult:
 def sub_batch(s: Subject) -> ProbeResult:
     """The first examples, run alone, give the outputs they gave in the full batch."""
     name = "sub-batch consistency"
+    if s.layout.batch_size == 1:
+        return _of_one(s, name, sub_batch)
     cannot = _cannot_run(s, name)
     if cannot is not None:
         return cannot
@@ -97,13 +102,32 @@ def _one_more_pad(s: Subject, inputs, example: int):
     return inputs, ""
 
 
+def _of_one(s: Subject, name: str, probe) -> ProbeResult:
+    """A batch probe on a batch of one, run on the batch grown to two: example 0 beside a
+    second example made like it (`edits.grown`), which the probe changes (batch
+    independence) or leaves out (sub-batch: example 0 alone against example 0 beside
+    the other)."""
+    grown = s.grown() if callable(s.grown) else None
+    if grown is None:
+        return skipped(name, "a batch of one, and no second example could be made")
+    if isinstance(grown, str):
+        return skipped(name, f"a batch of one, grown to two: {grown}")
+    result = probe(grown)
+    if result.status == "skipped":
+        result.message = f"a batch of one, grown to two: {result.message}"
+        return result
+    made = "a second example made like example 0 (other ids and data, the same masks)"
+    result.message = f"a batch of one grown to two with {made}: {result.message}"
+    return result
+
+
 def _cannot_run(s: Subject, name: str) -> ProbeResult | None:
     """Why a batch probe cannot run on this subject (a skipped result), or None."""
     b = s.layout.batch_size
     if b is None:
         return not_applicable(name, "no input has a batch axis")
     if b < 2:
-        return skipped(name, "needs a batch of 2 or more")
+        return skipped(name, "needs a batch of 2 or more")  # grown first: see _of_one
     if not s.outputs(batch=True):
         return not_applicable(name, "no output has a batch axis whose examples can be told apart")
     if s.layout.ambiguous_batch:

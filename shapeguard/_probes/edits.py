@@ -151,6 +151,28 @@ def perturbed(
     return rebuild(inputs, change)
 
 
+def grown(layout: Layout, inputs, generator):
+    """A batch of one grown to two: example 0, then a second example made like it (other
+    ids at its real tokens, data redrawn, the same masks and other inputs), along each
+    input's batch axis. Inputs without one are left as they are."""
+
+    def grow(path, t):
+        leaf = layout.leaves.get(path)
+        if leaf is None or leaf.batch is None or t.shape[leaf.batch] != 1:
+            return t
+        other = t
+        if leaf.kind in ("ids", "data"):
+            where = torch.ones(t.shape, dtype=torch.bool)
+            for dim, g in leaf.seq.items():
+                pad = layout.padded(g)
+                if pad is not None and pad.shape[-1] == t.shape[dim]:
+                    where &= ~grid(t, leaf.batch, dim, pad[:1])
+            other = redrawn(leaf, t, where, generator)
+        return torch.cat([t, other], dim=leaf.batch)
+
+    return rebuild(inputs, grow)
+
+
 def padded(layout: Layout, inputs, group: int, cells: torch.Tensor):
     """Inputs whose padding masks over `group` also mark `cells` (bool [batch, length])
     as padding, each in its own polarity."""

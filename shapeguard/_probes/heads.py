@@ -8,7 +8,8 @@ from .. import _ops
 from .compare import deviation, scale_of
 from .edits import derangement, take
 from .head_bias import per_head_bias
-from .head_groups import HeadGroup, find_heads, refused
+from .head_groups import HeadGroup, mha_groups
+from .head_layout import Plan, plan_heads
 from .result import ProbeResult, not_applicable, skipped
 from .subject import Subject
 from .tree import first_output
@@ -59,12 +60,11 @@ def head_permutation(s: Subject) -> ProbeResult:
         return not_applicable(
             name, f"the scores get a bias per head ({bias}): permuting heads is no symmetry"
         )
-    groups = find_heads(s.model, s.watch, s.traced_model)
-    if not groups:
-        why = refused(s.model, s.watch, s.traced_model)
-        if why:
-            return skipped(name, why)
-        return skipped(name, "found no Q/K/V projections with a declared head count of 2 or more")
+    groups = mha_groups(s.model)
+    plan = plan_heads(s.watch.heads, s.generator)
+    if isinstance(plan, tuple) and not groups:
+        why, applies = plan
+        return skipped(name, why) if applies else not_applicable(name, why)
     try:
         model = copy.deepcopy(s.model)
     except Exception as error:
@@ -75,10 +75,13 @@ def head_permutation(s: Subject) -> ProbeResult:
         q_order, kv_order = head_orders(group.heads, group.kv_heads, s.generator)
         permute_heads(model, group, q_order, kv_order)
         described.append(f"{group.heads} heads of {group.name or type(model).__name__}")
-        if not group.has_out:
-            if len(groups) > 1 or expected.shape[-1] != group.heads * group.d_k:
-                return skipped(name, "the heads are not merged by an output projection")
-            expected = take(expected, -1, block_index(expected.shape[-1], 0, q_order, group.d_k))
+    assumed: list[str] = []
+    if isinstance(plan, Plan):
+        permute_params(model, plan.params)
+        for axis, index in plan.outputs:
+            expected = take(expected, axis, index)
+        described += plan.described
+        assumed = plan.assumed
     args, kwargs = s.inputs
     # A tensor: the same forward gave `s.reference`.
     out = cast(torch.Tensor, first_output(model(*args, **kwargs)))
@@ -91,13 +94,28 @@ def head_permutation(s: Subject) -> ProbeResult:
         "heads are not kept apart between the split and the merge: split d_model into "
         "[heads, d_k] and move heads next to batch (view then transpose), and transpose back "
         "before merging",
-        lambda: _head_ops(s.events),
+        lambda: _head_ops(s.events, assumed),
         lead="",
     )
 
 
-def _head_ops(events) -> str:
-    """Where heads are split off the features and merged back."""
+def permute_params(model, params: dict) -> None:
+    """Reorder parameter axes in place: `params` maps a name to (axis, index) pairs."""
+    found = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, moves in params.items():
+            param = found.get(name)
+            if param is None:
+                continue
+            value = param.detach()
+            for axis, index in moves:
+                value = value.index_select(axis, index.to(param.device))
+            param.copy_(value)
+
+
+def _head_ops(events, assumed=()) -> str:
+    """Where heads are split off the features and merged back (and where the trace lost
+    the heads at the merge, so the columns were permuted as a correct merge lays them out)."""
     split = merge = None
     for event in events:
         has_in = any("heads" in (r.axes or ()) for r in event.inputs)
@@ -112,7 +130,8 @@ def _head_ops(events) -> str:
         parts.append(f"heads split by {describe_event(split)}")
     if merge is not None:
         parts.append(f"merged by {describe_event(merge)}")
-    return " and ".join(parts)
+    text = " and ".join(parts)
+    return "; ".join([text, *assumed] if text else assumed)
 
 
 # Heads are merged back by an op that regroups or reorders axes (view, reshape, flatten,

@@ -43,6 +43,9 @@ class Subject:
     # on a float64 copy); a failure there is confirmed as given.
     as_given: object = None
     mismatch: str = ""  # why the last measure was infinite without NaN (shapes differ)
+    # For a batch of one: a function giving the subject of the batch grown to two
+    # (example 0, then one made like it: `edits.grown`), or why there is none.
+    grown: object = None
 
     def run(self, inputs) -> torch.Tensor:
         """The first floating output of one forward."""

@@ -8,6 +8,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from .. import _ops
 from ..checks import mask_semantics
 from ..checks.mask_semantics import mask_uses
+from .head_sites import HeadWatch
 from .tree import first_output
 
 # The ops whose masks `mask_uses` reads: the only ones worth building an OpCall for.
@@ -48,6 +49,7 @@ class Watch:
         self.mask_uses: list = []  # masks.MaskUse: how each op applied its mask
         self._last_mask: tuple | None = None  # (mask, how it was applied, its MaskUse): read once
         self.values: list[tuple] | None = [] if keep_values else None
+        self.heads = HeadWatch()  # the attention ops' heads, for head permutation
 
         class _Mode(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -61,7 +63,7 @@ class Watch:
                     watch._before(func, op, args, kwargs)
                 out = func(*args, **kwargs)
                 with _unobserved(session):
-                    watch._after(op, args, out, count)
+                    watch._after(op, args, kwargs, out, count)
                 return out
 
         self.mode = _Mode()
@@ -151,8 +153,9 @@ class Watch:
         if meta is not None and table.dim() == 2:
             self.embedded.append((meta.dims, int(table.shape[0])))
 
-    def _after(self, op: str, args, out, count: int) -> None:
+    def _after(self, op: str, args, kwargs, out, count: int) -> None:
         session = self.session
+        self.heads.after(session, op, args, kwargs, out, lambda: self._where(count, op))
         if op in _POSITIONAL_OPS or (op in _TABLE_READS and _reads_a_table(session, args)):
             self.positional = self.positional or self._where(count, op)
         if self._made_by:

@@ -6,7 +6,7 @@ is registered on ops of the op table (`_ops.py`) with the kinds it may yield and
 the severity of each::
 
     @rule(_ops.SOFTMAX, kinds={"softmax_axis": WARNING})
-    def softmax_over_keys(call: "OpCall") -> Iterator[Violation]: ...
+    def softmax_over_keys(call: CallView) -> Iterator[Violation]: ...
 
 Every module of this package is a family of rules, loaded on first use; a rule
 registered twice, or an op the table does not know, is an error. `KINDS` is the
@@ -20,23 +20,20 @@ import pkgutil
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .. import _ops
 from .._errors import Violation
-
-if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
-    from .._session import OpCall
+from ._view import CallView
 
 ERROR = "error"
 WARNING = "warning"
 _SEVERITIES = (ERROR, WARNING)
 
-# What a rule is: a function of the intercepted call (`_session.OpCall`, which the session
-# and the composites build) yielding the violations it finds. Every checker is annotated
-# `def name(call: "OpCall") -> Iterator[Violation]`, so `rule` checks it against this type.
-Checker = Callable[["OpCall"], Iterator[Violation]]
+# What a rule is: a function of the intercepted call, read through the read-only
+# `CallView` (the session and the composites pass their `OpCall`), yielding the violations
+# it finds. Every checker is annotated
+# `def name(call: CallView) -> Iterator[Violation]`, so `rule` checks it against this type.
+Checker = Callable[[CallView], Iterator[Violation]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,16 +18,12 @@ concatenation. SDPA's `is_causal=True` on a step with cached keys is
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from .. import _ops, _source
 from .._errors import Violation
 from .._names import dims as D
 from . import ERROR, WARNING, rule
-
-if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
-    from .._session import OpCall
+from ._view import CallView
 
 _HIDING = -1e4
 _CONCATENATION = "a concatenation"
@@ -45,7 +41,7 @@ def _outside(call, t) -> bool:
 
 
 @rule(_ops.by_name("cat"), kinds={"cache_axis": ERROR}, order=0)
-def cache_grown_along(call: "OpCall") -> Iterator[Violation]:
+def cache_grown_along(call: CallView) -> Iterator[Violation]:
     """A cache of keys or values concatenated with the new ones along an axis that is not
     the sequence."""
     bound = call.bound()
@@ -142,7 +138,7 @@ def _cached_keys(call, keys) -> bool:
     kinds={"mask_cache_length": (ERROR, WARNING)},
     order=0,
 )
-def mask_key_length(call: "OpCall") -> Iterator[Violation]:
+def mask_key_length(call: CallView) -> Iterator[Violation]:
     """A mask whose key axis is not the cached + new keys of a decode step."""
     found = _masked(call)
     if found is None:

@@ -7,16 +7,12 @@ positions attention runs along) tells the two apart whatever their sizes.
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from .. import _ops
 from .._errors import Violation
 from .._names.dims import FEATURE, TOKEN
 from . import WARNING, rule
-
-if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
-    from .._session import OpCall
+from ._view import CallView
 
 _PAIRED = {TOKEN, FEATURE}
 
@@ -37,7 +33,7 @@ def _clash(call, a, a_dim: int, b, b_dim: int) -> tuple[str, str] | None:
 
 
 @rule(_ops.by_name("matmul"), _ops.by_name("bmm"), kinds={"contraction_axes": WARNING}, order=1)
-def product_axes(call: "OpCall") -> Iterator[Violation]:
+def product_axes(call: CallView) -> Iterator[Violation]:
     args = call.args
     if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
         return
@@ -83,7 +79,7 @@ def product_axes(call: "OpCall") -> Iterator[Violation]:
 
 
 @rule(_ops.by_name("einsum"), kinds={"contraction_axes": WARNING}, order=1)
-def einsum_axes(call: "OpCall") -> Iterator[Violation]:
+def einsum_axes(call: CallView) -> Iterator[Violation]:
     args = call.args
     if not args or not isinstance(args[0], str):
         return

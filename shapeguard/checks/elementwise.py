@@ -6,12 +6,11 @@ from typing import TYPE_CHECKING, TypeGuard
 from .. import _axes, _ops
 from .._errors import Violation
 from . import ERROR, WARNING, rule
+from ._view import CallView
 
 if TYPE_CHECKING:
-    # For the annotations only: the session imports this package while it loads.
+    # For the annotations only: torch loads when the first trace opens.
     import torch
-
-    from .._session import OpCall
 
 _MASK_KINDS = {"mask_dtype": ERROR, "mask_broadcast": ERROR}
 # + - * / (reflected too: 2 - t arrives as __rsub__), in the table's order.
@@ -90,7 +89,7 @@ def _broadcast_violation(call, kind, relation_prefix, pairs, target=None, mask=N
 
 
 @rule(_ops.by_name("masked_fill"), kinds=_MASK_KINDS)
-def masked_fill(call: "OpCall") -> Iterator[Violation]:
+def masked_fill(call: CallView) -> Iterator[Violation]:
     """masked_fill: a bool mask that broadcasts to the tensor it fills."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
@@ -122,7 +121,7 @@ def masked_fill(call: "OpCall") -> Iterator[Violation]:
 
 
 @rule(_ops.by_name("where"), kinds=_MASK_KINDS)
-def where(call: "OpCall") -> Iterator[Violation]:
+def where(call: CallView) -> Iterator[Violation]:
     """torch.where: a bool condition that broadcasts with both values."""
     args = call.args
     if len(args) < 3 or not _is_tensor(args[0]):
@@ -162,7 +161,7 @@ def _operands(call):
 
 
 @rule(*_ARITHMETIC, kinds={"broadcast": ERROR, "mask_broadcast": ERROR})
-def arithmetic(call: "OpCall") -> Iterator[Violation]:
+def arithmetic(call: CallView) -> Iterator[Violation]:
     """+ - * /: the operands broadcast (in place: to the first one's shape)."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
@@ -181,7 +180,7 @@ def arithmetic(call: "OpCall") -> Iterator[Violation]:
 
 
 @rule(*(op for op in _ARITHMETIC if op.symbol in "+-"), kinds={"mask_dtype": WARNING}, order=1)
-def bool_mask_added(call: "OpCall") -> Iterator[Violation]:
+def bool_mask_added(call: CallView) -> Iterator[Violation]:
     """A 0/1 mask added to (or subtracted from) float scores masks nothing."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):

@@ -13,19 +13,15 @@ sure the call is flash-attn's (or shapeguard's).
 import functools
 import inspect
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from .. import _flash_contract, _flash_varlen, _ops
 from .._errors import Violation
 from . import rule
-
-if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
-    from .._session import OpCall
+from ._view import CallView
 
 
 @rule(*(op for op in _ops.ALL if op.family == _ops.FLASH), kinds=_flash_contract.KINDS)
-def flash_contract(call: "OpCall") -> Iterator[Violation]:
+def flash_contract(call: CallView) -> Iterator[Violation]:
     spec = call.spec
     if spec.flash_entry == "kernel":
         if not _flash_contract.is_kernel_op(call.func):

@@ -4,17 +4,13 @@ non-contiguous."""
 
 from collections.abc import Iterator
 from math import prod
-from typing import TYPE_CHECKING
 
 from .. import _axes, _ops
 from .._errors import Violation
 from . import ERROR, rule
 from . import tp as _tp_checks
+from ._view import CallView
 from .config import divisibility_violation
-
-if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
-    from .._session import OpCall
 
 
 def target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
@@ -38,7 +34,7 @@ def target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
         "tp_local_heads": ERROR,
     },
 )
-def view(call: "OpCall") -> Iterator[Violation]:
+def view(call: CallView) -> Iterator[Violation]:
     """view / reshape: the element count, and the strides view needs (what the regrouping
     does to the axes is the regroup family's)."""
     args = call.args

@@ -19,12 +19,11 @@ from .. import _ops
 from .._errors import Violation
 from .._names.dims import BATCH, FEATURE, TOKEN
 from . import WARNING, rule
+from ._view import CallView
 
 if TYPE_CHECKING:
-    # For the annotations only: the session imports this package while it loads.
+    # For the annotations only: torch loads when the first trace opens.
     import torch
-
-    from .._session import OpCall
 
 
 def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
@@ -55,7 +54,7 @@ def _bshd(call, t) -> str:
 
 # -- SDPA ----------------------------------------------------------------------------
 @rule(_ops.SDPA, kinds={"layout_bshd": WARNING}, order=1)
-def sdpa_layout(call: "OpCall") -> Iterator[Violation]:
+def sdpa_layout(call: CallView) -> Iterator[Violation]:
     p = call.bound()
     tensors = [p.get(n) for n in ("query", "key", "value")]
     q, k, v = tensors
@@ -88,7 +87,7 @@ def sdpa_layout(call: "OpCall") -> Iterator[Violation]:
     kinds={"layout_bshd": WARNING},
     order=1,
 )
-def product_layout(call: "OpCall") -> Iterator[Violation]:
+def product_layout(call: CallView) -> Iterator[Violation]:
     """`q @ k.transpose(-2, -1)` on `[batch, seq, heads, d_k]`: the scores pair the heads
     of each token, not the tokens."""
     operands = _qk_operands(call)
@@ -145,11 +144,11 @@ def _qk_operands(call):
 
 # -- nn.MultiheadAttention -------------------------------------------------------------
 @rule(_ops.MHA, kinds={"mha_batch_first": WARNING}, order=1)
-def mha_batch_first(call: "OpCall") -> Iterator[Violation]:
+def mha_batch_first(call: CallView) -> Iterator[Violation]:
     module = call.module
     if module is None or getattr(module, "batch_first", True):
         return
-    root = call.session.root
+    root = call.root
     # A torch module at the root defines its own layout through batch_first: the trace
     # then has no independent word on which axis is the batch.
     if root is None or type(root).__module__.startswith("torch.nn"):
@@ -185,7 +184,7 @@ def mha_batch_first(call: "OpCall") -> Iterator[Violation]:
 
 # -- rotary embeddings ---------------------------------------------------------------
 @rule(_ops.by_name("mul"), kinds={"rotary_axis": WARNING}, order=1)
-def rotary_axis(call: "OpCall") -> Iterator[Violation]:
+def rotary_axis(call: CallView) -> Iterator[Violation]:
     """A rotary table (made by cos, sin or polar, or complex: a rotation) multiplied into
     q or k: each of its axes but the last (the frequencies) must line up with the batch or
     the positions, never with a factor of the features."""

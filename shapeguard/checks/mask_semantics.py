@@ -31,14 +31,13 @@ from typing import TYPE_CHECKING, TypeGuard, cast
 from .. import _axes, _ops
 from .._errors import Violation
 from . import WARNING, rule
+from ._view import CallView
 from .elementwise import ref
 from .mha import bind_arguments
 
 if TYPE_CHECKING:
-    # For the annotations only: the session imports this package while it loads.
+    # For the annotations only: torch loads when the first trace opens.
     import torch
-
-    from .._session import OpCall
 
 # The ops that apply a mask to scores (the probes watch them too).
 MASKING = (
@@ -81,7 +80,7 @@ class _Use:
     },
     order=2,
 )  # fmt: skip
-def check(call: "OpCall") -> Iterator[Violation]:
+def check(call: CallView) -> Iterator[Violation]:
     """What a mask hides, read from its values: polarity, direction, axis, empty rows."""
     import torch
 

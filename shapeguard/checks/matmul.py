@@ -7,18 +7,17 @@ from typing import TYPE_CHECKING, TypeGuard
 from .. import _axes, _ops, _source
 from .._errors import Operand, Violation
 from . import ERROR, rule
+from ._view import CallView
 
 if TYPE_CHECKING:
-    # For the annotations only: the session imports this package while it loads.
+    # For the annotations only: torch loads when the first trace opens.
     import torch
-
-    from .._session import OpCall
 
 _PRODUCT_KINDS = {"matmul_inner": ERROR, "matmul_batch": ERROR, "matmul_rank": ERROR}
 
 
 @rule(_ops.by_name("matmul"), _ops.by_name("bmm"), _ops.by_name("mm"), kinds=_PRODUCT_KINDS)
-def products(call: "OpCall") -> Iterator[Violation]:
+def products(call: CallView) -> Iterator[Violation]:
     """matmul, @, bmm, mm: the inner axes meet, the batch axes broadcast."""
     op = call.op
     if len(call.args) >= 2 and _is_tensor(call.args[0]) and _is_tensor(call.args[1]):
@@ -148,7 +147,7 @@ def _linear_label(call) -> tuple[str, str]:
         and module is not None
         and type(module).__name__.endswith("Linear")
     ):
-        path = call.session.module_path(module)
+        path = call.module_path(module)
         layer = path.rsplit(".", 1)[-1] if path else site.callee or "linear"
         x = _source.short_label(site.args[0]) if site.args and site.callee else "input"
         return layer, x
@@ -156,7 +155,7 @@ def _linear_label(call) -> tuple[str, str]:
 
 
 @rule(_ops.by_name("linear"), kinds={"linear_in_features": ERROR})
-def linear_width(call: "OpCall") -> Iterator[Violation]:
+def linear_width(call: CallView) -> Iterator[Violation]:
     """F.linear (every nn.Linear): the input's last axis is the layer's in_features."""
     args = call.args
     x = args[0] if args else call.kwargs.get("input")
@@ -193,7 +192,7 @@ def linear_width(call: "OpCall") -> Iterator[Violation]:
 
 
 @rule(_ops.by_name("baddbmm"), kinds={**_PRODUCT_KINDS, "broadcast": ERROR})
-def baddbmm(call: "OpCall") -> Iterator[Violation]:
+def baddbmm(call: CallView) -> Iterator[Violation]:
     """baddbmm: the product's axes, and the added tensor broadcasts to it."""
     p = call.bound()
     base, b1, b2 = p.get("input"), p.get("batch1"), p.get("batch2")
@@ -245,7 +244,7 @@ def _letter_sizes(spec: str, shape: tuple[int, ...]) -> dict[str, list[int]] | N
 
 
 @rule(_ops.by_name("einsum"), kinds={"einsum_dim": ERROR, "einsum_rank": ERROR})
-def einsum_sizes(call: "OpCall") -> Iterator[Violation]:
+def einsum_sizes(call: CallView) -> Iterator[Violation]:
     """einsum: every operand has one letter per axis, and each letter one size."""
     args = call.args
     if not args or not isinstance(args[0], str):

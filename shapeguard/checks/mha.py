@@ -5,16 +5,12 @@ here the shapes are given in the layout the user passed (batch_first or not).
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from .. import _ops
 from .._errors import Operand, Violation
 from . import ERROR, rule
+from ._view import CallView
 from .config import divisibility_violation
-
-if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
-    from .._session import OpCall
 
 _KINDS = {
     kind: ERROR
@@ -42,7 +38,7 @@ def _user_shape(t, batch_first: bool, names=("seq", "batch", "embed_dim")) -> st
 
 
 @rule(_ops.MHA, kinds=_KINDS)
-def mha_contract(call: "OpCall") -> Iterator[Violation]:
+def mha_contract(call: CallView) -> Iterator[Violation]:
     """nn.MultiheadAttention's contract, in the layout the user passed."""
     p = bind_arguments(call)
     query, key, value = p.get("query"), p.get("key"), p.get("value")

@@ -19,7 +19,6 @@ data where it should not:
 
 from collections.abc import Iterator
 from math import prod
-from typing import TYPE_CHECKING
 
 from .. import _axes, _ops
 from .._errors import Violation
@@ -29,11 +28,8 @@ from .._names.flow import regroup_view
 from .._names.intent import view_intents
 from . import WARNING, rule
 from . import tp as _tp_checks
+from ._view import CallView
 from .heads_view import target_shape, view_compatible
-
-if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
-    from .._session import OpCall
 
 _SEQ_AXES = ("seq", "seq_q", "seq_k")
 _EINOPS = ("rearrange", "repeat", "reduce", "pack", "unpack")
@@ -46,7 +42,7 @@ _TOKENS = (BATCH, TOKEN)
     kinds={"view_mixes_axes": WARNING, "batch_mixing": WARNING},
     order=1,
 )
-def regroup(call: "OpCall") -> Iterator[Violation]:
+def regroup(call: CallView) -> Iterator[Violation]:
     args = call.args
     if not args or not hasattr(args[0], "shape"):
         return
@@ -174,7 +170,7 @@ class _View:
         order (`view(h, B, S, d_k)` becomes `view(B, h, S, d_k)`), when that can be read."""
         spelled = f"{self.label}.view({', '.join(map(str, sizes))}, ...)"
         site = self.call.site
-        if site is None or not self.call._site_matches() or len(site.args) != len(self.resolved):
+        if site is None or not self.call.site_matches() or len(site.args) != len(self.resolved):
             return spelled
         first = real_j[: len(sizes)]
         if sorted(self.resolved[j] for j in first) != sorted(sizes):

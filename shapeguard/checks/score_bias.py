@@ -15,12 +15,11 @@ from .. import _ops
 from .._errors import Violation
 from .._names.flow import classify_product
 from . import WARNING, rule
+from ._view import CallView
 
 if TYPE_CHECKING:
-    # For the annotations only: the session imports this package while it loads.
+    # For the annotations only: torch loads when the first trace opens.
     import torch
-
-    from .._session import OpCall
 
 # At or below this an additive value hides a key (-1e9, finfo.min, -inf): a mask, not a bias.
 _HIDING = -1e4
@@ -102,7 +101,7 @@ def _scores_operand(call, scores) -> tuple:
 
 
 @rule(_ops.by_name("add"), kinds={"score_bias_constant": WARNING}, order=1)
-def added_to_scores(call: "OpCall") -> Iterator[Violation]:
+def added_to_scores(call: CallView) -> Iterator[Violation]:
     args = call.args
     if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
         return
@@ -125,7 +124,7 @@ def added_to_scores(call: "OpCall") -> Iterator[Violation]:
 
 
 @rule(_ops.by_name("baddbmm"), kinds={"score_bias_constant": WARNING}, order=1)
-def baddbmm_input(call: "OpCall") -> Iterator[Violation]:
+def baddbmm_input(call: CallView) -> Iterator[Violation]:
     p = call.bound()
     base, b1, b2 = p.get("input"), p.get("batch1"), p.get("batch2")
     if not (_is_tensor(b1) and b1.dim() == 3 and _is_tensor(b2) and b2.dim() == 3):
@@ -143,7 +142,7 @@ def baddbmm_input(call: "OpCall") -> Iterator[Violation]:
 
 
 @rule(_ops.SDPA, kinds={"score_bias_constant": WARNING}, order=1)
-def sdpa_bias(call: "OpCall") -> Iterator[Violation]:
+def sdpa_bias(call: CallView) -> Iterator[Violation]:
     """A float attn_mask whose finite part is constant along each row of keys but not the
     same for every row: a bias laid out per query, summed with a mask or alone."""
     import torch

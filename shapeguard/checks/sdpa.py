@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING, TypeGuard
 from .. import _axes, _ops
 from .._errors import Violation
 from . import ERROR, rule
+from ._view import CallView
 from .elementwise import mask_hint
 
 if TYPE_CHECKING:
-    # For the annotations only: the session imports this package while it loads.
+    # For the annotations only: torch loads when the first trace opens.
     import torch
-
-    from .._session import OpCall
 
 _KINDS = {
     kind: ERROR
@@ -33,7 +32,7 @@ def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a 
 
 
 @rule(_ops.SDPA, kinds=_KINDS)
-def sdpa_contract(call: "OpCall") -> Iterator[Violation]:
+def sdpa_contract(call: CallView) -> Iterator[Violation]:
     """F.scaled_dot_product_attention's documented contract."""
     p = call.bound()
     q, k, v = p.get("query"), p.get("key"), p.get("value")

@@ -1,15 +1,11 @@
 """softmax over an axis other than seq_k: legal, almost always a bug (a ShapeWarning)."""
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from .. import _ops
 from .._errors import Violation
 from . import WARNING, rule
-
-if TYPE_CHECKING:
-    # For the annotation only: the session imports this package while it loads.
-    from .._session import OpCall
+from ._view import CallView
 
 _WRONG_AXES = ("seq_q", "heads", "batch", "d_k", "kv_heads", "d_model")
 
@@ -17,7 +13,7 @@ _WRONG_AXES = ("seq_q", "heads", "batch", "d_k", "kv_heads", "d_model")
 @rule(
     _ops.by_name("softmax"), _ops.by_name("log_softmax"), kinds={"softmax_axis": WARNING}, order=1
 )
-def softmax_over_keys(call: "OpCall") -> Iterator[Violation]:
+def softmax_over_keys(call: CallView) -> Iterator[Violation]:
     args = call.args
     if not args or not hasattr(args[0], "dim"):
         return

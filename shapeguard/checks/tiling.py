@@ -16,13 +16,12 @@ from .._errors import Violation
 from .._names import dims as D
 from .._names.dims import BATCH, COPY
 from . import WARNING, rule
+from ._view import CallView
 from .mha import bind_arguments
 
 if TYPE_CHECKING:
-    # For the annotations only: the session imports this package while it loads.
+    # For the annotations only: torch loads when the first trace opens.
     import torch
-
-    from .._session import OpCall
 
 
 def _has_shape(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
@@ -30,7 +29,7 @@ def _has_shape(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a 
 
 
 @rule(_ops.MHA, kinds={"batch_mixing": WARNING}, order=1)
-def mask_tiling(call: "OpCall") -> Iterator[Violation]:
+def mask_tiling(call: CallView) -> Iterator[Violation]:
     p = bind_arguments(call)
     mask, query, heads = p.get("attn_mask"), p.get("query"), p.get("num_heads")
     if not (_has_shape(mask) and _has_shape(query) and isinstance(heads, int)):

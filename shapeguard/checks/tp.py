@@ -18,11 +18,13 @@ The view checks are called by the view rules (`heads_view`, `regroup`): they exp
 failure those rules find, in TP terms, instead of adding a second finding for it.
 """
 
+from collections.abc import Iterator
 from math import prod
 
 from .. import _ops, _tp
 from .._errors import Violation
 from . import ERROR, declare, rule
+from ._view import CallView
 
 # Raised through the view rule (heads_view), which explains its own failures in TP terms.
 declare("tp", {"tp_global_heads": ERROR, "tp_local_heads": ERROR})
@@ -34,7 +36,7 @@ def _local_tp(split) -> str:
 
 # -- head counts the tp degree does not divide ---------------------------------------------------
 @rule(_ops.by_name("linear"), kinds={"tp_head_divisibility": ERROR})
-def sharded_projection(call):
+def sharded_projection(call: CallView) -> Iterator[Violation]:
     """A column-parallel projection cuts its heads: read when it runs (FSDP2 has unsharded
     its weight by then, so only the TP sharding is left)."""
     if _tp.dtensor_class() is None:
@@ -42,14 +44,14 @@ def sharded_projection(call):
     weight = call.bound().get("weight")
     if not _tp.is_dtensor(weight):
         return
-    stack = call.session.module_stack
-    if len(stack) < 2:
+    leaf = call.module  # the projection running (an nn.Linear), inside its owner
+    if leaf is None:
         return
-    module, split = _tp.owner(call)
-    if split is None or split.head_dim is None:
+    module, split = call.tp_owner()
+    if module is leaf or split is None or split.head_dim is None:
         return
     projection = next(
-        (p for name, p in split.projections.items() if getattr(module, name, None) is stack[-1]),
+        (p for name, p in split.projections.items() if getattr(module, name, None) is leaf),
         None,
     )
     if projection is None or projection.style != "column":
@@ -119,13 +121,13 @@ def _head_split(target, resolved, split, x_features: int):
     return target[-2]
 
 
-def view_violation(call, x, target, expr: str, label: str) -> Violation | None:
+def view_violation(call: CallView, x, target, expr: str, label: str) -> Violation | None:
     """A view whose element count is wrong because of tensor parallelism: the global head
     count on this rank's shard (`tp_global_heads`), or the local count on a DTensor
     (`tp_local_heads`). None when TP does not explain it."""
     if _tp.dtensor_class() is None or not hasattr(x, "shape") or x.dim() < 1:
         return None
-    module, split = _tp.owner(call)
+    module, split = call.tp_owner()
     if split is None or split.head_dim is None:
         return None
     features = int(x.shape[-1])
@@ -166,7 +168,7 @@ def view_violation(call, x, target, expr: str, label: str) -> Violation | None:
     return Violation("tp_global_heads", relation, operands, hint)
 
 
-def _local_on_dtensor(call, x, split, count, features, expr, label, operands):
+def _local_on_dtensor(call: CallView, x, split, count, features, expr, label, operands):
     hd, tp = split.head_dim, split.tp
     local = _tp.local_shape(x)
     if features != count * hd * tp or local[-1] != count * hd:
@@ -199,12 +201,12 @@ def _local_on_dtensor(call, x, split, count, features, expr, label, operands):
     return Violation("tp_local_heads", relation, operands, hint)
 
 
-def carve_note(call, x, label: str, count: int | None = None) -> str | None:
+def carve_note(call: CallView, x, label: str, count: int | None = None) -> str | None:
     """For the T5 spelling `view(bs, -1, n_heads, d)` of a local shard, which folds the
     missing tp factor into the sequence axis: what tp did, for the hint."""
     if _tp.dtensor_class() is None or _tp.is_dtensor(x) or not hasattr(x, "shape"):
         return None
-    module, split = _tp.owner(call)
+    module, split = call.tp_owner()
     if split is None or split.head_dim is None:
         return None
     features = int(x.shape[-1])
@@ -224,7 +226,7 @@ def carve_note(call, x, label: str, count: int | None = None) -> str | None:
     )
 
 
-def _projection_of(call, module, split, x, features: int):
+def _projection_of(call: CallView, module, split, x, features: int):
     """The column-parallel projection `x` is this rank's output of: by provenance (its
     last axis is a factor of the projection's output features), else the only one of
     that local width, else the one its name says (xk, xv)."""
@@ -254,7 +256,7 @@ _MIXED_OPS = tuple(
 
 
 @rule(*_MIXED_OPS, kinds={"dtensor_mixed": ERROR})
-def dtensor_mixed(call):
+def dtensor_mixed(call: CallView) -> Iterator[Violation]:
     """DTensor refuses an op that mixes it with a plain tensor of more than one element
     (unless implicit replication is on): named before torch raises, operand by operand."""
     if _tp.dtensor_class() is None:
@@ -298,7 +300,7 @@ def _implicit_replication() -> bool:
     return bool(getter()) if getter is not None else False
 
 
-def _labels(call) -> dict[int, str]:
+def _labels(call: CallView) -> dict[int, str]:
     found: dict[int, str] = {}
     for i, arg in enumerate(call.args):
         if hasattr(arg, "shape") and hasattr(arg, "dtype"):

@@ -363,9 +363,14 @@ def _findings_section(trace) -> str:
     return f'<ol class="findings">{"".join(items)}</ol>'
 
 
+# A check's row class by its result: a probe that does not apply reads as a skipped one.
+_ROW_CLASS = {"n/a": "skip"}
+
+
 def _checks_section(checks) -> str:
     rows = "".join(
-        f'<tr class="{_e(result.lower())}"><td>{_e(name)}</td><td><b>{_e(result)}</b></td>'
+        f'<tr class="{_e(_ROW_CLASS.get(result, result.lower()))}"><td>{_e(name)}</td>'
+        f"<td><b>{_e(result)}</b></td>"
         f"<td>{_e(detail)}</td></tr>"
         for name, result, detail in checks
     )

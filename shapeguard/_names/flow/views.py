@@ -147,8 +147,9 @@ def _layout(call, outputs):
 
 
 # -- indexing --------------------------------------------------------------------------------------
-def _slice_axis(axis: Axis, size: int) -> Axis:
-    """Part of an axis along it (`x[:, :T]`): a new dim that keeps the name and kind."""
+def _slice_axis(axis: Axis, size: int, positions=None) -> Axis:
+    """Part of an axis along it (`x[:, :T]`): a new dim that keeps the name and kind, and
+    (`positions`, the indices kept) where along a one-factor axis it was cut."""
     if size == D.size_of(axis):
         return axis
     if size == 1:
@@ -175,6 +176,8 @@ def _slice_axis(axis: Axis, size: int) -> Axis:
     made = D.fresh(size, name=name, rank=rank, kind=kind, kind_rank=kind_rank, origin=origin)
     if made:
         made[0][0].q_side, made[0][0].k_side = sides
+        if positions is not None and len(axis) == 1 and len(positions) == size:
+            made[0][0].cut = (axis[0], positions)
     return made
 
 
@@ -197,7 +200,11 @@ def _index(call, outputs):
         return [Made(m.dims[:d] + m.dims[d + 1 :], _drop_tag(m, d))]
     if op == "narrow":
         axes = list(m.dims)
-        axes[d] = _slice_axis(m.dims[d], int(out.shape[d]))
+        start, size = bound.get("start"), int(out.shape[d])
+        kept = (
+            range(start % x.shape[d], start % x.shape[d] + size) if isinstance(start, int) else None
+        )
+        axes[d] = _slice_axis(m.dims[d], size, kept)
         return [Made(tuple(axes), m.tags, m.role)]
     index = bound.get("index")
     if op == "index_select" and _is_tensor(index) and index.dim() == 1:
@@ -223,13 +230,18 @@ def _getitem(call, x, m, index, out):
     if tensors:
         return _advanced_index(call, x, m, items, out)
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
+    lists = sum(1 for i in items if isinstance(i, list))
+    if lists > 1 or (lists and any(isinstance(i, int) for i in items)):
+        return None  # several advanced indices: torch may move their axes to the front
     axes: list[Axis] = []
     tags: list = []
+    kept: list = []  # per output axis, the positions of its input axis it kept (or None)
     pos = 0
     for item in items:
         if item is None:
             axes.append(())
             tags.append(None)
+            kept.append(None)
         elif item is Ellipsis:
             keep = x.dim() - consumed
             if keep < 0:
@@ -237,12 +249,18 @@ def _getitem(call, x, m, index, out):
             for k in range(pos, pos + keep):
                 axes.append(m.dims[k])
                 tags.append(_tag_of(m, k))
+                kept.append(None)
             pos += keep
-        elif isinstance(item, slice):
+        elif isinstance(item, slice) or _int_list(item):
             if pos >= x.dim():
                 return None
             axes.append(m.dims[pos])  # sized below, from the output
             tags.append(_tag_of(m, pos))
+            n = int(x.shape[pos])
+            if isinstance(item, slice):
+                kept.append(range(*item.indices(n)))
+            else:
+                kept.append(tuple(i % n for i in item))  # x[..., [-2]]: those positions
             pos += 1
         elif isinstance(item, int) and not isinstance(item, bool):
             pos += 1
@@ -251,10 +269,20 @@ def _getitem(call, x, m, index, out):
     for k in range(pos, x.dim()):
         axes.append(m.dims[k])
         tags.append(_tag_of(m, k))
+        kept.append(None)
     if len(axes) != out.dim():
         return None
-    sized = tuple(_slice_axis(a, int(s)) for a, s in zip(axes, out.shape, strict=True))
+    sized = tuple(_slice_axis(a, int(s), c) for a, s, c in zip(axes, out.shape, kept, strict=True))
     return [Made(sized, _tags(tags), m.role, m.rotary, m.param)]
+
+
+def _int_list(item) -> bool:
+    """A list of ints indexing one axis (`qkv[..., [-2]]`), not of bools."""
+    return (
+        isinstance(item, list)
+        and bool(item)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in item)
+    )
 
 
 def _advanced_index(call, x, m, items, out):
@@ -380,12 +408,14 @@ def _part(call, outputs):
         return [Made(m.dims[:d] + m.dims[d + 1 :], _drop_tag(m, d), m.role) for _ in outputs]
     made = []
     declared = None
+    start = 0
     for out in outputs:
         if out.dim() != ndim:
             return None
         axes = list(m.dims)
         size = int(out.shape[d])
-        part = _slice_axis(m.dims[d], size)
+        part = _slice_axis(m.dims[d], size, range(start, start + size))
+        start += size
         if part is not m.dims[d] and part and D.kind_of(m.dims[d]) == FEATURE:
             if declared is None:
                 declared = call.declared()

@@ -19,7 +19,7 @@ class Operand:
 class Violation(Exception):
     """A broken shape relation, as a checker sees it: no module, no source line.
 
-    Checkers raise this; the trace layer, which knows where the user is, turns it
+    Checkers yield this; the trace layer, which knows where the user is, turns it
     into a `ShapeError` (or a `ShapeWarning`) with the context filled in.
     """
 

@@ -11,12 +11,11 @@ import flash_attn (its import needs the CUDA extension). Each check yields
 `_flash_varlen`.
 """
 
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from . import _axes, _ops
-from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
+from . import _axes, _ops, _reporting
+from ._errors import Context, Operand, ShapeError, Violation
 from .checks import ERROR, WARNING, Severities
 
 # Every kind flash-attn's contract reports (the entry points, the kernels, varlen).
@@ -410,14 +409,12 @@ def enforce(violations, *, op: str, site) -> None:
         context = Context(
             location=site.location if site else "", source=site.source if site else ""
         )
-        error = ShapeError.from_violation(violation, context)
-        if violation.severity == "error":
-            raise error
-        warnings.warn_explicit(
-            ShapeWarning(error.render(), kind=violation.kind, hint=violation.hint),
-            ShapeWarning,
-            site.filename if site else "<shapeguard>",
-            site.lineno if site else 0,
+        _reporting.deliver(
+            ShapeError.from_violation(violation, context),
+            violation.severity,
+            mode="raise",
+            filename=site.filename if site else "<shapeguard>",
+            lineno=site.lineno if site else 0,
         )
 
 

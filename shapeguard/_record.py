@@ -248,6 +248,10 @@ class Trace:
         """Record `error` as a finding, placed after the last event the trace holds."""
         self.findings.append(Finding.of(error, severity, self.event_count))
 
+    def move_last_to_suppressed(self) -> None:
+        """The finding just added was silenced on its line (`# shapeguard: ignore[kind]`)."""
+        self.suppressed.append(self.findings.pop())
+
     # -- queries -------------------------------------------------------------
     def records(self, name: str) -> list[TensorRecord]:
         """Every output record whose label or role is `name`, in order."""

@@ -9,7 +9,6 @@ before torch raises), then the op, then its output is named and recorded.
 
 import inspect
 import threading
-import warnings
 import weakref
 
 import torch
@@ -22,15 +21,14 @@ from . import (
     _construction,
     _flash,
     _ops,
-    _ranks,
+    _reporting,
     _source,
-    _suppress,
     _tp,
     _tp_session,
 )
 from . import checks as _checks
 from ._axes import Axes, format_shape
-from ._errors import Context, Operand, ShapeError, ShapeWarning, Violation
+from ._errors import Context, Operand, ShapeError, Violation
 from ._meta import TensorMeta, TensorTable, buffer_origin, role_for
 from ._names import dims as _dims
 from ._names import flow as _flow
@@ -539,29 +537,17 @@ class Session:
         violation.op = violation.op or call.op
         context = self._context(call)
         error = ShapeError.from_violation(violation, context)
-        if violation.kind in _suppress.kinds_ignored(context.location):
-            # `# shapeguard: ignore[kind]` on the user's line: listed, never raised or warned.
-            self.trace.add_finding(error, violation.severity)
-            self.trace.suppressed.append(self.trace.findings.pop())
-            return None
-        self.trace.add_finding(error, violation.severity)
-        message = error.render()
-        is_error = violation.severity == "error" or self.trace.strict
-        if is_error and self.trace.mode == "raise":
-            raise error
-        found = error if violation.severity == "error" else None
-        key = (violation.kind, context.location)
-        if key in self._warned:
-            return found
-        self._warned.add(key)
         site = call.site
-        warnings.warn_explicit(
-            ShapeWarning(_ranks.prefix() + message, kind=violation.kind, hint=violation.hint),
-            ShapeWarning,
-            site.filename if site else "<shapeguard>",
-            site.lineno if site else 0,
+        return _reporting.deliver(
+            error,
+            violation.severity,
+            mode=self.trace.mode,
+            strict=self.trace.strict,
+            trace=self.trace,
+            filename=site.filename if site else "<shapeguard>",
+            lineno=site.lineno if site else 0,
+            once=self._warned,
         )
-        return found
 
     def _flagged(self, call: OpCall) -> frozenset:
         found: frozenset = frozenset()

@@ -13,6 +13,7 @@ LAYERS = {
     "vocabulary": (
         "shapeguard._version", "shapeguard._errors", "shapeguard._config", "shapeguard._ops",
         "shapeguard._axes", "shapeguard._roles", "shapeguard._source", "shapeguard._suppress",
+        "shapeguard._reporting", "shapeguard._ranks",
         "shapeguard._names",
     ),
     "checks": (
@@ -22,7 +23,7 @@ LAYERS = {
     "trace": (
         "shapeguard._session", "shapeguard._record", "shapeguard._composites",
         "shapeguard._construction", "shapeguard._meta", "shapeguard._flash", "shapeguard._trace",
-        "shapeguard._replay", "shapeguard._tp_session", "shapeguard._ranks", "shapeguard.attention",
+        "shapeguard._replay", "shapeguard._tp_session", "shapeguard.attention",
         "shapeguard._tracing",
     ),
     "on the trace": (

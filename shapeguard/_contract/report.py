@@ -1,10 +1,9 @@
 """A broken contract as the house message: a ShapeError raised, or a warning, and a finding."""
 
-import warnings
 from dataclasses import dataclass
 
-from .. import _source
-from .._errors import Operand, ShapeError, ShapeWarning
+from .. import _reporting, _source
+from .._errors import Operand, ShapeError
 from .compile import Contract
 
 
@@ -52,17 +51,14 @@ def report(broken: Broken, contract: Contract, owner, *, mode: str, session, whe
         operands=broken.operands(),
         hint=broken.hint,
     )
-    message = error.render()
-    if session is not None:
-        session.trace.add_finding(error)
-    if mode == "raise":
-        raise error
     filename, lineno = (site.filename, site.lineno) if site else contract.def_site()
-    warnings.warn_explicit(
-        ShapeWarning(message, kind="contract", hint=broken.hint),
-        ShapeWarning,
-        filename,
-        lineno,
+    _reporting.deliver(
+        error,
+        "error",
+        mode=mode,
+        trace=session.trace if session is not None else None,
+        filename=filename,
+        lineno=lineno,
         registry=contract.warn_registry,
     )
 

@@ -28,6 +28,13 @@ class TensorRecord:
     # The live tensor's meta, until the session closes and `settle` reads the final axis
     # names and role from it (names learned later in the forward show on every record).
     meta: "TensorMeta | None" = field(default=None, repr=False, compare=False)
+    # A DTensor's placements (`Shard(2)@tp`) and this rank's shard of it; `shape` is the
+    # global one and `nbytes` what this rank holds. None for a plain tensor.
+    placements: tuple[str, ...] | None = None
+    mesh: tuple[tuple[str, int], ...] | None = None  # (name, size) of each mesh dim
+    local_shape: tuple[int, ...] | None = None
+    # The trace's notes on local head axes ({("heads", 6): "12/tp2"}), shared, or None.
+    notes: dict | None = field(default=None, repr=False, compare=False)
 
     def settle(self) -> None:
         meta = self.meta
@@ -39,10 +46,23 @@ class TensorRecord:
     @property
     def named_shape(self) -> str:
         axes = self.meta.axes if self.meta is not None else self.axes
-        return format_shape(self.shape, axes)
+        text = format_shape(self.shape, axes, self.notes)
+        if self.placements is not None:
+            text += f" {self.sharding}, local {list(self.local_shape or ())}"
+        return text
+
+    @property
+    def sharding(self) -> str:
+        """`Shard(2) on tp=2` for a DTensor, "" for a plain tensor."""
+        if self.placements is None:
+            return ""
+        return ", ".join(
+            f"{p} on {name}={size}"
+            for p, (name, size) in zip(self.placements, self.mesh or (), strict=False)
+        )
 
     def to_dict(self) -> dict:
-        return {
+        found: dict[str, object] = {
             "label": self.label,
             "role": self.role,
             "shape": list(self.shape),
@@ -51,6 +71,11 @@ class TensorRecord:
             "bytes": self.nbytes,
             "device": self.device,
         }
+        if self.placements is not None:
+            found["placements"] = list(self.placements)
+            found["mesh"] = {name: size for name, size in self.mesh or ()}
+            found["local_shape"] = list(self.local_shape or ())
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +112,18 @@ class Event:
         }
 
 
-def _tensor_record(shape, dtype: str, device: str, itemsize: int, meta) -> TensorRecord:
-    numel = 1
-    for s in shape:
-        numel *= s
+def _tensor_record(
+    shape, dtype: str, device: str, itemsize: int, meta, sharded=None, *, notes=None
+) -> TensorRecord:
+    """`sharded`: a DTensor's (placements, mesh, local shape, local numel), as
+    `_tp_session.record_sharding` gives them."""
+    if sharded is None:
+        numel = 1
+        for s in shape:
+            numel *= s
+        placements = mesh = local = None
+    else:
+        placements, mesh, local, numel = sharded
     return TensorRecord(
         label=meta.label,
         role=meta.role,
@@ -100,6 +133,10 @@ def _tensor_record(shape, dtype: str, device: str, itemsize: int, meta) -> Tenso
         nbytes=numel * itemsize,
         device=device,
         meta=meta,
+        placements=placements,
+        mesh=mesh,
+        local_shape=local,
+        notes=notes,
     )
 
 
@@ -147,6 +184,10 @@ class Trace:
     _forward: int = field(default=0, repr=False)  # forwards of a root module so far
     _replayed: int = field(default=0, repr=False)  # steps its sessions replayed (`_replay`)
     _steps: int = field(default=0, repr=False)  # steps its sessions made in all
+    # Tensor parallelism (`_tp`): notes on local head axes, {("heads", 6): "12/tp2"}, and
+    # the rank, world size and sharded modules of a multi-rank run (None otherwise).
+    axis_notes: dict = field(default_factory=dict, repr=False)
+    distributed: dict | None = None
 
     @property
     def events(self) -> list[Event]:
@@ -167,14 +208,23 @@ class Trace:
 
     def _build(self) -> None:
         events = self._events
+        notes = self.axis_notes or None
         for op, module, module_type, site, inputs, outputs, in_metas, out_metas in self._pending:
+            # A tensor's static part is (shape, dtype, device, itemsize), and for a DTensor its
+            # sharding (`_tp_session.record_sharding`) after them.
             if in_metas is None:  # compacted: `out_metas` holds the names
                 in_names, out_names = out_metas
-                ins = (_named_record(*t, n) for t, n in zip(inputs, in_names, strict=True))
-                outs = (_named_record(*t, n) for t, n in zip(outputs, out_names, strict=True))
+                ins = (_named_record(*t[:4], n) for t, n in zip(inputs, in_names, strict=True))
+                outs = (_named_record(*t[:4], n) for t, n in zip(outputs, out_names, strict=True))
             else:
-                ins = (_tensor_record(*t, m) for t, m in zip(inputs, in_metas, strict=True))
-                outs = (_tensor_record(*t, m) for t, m in zip(outputs, out_metas, strict=True))
+                ins = (
+                    _tensor_record(*t[:4], m, t[4] if len(t) > 4 else None, notes=notes)
+                    for t, m in zip(inputs, in_metas, strict=True)
+                )
+                outs = (
+                    _tensor_record(*t[:4], m, t[4] if len(t) > 4 else None, notes=notes)
+                    for t, m in zip(outputs, out_metas, strict=True)
+                )
             events.append(
                 Event(
                     index=len(events),
@@ -349,7 +399,16 @@ class Trace:
             "findings": [f.to_dict() for f in self.findings],
             "suppressed": [f.to_dict() for f in self.suppressed],
             "dropped_events": self.dropped_events,
+            "distributed": self.distributed_info(),
         }
+
+    def distributed_info(self) -> dict | None:
+        """Rank, world size and sharded modules of a multi-rank run, else None."""
+        from . import _ranks
+
+        found = dict(self.distributed) if self.distributed else {}
+        _ranks.describe(found)
+        return found or None
 
     def to_json(self, *, indent: int | None = 2) -> str:
         """The trace in the versioned JSON schema documented in docs/json-schema.md."""

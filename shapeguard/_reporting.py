@@ -8,7 +8,7 @@ ignore[kind]` comment and a repeated warning do.
 import warnings
 from typing import Protocol
 
-from . import _suppress
+from . import _ranks, _suppress
 from ._errors import ShapeError, ShapeWarning
 
 
@@ -54,7 +54,8 @@ def deliver(
             return found
         once.add(key)
     warnings.warn_explicit(
-        ShapeWarning(error.render(), kind=error.kind, hint=error.hint),
+        # On one rank of several, `[rank r/N] ` first: the ranks' warnings tell apart.
+        ShapeWarning(_ranks.prefix() + error.render(), kind=error.kind, hint=error.hint),
         ShapeWarning,
         filename,
         lineno,

@@ -14,7 +14,18 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _composites, _config, _construction, _flash, _ops, _replay, _reporting, _source
+from . import (
+    _composites,
+    _config,
+    _construction,
+    _flash,
+    _ops,
+    _replay,
+    _reporting,
+    _source,
+    _tp,
+    _tp_session,
+)
 from . import checks as _checks
 from ._errors import Context, Operand, ShapeError, Violation
 from ._meta import TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
@@ -34,6 +45,7 @@ def _is_compiling() -> bool:
     """Whether dynamo is tracing (not while shapeguard checks a compiled module eagerly:
     `_compiled.check`)."""
     return _torch_compiling() and not getattr(_local, "eager", False)
+
 
 
 
@@ -207,7 +219,12 @@ class OpCall:
                 or (target[lead + i] if lead + i >= 0 and like.shape[lead + i] == size else None)
                 for i, (name, size) in enumerate(zip(axes, shape, strict=True))
             )
-        return Operand(name, f"{format_shape(shape, axes)} {_dtype_name(tensor.dtype)}")
+        notes = self.session.trace.axis_notes or None
+        return Operand(
+            name,
+            f"{format_shape(shape, axes, notes)} {_dtype_name(tensor.dtype)}"
+            f"{_tp.operand_note(tensor)}",
+        )
 
     def axis(self, tensor, dim: int) -> str:
         return _axes.axis_name(self.axes(tensor), dim, tensor.dim())
@@ -226,6 +243,11 @@ class OpCall:
     def module_path(self, module) -> str:
         """`module`'s dotted path under the root, as messages name it."""
         return self.session.module_path(module)
+
+    def tp_owner(self):
+        """The innermost module that declares sizes, and its tensor-parallel split
+        (`_tp.Sharding`, read from DTensor weights), or (None, None)."""
+        return _tp_session.owner(self.session)
 
     def declared(self) -> dict[str, tuple[str, int]]:
         """Sizes declared by the innermost module that declares any (d_model, heads, d_k)."""
@@ -250,11 +272,15 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _static(tensor) -> tuple:
+def _static(tensor, meta: TensorMeta | None = None) -> tuple:
     """What an event keeps of a tensor besides its meta: torch.Size holds ints, never the
-    tensor."""
+    tensor; of a DTensor also its placements and local shape (`_tp_session.record_sharding`,
+    which gives its local shard the DTensor's axes when the meta is known)."""
     dtype = tensor.dtype
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
+    if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
+        sharded = _tp_session.record_sharding(tensor, meta, current_session())
+        return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, sharded
     return tensor.shape, _dtype_name(dtype), device, dtype.itemsize
 
 
@@ -658,6 +684,10 @@ class Session:
         """The meta of `tensor`; one first seen here (a tensor made outside the trace, a
         parameter) gets new axes of its own."""
         meta = self.metas.get(tensor)
+        if meta is None and type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
+            meta = _tp_session.dtensor_meta(self, tensor)  # from_local made it: its shard's axes
+            if meta is not None:
+                self.metas[tensor] = meta
         if meta is None:
             meta = self._fresh_meta(tensor, self._state_name(tensor))
         return meta
@@ -691,7 +721,12 @@ class Session:
         key = id(module)
         found = self._declared.get(key)
         if found is None:
-            found = self._declared[key] = _axes.declared_sizes(module)
+            found = _axes.declared_sizes(module)
+            if found and _tp.dtensor_class() is not None:
+                found = _tp_session.local_sizes(
+                    self, module, found
+                )  # a TP shard's local head counts
+            self._declared[key] = found
         return found
 
     def module_path(self, module) -> str:
@@ -895,7 +930,9 @@ class Session:
 
     def _dispatch(self, func, op: str, spec, args: tuple, kwargs: dict):
         __tracebackhide__ = True
-        site = _source.user_site()
+        site = _source.op_site()
+        if site is _source.PLUMBING:
+            return _tp_session.plumbing(self, func, spec, args, kwargs)
         call = OpCall(self, func, op, args, kwargs, site, spec)
         broken = None  # the first error warn mode let through
         rules = _checks.rules_for(op)
@@ -939,6 +976,11 @@ class Session:
         except ShapeError:
             raise
         except RuntimeError as error:
+            if type(error) is not RuntimeError:
+                # torch's own kind of failure (NotImplementedError: DTensor has no sharding
+                # strategy for an op; OutOfMemoryError; a collective's DistError), which
+                # `except` clauses in the user's code look for: kept as it is.
+                raise
             # torch fails where a rule said it would: shapeguard's own account of it.
             raise (broken or self._torch_error(error, call)) from error
         if step is None or yielded or upstream:
@@ -1137,8 +1179,8 @@ class Session:
             path,
             cls,
             call.site,
-            tuple(_static(t) for t in in_tensors),
-            tuple(_static(t) for t in outputs),
+            tuple(_static(t, m) for t, m in zip(in_tensors, in_metas, strict=True)),
+            tuple(_static(t, m) for t, m in zip(outputs, out_metas, strict=True)),
             in_metas,
             out_metas,
         )

@@ -100,6 +100,11 @@ class Site:
         return f"{display_path(self.filename)}:{self.lineno}"
 
 
+# The site of an op torch.distributed called on its own (`user_site`): neither checked
+# nor recorded.
+PLUMBING = Site("<torch.distributed>", 0, "")
+
+
 def display_path(filename: str) -> str:
     """The path relative to the working directory when it is below it, else as it is."""
     return _display_path(filename, os.getcwd())
@@ -117,14 +122,17 @@ def _display_path(filename: str, cwd: str) -> str:
 
 # Frames of torch's own nn.Module forwards: an op there ran inside a module the user called.
 _TORCH_MODULES = os.sep + os.path.join("torch", "nn", "modules") + os.sep
+# Frames of torch.distributed (DTensor's from_local/to_local/redistribute, functional
+# collectives, FSDP's unshard): an op there is distributed plumbing, not the user's.
+_TORCH_DISTRIBUTED = os.sep + os.path.join("torch", "distributed") + os.sep
 
 
 # What each code object on the stack is, by id (the entry keeps the code alive, so the id
 # is not reused): the user's (0), internal (1), internal and an nn.Module's forward (2), a
-# floor (3: see `stop_at`). Keyed by id because code objects compare (and hash) by
+# floor (3: see `stop_at`), torch.distributed's (4: see `op_site`). Keyed by id because code objects compare (and hash) by
 # content: two files may hold equal ones, and hashing a code object hashes its constants.
 _kinds: dict[int, tuple[CodeType, int]] = {}
-_INTERNAL, _IN_MODULE, _FLOOR = 1, 2, 3
+_INTERNAL, _IN_MODULE, _FLOOR, _DISTRIBUTED = 1, 2, 3, 4
 
 
 def _kind(code: CodeType) -> int:
@@ -136,8 +144,10 @@ def _kind(code: CodeType) -> int:
         kind = 0
     elif code in _FLOORS:
         kind = _FLOOR
+    elif _TORCH_MODULES in filename:
+        kind = _IN_MODULE
     else:
-        kind = _IN_MODULE if _TORCH_MODULES in filename else _INTERNAL
+        kind = _DISTRIBUTED if _TORCH_DISTRIBUTED in filename else _INTERNAL
     if len(_kinds) > 20_000:
         _kinds.clear()
     _kinds[id(code)] = (code, kind)
@@ -259,7 +269,17 @@ def forget(filename: str) -> None:
 
 def user_site() -> Site | None:
     """The site of the innermost user frame on the current stack."""
-    frame: FrameType | None = sys._getframe(1)
+    return _innermost_site(sys._getframe(1), plumbing=False)
+
+
+def op_site() -> Site | None:
+    """`user_site` for an intercepted op: `PLUMBING` when torch.distributed called it on
+    the way from the user's frame (DTensor's from_local and redistribute, collectives,
+    FSDP's unshard), so the session neither checks nor records it."""
+    return _innermost_site(sys._getframe(1), plumbing=True)
+
+
+def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
     in_module = False
     kinds = _kinds
     while frame is not None:
@@ -277,6 +297,8 @@ def user_site() -> Site | None:
             return _named_by_caller(frame, site) if site.returned else site
         if kind == _FLOOR:
             return None
+        if kind == _DISTRIBUTED and plumbing:
+            return PLUMBING
         if kind == _IN_MODULE:
             in_module = True
         frame = frame.f_back

@@ -13,20 +13,20 @@ LAYERS = {
     "vocabulary": (
         "shapeguard._version", "shapeguard._errors", "shapeguard._config", "shapeguard._ops",
         "shapeguard._names.axes", "shapeguard._names.roles", "shapeguard._source", "shapeguard._suppress",
-        "shapeguard._reporting",
+        "shapeguard._reporting", "shapeguard._ranks",
         "shapeguard._names",
     ),
-    "checks": ("shapeguard.checks", "shapeguard.checks._flash_contract", "shapeguard.checks._flash_varlen"),
+    "checks": ("shapeguard.checks", "shapeguard._tp"),
     "trace": (
         "shapeguard._session", "shapeguard._record", "shapeguard._composites",
         "shapeguard._construction", "shapeguard._meta", "shapeguard._flash", "shapeguard._trace",
-        "shapeguard._replay", "shapeguard._tp", "shapeguard._ranks", "shapeguard.attention",
+        "shapeguard._replay", "shapeguard._tp_session", "shapeguard.attention",
         "shapeguard._tracing",
     ),
     "on the trace": (
         "shapeguard.report", "shapeguard._contract", "shapeguard.contracts", "shapeguard._guard",
-        "shapeguard._probes", "shapeguard._probes.check", "shapeguard._cli.check_summary",
-        "shapeguard._explain", "shapeguard.distributed", "shapeguard._compiled",
+        "shapeguard._probes", "shapeguard._cli.check_summary",
+        "shapeguard._explain", "shapeguard.distributed", "shapeguard._compiled", "shapeguard._merge",
     ),
     "top": ("shapeguard._cli", "shapeguard._plugin", "shapeguard.__main__", "shapeguard"),
 }  # fmt: skip

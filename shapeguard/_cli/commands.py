@@ -64,17 +64,34 @@ def main(argv: list[str] | None = None) -> None:
     is_flag=True,
     help="Show every row, also those that repeat an earlier layer's op and shapes.",
 )
-def trace(target, all_ops, no_fold):
+@click.option(
+    "--tp",
+    "tp_degrees",
+    metavar="N[,N...]",
+    help="Simulate N tensor-parallel ranks (no real ranks: one subprocess per rank whose "
+    "shards differ, on torch's fake process group), with the file's parallelize(model, "
+    "mesh), its tp_plan dict, or q/k/v colwise and the output projection rowwise; "
+    "--tp 1,2,4,8 sweeps the degrees and names those that work.",
+)
+def trace(target, all_ops, no_fold, tp_degrees):
     """Run one forward of the model in FILE and show every attention tensor's shape.
 
     Inputs come from --input, else FILE's example_inputs(), else the forward's
     jaxtyping annotations, else the model's structure (token ids for an Embedding,
     the width of the Linear an input feeds, masks with padding).
+
+    Under torchrun each rank traces its own forward: lines are prefixed `[rank r/N]`,
+    rank 0 prints the whole report and the others their findings; --json and --html
+    paths get the rank (`{rank}` in the path, else `.rank<r>` before the suffix), and
+    `shapeguard merge` makes one report of them.
     """
     from ..report.text import render_findings, render_table, render_target
 
-    with target.loaded() as module:
-        picked, inputs, run = _load_and_run(target, module)
+    if tp_degrees is not None:
+        _simulate_tp(target, tp_degrees)
+        return
+    with target.loaded() as module, contextlib.ExitStack() as stack:
+        picked, inputs, run = _load_and_run(target, module, stack)
         attention = _attention(target, picked, inputs, run)
     trace = run.trace
     width, color = _stdout_style()
@@ -99,6 +116,85 @@ def trace(target, all_ops, no_fold):
     if trace.findings:
         raise Failed(
             _count_text(trace) + f" in {target.file}", run.shape_error, target.show_traceback
+        )
+
+
+def _simulate_tp(target, text: str) -> None:
+    """`trace --tp`: each degree's simulated ranks, merged; the degrees that work."""
+    from .. import _merge
+    from . import tp as _cli_tp
+    from .target import echo
+
+    with target.translate():
+        degrees = _cli_tp.parse_degrees(text)
+    if target.json_path or target.html_path or target.format != "text":
+        raise UsageFailure(
+            "--tp prints a text report only; for JSON run the ranks (torchrun ... --json "
+            "trace.json) and shapeguard merge them"
+        )
+    results = _cli_tp.simulate(target.argv, degrees)
+    lines, working, failed = [], [], 0
+    for tp, merged, failure in results:
+        if merged is None:
+            lines.append(f"tp={tp}: did not run: {failure}")
+            failed += 1
+            continue
+        if not merged.groups:
+            working.append(tp)
+            if len(results) > 1:
+                lines.append(f"tp={tp}: no finding")
+            continue
+        failed += 1
+        body = _merge.render(merged).replace("shapeguard merge: ", f"tp={tp}: ", 1)
+        lines.append(body.rstrip("\n"))
+    if len(results) > 1:
+        lines.append(
+            f"of the tp degrees tried ({', '.join(map(str, degrees))}), these work: "
+            f"{', '.join(map(str, working))}" if working else
+            f"none of the tp degrees tried ({', '.join(map(str, degrees))}) works"
+        )  # fmt: skip
+    elif working:
+        lines.append(f"tp={working[0]}: no finding on any rank (simulated)")
+    echo("\n".join(lines) + "\n")
+    if failed:
+        raise Failed(
+            f"{failed} of {len(results)} tp degree{'s' if len(results) != 1 else ''} failed "
+            f"in {target.file}"
+        )
+
+
+# -- merge -----------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("reports", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def merge(reports):
+    """One report from the --json reports of several ranks: findings grouped by the ranks
+    that hit them, and the shapes that differ between ranks side by side.
+
+    \b
+      torchrun --nproc_per_node=2 -m shapeguard trace model.py --json trace.json
+      shapeguard merge trace.rank*.json
+    """
+    from .. import _merge
+
+    loaded = {}
+    try:
+        for i, path in enumerate(reports):
+            report = _merge.load(path)
+            rank = _merge.rank_of(report, i)
+            if rank in loaded:
+                raise _merge.MergeError(f"{path} is rank {rank}'s report, as is another given")
+            loaded[rank] = report
+    except _merge.MergeError as error:
+        raise UsageFailure(str(error)) from None
+    merged = _merge.merge(loaded)
+    click.echo(_merge.render(merged, list(reports)), nl=False)
+    if merged.groups:
+        counts = [(merged.errors, "error"), (merged.warnings, "warning")]
+        raise Failed(
+            ", ".join(f"{n} {w}{'s' if n != 1 else ''}" for n, w in counts if n)
+            + " across the ranks"
         )
 
 
@@ -163,8 +259,8 @@ def check(target):
     from ..report.text import render_check, render_target
     from .check_summary import summary_rows
 
-    with target.loaded() as module:
-        picked, inputs, run = _load_and_run(target, module)
+    with target.loaded() as module, contextlib.ExitStack() as stack:
+        picked, inputs, run = _load_and_run(target, module, stack)
         summary = summary_rows(
             picked.model,
             inputs,
@@ -232,7 +328,7 @@ def explain(text: str | None) -> None:
 # -- running the model, with a spinner and a progress bar on a terminal -------------------------
 
 
-def _load_and_run(target, module):
+def _load_and_run(target, module, stack):
     """Build the model in `module` and its inputs, and run one traced forward:
     (picked, inputs, run), the crash (if any) recorded as the trace's last finding.
 
@@ -245,6 +341,7 @@ def _load_and_run(target, module):
 
     from . import inputs as _inputs
     from . import loader as _loader
+    from . import tp as _cli_tp
     from .run import add_crash, run_traced
 
     with warnings.catch_warnings(record=True) as caught:
@@ -257,6 +354,9 @@ def _load_and_run(target, module):
                 inputs = _inputs.make_inputs(
                     module, picked.model, specs=target.specs, dims=target.dims, device=target.device
                 )
+                # A rank of a tensor-parallel run (torchrun with a plan, or --tp's
+                # simulated one): the plan applied, the process group held open.
+                picked.model = stack.enter_context(_cli_tp.parallel(module, picked.model))
         finally:
             _emit_warnings(caught)
     with _module_progress(picked.model, "tracing"):

@@ -27,7 +27,10 @@ class Failed(click.ClickException):
     def show(self, file=None) -> None:
         if self.show_traceback and self.cause is not None:
             _traceback.print_exception(self.cause, file=sys.stderr)
-        click.echo(f"{self.prefix}{self.format_message()}", err=True)
+        from .. import _ranks
+
+        lead = _ranks.prefix()
+        click.echo(f"{lead}{self.prefix}{self.format_message()}", err=True)
 
 
 class UsageFailure(Failed):

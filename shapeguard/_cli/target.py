@@ -162,6 +162,19 @@ class Target:
         self.format = output_format
         self.strict = strict
         self.show_traceback = show_traceback
+        # The options that pick the model and its inputs, as given: what a simulated
+        # rank's subprocess (`trace --tp`) runs with.
+        self.argv = [
+            *(["-m", module_name] if module_name is not None else [file]),
+            *(["--model", model_name] if model_name else []),
+            *(x for item in arg_items for x in ("--arg", item)),
+            *(x for item in input_items for x in ("--input", item)),
+            *(x for item in dim_items for x in ("--dim", item)),
+            "--device",
+            device,
+            *(["--strict"] if strict else []),
+            *(["--", *self.script_args] if self.script_args else []),
+        ]
         with self.translate():
             if file is None and module_name is None:
                 raise LoadError(
@@ -217,7 +230,7 @@ class Target:
         elif self.format == "github":
             click.echo(render_github(trace), nl=False)
         else:
-            click.echo(f"error: {message}")
+            echo(f"error: {message}\n")
 
     def report(self, trace, header: str, body, *, check=None, attention=None) -> None:
         """Write the --json and --html files, then on stdout the JSON (`--json -`), the
@@ -227,6 +240,7 @@ class Target:
             check: `shapeguard check`'s summary (`_check_summary.Summary`), or None.
             attention: heatmap data for --html (`capture_attention`), or None.
         """
+        from .. import _ranks
         from ..report.text import render_github
 
         self.write_files(trace, check=check, attention=attention)
@@ -234,20 +248,48 @@ class Target:
             click.echo(_json(trace, check))
         elif self.format == "github":
             click.echo(render_github(trace, check.rows if check else ()), nl=False)
+        elif _ranks.shows_full_report():
+            echo(f"{header}\n{body()}")
         else:
-            click.echo(header)
-            click.echo(body(), nl=False)
+            echo(rank_summary(trace))
 
     def write_files(self, trace, *, check=None, attention=None) -> None:
+        from .. import _ranks
+
         if self.json_path and self.json_path != "-":
-            _write(self.json_path, _json(trace, check))
+            _write(_ranks.rank_path(self.json_path), _json(trace, check))
         if self.html_path:
             try:
                 from ..report.html import render_html
             except ImportError as error:
                 raise UsageFailure(f"--html is not available in this version ({error})") from None
             checks = check.rows if check else None
-            _write(self.html_path, render_html(trace, attention, checks=checks))
+            _write(_ranks.rank_path(self.html_path), render_html(trace, attention, checks=checks))
+
+
+def echo(text: str) -> None:
+    """The report on stdout; on one rank of several, each line prefixed `[rank r/N]` and
+    written whole, so the ranks' lines interleave but never their characters."""
+    from .. import _ranks
+
+    if _ranks.prefix():
+        _ranks.write_lines(text)
+    else:
+        click.echo(text, nl=False)
+
+
+def rank_summary(trace) -> str:
+    """What a rank other than rank 0 prints: its findings, one line each (rank 0 prints
+    the whole report; `shapeguard merge` of the --json files gives them all together)."""
+    lines = [
+        f"{f.severity} {f.kind} at {f.location or f.module}: {f.headline}" for f in trace.findings
+    ]
+    count = len(trace.findings)
+    lines.append(
+        f"{count} finding{'s' if count != 1 else ''} on this rank; the full report is rank "
+        "0's (SHAPEGUARD_RANKS=all prints every rank's)"
+    )
+    return "\n".join(lines) + "\n"
 
 
 def quiet_torch() -> None:

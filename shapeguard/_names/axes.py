@@ -60,13 +60,19 @@ def declared_sizes(module: object) -> dict[str, tuple[str, int]]:
     return found
 
 
-def format_shape(shape: Sequence[int], axes: Axes | None = None) -> str:
-    """`[batch=2, heads=8, seq=16, d_k=64]`; unnamed axes show their size alone."""
+def format_shape(shape: Sequence[int], axes: Axes | None = None, notes: dict | None = None) -> str:
+    """`[batch=2, heads=8, seq=16, d_k=64]`; unnamed axes show their size alone. `notes`
+    add to a name of a given size: {("heads", 6): "12/tp2"} gives `heads=6 (12/tp2)`."""
     if axes is None or len(axes) != len(shape):
         axes = (None,) * len(shape)
     parts = [
         f"{name}={size}" if name else str(size) for name, size in zip(axes, shape, strict=True)
     ]
+    if notes:
+        for i, (name, size) in enumerate(zip(axes, shape, strict=True)):
+            note = notes.get((name, size)) if name else None
+            if note:
+                parts[i] += f" ({note})"
     return "[" + ", ".join(parts) + "]"
 
 

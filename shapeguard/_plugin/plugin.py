@@ -254,6 +254,23 @@ def shapeguard(request: pytest.FixtureRequest) -> Trace:
     return plan.trace
 
 
+@pytest.fixture
+def shapeguard_fake_tp():
+    """`shapeguard.distributed.fake_tp`: play one rank of a tensor-parallel run in the test's
+    process, on torch's fake process group (destroyed when the block ends).
+
+    Example::
+
+        def test_tp2(shapeguard_fake_tp):
+            with shapeguard_fake_tp(2) as mesh:
+                model = parallelize_module(Attention(), mesh, plan)
+                model(x)
+    """
+    from ..distributed import fake_tp
+
+    return fake_tp
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield

@@ -9,6 +9,7 @@ from .. import _ops
 from .._errors import Violation
 from .._names import axes as _axes
 from . import ERROR, rule
+from . import tp as _tp_checks
 from ._view import CallView
 from .config import divisibility_violation
 
@@ -29,6 +30,9 @@ def target_shape(args: tuple, kwargs: dict) -> tuple[int, ...] | None:
         "view_numel": ERROR,
         "noncontiguous_view": ERROR,
         "head_divisibility": ERROR,
+        # Tensor parallelism's account of a wrong element count (checks/tp.py).
+        "tp_global_heads": ERROR,
+        "tp_local_heads": ERROR,
     },
 )
 def view(call: CallView) -> Iterator[Violation]:
@@ -48,7 +52,9 @@ def view(call: CallView) -> Iterator[Violation]:
     expr = f"{label}.{call.op}({spelled})"
     resolved = _axes.resolve_view_shape(numel, target)
     if resolved is None:
-        yield _numel_violation(call, x, label, expr, shape, target)
+        yield _tp_checks.view_violation(call, x, target, expr, label) or _numel_violation(
+            call, x, label, expr, shape, target
+        )
         return
     if (
         call.op == "view"

@@ -28,6 +28,7 @@ from .._names.dims import BATCH, COPY, FEATURE, TOKEN
 from .._names.flow import regroup_view
 from .._names.intent import view_intents
 from . import WARNING, rule
+from . import tp as _tp_checks
 from ._view import CallView
 from .heads_view import target_shape, view_compatible
 
@@ -208,7 +209,16 @@ class _View:
         token = axes[t] or ("batch" if self.kind(t) == BATCH else f"dim {t}")
         declared = call.declared()
         regroup = self._regroup_text(real_i, real_j)
-        if token in _SEQ_AXES and "heads" in names[: real_i.index(t)]:
+        count = self.resolved[real_j[-2]] if len(real_j) >= 3 else None
+        tp_note = (
+            _tp_checks.carve_note(call, self.x, label, count)
+            if token in _SEQ_AXES and real_i.index(t) == 0
+            else None
+        )
+        if tp_note is not None:
+            relation = f"{expr}: carves heads out of the {token} axis: {regroup}"
+            hint = tp_note
+        elif token in _SEQ_AXES and "heads" in names[: real_i.index(t)]:
             relation = (
                 f"{expr}: merges heads back before moving them next to d_k: {regroup}, "
                 "so each output token holds pieces of other tokens"
@@ -219,7 +229,7 @@ class _View:
             )
         elif token in _SEQ_AXES and _carves_heads(real_i, t, self.resolved, real_j, declared):
             relation = f"{expr}: carves heads out of the {token} axis: {regroup}"
-            hint = _carve_hint(label, shape, real_i, declared)
+            hint = _carve_hint(label, shape, real_i, declared, count)
         elif self.kind(t) == BATCH and any(n in _SEQ_AXES for n in names):
             other = next(n for n in names if n in _SEQ_AXES)
             relation = (
@@ -234,7 +244,7 @@ class _View:
             hint = self.patch_hint()
         else:
             relation = f"{expr}: {regroup}, moving data across the {token} axis"
-            hint = _carve_hint(label, shape, real_i, declared)
+            hint = _carve_hint(label, shape, real_i, declared, count)
         return Violation("view_mixes_axes", relation, self._operands(), hint, severity="warning")
 
     # -- factors that do not line up -----------------------------------------------------
@@ -385,7 +395,9 @@ class _View:
         )
         if intent.name in ("heads", "kv_heads") and held_kind == TOKEN:
             real_i = [i for i in range(len(self.shape)) if self.shape[i] != 1]
-            hint = _carve_hint(self.label, self.shape, real_i[-1:], self.call.declared())
+            hint = _tp_checks.carve_note(self.call, self.x, self.label, size) or _carve_hint(
+                self.label, self.shape, real_i[-1:], self.call.declared(), size
+            )
         else:
             real_i = [i for i in range(len(self.shape)) if self.shape[i] != 1]
             real_j = [k for k in range(len(self.resolved)) if self.resolved[k] != 1]
@@ -497,9 +509,12 @@ def _sizes_merge(shape) -> str:
     return f", i.e. .transpose(1, 2).reshape({b}, {s}, {h * d})"
 
 
-def _carve_hint(call_label: str, shape, real_i: list[int], declared) -> str:
+def _carve_hint(call_label: str, shape, real_i: list[int], declared, count=None) -> str:
     label = call_label
     heads = declared.get("heads")
+    kv_heads = declared.get("kv_heads")
+    if kv_heads is not None and count == kv_heads[1] and (heads is None or heads[1] != count):
+        heads = kv_heads  # the keys' or values' split: n_kv_heads * head_dim is the width
     d_k = declared.get("d_k")
     features = shape[real_i[-1]]
     if heads is not None and d_k is not None and features != heads[1] * d_k[1]:

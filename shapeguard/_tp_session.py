@@ -1,0 +1,193 @@
+"""Tensor parallelism on the session's side: a DTensor's record and local axes, the
+ops torch.distributed runs itself (`plumbing`), and each module's sharding read once per
+session (`sharding`, `owner`, `local_sizes`). What a rule needs of tensor parallelism
+(reading placements and a module's split from its DTensor weights) is `_tp`, below the
+checks; this module sits with the session, whose state it reads and writes.
+"""
+
+import weakref
+
+from . import _ops
+from ._names import axes as _axes
+from ._tp import (
+    Sharding,
+    _is_fsdp_managed,
+    describe,
+    dtensor_class,
+    is_dtensor,
+    local_shape,
+    mesh_dims,
+    placement_name,
+    read_sharding,
+)
+
+
+def record_sharding(t, meta=None, session=None):
+    """(placements, mesh dims, local shape, local numel) for the trace's record of a
+    DTensor made by an op; its local shard gets the DTensor's axes (`link_local`) in
+    `session` (the current one: the session passes itself, so this module never imports
+    it)."""
+    if not is_dtensor(t):
+        return None
+    if meta is not None and session is not None:
+        link_local(session, t, meta)
+    local = local_shape(t)
+    numel = 1
+    for s in local:
+        numel *= s
+    placements = tuple(placement_name(p) for p in t.placements)
+    return placements, tuple(mesh_dims(t.device_mesh)), local, numel
+
+
+_VIEW_AS = _ops.by_name("view_as")
+
+
+def plumbing(session, func, spec, args, kwargs):
+    """Run an op torch.distributed called itself (DTensor.from_local and to_local,
+    redistribute, collectives, FSDP's unshard): never checked, never recorded. The
+    `view_as` that from_local and to_local make of a tensor keeps its axes, so a shard
+    and the tensor it came from are one tensor to the names."""
+    out = func(*args, **kwargs)
+    if spec is _VIEW_AS and args and out is not args[0]:
+        source = args[0]
+        meta = session.metas.get(source)
+        if meta is not None and getattr(out, "shape", None) == getattr(source, "shape", ()):
+            session.metas[out] = meta
+    return out
+
+
+def local_axes(axis, size: int):
+    """The atoms of this rank's even shard of `axis` (`size` of its entries): index i of
+    a chunk is digit (g // 1) % size of the global index g, the innermost factor of
+    that size; None when no factor of the axis has that size (an uneven split)."""
+    from ._names import dims as D
+
+    atoms = list(D.normalize(axis))
+    taken, product = [], 1
+    for dim, stride, n in reversed(atoms):
+        if product == size:
+            break
+        if product * n <= size:
+            if size % (product * n):
+                return None
+            taken.append((dim, stride, n))
+            product *= n
+            continue
+        part = size // product
+        if size % product or n % part:
+            return None
+        taken.append((dim, stride, part))
+        product *= part
+    return tuple(reversed(taken)) if product == size else None
+
+
+def link_local(session, t, meta) -> None:
+    """Give a DTensor's local shard the axes of the DTensor (`to_local` then hands them
+    to the user's plain tensor): shared where the placement replicates, this rank's
+    factor of the axis a placement shards."""
+    from ._meta import TensorMeta
+
+    local = t._local_tensor
+    if session.metas.get(local) is not None:
+        return
+    dims = list(meta.dims)
+    for p in t.placements:
+        if type(p).__name__ == "Shard":
+            d = p.dim % len(dims)
+            part = local_axes(dims[d], int(local.shape[d]))
+            if part is None:
+                return
+            dims[d] = part
+        elif type(p).__name__ != "Replicate":
+            return  # Partial: the values are not the DTensor's yet
+    session.metas[local] = TensorMeta(
+        tuple(dims), meta.tags, label=meta.label, role=meta.role, op=meta.op,
+        rotary=meta.rotary, param=meta.param, flagged=meta.flagged, laid_out=meta.laid_out,
+    )  # fmt: skip
+
+
+def dtensor_meta(session, t):
+    """The meta of a DTensor the session sees for the first time (from_local made it
+    in torch.distributed): its local shard's axes where the placement replicates, a new
+    axis where it shards; None when the shard has no axes known either."""
+    from ._meta import TensorMeta
+    from ._names import dims as D
+
+    local = session.metas.get(t._local_tensor)
+    if local is None:
+        return None
+    dims = list(local.dims)
+    for p in t.placements:
+        kind = type(p).__name__
+        if kind in ("Shard", "_StridedShard"):
+            d = p.dim % len(dims)
+            dims[d] = D.fresh(int(t.shape[d]), origin="a sharded axis of a DTensor")
+        elif kind != "Replicate":
+            return None
+    return TensorMeta(tuple(dims), local.tags, label=local.label, role=local.role, op=local.op)
+
+
+# -- per-session state ---------------------------------------------------------------------------
+class _State:
+    __slots__ = ("shardings",)
+
+    def __init__(self) -> None:
+        self.shardings: dict[int, Sharding | None] = {}
+
+
+_STATES: "weakref.WeakKeyDictionary[object, _State]" = weakref.WeakKeyDictionary()
+
+
+def _state(session) -> _State:
+    found = _STATES.get(session)
+    if found is None:
+        found = _STATES[session] = _State()
+    return found
+
+
+def sharding(session, module) -> Sharding | None:
+    """`read_sharding` of `module`, once per module per session."""
+    if dtensor_class() is None:
+        return None
+    state = _state(session)
+    key = id(module)
+    if key not in state.shardings:
+        raw = _axes.declared_sizes(module)
+        root = session.root
+        fsdp = root is not None and _is_fsdp_managed(root)
+        state.shardings[key] = read_sharding(module, raw, fsdp) if raw else None
+    return state.shardings[key]
+
+
+def owner(session):
+    """The innermost module on the session's stack that declares sizes, and its sharding."""
+    for module in reversed(session.module_stack):
+        if session.declared_sizes(module):
+            return module, sharding(session, module)
+    return None, None
+
+
+def local_sizes(session, module, found: dict) -> dict:
+    """The sizes a tensor-parallel module declares, with its head counts made local
+    (n_heads=12 at tp=2 names the local head axis `heads=6`); its axis notes recorded
+    on the trace (`heads=6 (12/tp2)`)."""
+    split = sharding(session, module)
+    if split is None:
+        return found
+    out = dict(found)
+    notes = session.trace.axis_notes
+    for axis in ("heads", "kv_heads"):
+        count = getattr(split, axis)
+        if count is None or count.local is None:
+            continue
+        if not count.is_local:
+            out[axis] = (f"{count.attr} // tp", count.local)
+        notes[(axis, count.local)] = count.note()
+    trace = session.trace
+    info = trace.distributed = trace.distributed if trace.distributed is not None else {}
+    from . import _ranks
+
+    _ranks.describe(info)
+    path = session.module_path(module)
+    info.setdefault("modules", {})[path or type(module).__name__] = describe(split)
+    return out

@@ -1,0 +1,324 @@
+"""Tensor parallelism: head counts against the tp degree, global counts on local shards
+and local counts on DTensors, DTensors mixed with plain tensors.
+
+The sharding is read from the DTensor weights of a module's projections (`_tp`), never
+by a collective, so the same checks run on real ranks, on torch's fake process group and
+on the meta device:
+
+- `tp_head_divisibility`: a column-parallel q/k/v projection whose head count the tp
+  degree does not divide, so a rank would hold part of a head (Llama-3-8B's 8 kv heads
+  at tp=16, torchtitan#932), with the degrees that work and, past the kv head count,
+  kv replication;
+- `tp_global_heads`: a view of this rank's local shard into the module's global head
+  count (the attribute the TP tutorial says to divide by tp);
+- `tp_local_heads`: the mirror, a view of a DTensor (global sizes) into the local count;
+- `dtensor_mixed`: an op given a DTensor and a plain tensor, which DTensor refuses.
+
+The view checks are called by the view rules (`heads_view`, `regroup`): they explain a
+failure those rules find, in TP terms, instead of adding a second finding for it.
+"""
+
+from collections.abc import Iterator
+from math import prod
+
+from .. import _ops, _tp
+from .._errors import Violation
+from . import ERROR, declare, rule
+from ._view import CallView
+
+# Raised through the view rule (heads_view), which explains its own failures in TP terms.
+declare("tp", {"tp_global_heads": ERROR, "tp_local_heads": ERROR})
+
+
+def _local_tp(split) -> str:
+    return f"tp={split.tp}" + (f" (mesh dim '{split.mesh_dim}')" if split.mesh_dim != "tp" else "")
+
+
+# -- head counts the tp degree does not divide ---------------------------------------------------
+@rule(_ops.by_name("linear"), kinds={"tp_head_divisibility": ERROR})
+def sharded_projection(call: CallView) -> Iterator[Violation]:
+    """A column-parallel projection cuts its heads: read when it runs (FSDP2 has unsharded
+    its weight by then, so only the TP sharding is left)."""
+    if _tp.dtensor_class() is None:
+        return
+    weight = call.bound().get("weight")
+    if not _tp.is_dtensor(weight):
+        return
+    leaf = call.module  # the projection running (an nn.Linear), inside its owner
+    if leaf is None:
+        return
+    module, split = call.tp_owner()
+    if module is leaf or split is None or split.head_dim is None:
+        return
+    projection = next(
+        (p for name, p in split.projections.items() if getattr(module, name, None) is leaf),
+        None,
+    )
+    if projection is None or projection.style != "column":
+        return
+    count = split.count_of(projection)
+    if count is None or count.total % split.tp == 0:
+        return
+    yield _divisibility(split, projection, count)
+
+
+def _divisibility(split, projection, count) -> Violation:
+    tp, hd = split.tp, split.head_dim
+    kv = count is split.kv_heads
+    what = "kv" if kv else ""
+    out = projection.out_features
+    sizes = _tp.chunk_sizes(out, tp)
+    spelled = f"{count.attr}={count.total}" if count.declared == count.total else (
+        f"{projection.name}'s {count.total} {'kv ' if kv else ''}heads "
+        f"({count.attr}={count.declared} in the module)"
+    )  # fmt: skip
+    if len(set(sizes)) == 1:
+        share = (
+            f"each rank would hold {_tp.heads_text(sizes[0], hd, what)} ({sizes[0]} of "
+            f"{projection.name}'s {out} output features, head_dim {hd})"
+        )
+    else:
+        shown = sorted(set(sizes), reverse=True)
+        share = (
+            f"the ranks would hold {_tp.join(shown)} of {projection.name}'s {out} output "
+            f"features, cutting {'kv ' if kv else ''}heads of {hd} apart"
+        )
+    relation = f"{spelled} is not divisible by tp={tp}: {share}; {projection.where()}"
+    return Violation("tp_head_divisibility", relation, (), _degrees_hint(split, count))
+
+
+def _degrees_hint(split, count) -> str:
+    heads, kv = split.heads, split.kv_heads
+    named = ", ".join(f"{c.attr}={c.total}" for c in (heads, kv) if c is not None)
+    degrees = split.degrees() or [1]
+    hint = f"tp degrees that work for {named}: {', '.join(map(str, degrees))}"
+    tp = split.tp
+    if (
+        kv is not None
+        and count is kv
+        and tp > kv.total
+        and tp % kv.total == 0
+        and (heads is None or heads.total % tp == 0)
+    ):
+        k = split.by_role("k")
+        v = split.by_role("v")
+        names = _tp.join([p.name for p in (k, v) if p is not None]) or "the k and v projections"
+        hint += (
+            f"; past {kv.attr}={kv.total}, each kv head has to be replicated on "
+            f"tp // {kv.attr} = {tp // kv.total} ranks instead of cut (Megatron does this): "
+            f"leave {names} unsharded and select the kv heads this rank's query heads use"
+        )
+    return hint
+
+
+# -- global counts on local shards, local counts on DTensors ---------------------------------------
+def _head_split(target, resolved, split, x_features: int):
+    """(count, where in the target) when the view cuts x's last axis into
+    [count, head_dim]; None otherwise."""
+    hd = split.head_dim
+    if hd is None or len(target) < 2 or target[-1] != hd or target[-2] in (-1, 1):
+        return None
+    return target[-2]
+
+
+def view_violation(call: CallView, x, target, expr: str, label: str) -> Violation | None:
+    """A view whose element count is wrong because of tensor parallelism: the global head
+    count on this rank's shard (`tp_global_heads`), or the local count on a DTensor
+    (`tp_local_heads`). None when TP does not explain it."""
+    if _tp.dtensor_class() is None or not hasattr(x, "shape") or x.dim() < 1:
+        return None
+    module, split = call.tp_owner()
+    if split is None or split.head_dim is None:
+        return None
+    features = int(x.shape[-1])
+    count = _head_split(target, None, split, features)
+    if count is None:
+        return None
+    hd = split.head_dim
+    operands = (call.operand(label, x),)
+    if _tp.is_dtensor(x):
+        return _local_on_dtensor(call, x, split, count, features, expr, label, operands)
+    projection = _projection_of(call, module, split, x, features)
+    if projection is None or projection.out_features != count * hd:
+        return None
+    heads = split.count_of(projection)
+    if heads is None or heads.total != count or heads.local is None:
+        return None
+    rest = prod(int(s) for s in x.shape[:-1])
+    if rest * count * hd == prod(int(s) for s in x.shape):
+        return None  # it fits after all
+    lead = ", ".join(str(s) for s in target[:-2])
+    lead = f"{lead}, " if lead else ""
+    # With -1 for the heads, the leading sizes must be given: x's own (a -1 among them
+    # would make two).
+    fixed = target[:-2] if -1 not in target[:-2] else tuple(int(s) for s in x.shape[:-1])
+    fixed = ", ".join(str(s) for s in fixed)
+    fixed = f"{fixed}, " if fixed else ""
+    relation = (
+        f"{expr}: {heads.attr}={count} is the global head count, but {label} is this rank's "
+        f"shard of {projection.name}: {features} = {projection.out_features} / tp={split.tp} "
+        f"features ({projection.name} is column-parallel), {heads.local} heads of {hd}"
+    )
+    hint = (
+        f"use the local head count, {heads.attr} // tp = {heads.local}: "
+        f"{label}.view({lead}{heads.local}, {hd}); or -1 as torchtitan does "
+        f"({label}.view({fixed}-1, {hd})), which works at any tp; or keep DTensor activations "
+        "(ColwiseParallel(use_local_output=False)) and global sizes"
+    )
+    return Violation("tp_global_heads", relation, operands, hint)
+
+
+def _local_on_dtensor(call: CallView, x, split, count, features, expr, label, operands):
+    hd, tp = split.head_dim, split.tp
+    local = _tp.local_shape(x)
+    if features != count * hd * tp or local[-1] != count * hd:
+        return None
+    heads = next(
+        (c for c in (split.heads, split.kv_heads) if c is not None and c.local == count), None
+    )
+    if heads is None:
+        return None
+    lead = ", ".join(str(s) for s in x.shape[:-1])
+    relation = (
+        f"{expr}: {label} is a DTensor ({_tp.sharding_text(x)}), and a view of a DTensor "
+        f"takes global sizes, but "
+        + (
+            f"{heads.attr}={count} is the local head count ({heads.total} / tp={tp})"
+            if heads.declared == count
+            else f"{count} is the local head count ({heads.attr}={heads.total} / tp={tp})"
+        )
+    )
+    attr_note = (
+        f"do not divide {heads.attr} by tp while the activations stay DTensors"
+        if heads.declared == count
+        else f"{heads.attr}={heads.total} is already the count a DTensor view takes"
+    )
+    hint = (
+        f"view the DTensor with global sizes, {label}.view({lead}, {heads.total}, {hd}) or "
+        f"{label}.view({lead}, -1, {hd}) ({attr_note}); or ask for local shards "
+        "(ColwiseParallel(use_local_output=True)) and keep the local count"
+    )
+    return Violation("tp_local_heads", relation, operands, hint)
+
+
+def carve_note(call: CallView, x, label: str, count: int | None = None) -> str | None:
+    """For the T5 spelling `view(bs, -1, n_heads, d)` of a local shard, which folds the
+    missing tp factor into the sequence axis: what tp did, for the hint."""
+    if _tp.dtensor_class() is None or _tp.is_dtensor(x) or not hasattr(x, "shape"):
+        return None
+    module, split = call.tp_owner()
+    if split is None or split.head_dim is None:
+        return None
+    features = int(x.shape[-1])
+    projection = _projection_of(call, module, split, x, features)
+    if projection is None:
+        return None
+    heads = split.count_of(projection)
+    if heads is None or heads.local is None or heads.declared != heads.total:
+        return None
+    if count is not None and count != heads.total:
+        return None
+    return (
+        f"{label} is this rank's shard of {projection.name}: {features} = "
+        f"{projection.out_features} / tp={split.tp} features, so the -1 absorbed tp={split.tp} "
+        f"into the sequence axis; use the local head count {heads.attr} // tp = {heads.local}, "
+        f"or -1 for the heads: {label}.view(batch, seq, -1, {split.head_dim})"
+    )
+
+
+def _projection_of(call: CallView, module, split, x, features: int):
+    """The column-parallel projection `x` is this rank's output of: by provenance (its
+    last axis is a factor of the projection's output features), else the only one of
+    that local width, else the one its name says (xk, xv)."""
+    from .._names import dims as D
+
+    candidates = [
+        p for p in split.projections.values() if p.style == "column" and p.local == features
+    ]
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None
+    meta = call.meta(x)
+    if meta is not None and meta.dims:
+        roots = {id(r) for r in D.roots_of(meta.dims[-1])}
+        for p in candidates:
+            weight = getattr(getattr(module, p.name, None), "weight", None)
+            wm = call.meta(weight) if weight is not None else None
+            if wm is not None and wm.dims and roots & {id(r) for r in D.roots_of(wm.dims[0])}:
+                return p
+    role = (call.role(x) or "").lower()
+    return next((p for p in candidates if p.role == role), candidates[0])
+
+
+# -- DTensors mixed with plain tensors -----------------------------------------------------------
+_MIXED_OPS = tuple(
+    op for op in _ops.ALL if op.family in (_ops.PRODUCT, _ops.JOIN) or op is _ops.SDPA
+)
+_BINARY_OPS = tuple(op for op in _ops.ALL if op.family == _ops.BINARY)
+
+
+# `t * 0.5` mixes nothing: on elementwise ops the rule reads calls of two tensors only, so
+# a replayed step whose number changed keeps its verdict (`Rule.operands`).
+@rule(*_BINARY_OPS, kinds={"dtensor_mixed": ERROR}, operands=2)
+def dtensor_mixed_elementwise(call: CallView) -> Iterator[Violation]:
+    """`dtensor_mixed` for `+ - * /` and their kin."""
+    return dtensor_mixed(call)
+
+
+@rule(*_MIXED_OPS, kinds={"dtensor_mixed": ERROR})
+def dtensor_mixed(call: CallView) -> Iterator[Violation]:
+    """DTensor refuses an op that mixes it with a plain tensor of more than one element
+    (unless implicit replication is on): named before torch raises, operand by operand."""
+    if _tp.dtensor_class() is None:
+        return
+    tensors = call.tensors()
+    if len(tensors) < 2:
+        return
+    dtensors = [t for t in tensors if _tp.is_dtensor(t)]
+    if not dtensors:
+        return
+    plain = [t for t in tensors if not _tp.is_dtensor(t) and t.numel() != 1]
+    if not plain or _implicit_replication():
+        return
+    labels = _labels(call)
+    shown = [(labels.get(id(t), "a tensor"), t) for t in tensors]
+    dt_names = _tp.join([labels.get(id(t), "a tensor") for t in dtensors])
+    plain_names = _tp.join([labels.get(id(t), "a tensor") for t in plain])
+    dt = dtensors[0]
+    mesh = ", ".join(f"{n}={s}" for n, s in _tp.mesh_dims(dt.device_mesh))
+    one = len(plain) == 1
+    relation = (
+        f"{call.op}: mixes DTensor and plain tensors: {dt_names} "
+        f"{'is a DTensor' if len(dtensors) == 1 else 'are DTensors'} ({_tp.sharding_text(dt)}), "
+        f"{plain_names} {'is a plain torch.Tensor' if one else 'are plain torch.Tensors'}"
+    )
+    first = plain_names.split(" and ")[0].split(", ")[0]
+    hint = (
+        f"make {plain_names} a DTensor on the same mesh ({mesh}), e.g. "
+        f"DTensor.from_local({first}, mesh, [Replicate()]) for a value every rank holds whole; "
+        "or work on local shards throughout (use_local_output=True, or .to_local())"
+    )
+    yield Violation(
+        "dtensor_mixed", relation, tuple(call.operand(name, t) for name, t in shown), hint
+    )
+
+
+def _implicit_replication() -> bool:
+    import torch
+
+    getter = getattr(torch._C, "_get_dtensor_allow_implicit_replication", None)
+    return bool(getter()) if getter is not None else False
+
+
+def _labels(call: CallView) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for i, arg in enumerate(call.args):
+        if hasattr(arg, "shape") and hasattr(arg, "dtype"):
+            found.setdefault(id(arg), call.label(i, f"arg{i}"))
+        elif isinstance(arg, tuple | list):
+            for j, t in enumerate(arg):
+                if hasattr(t, "shape"):
+                    found.setdefault(id(t), call.label_of(t, f"arg{i}[{j}]"))
+    for name, value in call.kwargs.items():
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            found.setdefault(id(value), call.label_of(value, name))
+    return found

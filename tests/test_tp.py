@@ -1,0 +1,313 @@
+"""Tensor parallelism on torch's fake process group: one rank of a tp-way run, in this
+process, with no communication (`shapeguard.distributed.fake_tp`). Fast, and what rank 0
+of a real run sees: the sharding is read from the DTensor weights, never by a collective.
+
+Sizes are pairwise distinct on the local shard (tests/tp_models.py).
+"""
+
+import json
+import re
+
+import pytest
+import torch
+from tp_models import DIM, HD, KV, LLAMA3_8B, Attention, B, H, S, example_input, parallel
+
+import shapeguard
+from shapeguard import ShapeError, ShapeWarning
+from shapeguard.distributed import fake_tp
+
+pytest.importorskip("torch.distributed.tensor")
+
+
+def _error(model, x) -> ShapeError:
+    with pytest.raises(ShapeError) as info:
+        shapeguard.trace(model, x)
+    return info.value
+
+
+# -- tp_head_divisibility --------------------------------------------------------------------
+@pytest.mark.no_shapeguard
+def test_llama3_8b_at_tp16_on_meta_reproduces_torchtitan_932_and_names_tp():
+    """torchtitan#932 ran seq 64, where wk's local 64 features equal seq; here seq is 48,
+    so every size differs (batch 2, seq 48, 2 local heads of 128, 256 local q features)."""
+    x = torch.empty(2, 48, LLAMA3_8B["dim"], device="meta")
+    with fake_tp(16) as mesh:
+        with torch.device("meta"):
+            bare = parallel(mesh, Attention(**LLAMA3_8B))
+        # torchtitan#932: torch's own error, at the kv head split, says nothing of tp.
+        with pytest.raises(RuntimeError, match=re.escape("shape '[2, 48, -1, 128]' is invalid")):
+            bare(x)
+        error = _error(bare, x)
+    assert error.kind == "tp_head_divisibility"
+    first = str(error).splitlines()[0]
+    assert first == (
+        "n_kv_heads=8 is not divisible by tp=16: each rank would hold half a kv head "
+        "(64 of wk's 1024 output features, head_dim 128); wk is column-parallel "
+        "(its weight is Shard(0) over mesh dim 'tp' of size 16)"
+    )
+    assert error.hint.startswith("tp degrees that work for n_heads=32, n_kv_heads=8: 1, 2, 4, 8;")
+    assert "replicated on tp // n_kv_heads = 2 ranks" in error.hint
+    assert "in  wk (Linear) at tests/tp_models.py:" in str(error)
+
+
+def test_llama3_8b_at_tp8_on_meta_passes():
+    """At tp=8 each rank holds one kv head: its 128 features are head_dim, by the model."""
+    with fake_tp(8) as mesh:
+        with torch.device("meta"):
+            model = parallel(mesh, Attention(**LLAMA3_8B))
+        trace = shapeguard.trace(model, torch.empty(2, 48, LLAMA3_8B["dim"], device="meta"))
+    assert trace.findings == []
+    info = trace.to_dict()["distributed"]
+    assert (info["rank"], info["world_size"], info["simulated"]) == (0, 8, True)
+    module = info["modules"]["Attention"]
+    assert module["heads"] == {"attribute": "n_heads", "declared": 32, "global": 32, "local": 4}
+    assert module["kv_heads"]["local"] == 1
+    assert "heads=4 (32/tp8)" in trace.table(width=220)
+
+
+@pytest.mark.no_shapeguard
+def test_an_uneven_kv_split_names_the_rank_shares_and_the_degrees_that_work():
+    with fake_tp(2) as mesh:
+        model = parallel(mesh, Attention(n_kv_heads=3))  # wk: 48 features, 3 heads of 16
+        error = _error(model, example_input(batch=7))  # batch 3 would be the kv count
+    assert error.kind == "tp_head_divisibility"
+    assert str(error).startswith("n_kv_heads=3 is not divisible by tp=2: each rank would hold ")
+    assert "24 of wk's 48 output features, head_dim 16" in str(error)
+    assert error.hint.startswith("tp degrees that work for n_heads=12, n_kv_heads=3: 1, 3")
+
+
+@pytest.mark.no_shapeguard
+def test_fewer_kv_heads_than_ranks_hints_kv_replication():
+    with fake_tp(4) as mesh:
+        model = parallel(mesh, Attention(n_kv_heads=2))  # 12 q heads split 4 ways: 3 each
+        error = _error(model, example_input(batch=7))  # batch 3 would be the local count
+    assert error.kind == "tp_head_divisibility"
+    assert str(error).startswith("n_kv_heads=2 is not divisible by tp=4: each rank would hold")
+    assert error.hint.startswith("tp degrees that work for n_heads=12, n_kv_heads=2: 1, 2;")
+    assert "each kv head has to be replicated on tp // n_kv_heads = 2 ranks" in error.hint
+
+
+# -- tp_global_heads / tp_local_heads --------------------------------------------------------
+@pytest.mark.no_shapeguard
+def test_the_global_head_count_on_a_local_shard():
+    with fake_tp(2) as mesh:
+        model = parallel(mesh, Attention(local="none"))
+        error = _error(model, example_input())
+    assert error.kind == "tp_global_heads"
+    lines = str(error).splitlines()
+    assert lines[0] == (
+        f"wq(x).view({B}, {S}, 12, {HD}): n_heads=12 is the global head count, but wq(x) is "
+        "this rank's shard of wq: 96 = 192 / tp=2 features (wq is column-parallel), 6 heads of 16"
+    )
+    assert f"  wq(x)  [batch={B}, seq={S}, 96] float32" in lines
+    assert error.hint == (
+        f"use the local head count, n_heads // tp = 6: wq(x).view({B}, {S}, 6, {HD}); or -1 as "
+        f"torchtitan does (wq(x).view({B}, {S}, -1, {HD})), which works at any tp; or keep "
+        "DTensor activations (ColwiseParallel(use_local_output=False)) and global sizes"
+    )
+
+
+@pytest.mark.no_shapeguard
+def test_the_t5_spelling_of_the_global_count_on_a_local_shard():
+    """view(bs, -1, n_heads, d) of a local shard: the -1 takes tp's factor. At an odd seq
+    it cannot (an error; the hint's -1 for the heads keeps seq, never two -1s)..."""
+    with fake_tp(2) as mesh:
+        model = parallel(mesh, Attention(local="none", spelling="t5"))
+        error = _error(model, example_input())
+    assert error.kind == "tp_global_heads"
+    assert f"wq(x).view({B}, -1, 6, {HD}); or -1 as torchtitan does " in error.hint
+    assert f"(wq(x).view({B}, {S}, -1, {HD}))" in error.hint
+
+
+@pytest.mark.no_shapeguard
+def test_the_t5_spelling_that_runs_folds_tp_into_seq_and_the_hint_says_so():
+    """... at an even seq it runs, with seq doubled and half the heads' features: the
+    view rule's finding, its hint naming tp."""
+    seq = 8
+    with fake_tp(2) as mesh:
+        model = parallel(mesh, Attention(local="none", spelling="t5"))
+        # The kv views then fail (the global n_kv_heads on wk's shard): warn mode goes on
+        # past the warning to that error.
+        with pytest.warns(ShapeWarning) as caught, pytest.raises(ShapeError) as error:
+            shapeguard.trace(model, example_input(seq=seq), mode="warn")
+    assert error.value.kind == "tp_global_heads"
+    warning = next(w.message for w in caught if isinstance(w.message, ShapeWarning))
+    assert warning.kind == "view_mixes_axes"
+    assert str(warning).startswith(f"wq(x).view({B}, -1, 12, {HD}): carves heads out of the seq")
+    hint = warning.hint
+    assert "is this rank's shard of wq: 96 = 192 / tp=2 features, so the -1 absorbed tp=2" in hint
+    assert "use the local head count n_heads // tp = 6, or -1 for the heads" in hint
+
+
+@pytest.mark.no_shapeguard
+def test_the_local_head_count_on_a_dtensor():
+    with fake_tp(2) as mesh:
+        model = Attention(n_kv_heads=H, tp=2, local="tp", manual=True)  # n_heads // tp
+        model = parallel(mesh, model, local_output=False)
+        error = _error(model, example_input())
+    assert error.kind == "tp_local_heads"
+    lines = str(error).splitlines()
+    assert lines[0] == (
+        f"wq(x).view({B}, {S}, 6, {HD}): wq(x) is a DTensor (Shard(2) on tp=2), and a view of "
+        "a DTensor takes global sizes, but 6 is the local head count (n_heads=12 / tp=2)"
+    )
+    assert f"  wq(x)  [batch={B}, seq={S}, 192] float32, DTensor Shard(2) on tp=2, local " in (
+        "\n".join(lines)
+    )
+    assert error.hint == (
+        f"view the DTensor with global sizes, wq(x).view({B}, {S}, 12, {HD}) or "
+        f"wq(x).view({B}, {S}, -1, {HD}) (n_heads=12 is already the count a DTensor view "
+        "takes); or ask for local shards (ColwiseParallel(use_local_output=True)) and keep "
+        "the local count"
+    )
+
+
+# -- dtensor_mixed ---------------------------------------------------------------------------
+class _Rope(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.n_heads, self.head_dim = 12, HD
+        self.wq = torch.nn.Linear(DIM, DIM, bias=False)
+
+    def forward(self, x):
+        bs, seqlen, _ = x.shape
+        xq = self.wq(x).view(bs, seqlen, self.n_heads, self.head_dim)
+        rope = torch.ones(seqlen, 1, self.head_dim)
+        return xq * rope
+
+
+@pytest.mark.no_shapeguard
+def test_a_dtensor_mixed_with_a_plain_tensor_names_which_is_which():
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    with fake_tp(2) as mesh:
+        model = parallelize_module(_Rope(), mesh, {"wq": ColwiseParallel(use_local_output=False)})
+        error = _error(model, example_input())
+    assert error.kind == "dtensor_mixed"
+    assert str(error).splitlines()[0] == (
+        "mul: mixes DTensor and plain tensors: xq is a DTensor (Shard(2) on tp=2), "
+        "rope is a plain torch.Tensor"
+    )
+    assert f"  rope   [{S}, 1, {HD}] float32" in str(error)
+    assert "DTensor.from_local(rope, mesh, [Replicate()])" in error.hint
+
+
+# -- correct models: no finding, local axes named, sharding shown ----------------------------
+@pytest.mark.parametrize(
+    ("local", "local_output"), [("tp", True), ("infer", True), ("none", False), ("infer", False)]
+)
+def test_correct_tp_attention_has_no_finding(local, local_output):
+    kv, manual = (KV, False) if local_output else (H, True)  # DTensor activations: no SDPA
+    with fake_tp(2) as mesh:
+        model = Attention(n_kv_heads=kv, tp=2, local=local, manual=manual)
+        model = parallel(mesh, model, local_output=local_output)
+        trace = shapeguard.trace(model, example_input())
+    assert trace.findings == [], [f.message for f in trace.findings]
+
+
+def test_local_head_axes_are_named_with_their_global_count_and_shards_show_placement():
+    with fake_tp(2) as mesh:
+        model = parallel(mesh, Attention(tp=2, local="tp"))
+        trace = shapeguard.trace(model, example_input())
+    table = trace.table(width=220)
+    assert f"[batch={B}, heads=6 (12/tp2), seq={S}, d_k={HD}]" in table
+    assert f"kv_heads={KV // 2} ({KV}/tp2)" in table
+    assert f"[batch={B}, seq={S}, 192] Shard(2) on tp=2, local [{B}, {S}, 96]" in table
+    data = json.loads(trace.to_json())
+    first = data["events"][0]
+    assert first["op"] == "linear"
+    (out,) = first["outputs"]
+    assert out["placements"] == ["Shard(2)"] and out["mesh"] == {"tp": 2}
+    assert out["shape"] == [B, S, DIM] and out["local_shape"] == [B, S, DIM // 2]
+    assert out["bytes"] == B * S * (DIM // 2) * 4  # what this rank holds
+    assert data["distributed"]["modules"]["Attention"]["projections"]["wk"] == {
+        "style": "column",
+        "global": [KV * HD, DIM],
+        "local": KV * HD // 2,
+    }
+
+
+def test_torch_distributed_plumbing_is_neither_checked_nor_shown():
+    """from_local/redistribute/the row-parallel reduction run ops inside torch.distributed:
+    every event is the user's code."""
+    with fake_tp(2) as mesh:
+        model = parallel(mesh, Attention(tp=2, local="tp"))
+        trace = shapeguard.trace(model, example_input())
+    assert trace.events
+    where = {e.location.split(":")[0] for e in trace.events}
+    assert where <= {"tests/tp_models.py", "tests/test_tp.py"}, where
+    assert "all_reduce" not in {e.op for e in trace.events}
+
+
+@pytest.mark.no_shapeguard
+def test_dtensor_sdpa_on_cpu_keeps_torch_not_implemented_error():
+    """DTensor has no sharding strategy for SDPA's CPU kernel: torch's NotImplementedError,
+    which fallbacks catch, not a ShapeError."""
+    with fake_tp(2) as mesh:
+        model = parallel(mesh, Attention(n_kv_heads=H, tp=2, local="none"), local_output=False)
+        with pytest.raises(NotImplementedError, match="sharding strategy") as info:
+            shapeguard.trace(model, example_input())
+    assert not isinstance(info.value, ShapeError)
+
+
+def test_torch_own_not_implemented_error_is_kept_for_except_clauses():
+    class Upsample(torch.nn.Module):
+        def forward(self, x):
+            try:
+                return torch.nn.functional.interpolate(x, scale_factor=2, mode="bicubic")
+            except NotImplementedError:  # 3-D input: bicubic needs 4-D; fall back
+                return torch.nn.functional.interpolate(x, scale_factor=2, mode="linear")
+
+    trace = shapeguard.trace(Upsample(), torch.randn(B, S, HD))
+    assert trace.findings == []
+
+
+def test_check_passes_a_correct_tp_model():
+    from shapeguard._probes.check import check
+
+    with fake_tp(2) as mesh:
+        model = parallel(mesh, Attention(tp=2, local="tp"))
+        report = check(model, example_input())
+    assert report.passed, report.render(width=160)
+
+
+def test_fake_tp_refuses_bad_degrees_and_ranks():
+    from shapeguard import ContractError
+
+    with pytest.raises(ContractError, match="tp must be a positive int"), fake_tp(0):
+        pass
+    with pytest.raises(ContractError, match=r"rank must be in 0\.\.1"), fake_tp(2, rank=2):
+        pass
+
+
+# -- FSDP ------------------------------------------------------------------------------------
+@pytest.fixture
+def dp2_tp2_mesh():
+    """A 2-D mesh (dp=2, tp=2) on torch's fake process group of 4 ranks, rank 0."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shapeguard.distributed import _register_fake
+
+    _register_fake()
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=4)
+    try:
+        yield init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module:UserWarning")
+def test_fsdp2_and_fsdp2_with_tp_have_no_finding_and_show_only_user_code(dp2_tp2_mesh):
+    fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
+    both = parallel(dp2_tp2_mesh["tp"], Attention(tp=2, local="tp"))
+    fully_shard(both, mesh=dp2_tp2_mesh["dp"])
+    trace = shapeguard.trace(both, example_input())
+    assert trace.findings == []
+    assert "heads=6 (12/tp2)" in trace.table(width=220)
+    assert {e.location.split(":")[0] for e in trace.events} == {"tests/tp_models.py"}
+    alone = Attention()
+    fully_shard(alone, mesh=dp2_tp2_mesh["dp"])  # dp's Shard(0) is not tensor parallelism
+    trace = shapeguard.trace(alone, example_input())
+    assert trace.findings == []
+    assert "tp" not in json.dumps(trace.to_dict()["distributed"].get("modules", {}))

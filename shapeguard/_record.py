@@ -214,15 +214,25 @@ class Trace:
             # sharding (`_tp_session.record_sharding`) after them.
             if in_metas is None:  # compacted: `out_metas` holds the names
                 in_names, out_names = out_metas
-                ins = (_named_record(*t[:4], n) for t, n in zip(inputs, in_names, strict=True))
-                outs = (_named_record(*t[:4], n) for t, n in zip(outputs, out_names, strict=True))
+                ins = (
+                    _named_record(t[0], t[1], t[2], t[3], n)
+                    for t, n in zip(inputs, in_names, strict=True)
+                )
+                outs = (
+                    _named_record(t[0], t[1], t[2], t[3], n)
+                    for t, n in zip(outputs, out_names, strict=True)
+                )
             else:
                 ins = (
-                    _tensor_record(*t[:4], m, t[4] if len(t) > 4 else None, notes=notes)
+                    _tensor_record(
+                        t[0], t[1], t[2], t[3], m, t[4] if len(t) > 4 else None, notes=notes
+                    )
                     for t, m in zip(inputs, in_metas, strict=True)
                 )
                 outs = (
-                    _tensor_record(*t[:4], m, t[4] if len(t) > 4 else None, notes=notes)
+                    _tensor_record(
+                        t[0], t[1], t[2], t[3], m, t[4] if len(t) > 4 else None, notes=notes
+                    )
                     for t, m in zip(outputs, out_metas, strict=True)
                 )
             events.append(

@@ -106,7 +106,7 @@ _EXACT, _ANY_NUMBER, _KEYED, _SAME_TYPE = 1, 2, 3, 4
 def args_check(args: tuple, kwargs: dict, loose: bool) -> tuple:
     """How a replay compares the arguments besides tensors: (count, keyword names,
     ((position or name, how, expected), ...)). Raises Unkeyable."""
-    checks = []
+    checks: list[tuple] = []
     items = [*enumerate(args), *kwargs.items()]
     for where, value in items:
         kind = type(value)
@@ -216,7 +216,7 @@ def fingerprint(tensor) -> tuple:
         if data.device.type != "cpu":
             data = data.cpu()
         raw = data.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        digest = (len(raw), hash(raw))
+        digest: object = (len(raw), hash(raw))
     except Exception:  # a layout with no plain bytes: this step is never replayed
         digest = _Never()
     try:
@@ -398,9 +398,9 @@ class Capture:
                 axis_ix.setdefault(axis, (i, a))
         outs = []
         for om in out_metas:
-            i = dims_ix.get(om.dims)
-            if i is not None:
-                template = i
+            at = dims_ix.get(om.dims)
+            if at is not None:
+                template: object = at
             else:
                 axes = []
                 for axis in om.dims:
@@ -422,7 +422,7 @@ class Capture:
             if now != before:
                 alias = now[7]
                 if alias is before[7]:
-                    spec = _KEEP
+                    spec: object = _KEEP
                 elif alias is None:
                     spec = None
                 else:
@@ -520,7 +520,7 @@ def _compact(paths: list, made, merges, states, changes, outs) -> Effects:
 
 def resolve(paths: tuple, metas: list) -> list:
     """The dims `paths` find in `metas` (raises when the inputs do not have them)."""
-    objs = []
+    objs: list = []
     append = objs.append
     for p in paths:
         c = p[0]
@@ -680,7 +680,7 @@ def opener(kind: str, owner) -> _Opener | None:
                 table = _by_module[owner] = {}
         except TypeError:
             return None
-        key = kind
+        key: object = kind
     else:
         table = _by_key
         key = (kind, owner)
@@ -696,7 +696,8 @@ def _head(step: Step) -> tuple:
     """How a session starts: a forward of one model at one input signature (decode steps
     of `generate` are one per length), or one op at one line."""
     module = step.module() if step.module is not None else None
-    return (step.kind, step.func, step.site, id(module), tuple(i[1:] for i in step.inputs))
+    inputs: tuple = step.inputs
+    return (step.kind, step.func, step.site, id(module), tuple(i[1:] for i in inputs))
 
 
 def remember(record: _Opener, steps: list) -> None:

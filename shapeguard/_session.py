@@ -47,8 +47,6 @@ def _is_compiling() -> bool:
     return _torch_compiling() and not getattr(_local, "eager", False)
 
 
-
-
 def current_session() -> "Session | None":
     return getattr(_local, "session", None)
 
@@ -167,8 +165,9 @@ class OpCall:
         return found
 
     def _note(self, tensor, known: bool) -> None:
-        if not any(t is tensor for t in self.tensors()):
-            self.extras.append((tensor, known))
+        extras = self.extras
+        if extras is not None and not any(t is tensor for t in self.tensors()):
+            extras.append((tensor, known))
 
     def dims(self, tensor):
         """The provenance of each axis of `tensor` (atoms of dims, see `_names.dims`)."""
@@ -474,7 +473,9 @@ class Session:
         _composites.enter(self, module, args, kwargs)
         if self.recorder is not None:
             clean = len(self.trace.findings) == findings and not _composites.suspended(self)
-            self._append(step if clean and step.kind == _replay.ENTER else None)
+            self._append(
+                step if clean and step is not None and step.kind == _replay.ENTER else None
+            )
         self.step += 1
 
     def exit_module(self, module) -> None:
@@ -544,11 +545,14 @@ class Session:
     # -- replay --------------------------------------------------------------------
     def _append(self, step) -> None:
         """Record a step (None: a barrier, after which this session records nothing more)."""
+        recorder = self.recorder
+        if recorder is None:  # recording stopped at a barrier already
+            return
         if step is None:
-            self.recorder.append(_replay.BARRIER_STEP)
+            recorder.append(_replay.BARRIER_STEP)
             self._stop_recording()
         else:
-            self.recorder.append(step)
+            recorder.append(step)
 
     def _stop_recording(self) -> None:
         recorder, self.recorder = self.recorder, None
@@ -672,7 +676,7 @@ class Session:
             if step.first:
                 self._seen_modules.add(id(module))
                 self.trace.modules_seen += 1
-            if first:
+            if first and objs is not None and metas is not None:
                 _replay.apply(step.effects, objs, metas, 0)
             self.step += 1
             self.replayed += 1
@@ -782,7 +786,11 @@ class Session:
         __tracebackhide__ = True
         i = self.step
         site = tensors = module = None
-        choices = self._choices if i == 0 and len(self._choices) > 1 else (self.replay,)
+        replay = self.replay
+        if i == 0 and len(self._choices) > 1:
+            choices = self._choices
+        else:
+            choices = [replay] if replay is not None else []
         get = self.metas._data.get
         for steps in choices:
             step = steps[i] if i < len(steps) else None
@@ -967,7 +975,7 @@ class Session:
                     reads.__exit__(None, None, None)
             call.flagged = frozenset(reported) | upstream
             call.reported = bool(reported)
-        if step is not None and reads.read:
+        if step is not None and reads is not None and reads.read:
             # Before the op: an op in place changes what it writes into.
             tensors = call.tensors()
             step.values = tuple((k, _replay.fingerprint(tensors[k])) for k in sorted(reads.read))

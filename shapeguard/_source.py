@@ -288,9 +288,9 @@ def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
         kind = entry[1] if entry is not None and entry[0] is code else _kind(code)
         if not kind:
             lasti = frame.f_lasti
-            entry = _site_cache.get((id(code), lasti, in_module))
-            if entry is not None and entry[0] is code:
-                site = entry[1]
+            cached = _site_cache.get((id(code), lasti, in_module))
+            if cached is not None and cached[0] is code:
+                site = cached[1]
             else:
                 site = _site_for(code, lasti, in_module)
             # Named by the caller's line, which differs from call to call: never cached.

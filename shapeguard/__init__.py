@@ -20,7 +20,7 @@ from ._guard import last_trace as last_trace
 from ._guard import unguard as unguard
 from ._record import Event as Event
 from ._record import TensorRecord as TensorRecord
-from ._record import Trace as Trace
+from ._trace import Trace as Trace
 from ._trace import trace as trace
 
 # Names that need torch (or jaxtyping) load on first use: {name: (module, attribute)};

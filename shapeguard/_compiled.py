@@ -16,7 +16,7 @@ import contextlib
 
 import torch
 
-from . import _session
+from . import _current
 from ._contract.call import remember, signature_key
 from ._errors import ShapeError
 
@@ -34,7 +34,7 @@ def check(state, module, *args, **kwargs) -> int:
     if key in state.compiled or key in state.seen:  # checked already, compiled or eager
         return 0
     remember(state.compiled, key)
-    local = _session._local
+    local = _current._local
     local.eager = True
     try:
         with torch.no_grad(), _kept(module, args, kwargs):

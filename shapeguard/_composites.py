@@ -79,12 +79,10 @@ def composite_kind(module) -> str | None:
 def _pop_interceptors(session) -> list:
     """Pop every shapeguard mode at the top of the stack, provided the session's own mode
     is among them; return them top first (empty: nothing was popped)."""
-    from ._session import _Interceptor
-
     popped: list = []
     while _len_torch_function_stack():
         top = _get_function_stack_at(_len_torch_function_stack() - 1)
-        if not isinstance(top, _Interceptor):
+        if not getattr(top, "shapeguard_interceptor", False):  # the session's mode says so
             break
         popped.append(_pop_torch_function_stack())
     if popped and not any(mode is session._mode for mode in popped):
@@ -321,7 +319,7 @@ def check(session, module, kind: str, args: tuple, kwargs: dict, site) -> None:
     composite will make; the session raises or warns as for torch's own call."""
     __tracebackhide__ = True
     from . import checks
-    from ._session import OpCall
+    from ._call import OpCall
 
     bound = _bind(module, args, kwargs)
     if bound is None:
@@ -437,7 +435,7 @@ def leave(session, module, output) -> None:
     suspension, state.suspension = state.suspension, None
     try:
         _discard(suspension)
-        from ._session import current_session
+        from ._current import current_session
 
         if output is not None and suspension.record and current_session() is session:
             _record(session, suspension, output)
@@ -469,7 +467,7 @@ def _plain(value) -> bool:
 
 def _record(session, suspension: _Suspension, output) -> None:
     """The composite's call as one event: its tensor arguments in, its tensors out."""
-    from ._session import OpCall
+    from ._call import OpCall
 
     outputs = output if isinstance(output, tuple | list) else (output,)
     outputs = tuple(t for t in outputs if _plain(t))
@@ -545,7 +543,7 @@ def _watch_pre(module, args):
     hooks = _hooks_of(module)
     if hooks is None:
         return
-    from ._session import current_session
+    from ._current import current_session
 
     before = current_session()
     try:
@@ -565,7 +563,7 @@ def _watch_post(module, args, output):
     hooks = _hooks_of(module)
     if hooks is None:
         return
-    from ._session import current_session
+    from ._current import current_session
 
     try:
         session = current_session()

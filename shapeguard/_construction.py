@@ -130,7 +130,7 @@ def check_entered(session, module) -> None:
     warn as the trace says), before any of its ops runs."""
     __tracebackhide__ = True
     from . import _composites, _config
-    from ._session import OpCall
+    from ._call import OpCall
 
     if not _config.is_enabled() or _composites.suspended(session):
         return

@@ -166,7 +166,7 @@ def _wrap(original):
     @functools.wraps(original)
     def checked(*args, **kwargs):
         __tracebackhide__ = True
-        from ._session import current_session
+        from ._current import current_session
 
         session = current_session()
         if session is None:  # another thread, or called after the trace closed

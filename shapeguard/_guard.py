@@ -337,7 +337,7 @@ def _pre_hook(module, args, kwargs):
         # A background session (the pytest plugin's) lets a guarded module keep its own
         # options and last_trace; it still receives the findings when this one closes.
         if session is None or session.background:
-            from ._record import Trace
+            from ._trace import Trace
 
             trace = Trace(mode=options.mode, strict=options.strict, max_events=options.max_events)
             session = rt.open_session(trace, root=module, opener=rt.opener("guard", module))

@@ -9,7 +9,6 @@ from ._names.axes import Axes, format_shape
 
 if TYPE_CHECKING:
     from ._meta import TensorMeta
-    from ._session import Session
 
 SCHEMA_VERSION = 2
 
@@ -150,17 +149,10 @@ def _named_record(shape, dtype: str, device: str, itemsize: int, names: tuple) -
 
 
 @dataclass(eq=False)
-class Trace:
-    """What a shapeguard trace saw.
-
-    Use it as a context manager to check every tensor op inside the block::
-
-        with shapeguard.trace() as t:
-            model(x)
-        print(t.table())
-
-    or get one from `shapeguard.trace(model, x)`, which runs one forward.
-    """
+class TraceData:
+    """What a shapeguard trace saw, as plain data: events, findings, and the queries and
+    JSON of them. Sessions record into it; `shapeguard.Trace` (`_trace.py`) adds the
+    context manager and the renderers, which sit above this layer."""
 
     mode: str = "raise"
     strict: bool = False
@@ -173,7 +165,7 @@ class Trace:
     suppressed: list[Finding] = field(default_factory=list)
     modules_seen: int = 0
     dropped_events: int = 0
-    _session: "Session | None" = field(default=None, repr=False)
+    _session: object = field(default=None, repr=False)  # the open block's (`Trace`)
     # Events as the session left them, one flat tuple per op (see `record`), built into
     # `Event`s only when read: most traces are read once, after the forward, if at all.
     _events: list[Event] = field(default_factory=list, repr=False)
@@ -269,33 +261,6 @@ class Trace:
             entry = (op, module, cls, site, keep(ins, ins), keep(outs, outs), None, names)
             pending[i] = keep(entry, entry)  # a forward that repeats shares its events
 
-    # -- context manager ---------------------------------------------------
-    def __enter__(self) -> "Trace":
-        from . import _replay, _source
-        from ._session import open_session
-
-        # Blocks opened on one line repeat (a test helper, a training loop): see `_replay`.
-        where = _source.user_code_position()
-        self._session = open_session(self, root=None, opener=_replay.opener("with", where))
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        from ._session import close_session
-
-        session, self._session = self._session, None
-        if session is not None:
-            close_session(session)
-        error = exc_info[1] if len(exc_info) > 1 else None
-        if isinstance(error, AssertionError):
-            from . import _config
-            from ._construction import construction_error
-
-            # torch's bare AssertionError from nn.MultiheadAttention(1024, 12) in the block.
-            shape_error = construction_error(error) if _config.is_enabled() else None
-            if shape_error is not None:
-                self.add_finding(shape_error)
-                raise shape_error from error
-
     def settle(self, start: int = 0) -> None:
         """Fix the axis names and roles of the events built from `start` on (the ones not
         built yet take them when they are: nothing changes names once the session ends)."""
@@ -370,33 +335,6 @@ class Trace:
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == "warning"]
 
-    # -- rendering -------------------------------------------------------------
-    def table(
-        self,
-        *,
-        width: int | None = 150,
-        color: bool = False,
-        all_ops: bool = False,
-        fold: bool = False,
-    ) -> str:
-        """The attention tensors (or every op, with `all_ops=True`) as a text table; `fold`
-        leaves out rows that repeat an earlier layer's (see `report.text.render_table`)."""
-        from .report.text import render_table
-
-        return render_table(self, width=width, color=color, all_ops=all_ops, fold=fold)
-
-    def to_html(self, attention: dict | None = None) -> str:
-        """One self-contained HTML report (no network): see `shapeguard.report.html`.
-
-        Args:
-            attention: per-head attention weights for the heatmaps, as returned by
-                `shapeguard.report.html.capture_attention(model, *args)`; a trace itself
-                keeps shapes only.
-        """
-        from .report.html import render_html
-
-        return render_html(self, attention)
-
     def to_dict(self) -> dict:
         from ._version import __version__
 
@@ -423,12 +361,3 @@ class Trace:
     def to_json(self, *, indent: int | None = 2) -> str:
         """The trace in the versioned JSON schema documented in docs/json-schema.md."""
         return json.dumps(self.to_dict(), indent=indent)
-
-    def _repr_html_(self) -> str:
-        """The HTML report's flow and table, for a notebook cell (Jupyter calls this)."""
-        from .report.html import render_fragment
-
-        return render_fragment(self)
-
-    def __str__(self) -> str:
-        return self.table()

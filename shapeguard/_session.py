@@ -8,7 +8,6 @@ before torch raises), then the op, then its output is named and recorded.
 """
 
 import inspect
-import threading
 import weakref
 
 import torch
@@ -27,16 +26,16 @@ from . import (
     _tp_session,
 )
 from . import checks as _checks
-from ._errors import Context, Operand, ShapeError, Violation
+from ._call import OpCall, _dtype_name, _tensors_of_args
+from ._current import _local, current_session
+from ._errors import Context, ShapeError, Violation
 from ._meta import TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
 from ._names import axes as _axes
 from ._names import dims as _dims
 from ._names import flow as _flow
 from ._names import roots as _roots
-from ._names.axes import Axes, format_shape
-from ._record import Trace
+from ._record import TraceData as Trace
 
-_local = threading.local()
 _QUERY = _ops.QUERY
 _torch_compiling = torch.compiler.is_compiling
 
@@ -45,230 +44,6 @@ def _is_compiling() -> bool:
     """Whether dynamo is tracing (not while shapeguard checks a compiled module eagerly:
     `_compiled.check`)."""
     return _torch_compiling() and not getattr(_local, "eager", False)
-
-
-def current_session() -> "Session | None":
-    return getattr(_local, "session", None)
-
-
-def op_name(func) -> str:
-    return _ops.name_of(func)
-
-
-def _is_tensor_method(func) -> bool:
-    qualname = getattr(func, "__qualname__", "") or ""
-    if qualname.startswith(("TensorBase.", "Tensor.")):
-        return True
-    return getattr(func, "__name__", "") == "__get__"
-
-
-class OpCall:
-    """One intercepted call, with helpers that name its tensors for messages."""
-
-    __slots__ = (
-        "func",
-        "op",
-        "spec",
-        "args",
-        "kwargs",
-        "site",
-        "session",
-        "is_method",
-        "flagged",
-        "reported",
-        "_bound",
-        "_metas",
-        "_tensors",
-        "extras",
-    )
-
-    def __init__(
-        self, session: "Session", func, op: str, args: tuple, kwargs: dict, site, spec=None
-    ) -> None:
-        self.session = session
-        self.func = func
-        self.op = op
-        self.spec = spec if spec is not None else _ops.lookup(op)
-        self.args = args
-        self.kwargs = kwargs
-        self.site = site
-        self.is_method = _is_tensor_method(func)
-        self.flagged: frozenset = frozenset()  # kinds its rules reported, and its inputs carried
-        # A rule reported this op: what it does with its inputs is not evidence of what they
-        # are (SDPA given [batch, seq, heads, d_k] reads the tokens as heads).
-        self.reported = False
-        self._bound: dict | None = None
-        # Metas looked up during this call, by id: the weak table is slow to query, and the
-        # rules, the axis rule and the record all read the same few tensors.
-        self._metas: dict[int, TensorMeta] = {}
-        self._tensors: list | None = None
-        # While the session records this call: (tensor, had a meta) for each tensor the
-        # rules read that is not an argument (a view's `B, T, C = x.shape`).
-        self.extras: list | None = None
-
-    def tensors(self) -> list:
-        """The tensor arguments, positional (and in lists: torch.cat) then keyword."""
-        found = self._tensors
-        if found is None:
-            found = _tensors_of_args(self.args)
-            found += [v for v in self.kwargs.values() if isinstance(v, torch.Tensor)]
-            self._tensors = found
-        return found
-
-    def bound(self) -> dict:
-        """The arguments by parameter name, as the op table declares them."""
-        if self._bound is None:
-            self._bound = _ops.bind(self.spec, self.args, self.kwargs)
-        return self._bound
-
-    # -- naming ------------------------------------------------------------------
-    def site_matches(self) -> bool:
-        """Whether the user's expression at this site is this very call (not a call inside it)."""
-        site = self.site
-        if site is None or site.in_module or not site.callee:
-            return False
-        callee = site.callee
-        spec = self.spec
-        return (
-            callee == self.op
-            or callee in spec.spellings
-            or (bool(spec.symbol) and callee == spec.symbol)
-        )
-
-    def source_text(self, index: int) -> str | None:
-        """The user's expression for positional argument `index`, when the user wrote the call."""
-        if not self.site_matches():
-            return None
-        site = self.site
-        texts = (site.receiver, *site.args) if self.is_method and site.receiver else site.args
-        return texts[index] if index < len(texts) else None
-
-    def meta(self, tensor) -> TensorMeta | None:
-        if not isinstance(tensor, torch.Tensor):
-            return None
-        found = self._metas.get(id(tensor))
-        if found is None:
-            found = self.session.metas.get(tensor)
-            if self.extras is not None:
-                self._note(tensor, found is not None)
-            if found is not None:
-                self._metas[id(tensor)] = found
-        return found
-
-    def meta_of(self, tensor) -> TensorMeta:
-        """The tensor's meta; a tensor first seen here gets new axes of its own."""
-        found = self._metas.get(id(tensor))
-        if found is None:
-            if self.extras is not None:
-                self._note(tensor, tensor in self.session.metas)
-            found = self._metas[id(tensor)] = self.session.meta_of(tensor)
-        return found
-
-    def _note(self, tensor, known: bool) -> None:
-        extras = self.extras
-        if extras is not None and not any(t is tensor for t in self.tensors()):
-            extras.append((tensor, known))
-
-    def dims(self, tensor):
-        """The provenance of each axis of `tensor` (atoms of dims, see `_names.dims`)."""
-        return self.meta_of(tensor).dims
-
-    def kind(self, tensor, dim: int, *, strong: bool = False) -> str | None:
-        """What axis `dim` of `tensor` is (batch, token, feature, copy): from any evidence,
-        or (`strong`) only from a parameter, structure or a contract, not a convention."""
-        axis = self.dims(tensor)[dim]
-        return _dims.strong_kind_of(axis) if strong else _dims.kind_of(axis)
-
-    def label(self, index: int, default: str) -> str:
-        """A name for positional argument `index`: the user's expression, else the name
-        the tensor got when it was made, else `default`."""
-        text = self.source_text(index)
-        if text:
-            return _source.short_label(text)
-        tensor = self.args[index] if index < len(self.args) else None
-        meta = self.meta(tensor)
-        if meta is not None and meta.label:
-            return meta.label
-        return default
-
-    def label_of(self, tensor, default: str) -> str:
-        meta = self.meta(tensor)
-        return meta.label if meta is not None and meta.label else default
-
-    def axes(self, tensor) -> Axes:
-        """The names of the tensor's axes (None where only the size is known)."""
-        return self.meta_of(tensor).axes
-
-    def role(self, tensor, label: str | None = None) -> str | None:
-        meta = self.meta(tensor)
-        if meta is not None and meta.role:
-            return meta.role
-        return role_for(label, None)
-
-    def operand(self, name: str, tensor, like=None) -> Operand:
-        """One line of the operand block. With `like`, the tensor this one is applied to (a
-        mask or a bias to the scores), its unnamed axes read as the axes they meet there."""
-        shape = tuple(tensor.shape)
-        axes = self.axes(tensor)
-        if like is not None and hasattr(like, "shape"):
-            target = self.axes(like)
-            lead = len(target) - len(axes)
-            axes = tuple(
-                name
-                or (target[lead + i] if lead + i >= 0 and like.shape[lead + i] == size else None)
-                for i, (name, size) in enumerate(zip(axes, shape, strict=True))
-            )
-        notes = self.session.trace.axis_notes or None
-        return Operand(
-            name,
-            f"{format_shape(shape, axes, notes)} {_dtype_name(tensor.dtype)}"
-            f"{_tp.operand_note(tensor)}",
-        )
-
-    def axis(self, tensor, dim: int) -> str:
-        return _axes.axis_name(self.axes(tensor), dim, tensor.dim())
-
-    # -- module context ----------------------------------------------------------
-    @property
-    def module(self):
-        stack = self.session.module_stack
-        return stack[-1] if stack else None
-
-    @property
-    def root(self):
-        """The module the trace started from (None for a block of code)."""
-        return self.session.root
-
-    def module_path(self, module) -> str:
-        """`module`'s dotted path under the root, as messages name it."""
-        return self.session.module_path(module)
-
-    def tp_owner(self):
-        """The innermost module that declares sizes, and its tensor-parallel split
-        (`_tp.Sharding`, read from DTensor weights), or (None, None)."""
-        return _tp_session.owner(self.session)
-
-    def declared(self) -> dict[str, tuple[str, int]]:
-        """Sizes declared by the innermost module that declares any (d_model, heads, d_k)."""
-        for module in reversed(self.session.module_stack):
-            found = self.session.declared_sizes(module)
-            if found:
-                return found
-        return {}
-
-    def output_labels(self, count: int) -> tuple[str | None, ...]:
-        """The names the user's assignment gives this op's outputs (`scores = ...`)."""
-        return self.session._output_labels(self, count)
-
-
-_DTYPE_NAMES: dict = {}
-
-
-def _dtype_name(dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
 
 
 def _static(tensor, meta: TensorMeta | None = None) -> tuple:
@@ -302,6 +77,8 @@ def _spec_of(func) -> tuple:
 
 
 class _Interceptor(TorchFunctionMode):
+    shapeguard_interceptor = True  # how `_composites` tells ours from other modes
+
     def __init__(self, session: "Session") -> None:
         super().__init__()
         self.session = session
@@ -1234,17 +1011,6 @@ def _weak(module):
         return weakref.ref(module)
     except TypeError:
         return lambda: module
-
-
-def _tensors_of_args(args: tuple) -> list:
-    """Tensor arguments, and the tensors of a list argument (torch.cat((a, b)))."""
-    found = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            found.append(a)
-        elif isinstance(a, tuple | list):
-            found.extend(t for t in a if isinstance(t, torch.Tensor))
-    return found
 
 
 def _nested_tensors(name: str, value, depth: int = 0) -> list:

@@ -1,7 +1,7 @@
 """`shapeguard.trace`: check and record every tensor op of a block or of one forward."""
 
 from . import _config
-from ._record import Trace
+from ._record import TraceData
 
 
 def trace(
@@ -12,7 +12,7 @@ def trace(
     strict: bool = False,
     max_events: int = 100_000,
     **kwargs,
-) -> Trace:
+) -> "Trace":
     """Trace a block of code, or one forward of `model`.
 
     With no model, returns a `Trace` to use as a context manager: every torch
@@ -58,3 +58,81 @@ def trace(
     with tracing(record, model, args, kwargs, opener=_replay.opener("model", root)):
         model(*args, **kwargs)
     return record
+
+
+class Trace(TraceData):
+    """What a shapeguard trace saw.
+
+    Use it as a context manager to check every tensor op inside the block::
+
+        with shapeguard.trace() as t:
+            model(x)
+        print(t.table())
+
+    or get one from `shapeguard.trace(model, x)`, which runs one forward. The data and
+    its queries are `TraceData`'s; this class opens the block's session and renders
+    (`report`), which the layers below never import.
+    """
+
+    # -- context manager ---------------------------------------------------
+    def __enter__(self) -> "Trace":
+        from . import _replay, _source
+        from ._session import open_session
+
+        # Blocks opened on one line repeat (a test helper, a training loop): see `_replay`.
+        where = _source.user_code_position()
+        self._session = open_session(self, root=None, opener=_replay.opener("with", where))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        from ._session import Session, close_session
+
+        session, self._session = self._session, None
+        if isinstance(session, Session):
+            close_session(session)
+        error = exc_info[1] if len(exc_info) > 1 else None
+        if isinstance(error, AssertionError):
+            from . import _config
+            from ._construction import construction_error
+
+            # torch's bare AssertionError from nn.MultiheadAttention(1024, 12) in the block.
+            shape_error = construction_error(error) if _config.is_enabled() else None
+            if shape_error is not None:
+                self.add_finding(shape_error)
+                raise shape_error from error
+
+    # -- rendering -------------------------------------------------------------
+    def table(
+        self,
+        *,
+        width: int | None = 150,
+        color: bool = False,
+        all_ops: bool = False,
+        fold: bool = False,
+    ) -> str:
+        """The attention tensors (or every op, with `all_ops=True`) as a text table; `fold`
+        leaves out rows that repeat an earlier layer's (see `report.text.render_table`)."""
+        from .report.text import render_table
+
+        return render_table(self, width=width, color=color, all_ops=all_ops, fold=fold)
+
+    def to_html(self, attention: dict | None = None) -> str:
+        """One self-contained HTML report (no network): see `shapeguard.report.html`.
+
+        Args:
+            attention: per-head attention weights for the heatmaps, as returned by
+                `shapeguard.report.html.capture_attention(model, *args)`; a trace itself
+                keeps shapes only.
+        """
+        from .report.html import render_html
+
+        return render_html(self, attention)
+
+    def _repr_html_(self) -> str:
+        """The HTML report's flow and table, for a notebook cell (Jupyter calls this)."""
+        from .report.html import render_fragment
+
+        return render_fragment(self)
+
+    def __str__(self) -> str:
+        return self.table()

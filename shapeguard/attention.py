@@ -100,7 +100,7 @@ def flash_attention(
         "path": path,
     }
     if checking:
-        from ._session import current_session
+        from ._current import current_session
 
         session = current_session()
         if session is not None:  # checked by checks/flash.py, recorded as one event
@@ -168,7 +168,7 @@ def flash_attention_varlen(
     }
     kwargs["path"] = path
     if checking:
-        from ._session import current_session
+        from ._current import current_session
 
         session = current_session()
         if session is not None:

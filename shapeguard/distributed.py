@@ -106,7 +106,7 @@ def _rank_main(fn, rank: int, world: int, port: int, args: tuple, folder: str) -
 
     import torch.distributed as dist
 
-    from . import _record
+    from . import _trace
     from ._errors import ShapeError, ShapeWarning
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -121,7 +121,7 @@ def _rank_main(fn, rank: int, world: int, port: int, args: tuple, folder: str) -
         world_size=world,
         timeout=timedelta(seconds=60),
     )
-    trace = _record.Trace(mode="raise")
+    trace = _trace.Trace(mode="raise")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ShapeWarning)

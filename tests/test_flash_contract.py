@@ -18,7 +18,7 @@ from torch import nn
 
 import shapeguard
 from shapeguard import _flash
-from shapeguard._session import op_name
+from shapeguard._call import op_name
 from shapeguard.attention import flash_attention
 from shapeguard.checks import flash as flash_checks
 

@@ -18,13 +18,15 @@ LAYERS = {
     ),
     "checks": ("shapeguard.checks", "shapeguard._tp"),
     "trace": (
-        "shapeguard._session", "shapeguard._record", "shapeguard._composites",
-        "shapeguard._construction", "shapeguard._meta", "shapeguard._flash", "shapeguard._trace",
+        "shapeguard._session", "shapeguard._record", "shapeguard._composites", "shapeguard._call",
+        "shapeguard._current",
+        "shapeguard._construction", "shapeguard._meta", "shapeguard._flash",
         "shapeguard._replay", "shapeguard._tp_session", "shapeguard.attention",
         "shapeguard._tracing",
     ),
     "on the trace": (
-        "shapeguard.report", "shapeguard._contract", "shapeguard.contracts", "shapeguard._guard",
+        "shapeguard.report", "shapeguard._trace", "shapeguard._contract", "shapeguard.contracts",
+        "shapeguard._guard",
         "shapeguard._probes", "shapeguard._cli.check_summary",
         "shapeguard._explain", "shapeguard.distributed", "shapeguard._compiled", "shapeguard._merge",
     ),

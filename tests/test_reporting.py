@@ -5,8 +5,7 @@ import warnings
 
 import pytest
 
-from shapeguard import ShapeError, ShapeWarning
-from shapeguard._record import Trace
+from shapeguard import ShapeError, ShapeWarning, Trace
 from shapeguard._reporting import deliver
 
 pytestmark = pytest.mark.no_shapeguard  # warnings on purpose

@@ -20,7 +20,7 @@ from .. import _probes
 from . import ProbeResult
 
 if TYPE_CHECKING:
-    from .._record import Trace
+    from .._trace import Trace
     from .watch import Watch
 
 PROBES = (
@@ -290,37 +290,36 @@ def _trace(model, args: tuple, kwargs: dict, *, like: _Traced | None = None) -> 
 
     from .. import _config
     from .._errors import ShapeWarning
-    from .._record import Trace
-    from .._session import close_session, open_session
+    from .._trace import Trace
+    from .._tracing import tracing
 
     trace = Trace(mode="warn")
-    session = open_session(trace, root=model)
-    watch = _probes.Watch(session)
+    # Bound to the session once it is open: a forward whose entry fails still has one.
+    watch = _probes.Watch(None)
     on = _config.is_enabled() if like is None else like.on
     traced = _Traced(trace, watch, on=on)
     switch = _config.forced_on() if like is not None and on else contextlib.nullcontext()
     try:
         with switch, warnings.catch_warnings():
             warnings.simplefilter("ignore", ShapeWarning)
-            session.enter_module(model, args, kwargs)
-            with watch:
-                out = model(*args, **kwargs)
-            watch.heads.finish(session, model, out)
-            first = _probes.first_output(out)
-            meta = session.metas.get(first) if first is not None else None
-            traced.out_axes = meta.axes if meta is not None else ()
-            traced.in_metas = {
-                path: session.metas.get(t) for path, t in _probes.leaves((args, kwargs))
-            }
-            traced.out_metas = [
-                (path, t, session.metas.get(t))
-                for path, t in _probes.leaves(out)
-                if t.is_floating_point()
-            ]
+            with tracing(trace, model, args, kwargs) as session:
+                watch.session = session
+                with watch:
+                    out = model(*args, **kwargs)
+                watch.heads.finish(session, model, out)
+                first = _probes.first_output(out)
+                meta = session.metas.get(first) if first is not None else None
+                traced.out_axes = meta.axes if meta is not None else ()
+                traced.in_metas = {
+                    path: session.metas.get(t) for path, t in _probes.leaves((args, kwargs))
+                }
+                traced.out_metas = [
+                    (path, t, session.metas.get(t))
+                    for path, t in _probes.leaves(out)
+                    if t.is_floating_point()
+                ]
     except Exception as error:
         traced.error = error
-    finally:
-        close_session(session)
     return traced
 
 

@@ -19,7 +19,7 @@ def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
 
     from .. import _config
     from .._errors import ShapeWarning
-    from .._record import Trace
+    from .._trace import Trace
     from .._tracing import tracing
 
     args, kwargs = inputs
@@ -38,7 +38,7 @@ def traced_findings(s: Subject, inputs) -> list:
 
     from .. import _config
     from .._errors import ShapeWarning
-    from .._record import Trace
+    from .._trace import Trace
     from .._tracing import tracing
 
     args, kwargs = inputs

@@ -11,7 +11,7 @@ style 6-layer GPT (bench/models/gpt.py: eval forward, and a training step with A
 a tiny transformers Llama (forward, and `generate` of 8 tokens). shapeguard's extra per op
 is reported as a ratio to the recorder-with-table floor's.
 
-A trace or a guard replays a session that repeats an earlier one (`shapeguard/_replay.py`:
+A trace or a guard replays a session that repeats an earlier one (`shapeguard/_trace/replay.py`:
 recorded on the second call, replayed from the third), and the timed rounds follow
 warm-up calls: the figures are the steady state of a forward that repeats, as in a test
 suite or a training loop. The first trace of a model is in the "first trace" rows.
@@ -766,7 +766,7 @@ PROFILE_TOP = 14
 
 
 def _short(func: tuple) -> str:
-    """pstats' (file, line, name) as `shapeguard/_session.py:812(_record)`."""
+    """pstats' (file, line, name) as `shapeguard/_trace/session.py:812(_record)`."""
     filename, line, name = func
     if filename == "~":
         return name  # a builtin: `<method 'get' of 'dict' objects>`

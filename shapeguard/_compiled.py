@@ -16,9 +16,9 @@ import contextlib
 
 import torch
 
-from . import _current
 from ._contract.call import remember, signature_key
 from ._errors import ShapeError
+from ._trace import current as _current
 
 _compiled_errors: dict[type, type] = {}
 

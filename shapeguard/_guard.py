@@ -245,7 +245,7 @@ def _install(module, options: GuardOptions, contract=None) -> None:
 
         state.contract = contract
         state.bound = _contracts.bind_attributes(contract, module)
-    from . import _composites
+    from ._trace import composites as _composites
 
     if _composites.hooks_turn_off_fast_path(module):
         # A hook on the module would turn torch's fast path off: watched from global hooks.
@@ -337,7 +337,7 @@ def _pre_hook(module, args, kwargs):
         # A background session (the pytest plugin's) lets a guarded module keep its own
         # options and last_trace; it still receives the findings when this one closes.
         if session is None or session.background:
-            from ._trace import Trace
+            from ._tracer import Trace
 
             trace = Trace(mode=options.mode, strict=options.strict, max_events=options.max_events)
             session = rt.open_session(trace, root=module, opener=rt.opener("guard", module))

@@ -25,8 +25,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from . import _config, _flash
+from . import _config
 from ._errors import ContractError
+from ._trace import flash as _flash
 
 __all__ = ["FlashFallbackWarning", "flash_attention", "flash_attention_varlen"]
 
@@ -100,7 +101,7 @@ def flash_attention(
         "path": path,
     }
     if checking:
-        from ._current import current_session
+        from ._trace.current import current_session
 
         session = current_session()
         if session is not None:  # checked by checks/flash.py, recorded as one event
@@ -168,7 +169,7 @@ def flash_attention_varlen(
     }
     kwargs["path"] = path
     if checking:
-        from ._current import current_session
+        from ._trace.current import current_session
 
         session = current_session()
         if session is not None:
@@ -214,7 +215,7 @@ def _choice(name: str, value, allowed: tuple[str, ...]) -> None:
 
 # -- choosing the kernel -----------------------------------------------------------------
 def _path(q, backend: str, announce: bool) -> str:
-    """"flash" or "sdpa", announcing the fallback once per reason when backend="auto"."""
+    """ "flash" or "sdpa", announcing the fallback once per reason when backend="auto"."""
     if backend == "sdpa":
         return "sdpa"
     if backend == "flash":
@@ -385,4 +386,3 @@ def _first_key(i: int, offset: int, left: int) -> int:
 
 def _last_key(i: int, offset: int, right: int, sk: int) -> int:
     return sk - 1 if right < 0 else min(sk - 1, i + offset + right)
-

@@ -106,7 +106,7 @@ def _rank_main(fn, rank: int, world: int, port: int, args: tuple, folder: str) -
 
     import torch.distributed as dist
 
-    from . import _trace
+    from . import _tracer as _trace
     from ._errors import ShapeError, ShapeWarning
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -213,7 +213,7 @@ def _into_caller(merged) -> list:
     from ._errors import Operand, ShapeError
 
     current = None
-    session_module = sys.modules.get("shapeguard._session")
+    session_module = sys.modules.get("shapeguard._trace.session")
     if session_module is not None:
         current = getattr(session_module._local, "session", None)
     errors = []

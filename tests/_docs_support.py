@@ -74,7 +74,7 @@ def run_script(path: str):
     """A callable that runs a script as `python path` would."""
 
     def run():
-        from shapeguard import _flash
+        from shapeguard._trace import flash as _flash
 
         # flash-attn names bound by `from flash_attn import ...` are found by a scan that
         # is cached per set of modules; each snippet is a new namespace, so scan again.

@@ -276,7 +276,7 @@ def test_inside_a_trace_the_call_is_one_named_event():
 PROBE = textwrap.dedent(
     """
     import sys
-    import shapeguard, shapeguard.attention, shapeguard._flash, shapeguard.checks.flash
+    import shapeguard, shapeguard.attention, shapeguard._trace.flash, shapeguard.checks.flash
     import torch
     from shapeguard.attention import flash_attention
     x = torch.randn(1, 2, 3, 8)

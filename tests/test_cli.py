@@ -125,7 +125,7 @@ def test_tensors_made_inside_forward_are_on_meta_too(tmp_path):
 
 
 def test_trace_json_file_has_the_versioned_schema(tmp_path):
-    from shapeguard._record import SCHEMA_VERSION
+    from shapeguard._trace.record import SCHEMA_VERSION
 
     target = tmp_path / "out.json"
     result = run("trace", SEED, "--json", target)

@@ -69,7 +69,7 @@ def test_bad_input_raises_the_eager_error():
 
     assert torch._C._len_torch_function_stack() == 0
     assert not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks
-    assert shapeguard._session.current_session() is None
+    assert shapeguard._trace.session.current_session() is None
 
 
 def test_a_silent_bug_warns_as_in_eager_and_the_output_is_unchanged():

@@ -299,7 +299,7 @@ def plain_encoder():
 @pytest.mark.shapeguard  # the suite's own plugin traces this test's body (fixtures untraced)
 def test_under_the_pytest_plugin(plain_encoder):
     encoder, x, pad, expected = plain_encoder
-    from shapeguard._current import current_session
+    from shapeguard._trace.current import current_session
 
     assert _stack() == 1 and current_session().background
     with torch.no_grad():
@@ -367,7 +367,7 @@ def test_the_mode_stack_is_restored_when_a_guarded_layer_raises():
         with pytest.raises(ShapeError):  # the boundary check raises in the pre-hook
             layer(torch.randn(B, S, D + 1))
         assert _stack() == 0 and _global_hooks() == before
-    from shapeguard._current import current_session
+    from shapeguard._trace.current import current_session
 
     assert current_session() is None
     shapeguard.unguard(layer)

@@ -107,8 +107,9 @@ def _kernel_message(kind: str) -> tuple[str, list[str]]:
     the same checker and the same rendering, the snippet's call line as the location."""
     import torch
 
-    from shapeguard import ShapeError, _flash
+    from shapeguard import ShapeError
     from shapeguard._errors import Context
+    from shapeguard._trace import flash as _flash
 
     path = f"docs/snippets/{kind}.py"
     lines = (ROOT / path).read_text().splitlines()

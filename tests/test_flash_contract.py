@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import shapeguard
-from shapeguard import _flash
-from shapeguard._call import op_name
+from shapeguard._trace import flash as _flash
+from shapeguard._trace.call import op_name
 from shapeguard.attention import flash_attention
 from shapeguard.checks import flash as flash_checks
 

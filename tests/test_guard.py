@@ -141,7 +141,7 @@ def test_exception_inside_guarded_forward_leaves_no_hook_and_no_mode():
         assert _hook_counts(model) == before_module
         assert _global_hook_counts() == before_global
         assert not torch.overrides._is_torch_function_mode_enabled()
-    from shapeguard._current import current_session
+    from shapeguard._trace.current import current_session
 
     assert current_session() is None
 

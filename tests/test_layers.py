@@ -10,25 +10,21 @@ PACKAGE = ROOT / "shapeguard"
 
 # Lowest first. A module belongs to the first entry it is, or is inside.
 LAYERS = {
+    # errors, the off switch, the op table, naming, source lines, the reporting path
     "vocabulary": (
         "shapeguard._version", "shapeguard._errors", "shapeguard._config", "shapeguard._ops",
-        "shapeguard._names.axes", "shapeguard._names.roles", "shapeguard._source", "shapeguard._suppress",
+        "shapeguard._names", "shapeguard._source", "shapeguard._suppress",
         "shapeguard._reporting", "shapeguard._ranks",
-        "shapeguard._names",
     ),
+    # rules on the op table; the DTensor reader they use
     "checks": ("shapeguard.checks", "shapeguard._tp"),
-    "trace": (
-        "shapeguard._session", "shapeguard._record", "shapeguard._composites", "shapeguard._call",
-        "shapeguard._current",
-        "shapeguard._construction", "shapeguard._meta", "shapeguard._flash",
-        "shapeguard._replay", "shapeguard._tp_session", "shapeguard.attention",
-        "shapeguard._tracing",
-    ),
+    # the interceptor, the session, the records; shapeguard.attention dispatches through it
+    "trace": ("shapeguard._trace", "shapeguard.attention"),
     "on the trace": (
-        "shapeguard.report", "shapeguard._trace", "shapeguard._contract", "shapeguard.contracts",
-        "shapeguard._guard",
-        "shapeguard._probes", "shapeguard._cli.check_summary",
-        "shapeguard._explain", "shapeguard.distributed", "shapeguard._compiled", "shapeguard._merge",
+        "shapeguard.report", "shapeguard._tracer", "shapeguard._contract",
+        "shapeguard.contracts", "shapeguard._guard", "shapeguard._compiled", "shapeguard._probes",
+        "shapeguard._explain", "shapeguard.distributed", "shapeguard._merge",
+        "shapeguard._cli.check_summary",  # rows of a report: read by the CLI only
     ),
     "top": ("shapeguard._cli", "shapeguard._plugin", "shapeguard.__main__", "shapeguard"),
 }  # fmt: skip

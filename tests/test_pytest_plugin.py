@@ -204,7 +204,7 @@ def test_interception_is_removed_after_a_failing_test(tester):
         tester,
         """
 import torch
-from shapeguard._current import current_session
+from shapeguard._trace.current import current_session
 from torch.overrides import _get_current_function_mode_stack
 
 def test_fails():

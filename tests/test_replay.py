@@ -1,4 +1,4 @@
-"""Sessions that repeat are replayed (`shapeguard/_replay.py`), and a replay changes nothing.
+"""Sessions that repeat are replayed (`shapeguard/_trace/replay.py`), and a replay changes nothing.
 
 A session of an opener (a model given to `trace`, a guarded module, a `with trace():` line)
 is recorded the second time it runs and replayed from the third on, as long as its steps
@@ -19,7 +19,8 @@ from test_invariants import BUGS, CORRECT
 from torch import nn
 
 import shapeguard
-from shapeguard import ShapeWarning, _replay
+from shapeguard import ShapeWarning
+from shapeguard._trace import replay as _replay
 
 pytestmark = pytest.mark.no_shapeguard  # the plugin's own session would hold every op
 

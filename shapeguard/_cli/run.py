@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .._errors import Finding, ShapeError
-from .._trace import Trace
+from .._tracer import Trace
 from .loader import ModelCrashed, error_lines, is_memory_error, on_device
 
 
@@ -56,8 +56,8 @@ def run_traced(
     import torch
 
     from .._errors import ShapeWarning
-    from .._trace import Trace
-    from .._tracing import tracing
+    from .._trace.tracing import tracing
+    from .._tracer import Trace
 
     trace = Trace(mode="raise", strict=strict)
     run = Run(trace)
@@ -153,7 +153,7 @@ def add_crash(trace, crash: ModelCrashed) -> None:
 def failure_trace(kind: str, message: str, location: str, hint: str):
     """A trace holding only the failure that stopped the model before any forward ran
     (importing the file, building the model), for `--json` and `--html`."""
-    from .._trace import Trace
+    from .._tracer import Trace
 
     trace = Trace()
     add_error(trace, kind, message, location=location, hint=hint)

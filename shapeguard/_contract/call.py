@@ -18,7 +18,7 @@ from beartype.roar import BeartypeCallHintViolation
 # API to push one seeded with known sizes; these three functions are stable since 0.2.
 from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
-from .._current import _local as _session_local
+from .._trace.current import _local as _session_local
 from .bindings import Bindings
 from .compile import Contract, argument_values
 from .explain import explain_arguments, explain_return
@@ -188,8 +188,8 @@ def name_inputs(session, contract: Contract, single: dict, args: tuple, kwargs: 
 def _claim_names(session, hint, value, label: str) -> None:
     if not isinstance(value, torch.Tensor):
         return
-    from .._meta import role_for
     from .._names import dims as D
+    from .._trace.meta import role_for
 
     for array_type in array_types(hint):
         names = axes_for(spec_of(array_type), tuple(value.shape))

@@ -20,7 +20,7 @@ from .. import _probes
 from . import ProbeResult
 
 if TYPE_CHECKING:
-    from .._trace import Trace
+    from .._tracer import Trace
     from .watch import Watch
 
 PROBES = (
@@ -290,8 +290,8 @@ def _trace(model, args: tuple, kwargs: dict, *, like: _Traced | None = None) -> 
 
     from .. import _config
     from .._errors import ShapeWarning
-    from .._trace import Trace
-    from .._tracing import tracing
+    from .._trace.tracing import tracing
+    from .._tracer import Trace
 
     trace = Trace(mode="warn")
     # Bound to the session once it is open: a forward whose entry fails still has one.

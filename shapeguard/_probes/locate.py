@@ -19,8 +19,8 @@ def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
 
     from .. import _config
     from .._errors import ShapeWarning
-    from .._trace import Trace
-    from .._tracing import tracing
+    from .._trace.tracing import tracing
+    from .._tracer import Trace
 
     args, kwargs = inputs
     with _config.forced_on(), warnings.catch_warnings():
@@ -38,8 +38,8 @@ def traced_findings(s: Subject, inputs) -> list:
 
     from .. import _config
     from .._errors import ShapeWarning
-    from .._trace import Trace
-    from .._tracing import tracing
+    from .._trace.tracing import tracing
+    from .._tracer import Trace
 
     args, kwargs = inputs
     trace = Trace(mode="warn")

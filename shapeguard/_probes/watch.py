@@ -32,7 +32,7 @@ class Watch:
     def __init__(self, session, *, keep_values: bool = False) -> None:
         from torch.overrides import TorchFunctionMode
 
-        from .._call import op_name
+        from .._trace.call import op_name
 
         watch = self
         skip = _ops.family_ops(_ops.QUERY)
@@ -86,7 +86,7 @@ class Watch:
             self._embedding(args, kwargs)
         if op not in _MASKING_OPS and op not in _WEIGHT_MASKING:
             return
-        from .._call import OpCall
+        from .._trace.call import OpCall
 
         call = OpCall(self.session, func, op, args, kwargs, None)
         if call.bound().get("is_causal") is True and not self.causal:

@@ -3,7 +3,7 @@
 Three kinds of call reach this family, each by the name the session gives it:
 - `flash_attention` / `flash_attention_varlen`: shapeguard.attention's entry points;
 - `flash_attn_func` and its siblings: flash-attn's Python functions, wrapped while a trace
-  is active (shapeguard/_flash.py), so the contract is checked in the user's names;
+  is active (shapeguard/_trace/flash.py), so the contract is checked in the user's names;
 - `_flash_attn_forward[.default]`, `_flash_attn_varlen_forward[.default]`: the torch.ops
   kernels, reached by code that holds the op itself; their fake kernels check nothing.
 A function of the same name from elsewhere is left alone: each checker first makes

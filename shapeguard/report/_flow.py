@@ -11,7 +11,7 @@ works on a Trace loaded from anywhere, never on tensors.
 from dataclasses import dataclass, field
 
 from .. import _ops
-from .._record import TensorRecord
+from .._trace.record import TensorRecord
 
 # Rows of the diagram, top to bottom. A fused kernel (SDPA, flash-attn,
 # nn.MultiheadAttention) stands in for the rows from scores to context.
@@ -22,7 +22,7 @@ COLUMNS = ("Q", "K", "V")
 # Which ops feed which rows comes from the op table's `step` (and `family`), in every
 # spelling an event may carry.
 FUSED_OPS = _ops.spellings_where(step="fused")  # SDPA, flash-attn
-# torch's composite modules, recorded as one event each (shapeguard/_composites.py).
+# torch's composite modules, recorded as one event each (shapeguard/_trace/composites.py).
 COMPOSITE_OPS = _ops.family_ops(_ops.COMPOSITE)
 MHA_OPS = _ops.spellings_where(step="module")  # multi_head_attention_forward and those
 _ANCHOR_ROLES = frozenset({"scores", "attn", "context"})

@@ -660,7 +660,7 @@ def _scores_note(trace, records) -> str:
 
 def _fused_scores(trace):
     """The [batch, heads, seq_q, seq_k] record an SDPA call would need, from its q and k."""
-    from .._record import TensorRecord
+    from .._trace.record import TensorRecord
 
     for event in trace.events:
         if event.op not in _flow.FUSED_OPS or len(event.inputs) < 2:

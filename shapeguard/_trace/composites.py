@@ -42,7 +42,7 @@ from torch._C import (
     _push_on_torch_function_stack,
 )
 
-from . import _config, _ops, _source
+from .. import _config, _ops, _source
 
 if TYPE_CHECKING:
     import inspect
@@ -318,8 +318,8 @@ def check(session, module, kind: str, args: tuple, kwargs: dict, site) -> None:
     """Run the checkers of F.multi_head_attention_forward on each attention call the
     composite will make; the session raises or warns as for torch's own call."""
     __tracebackhide__ = True
-    from . import checks
-    from ._call import OpCall
+    from .. import checks
+    from .call import OpCall
 
     bound = _bind(module, args, kwargs)
     if bound is None:
@@ -435,7 +435,7 @@ def leave(session, module, output) -> None:
     suspension, state.suspension = state.suspension, None
     try:
         _discard(suspension)
-        from ._current import current_session
+        from .current import current_session
 
         if output is not None and suspension.record and current_session() is session:
             _record(session, suspension, output)
@@ -467,7 +467,7 @@ def _plain(value) -> bool:
 
 def _record(session, suspension: _Suspension, output) -> None:
     """The composite's call as one event: its tensor arguments in, its tensors out."""
-    from ._call import OpCall
+    from .call import OpCall
 
     outputs = output if isinstance(output, tuple | list) else (output,)
     outputs = tuple(t for t in outputs if _plain(t))
@@ -543,7 +543,7 @@ def _watch_pre(module, args):
     hooks = _hooks_of(module)
     if hooks is None:
         return
-    from ._current import current_session
+    from .current import current_session
 
     before = current_session()
     try:
@@ -563,7 +563,7 @@ def _watch_post(module, args, output):
     hooks = _hooks_of(module)
     if hooks is None:
         return
-    from ._current import current_session
+    from .current import current_session
 
     try:
         session = current_session()

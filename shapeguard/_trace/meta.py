@@ -8,9 +8,9 @@ query-key product names d_k) shows on every record of that axis.
 
 import weakref as _weakref
 
-from ._names import dims as _dims
-from ._names.dims import Axis
-from ._names.roles import canonical_role
+from .._names import dims as _dims
+from .._names.dims import Axis
+from .._names.roles import canonical_role
 
 # Roles a name may give a tensor. `scores` and `attn` come from data flow only: a query-key
 # product, and the softmax of one (lm_head's `logits`, a router's `probs` are neither).

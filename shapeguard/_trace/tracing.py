@@ -7,8 +7,8 @@ entered with the forward's inputs, which names them and checks its head counts b
 its first op) and always closed, also when the forward raises.
 """
 
-from ._record import TraceData as Trace
-from ._session import Session, close_session, open_session
+from .record import TraceData as Trace
+from .session import Session, close_session, open_session
 
 
 def begin(

@@ -4,11 +4,11 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._errors import Finding, ShapeError
-from ._names.axes import Axes, format_shape
+from .._errors import Finding, ShapeError
+from .._names.axes import Axes, format_shape
 
 if TYPE_CHECKING:
-    from ._meta import TensorMeta
+    from .meta import TensorMeta
 
 SCHEMA_VERSION = 2
 
@@ -151,7 +151,7 @@ def _named_record(shape, dtype: str, device: str, itemsize: int, names: tuple) -
 @dataclass(eq=False)
 class TraceData:
     """What a shapeguard trace saw, as plain data: events, findings, and the queries and
-    JSON of them. Sessions record into it; `shapeguard.Trace` (`_trace.py`) adds the
+    JSON of them. Sessions record into it; `shapeguard.Trace` (`_tracer.py`) adds the
     context manager and the renderers, which sit above this layer."""
 
     mode: str = "raise"
@@ -336,7 +336,7 @@ class TraceData:
         return [f for f in self.findings if f.severity == "warning"]
 
     def to_dict(self) -> dict:
-        from ._version import __version__
+        from .._version import __version__
 
         return {
             "schema": "shapeguard.trace",
@@ -352,7 +352,7 @@ class TraceData:
 
     def distributed_info(self) -> dict | None:
         """Rank, world size and sharded modules of a multi-rank run, else None."""
-        from . import _ranks
+        from .. import _ranks
 
         found = dict(self.distributed) if self.distributed else {}
         _ranks.describe(found)

@@ -13,7 +13,7 @@ import sys
 import threading
 import types
 
-from .checks._flash_contract import (
+from ..checks._flash_contract import (
     ENTRY_POINTS,
     FLASH_DTYPES,
     FLASH_NAMESPACES,
@@ -33,7 +33,7 @@ from .checks._flash_contract import (
     site_label,
     spec,
 )
-from .checks._flash_varlen import (
+from ..checks._flash_varlen import (
     CuSeqlens,
     check_varlen,
     check_varlen_args,
@@ -166,7 +166,7 @@ def _wrap(original):
     @functools.wraps(original)
     def checked(*args, **kwargs):
         __tracebackhide__ = True
-        from ._current import current_session
+        from .current import current_session
 
         session = current_session()
         if session is None:  # another thread, or called after the trace closed

@@ -7,12 +7,13 @@ their own, need not import the interceptor.
 
 import torch
 
-from . import _ops, _source, _tp, _tp_session
-from ._errors import Operand
-from ._meta import TensorMeta, role_for
-from ._names import axes as _axes
-from ._names import dims as _dims
-from ._names.axes import Axes, format_shape
+from .. import _ops, _source, _tp
+from .._errors import Operand
+from .._names import axes as _axes
+from .._names import dims as _dims
+from .._names.axes import Axes, format_shape
+from . import tp_session as _tp_session
+from .meta import TensorMeta, role_for
 
 
 def op_name(func) -> str:

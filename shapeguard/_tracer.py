@@ -1,7 +1,7 @@
 """`shapeguard.trace`: check and record every tensor op of a block or of one forward."""
 
 from . import _config
-from ._record import TraceData
+from ._trace.record import TraceData
 
 
 def trace(
@@ -50,8 +50,8 @@ def trace(
     if not _config.is_enabled():
         model(*args, **kwargs)
         return record
-    from . import _replay
-    from ._tracing import tracing
+    from ._trace import replay as _replay
+    from ._trace.tracing import tracing
 
     # A model given to trace() is an opener: its sessions replay once they repeat.
     root = model if hasattr(model, "named_modules") else None
@@ -76,8 +76,9 @@ class Trace(TraceData):
 
     # -- context manager ---------------------------------------------------
     def __enter__(self) -> "Trace":
-        from . import _replay, _source
-        from ._session import open_session
+        from . import _source
+        from ._trace import replay as _replay
+        from ._trace.session import open_session
 
         # Blocks opened on one line repeat (a test helper, a training loop): see `_replay`.
         where = _source.user_code_position()
@@ -85,7 +86,7 @@ class Trace(TraceData):
         return self
 
     def __exit__(self, *exc_info) -> None:
-        from ._session import Session, close_session
+        from ._trace.session import Session, close_session
 
         session, self._session = self._session, None
         if isinstance(session, Session):
@@ -93,7 +94,7 @@ class Trace(TraceData):
         error = exc_info[1] if len(exc_info) > 1 else None
         if isinstance(error, AssertionError):
             from . import _config
-            from ._construction import construction_error
+            from ._trace.construction import construction_error
 
             # torch's bare AssertionError from nn.MultiheadAttention(1024, 12) in the block.
             shape_error = construction_error(error) if _config.is_enabled() else None

@@ -21,9 +21,9 @@ Pure Python at import: torch is imported only where a module is looked at.
 
 from types import SimpleNamespace
 
-from . import _source
-from ._errors import ShapeError
-from ._names import axes as _axes
+from .. import _source
+from .._errors import ShapeError
+from .._names import axes as _axes
 
 _TORCH_MESSAGE = "embed_dim must be divisible by num_heads"
 # How torch's constructors that build an nn.MultiheadAttention name d_model and the heads.
@@ -74,7 +74,7 @@ def _count(value) -> bool:
 
 
 def _error(d_attr, d_model, h_attr, heads, cls, frames, user) -> ShapeError:
-    from .checks.config import divisibility_violation
+    from ..checks.config import divisibility_violation
 
     violation = divisibility_violation(d_attr, d_model, h_attr, heads, f" in {cls}(...)")
     location = source = ""
@@ -104,7 +104,7 @@ def entry_violations(module, where: str):
     if not own:
         return
     sizes = _axes.declared_sizes(SimpleNamespace(**own))  # no config: the module's own word
-    from .checks.config import check_sizes, divisibility_violation
+    from ..checks.config import check_sizes, divisibility_violation
 
     if "d_model" in sizes and "heads" in sizes:
         (d_attr, d_model), (h_attr, heads) = sizes["d_model"], sizes["heads"]
@@ -129,8 +129,9 @@ def check_entered(session, module) -> None:
     """Report a module's head-count violations when a session first enters it (raise or
     warn as the trace says), before any of its ops runs."""
     __tracebackhide__ = True
-    from . import _composites, _config
-    from ._call import OpCall
+    from .. import _config
+    from . import composites as _composites
+    from .call import OpCall
 
     if not _config.is_enabled() or _composites.suspended(session):
         return

@@ -31,9 +31,9 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _ops
-from ._meta import TensorMeta
-from ._names import dims as D
+from .. import _ops
+from .._names import dims as D
+from .meta import TensorMeta
 
 OP, ENTER, EXIT, NAME, BARRIER = range(5)
 # Outputs of one op that a template can name (torch.split into more parts is a barrier).
@@ -163,7 +163,7 @@ def loose_numbers(spec, rules, args: tuple) -> bool:
     tensors only. An optimizer's step sizes, a dropout's p."""
     if spec.family not in (_ops.SAME, _ops.BINARY, _ops.OTHER):
         return False
-    from .checks import applies
+    from ..checks import applies
 
     return not any(applies(r, args) for r in rules)
 

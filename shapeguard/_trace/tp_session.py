@@ -7,9 +7,9 @@ checks; this module sits with the session, whose state it reads and writes.
 
 import weakref
 
-from . import _ops
-from ._names import axes as _axes
-from ._tp import (
+from .. import _ops
+from .._names import axes as _axes
+from .._tp import (
     Sharding,
     _is_fsdp_managed,
     describe,
@@ -60,7 +60,7 @@ def local_axes(axis, size: int):
     """The atoms of this rank's even shard of `axis` (`size` of its entries): index i of
     a chunk is digit (g // 1) % size of the global index g, the innermost factor of
     that size; None when no factor of the axis has that size (an uneven split)."""
-    from ._names import dims as D
+    from .._names import dims as D
 
     atoms = list(D.normalize(axis))
     taken, product = [], 1
@@ -85,7 +85,7 @@ def link_local(session, t, meta) -> None:
     """Give a DTensor's local shard the axes of the DTensor (`to_local` then hands them
     to the user's plain tensor): shared where the placement replicates, this rank's
     factor of the axis a placement shards."""
-    from ._meta import TensorMeta
+    from .meta import TensorMeta
 
     local = t._local_tensor
     if session.metas.get(local) is not None:
@@ -110,8 +110,8 @@ def dtensor_meta(session, t):
     """The meta of a DTensor the session sees for the first time (from_local made it
     in torch.distributed): its local shard's axes where the placement replicates, a new
     axis where it shards; None when the shard has no axes known either."""
-    from ._meta import TensorMeta
-    from ._names import dims as D
+    from .._names import dims as D
+    from .meta import TensorMeta
 
     local = session.metas.get(t._local_tensor)
     if local is None:
@@ -185,7 +185,7 @@ def local_sizes(session, module, found: dict) -> dict:
         notes[(axis, count.local)] = count.note()
     trace = session.trace
     info = trace.distributed = trace.distributed if trace.distributed is not None else {}
-    from . import _ranks
+    from .. import _ranks
 
     _ranks.describe(info)
     path = session.module_path(module)

@@ -13,28 +13,22 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import (
-    _composites,
-    _config,
-    _construction,
-    _flash,
-    _ops,
-    _replay,
-    _reporting,
-    _source,
-    _tp,
-    _tp_session,
-)
-from . import checks as _checks
-from ._call import OpCall, _dtype_name, _tensors_of_args
-from ._current import _local, current_session
-from ._errors import Context, ShapeError, Violation
-from ._meta import TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
-from ._names import axes as _axes
-from ._names import dims as _dims
-from ._names import flow as _flow
-from ._names import roots as _roots
-from ._record import TraceData as Trace
+from .. import _config, _ops, _reporting, _source, _tp
+from .. import checks as _checks
+from .._errors import Context, ShapeError, Violation
+from .._names import axes as _axes
+from .._names import dims as _dims
+from .._names import flow as _flow
+from .._names import roots as _roots
+from . import composites as _composites
+from . import construction as _construction
+from . import flash as _flash
+from . import replay as _replay
+from . import tp_session as _tp_session
+from .call import OpCall, _dtype_name, _tensors_of_args
+from .current import _local, current_session
+from .meta import TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
+from .record import TraceData as Trace
 
 _QUERY = _ops.QUERY
 _torch_compiling = torch.compiler.is_compiling

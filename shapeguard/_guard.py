@@ -337,15 +337,16 @@ def _pre_hook(module, args, kwargs):
         # A background session (the pytest plugin's) lets a guarded module keep its own
         # options and last_trace; it still receives the findings when this one closes.
         if session is None or session.background:
+            from ._trace.tracing import begin
             from ._tracer import Trace
 
             trace = Trace(mode=options.mode, strict=options.strict, max_events=options.max_events)
-            session = rt.open_session(trace, root=module, opener=rt.opener("guard", module))
+            _last_traces[module] = trace
+            # Closed by _post_hook (or by `begin` itself, when entering the module raises).
+            session = begin(trace, module, args, kwargs, opener=rt.opener("guard", module))
             _owned.count = getattr(_owned, "count", 0) + 1
             session.owner = module
             session.owner_depth = 1
-            _last_traces[module] = trace
-            session.enter_module(module, args, kwargs)
         elif session.owner is module:
             session.owner_depth += 1
     if contract is None:

@@ -78,11 +78,11 @@ class Trace(TraceData):
     def __enter__(self) -> "Trace":
         from . import _source
         from ._trace import replay as _replay
-        from ._trace.session import open_session
+        from ._trace.tracing import begin
 
         # Blocks opened on one line repeat (a test helper, a training loop): see `_replay`.
         where = _source.user_code_position()
-        self._session = open_session(self, root=None, opener=_replay.opener("with", where))
+        self._session = begin(self, opener=_replay.opener("with", where))
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -139,3 +139,17 @@ def test_rules_read_the_call_through_its_view():
             if node.value.id == "call" and (node.attr == "session" or node.attr.startswith("_")):
                 reached.append(f"{path.name}:{node.lineno}: call.{node.attr}")
     assert not reached, reached
+
+
+def test_sessions_open_in_one_place():
+    """Every opener goes through `_trace/tracing.py` (`tracing()` or `begin()`), so a
+    session is always entered and closed the same way."""
+    openers = sorted(
+        f"{module}:{node.lineno}"
+        for module, path in MODULES.items()
+        if module not in ("shapeguard._trace.tracing", "shapeguard._trace.session")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", None)) == "open_session"
+    )
+    assert not openers, f"open a session with _trace.tracing instead: {openers}"

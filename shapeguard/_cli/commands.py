@@ -1,7 +1,7 @@
 """The `shapeguard` command: trace, check and explain.
 
 A thin click group over library functions (`_cli.loader`, `_cli.inputs`, `_cli.run`,
-`_check_summary`, `_explain.explain`, `report.text`). Exit statuses are carried by exception
+`_cli.check_summary`, `_explain.explain`, `report.text`). Exit statuses are carried by exception
 classes (`_cli.errors`): 0 clean, 1 violations found or the model crashed, 2 a usage
 or loading error, 130 interrupted. The report goes to stdout, diagnostics (a spinner, a progress bar,
 warnings) to stderr. torch is imported only by the commands that need it.

@@ -1,6 +1,6 @@
 """flash-attn's Python entry points, wrapped while a trace is active; and the one import
-point for flash-attn support (the contract, re-exported from `_flash_contract` and
-`_flash_varlen`).
+point for flash-attn support (the contract, re-exported from `checks/_flash_contract.py` and
+`checks/_flash_varlen.py`).
 
 While a session is open, `flash_attn.flash_attn_func` and its siblings, and every
 module global bound to them (`from flash_attn import flash_attn_func`), are replaced

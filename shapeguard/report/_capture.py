@@ -17,6 +17,14 @@ What counts as attention weights:
 - for nn.MultiheadAttention, the per-head weights it computes when asked
   (need_weights=True, average_attn_weights=False); the module still returns
   what its caller asked for.
+
+Why a mode of its own, not an observer of a session (`Session.observe`, which the
+probes' Watch is): the capture runs with no session and with shapeguard's checks
+paused, on any callable, and a session would bring its module hooks, tensor names,
+flash-attn wrapping and composite handling to a run that needs none of them. And it
+changes the calls it sees: nn.MultiheadAttention's is made with other arguments and
+its result rebuilt for the caller, which an observer (told of the op the session
+checks and records as the user's code made it) must not do.
 """
 
 import math

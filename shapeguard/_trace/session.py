@@ -9,7 +9,6 @@ before torch raises), then the op, then its output is named and recorded.
 
 import inspect
 import weakref
-from typing import Protocol
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -29,6 +28,7 @@ from . import tp_session as _tp_session
 from .call import OpCall, _dtype_name, _tensors_of_args
 from .current import _local, current_session
 from .meta import TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
+from .observe import Observation, Observer
 from .record import TraceData as Trace
 
 _QUERY = _ops.QUERY
@@ -1053,43 +1053,6 @@ class Session:
         if len(site.targets) == count:
             return site.targets
         return (site.targets[0],) if len(site.targets) == 1 else ()
-
-
-class Observer(Protocol):
-    """What `Session.observe` tells: `count` is the trace's event count before the op (the
-    op's own event, when it was recorded, is the one after it)."""
-
-    def before(self, func, op: str, args: tuple, kwargs: dict) -> None: ...
-
-    def after(self, func, op: str, args: tuple, kwargs: dict, out, count: int) -> None: ...
-
-
-class Observation:
-    """An observer's registration; `close()` (or leaving its `with` block) ends it."""
-
-    __slots__ = ("observer", "session")
-
-    def __init__(self, session: Session, observer: Observer) -> None:
-        self.session: Session | None = session
-        self.observer = observer
-
-    def close(self) -> None:
-        session, self.session = self.session, None
-        if session is None:
-            return  # closed already
-        found = list(session.observers)
-        for i, observer in enumerate(found):
-            if observer is self.observer:  # this registration only, if it was made twice
-                del found[i]
-                break
-        session.observers = tuple(found)
-        _composites.observed(session)
-
-    def __enter__(self) -> "Observation":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 def _weak(module):

@@ -171,3 +171,11 @@ def test_a_composite_root_entered_before_the_observer_is_seen_op_by_op():
     # The session still checks the layer at its boundary and records it as one call.
     assert [e.op for e in session.trace.events] == ["TransformerEncoderLayer"]
     assert torch._C._len_torch_function_stack() == 0
+
+
+def test_a_watch_pushes_no_mode_of_its_own():
+    with tracing(Trace()) as session:
+        with Watch(session):
+            depth = torch._C._len_torch_function_stack()
+            top = torch._C._get_function_stack_at(depth - 1)
+        assert depth == 1 and top is session._mode

@@ -527,7 +527,7 @@ class Session:
         return path, cls, f"{path} ({cls})" if path else cls
 
     # -- observers -----------------------------------------------------------------
-    def observe(self, observer: "Observer") -> "Observation":
+    def observe(self, observer: Observer) -> Observation:
         """Tell `observer` of every op this session's mode is handed, until the returned
         handle is closed (it is a context manager, closed however its block ends).
 

@@ -85,7 +85,11 @@ def capture_attention(model, /, *args, **kwargs) -> dict[str, dict]:
 
     captured: dict[str, dict] = {}
     stack: list = []
-    paths = {id(m): name for name, m in model.named_modules()} if hasattr(model, "named_modules") else {}
+    paths = (
+        {id(m): name for name, m in model.named_modules()}
+        if hasattr(model, "named_modules")
+        else {}
+    )
     mode = _new_mode(captured, stack, paths)
     hooks = torch.nn.modules.module
     handles = [
@@ -146,7 +150,9 @@ def _make_mode_class():
             average = kwargs.get("average_attn_weights", True)
             if len(args) > _MHA_NEED_WEIGHTS:
                 return func(*args, **kwargs)
-            out, weights = func(*args, **{**kwargs, "need_weights": True, "average_attn_weights": False})
+            out, weights = func(
+                *args, **{**kwargs, "need_weights": True, "average_attn_weights": False}
+            )
             if weights is not None:
                 self.keep(weights, -1, _ops.MHA.name, batched=weights.dim() == 4)
             if not wanted:

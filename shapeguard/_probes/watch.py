@@ -1,7 +1,5 @@
 """What one traced forward tells the probes: causal, masked, positional, its projections."""
 
-from contextlib import contextmanager
-
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
@@ -30,12 +28,6 @@ class Watch:
     V and read the context, and (for locating a failure) every op's output."""
 
     def __init__(self, session, *, keep_values: bool = False) -> None:
-        from torch.overrides import TorchFunctionMode
-
-        from .._trace.call import op_name
-
-        watch = self
-        skip = _ops.family_ops(_ops.QUERY)
         self.session = session
         self.causal = ""  # why the module is causal, when it is
         self.masked = ""  # where a mask is applied
@@ -50,30 +42,17 @@ class Watch:
         self._last_mask: tuple | None = None  # (mask, how it was applied, its MaskUse): read once
         self.values: list[tuple] | None = [] if keep_values else None
         self.heads = HeadWatch()  # the attention ops' heads, for head permutation
-
-        class _Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                op = op_name(func)
-                if op in skip:
-                    return func(*args, **kwargs)
-                session = watch.session
-                count = len(session.trace.events)
-                with _unobserved(session):
-                    watch._before(func, op, args, kwargs)
-                out = func(*args, **kwargs)
-                with _unobserved(session):
-                    watch._after(op, args, kwargs, out, count)
-                return out
-
-        self.mode = _Mode()
+        self._observation = None
 
     def __enter__(self):
-        self.mode.__enter__()
+        """Observe `self.session` (`Session.observe`) until the block ends, however it ends."""
+        self._observation = self.session.observe(self)
         return self
 
     def __exit__(self, *exc):
-        self.mode.__exit__(*exc)
+        observation, self._observation = self._observation, None
+        if observation is not None:
+            observation.close()
 
     def _where(self, count: int, op: str) -> str:
         events = self.session.trace.events
@@ -81,7 +60,8 @@ class Watch:
             return describe_event(events[-1])
         return op
 
-    def _before(self, func, op: str, args, kwargs) -> None:
+    # `before` and `after`: the session's observer calls (`_trace.session.Observer`).
+    def before(self, func, op: str, args, kwargs) -> None:
         if _ops.declared(op) is _EMBEDDING:
             self._embedding(args, kwargs)
         if op not in _MASKING_OPS and op not in _WEIGHT_MASKING:
@@ -153,7 +133,7 @@ class Watch:
         if meta is not None and table.dim() == 2:
             self.embedded.append((meta.dims, int(table.shape[0])))
 
-    def _after(self, op: str, args, kwargs, out, count: int) -> None:
+    def after(self, func, op: str, args, kwargs, out, count: int) -> None:
         session = self.session
         self.heads.after(session, op, args, kwargs, out, lambda: self._where(count, op))
         if op in _POSITIONAL_OPS or (op in _TABLE_READS and _reads_a_table(session, args)):
@@ -190,18 +170,6 @@ class Watch:
             meta = session.metas.get(out)
             axes = meta.axes if meta else ()
             self.values.append((op, self._where(count, op), out.detach().clone(), axes))
-
-
-@contextmanager
-def _unobserved(session):
-    """The watch's own torch calls (reading a mask's values) are not the model's: the
-    session lets them through unrecorded, as it does its checkers' calls."""
-    before = session._dispatching
-    session._dispatching = True
-    try:
-        yield
-    finally:
-        session._dispatching = before
 
 
 def _reads_a_table(session, args) -> bool:

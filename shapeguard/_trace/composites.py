@@ -401,6 +401,10 @@ def enter(session, module, args: tuple, kwargs: dict) -> None:
     state = _state(session)
     if state.suspension is not None:
         return  # inside a composite: its ops, nested composites included, are unseen
+    if session.observers:
+        # An observer sees every op (`Session.observe`): the slow path, whose ops the
+        # session sees one by one, as it did when the observers were modes on top of ours.
+        return
     kind = state.kind(module)
     if kind is None:
         return
@@ -423,6 +427,23 @@ def enter(session, module, args: tuple, kwargs: dict) -> None:
     suspension = _Suspension(module, popped, op, args, kwargs, site, record=enabled)
     state.suspension = suspension
     _active().append(suspension)
+
+
+def observed(session) -> bool:
+    """On `Session.observe`, and when an observation ends: while a composite is suspended,
+    an observed session's mode is back on the stack, so its observers see the composite's
+    ops (which the session lets through unchecked: `Session._observed`), as a mode pushed
+    on top of a suspension saw them. Returns whether a composite is suspended."""
+    state = session.__dict__.get("_composites")
+    suspension = state.suspension if state is not None else None
+    if suspension is None:
+        return False
+    if session.observers and suspension.popped:
+        _push_back(suspension.popped)
+        suspension.popped = []
+    elif not session.observers and not suspension.popped:
+        suspension.popped = _pop_interceptors(session)
+    return True
 
 
 def leave(session, module, output) -> None:

@@ -28,6 +28,7 @@ from . import tp_session as _tp_session
 from .call import OpCall, _dtype_name, _tensors_of_args
 from .current import _local, current_session
 from .meta import TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
+from .observe import Observation, Observer
 from .record import TraceData as Trace
 
 _QUERY = _ops.QUERY
@@ -90,6 +91,8 @@ class _Interceptor(TorchFunctionMode):
         if found is None:
             found = _spec_of(func)
         op, spec = found
+        if session.observers:  # the one test an unobserved session pays (`Session.observe`)
+            return session._observed(func, op, spec, args, kwargs)
         if (
             spec.family == _QUERY
             or session._dispatching
@@ -143,6 +146,8 @@ class Session:
         self.step = 0
         self.replayed = 0  # steps replayed (the trace sums them: `Trace._replayed`)
         self._fresh = 0  # tensors made outside the trace, numbered as first seen (negative)
+        # What `observe` registered: told of every op the mode is handed (empty: none).
+        self.observers: tuple = ()
 
     # -- lifecycle ---------------------------------------------------------------
     def open(self) -> None:
@@ -521,6 +526,52 @@ class Session:
         cls = type(module).__name__
         return path, cls, f"{path} ({cls})" if path else cls
 
+    # -- observers -----------------------------------------------------------------
+    def observe(self, observer: Observer) -> Observation:
+        """Tell `observer` of every op this session's mode is handed, until the returned
+        handle is closed (it is a context manager, closed however its block ends).
+
+        An observed session neither replays nor records for a later replay (an observer
+        needs every op run, and its composites run unsuspended: see `_observed`), also
+        after the observer is gone."""
+        self.replay = None
+        self._choices = []
+        self.recorder = None  # dropped, not remembered: the steps so far are not a recording
+        self._opener = None
+        self.observers = (*self.observers, observer)
+        _composites.observed(self)
+        return Observation(self, observer)
+
+    def _observed(self, func, op: str, spec, args: tuple, kwargs: dict):
+        """The interceptor's path while observers are registered: each is told before and
+        after the op, which runs as `dispatch` runs it (checked, recorded when checks are on;
+        as it is when off: observers see the ops of an unchecked forward too). Their own
+        torch calls go through unrecorded, as checkers' do. A composite is not suspended in
+        an observed session (`_composites.enter`), so observers see its ops one by one."""
+        __tracebackhide__ = True
+        if spec.family == _QUERY:
+            return func(*args, **kwargs)
+        observers = self.observers
+        count = len(self.trace.events)
+        quiet = self._dispatching
+        self._dispatching = True
+        try:
+            for observer in observers:
+                observer.before(func, op, args, kwargs)
+        finally:
+            self._dispatching = quiet
+        if _composites.suspended(self):
+            out = func(*args, **kwargs)  # inside a composite this session checks as one call
+        else:
+            out = self._dispatch_op(func, op, spec, args, kwargs)
+        self._dispatching = True
+        try:
+            for observer in observers:
+                observer.after(func, op, args, kwargs, out, count)
+        finally:
+            self._dispatching = quiet
+        return out
+
     # -- ops ---------------------------------------------------------------------
     def dispatch(self, func, args: tuple, kwargs: dict):
         __tracebackhide__ = True
@@ -531,6 +582,10 @@ class Session:
         if found is None:
             found = _spec_of(func)
         op, spec = found
+        return self._dispatch_op(func, op, spec, args, kwargs)
+
+    def _dispatch_op(self, func, op: str, spec, args: tuple, kwargs: dict):
+        __tracebackhide__ = True
         if (
             spec.family == _QUERY
             or self._dispatching

@@ -17,6 +17,14 @@ What counts as attention weights:
 - for nn.MultiheadAttention, the per-head weights it computes when asked
   (need_weights=True, average_attn_weights=False); the module still returns
   what its caller asked for.
+
+Why a mode of its own, not an observer of a session (`Session.observe`, which the
+probes' Watch is): the capture runs with no session and with shapeguard's checks
+paused, on any callable, and a session would bring its module hooks, tensor names,
+flash-attn wrapping and composite handling to a run that needs none of them. And it
+changes the calls it sees: nn.MultiheadAttention's is made with other arguments and
+its result rebuilt for the caller, which an observer (told of the op the session
+checks and records as the user's code made it) must not do.
 """
 
 import math
@@ -77,7 +85,11 @@ def capture_attention(model, /, *args, **kwargs) -> dict[str, dict]:
 
     captured: dict[str, dict] = {}
     stack: list = []
-    paths = {id(m): name for name, m in model.named_modules()} if hasattr(model, "named_modules") else {}
+    paths = (
+        {id(m): name for name, m in model.named_modules()}
+        if hasattr(model, "named_modules")
+        else {}
+    )
     mode = _new_mode(captured, stack, paths)
     hooks = torch.nn.modules.module
     handles = [
@@ -138,7 +150,9 @@ def _make_mode_class():
             average = kwargs.get("average_attn_weights", True)
             if len(args) > _MHA_NEED_WEIGHTS:
                 return func(*args, **kwargs)
-            out, weights = func(*args, **{**kwargs, "need_weights": True, "average_attn_weights": False})
+            out, weights = func(
+                *args, **{**kwargs, "need_weights": True, "average_attn_weights": False}
+            )
             if weights is not None:
                 self.keep(weights, -1, _ops.MHA.name, batched=weights.dim() == 4)
             if not wanted:

@@ -23,7 +23,8 @@ from math import prod
 
 from .. import _ops, _tp
 from .._errors import Violation
-from . import ERROR, declare, rule
+from .._names import axes as _axes
+from . import ERROR, WARNING, declare, rule
 from ._view import CallView
 
 # Raised through the view rule (heads_view), which explains its own failures in TP terms.
@@ -322,3 +323,57 @@ def _labels(call: CallView) -> dict[int, str]:
         if hasattr(value, "shape") and hasattr(value, "dtype"):
             found.setdefault(id(value), call.label_of(value, name))
     return found
+
+
+# -- a replicated tensor declared this rank's shard -------------------------------------------
+@rule(*_ops.ALL, kinds={"tp_shard_replicated": WARNING})
+def shard_of_replicated(call: CallView) -> Iterator[Violation]:
+    """A DTensor `Shard(d)` whose local tensor every rank holds whole: a plan's
+    `from_local(t, [Shard(d)])` (SequenceParallel, `PrepareModuleInput(input_layouts=
+    Shard(d))`) given the replicated output of a collective (RowwiseParallel's default
+    Replicate output, a gather). DTensor then takes the tp copies for tp different
+    pieces: a global axis tp times too long, every rank's rows tiled (pytorch#129355).
+
+    Read from provenance only: the local tensor is the output of an all_reduce or an
+    all_gather over the very process group the placement shards along (`_tp_session`
+    marks them in torch.distributed's plumbing). A tensor fed to the model, whose
+    placement nothing records, is never claimed replicated: SequenceParallel's own
+    contract is an input already sharded by the caller."""
+    if _tp.dtensor_class() is None:
+        return
+    for t in call.tensors():
+        if not _tp.is_dtensor(t):
+            continue
+        for k, p in enumerate(t.placements):
+            if type(p).__name__ != "Shard":
+                continue
+            found = call.replicated(t._local_tensor, t.device_mesh, k)
+            if found is not None:
+                yield _shard_of_replicated(call, t, k, p.dim % t.dim(), found)
+                return
+
+
+def _shard_of_replicated(call: CallView, t, k: int, d: int, found) -> Violation:
+    name, tp = _tp.mesh_dims(t.device_mesh)[k]
+    local = _tp.local_shape(t)
+    label = call.label_of(t, "input")
+    named = _axes.axis_name(found.axes, d, len(found.axes)) if found.axes else ""
+    axis = named if named and not named.startswith("dim") else f"dim {d}"
+    module = call.module
+    path = call.module_path(module) if module is not None else ""
+    here = f"{path} ({type(module).__name__})" if path else "this module"
+    made = f"{found.module}'s {found.collective}" if found.module else found.collective
+    relation = (
+        f"{call.op}: {label} is declared Shard({d}) on {name}={tp}, this rank's 1/{tp} of "
+        f"{axis}, but its local tensor {list(local)} is replicated: every rank holds the same "
+        f"{local[d]} rows, made whole by {made}; as a DTensor its {axis} is {int(t.shape[d])} "
+        f"= {local[d]} x {name}={tp}, the same rows {tp} times"
+    )
+    producer = found.module or "the producing module"
+    hint = (
+        f"declare what {here} is given: PrepareModuleInput(input_layouts=Replicate(), "
+        f"desired_input_layouts=Shard({d})) shards it with no communication; or keep the "
+        f"sequence sharded upstream: RowwiseParallel(output_layouts=Shard({d})) on "
+        f"{producer}, as torchtitan's sequence-parallel plan does"
+    )
+    return Violation("tp_shard_replicated", relation, (call.operand(label, t),), hint)

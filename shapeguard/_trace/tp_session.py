@@ -189,14 +189,37 @@ def dtensor_meta(session, t):
     if local is None:
         return None
     dims = list(local.dims)
-    for p in t.placements:
+    mesh = mesh_dims(t.device_mesh)
+    for k, p in enumerate(t.placements):
         kind = type(p).__name__
         if kind in ("Shard", "_StridedShard"):
             d = p.dim % len(dims)
+            shard = dims[d]
             dims[d] = D.fresh(int(t.shape[d]), origin="a sharded axis of a DTensor")
+            if kind == "Shard" and k < len(mesh):
+                _name_global(session, shard, dims[d], mesh[k])
         elif kind != "Replicate":
             return None
     return TensorMeta(tuple(dims), local.tags, label=local.label, role=local.role, op=local.op)
+
+
+def _name_global(session, shard, axis, mesh_dim) -> None:
+    """A shard declared by `from_local` (SequenceParallel's input: this rank's slice of
+    seq): the DTensor's global axis takes the shard's name, and the shard's axis is
+    shown with the global size, `seq=10 (20/tp2)`, as local head axes are. Only for a
+    shard that is one whole named axis: a factor of one is someone else's split."""
+    from .._names import dims as D
+
+    if len(shard) != 1 or len(axis) != 1 or not D.is_whole(shard[0]):
+        return
+    local, glob = shard[0][0].find(), axis[0][0].find()
+    if local.name is None or glob.name is not None:
+        return
+    glob.name, glob.rank, glob.kind, glob.kind_rank = (
+        local.name, local.rank, local.kind, local.kind_rank,
+    )  # fmt: skip
+    name, size = mesh_dim
+    session.trace.axis_notes[(local.name, local.size)] = f"{glob.size}/{name}{size}"
 
 
 # -- per-session state ---------------------------------------------------------------------------

@@ -217,6 +217,11 @@ class OpCall:
         (a collective torch.distributed ran: `_tp_session.Replicated`), or None."""
         return _tp_session.replicated(self.session, local, mesh, mesh_dim)
 
+    def tiled(self, tensor):
+        """The gather that stacked copies of a replicated tensor, when `tensor` (or a
+        DTensor's shard) is its output (`_tp_session.Replicated`), or None."""
+        return _tp_session.tiled(self.session, tensor)
+
     def declared(self) -> dict[str, tuple[str, int]]:
         """Sizes declared by the innermost module that declares any (d_model, heads, d_k)."""
         for module in reversed(self.session.module_stack):

@@ -58,6 +58,8 @@ class Replicated:
     collective: str  # all_reduce, all_gather_into_tensor
     module: str  # the module path it ran in ("" at the top)
     axes: tuple | None = None  # the names of its axes, when the reduced DTensor had them
+    shape: tuple = ()  # its shape, as the collective gave it
+    tiled: "Replicated | None" = None  # a gather of this replicated tensor: tp copies of it
 
 
 def plumbing(session, func, spec, args, kwargs):
@@ -87,21 +89,46 @@ def _mark_replicated(session, func, args, out) -> None:
     what the collective is; the plumbing that passes it on unchanged in shape
     (`wait_tensor`, the autograd wrapper, `to_local`'s and `from_local`'s `view_as`) keeps
     the mark."""
-    if not args or not hasattr(out, "shape") or is_dtensor(out):
+    if not args:
         return
     name = getattr(func, "__name__", "")
     state = _state(session)
+    if name in ("chunk", "split") and isinstance(out, tuple | list):
+        # An all_gather stacks along dim 0; redistribute then chunks that and cats the
+        # pieces along the shard dim: the whole cat is the gather, moved.
+        found = state.replicated.get(args[0])
+        if found is not None:
+            for i, piece in enumerate(out):
+                state.pieces[piece] = (found, i, len(out))
+        return
+    if name == "cat" and isinstance(args[0], tuple | list) and hasattr(out, "shape"):
+        parts = [state.pieces.get(t) for t in args[0]]
+        first = parts[0] if parts else None
+        if first is not None and all(
+            q is not None and q[0] is first[0] and q[1] == i and q[2] == len(parts)
+            for i, q in enumerate(parts)
+        ):
+            state.replicated[out] = first[0]
+        return
+    if not hasattr(out, "shape") or is_dtensor(out):
+        return
     if name in _REPLICATING:
         group = next((a for a in args[1:] if isinstance(a, str) and a not in _REDUCE_OPS), None)
         if group is None:
             return
+        shape = tuple(int(n) for n in out.shape)
         partial = state.partials.get(args[0])
         if partial is not None:
             path, axes = partial
         else:
             module = session.module_stack[-1] if session.module_stack else None
             path, axes = (session.module_path(module) if module is not None else ""), None
-        state.replicated[out] = Replicated(group, name, path, axes)
+        before = state.replicated.get(args[0])
+        if before is not None and before.group == group and name != "all_reduce":
+            # Gathering what every rank already holds whole stacks tp equal copies.
+            state.replicated[out] = Replicated(group, name, path, before.axes, shape, before)
+            return
+        state.replicated[out] = Replicated(group, name, path, axes, shape)
         return
     source = args[0]
     if not hasattr(source, "shape") or tuple(source.shape) != tuple(out.shape):
@@ -112,6 +139,13 @@ def _mark_replicated(session, func, args, out) -> None:
 
 
 _REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
+
+
+def tiled(session, tensor) -> "Replicated | None":
+    """The gather that stacked tp copies of a tensor every rank held whole, when
+    `tensor` (plain, or a DTensor's shard) is its output (or passed it on unchanged)."""
+    found = _state(session).replicated.get(tensor)
+    return found if found is not None and found.tiled is not None else None
 
 
 def replicated(session, local, mesh, mesh_dim: int) -> "Replicated | None":
@@ -224,7 +258,7 @@ def _name_global(session, shard, axis, mesh_dim) -> None:
 
 # -- per-session state ---------------------------------------------------------------------------
 class _State:
-    __slots__ = ("shardings", "replicated", "partials")
+    __slots__ = ("shardings", "replicated", "partials", "pieces")
 
     def __init__(self) -> None:
         from .meta import TensorTable
@@ -232,6 +266,7 @@ class _State:
         self.shardings: dict[int, Sharding | None] = {}
         self.replicated = TensorTable()  # plain tensor -> Replicated
         self.partials = TensorTable()  # a Partial DTensor's shard -> (module path, axes)
+        self.pieces = TensorTable()  # a chunk of a replicated tensor -> (Replicated, i, n)
 
 
 _STATES: "weakref.WeakKeyDictionary[object, _State]" = weakref.WeakKeyDictionary()

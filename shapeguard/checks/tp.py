@@ -342,7 +342,12 @@ def shard_of_replicated(call: CallView) -> Iterator[Violation]:
     if _tp.dtensor_class() is None:
         return
     for t in call.tensors():
-        if not _tp.is_dtensor(t):
+        dtensor = _tp.is_dtensor(t)
+        gathered = call.tiled(t._local_tensor if dtensor else t)
+        if gathered is not None:
+            yield _gather_of_replicated(call, t, gathered)
+            return
+        if not dtensor:
             continue
         for k, p in enumerate(t.placements):
             if type(p).__name__ != "Shard":
@@ -375,5 +380,42 @@ def _shard_of_replicated(call: CallView, t, k: int, d: int, found) -> Violation:
         f"desired_input_layouts=Shard({d})) shards it with no communication; or keep the "
         f"sequence sharded upstream: RowwiseParallel(output_layouts=Shard({d})) on "
         f"{producer}, as torchtitan's sequence-parallel plan does"
+    )
+    return Violation("tp_shard_replicated", relation, (call.operand(label, t),), hint)
+
+
+def _gather_of_replicated(call: CallView, t, gathered) -> Violation:
+    """The other half of the mistake: the Shard(d) declared on a replicated tensor
+    redistributed to Replicate (`PrepareModuleInput(input_layouts=Shard(1),
+    desired_input_layouts=Replicate())`), whose all_gather stacks the tp copies."""
+    source = gathered.tiled
+    label = call.label_of(t, "input")
+    shape = [int(s) for s in t.shape]
+    grown = [
+        d for d, (n, m) in enumerate(zip(shape, source.shape, strict=False))
+        if n != m and m and n % m == 0
+    ]  # fmt: skip
+    if len(grown) == 1 and len(shape) == len(source.shape):
+        d = grown[0]
+        tp = shape[d] // source.shape[d]
+        named = _axes.axis_name(source.axes, d, len(source.axes)) if source.axes else ""
+        axis = named if named and not named.startswith("dim") else f"dim {d}"
+        size = f"its {axis} is {shape[d]} = {source.shape[d]} x {tp} ranks, "
+    else:
+        size = ""
+    made = f"{source.module}'s {source.collective}" if source.module else source.collective
+    by = f"{gathered.module}'s {gathered.collective}" if gathered.module else gathered.collective
+    relation = (
+        f"{call.op}: {label} {list(shape)} is {by} of a tensor every rank already held "
+        f"whole ({list(source.shape)}, made whole by {made}), declared this rank's shard on "
+        f"the way: {size}the same rows stacked once per rank"
+    )
+    producer = source.module or "the producing module"
+    hint = (
+        f"declare what {gathered.module or 'the module'} is given: PrepareModuleInput("
+        "input_layouts=Replicate(), desired_input_layouts=Replicate()) (no gather needed); "
+        "or keep the sequence sharded "
+        f"upstream: RowwiseParallel(output_layouts=Shard(1)) on {producer}, as torchtitan's "
+        "sequence-parallel plan does"
     )
     return Violation("tp_shard_replicated", relation, (call.operand(label, t),), hint)

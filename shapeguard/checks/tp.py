@@ -326,7 +326,23 @@ def _labels(call: CallView) -> dict[int, str]:
 
 
 # -- a replicated tensor declared this rank's shard -------------------------------------------
-@rule(*_ops.ALL, kinds={"tp_shard_replicated": WARNING})
+# What first reads a DTensor a plan declared: the norms and dropout SequenceParallel
+# supports, attention's projections, any op of two tensors. Elementwise ops of a tensor
+# and a number stay unread, so a replayed step whose number changed (an optimizer's
+# step size) keeps its replay (`_replay.loose_numbers`).
+_ELEMENTWISE = (_ops.SAME, _ops.BINARY, _ops.OTHER)
+_SHARD_READERS = tuple(op for op in _ops.ALL if op.family not in _ELEMENTWISE) + tuple(
+    _ops.by_name(n) for n in ("layer_norm", "rms_norm", "dropout")
+)
+
+
+@rule(*_BINARY_OPS, kinds={"tp_shard_replicated": WARNING}, operands=2)
+def shard_of_replicated_elementwise(call: CallView) -> Iterator[Violation]:
+    """`tp_shard_replicated` for `+ - * /` of two tensors."""
+    return shard_of_replicated(call)
+
+
+@rule(*_SHARD_READERS, kinds={"tp_shard_replicated": WARNING})
 def shard_of_replicated(call: CallView) -> Iterator[Violation]:
     """A DTensor `Shard(d)` whose local tensor every rank holds whole: a plan's
     `from_local(t, [Shard(d)])` (SequenceParallel, `PrepareModuleInput(input_layouts=

@@ -395,11 +395,11 @@ def test_sequence_parallel_given_a_replicated_tensor_warns(rms):
     assert f"DTensor Shard(1) on tp=2, local [{B}, {S}, {DIM}]" in finding.message
     warning = next(w.message for w in caught if isinstance(w.message, ShapeWarning))
     assert warning.kind == "tp_shard_replicated"
-    assert warning.hint.startswith(
-        f"declare what norm ({'RMSNorm' if rms else 'LayerNorm'}) is given: PrepareModuleInput("
-        "input_layouts=Replicate(), desired_input_layouts=Shard(1)) shards it with no "
-        "communication; or keep the sequence sharded upstream: RowwiseParallel("
-        "output_layouts=Shard(1)) on down"
+    assert warning.hint == (
+        "keep the sequence sharded upstream: RowwiseParallel(output_layouts=Shard(1)) on "
+        "down, as torchtitan's sequence-parallel plan does; or hand norm "
+        f"({'RMSNorm' if rms else 'LayerNorm'}) a DTensor, RowwiseParallel(use_local_output="
+        "False) on down, which SequenceParallel cuts to Shard(1) with no communication"
     )
 
 
@@ -437,10 +437,11 @@ def test_a_replicated_tensor_declared_shard1_and_gathered_warns_at_the_gather():
         "ranks, the same rows stacked once per rank"
     )
     assert first[1].startswith("  in  attn.wq (Linear) at tests/tp_models.py:")
-    assert found[0].hint.startswith(
+    assert found[0].hint == (
         "declare what attn is given: PrepareModuleInput(input_layouts=Replicate(), "
-        "desired_input_layouts=Replicate()) (no gather needed); or keep the sequence sharded "
-        "upstream: RowwiseParallel(output_layouts=Shard(1)) on first.wo"
+        "desired_input_layouts=Replicate()) (nothing to gather); keep the sequence sharded "
+        "upstream: RowwiseParallel(output_layouts=Shard(1)) on first.wo, as torchtitan's "
+        "sequence-parallel plan does"
     )
 
 
@@ -457,6 +458,25 @@ def test_correct_sequence_parallel_is_silent_and_names_the_global_seq():
     # The residual add is this rank's slice: seq named with the global length.
     assert f"[batch={B}, seq={S} ({2 * S}/tp2), {DIM}]" in table
     assert f"[{B}, seq={2 * S}, heads=6 (12/tp2), d_k={HD}]" in table  # gathered in attn
+
+
+@pytest.mark.parametrize("keep_dtensor", [True, False])
+def test_the_hinted_fixes_are_silent(keep_dtensor):
+    """Both fixes the hint gives: down's output kept a DTensor (SequenceParallel cuts the
+    Replicate DTensor itself), or scattered along seq (Shard(1))."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    plan = _mlp_plan()
+    plan["down"] = (
+        RowwiseParallel(use_local_output=False)
+        if keep_dtensor
+        else RowwiseParallel(output_layouts=Shard(1))
+    )
+    with fake_tp(2) as mesh:
+        model = parallelize_module(_MlpNorm(), mesh, plan)
+        trace = shapeguard.trace(model, example_input())
+    assert trace.findings == [], [f.message for f in trace.findings]
 
 
 @pytest.mark.parametrize("rms", [False, True])

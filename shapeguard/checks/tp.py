@@ -331,8 +331,8 @@ def _labels(call: CallView) -> dict[int, str]:
 # and a number stay unread, so a replayed step whose number changed (an optimizer's
 # step size) keeps its replay (`_replay.loose_numbers`).
 _ELEMENTWISE = (_ops.SAME, _ops.BINARY, _ops.OTHER)
-_SHARD_READERS = tuple(op for op in _ops.ALL if op.family not in _ELEMENTWISE) + tuple(
-    _ops.by_name(n) for n in ("layer_norm", "rms_norm", "dropout")
+_SHARD_READERS = tuple(
+    op for op in _ops.ALL if op.family not in _ELEMENTWISE or op.sequence_parallel
 )
 
 
@@ -390,13 +390,7 @@ def _shard_of_replicated(call: CallView, t, k: int, d: int, found) -> Violation:
         f"{local[d]} rows, made whole by {made}; as a DTensor its {axis} is {int(t.shape[d])} "
         f"= {local[d]} x {name}={tp}, the same rows {tp} times"
     )
-    producer = found.module or "the producing module"
-    hint = (
-        f"declare what {here} is given: PrepareModuleInput(input_layouts=Replicate(), "
-        f"desired_input_layouts=Shard({d})) shards it with no communication; or keep the "
-        f"sequence sharded upstream: RowwiseParallel(output_layouts=Shard({d})) on "
-        f"{producer}, as torchtitan's sequence-parallel plan does"
-    )
+    hint = _upstream_hint(found, d, here)
     return Violation("tp_shard_replicated", relation, (call.operand(label, t),), hint)
 
 
@@ -426,12 +420,31 @@ def _gather_of_replicated(call: CallView, t, gathered) -> Violation:
         f"whole ({list(source.shape)}, made whole by {made}), declared this rank's shard on "
         f"the way: {size}the same rows stacked once per rank"
     )
-    producer = source.module or "the producing module"
+    module = gathered.module or "the module"
     hint = (
-        f"declare what {gathered.module or 'the module'} is given: PrepareModuleInput("
-        "input_layouts=Replicate(), desired_input_layouts=Replicate()) (no gather needed); "
-        "or keep the sequence sharded "
-        f"upstream: RowwiseParallel(output_layouts=Shard(1)) on {producer}, as torchtitan's "
-        "sequence-parallel plan does"
+        f"declare what {module} is given: PrepareModuleInput(input_layouts=Replicate(), "
+        "desired_input_layouts=Replicate()) (nothing to gather); "
+        + _upstream_hint(source, grown[0] if len(grown) == 1 else 1, None)
     )
     return Violation("tp_shard_replicated", relation, (call.operand(label, t),), hint)
+
+
+def _upstream_hint(found, d: int, here: str | None) -> str:
+    """How to hand a sequence-parallel module what it declares: keep the sequence sharded
+    where the replicated tensor was made (a row-parallel output's all_reduce), or give it
+    a DTensor, which SequenceParallel redistributes itself."""
+    if found.collective != "all_reduce" or not found.module:
+        return (
+            f"{found.module or 'its producer'} gathers it whole with {found.collective}: "
+            f"declare it Replicate there (input_layouts=Replicate()), or leave it sharded"
+        )
+    hint = (
+        f"keep the sequence sharded upstream: RowwiseParallel(output_layouts=Shard({d})) on "
+        f"{found.module}, as torchtitan's sequence-parallel plan does"
+    )
+    if here is not None:
+        hint += (
+            f"; or hand {here} a DTensor, RowwiseParallel(use_local_output=False) on "
+            f"{found.module}, which SequenceParallel cuts to Shard({d}) with no communication"
+        )
+    return hint

@@ -73,6 +73,9 @@ class Op:
     # "kernel": a torch.ops.flash_attn op, "shapeguard": shapeguard.attention's).
     flash_form: str = ""
     flash_entry: str = ""
+    # A layer torch's SequenceParallel style runs on this rank's slice of seq (norms,
+    # dropout): the op that first reads the DTensor its plan declares (`tp_shard_replicated`).
+    sequence_parallel: bool = False
 
 
 _TABLE: dict[str, Op] = {}
@@ -136,7 +139,9 @@ _ops(SAME, """
 """, keeps_label=True)
 # fmt: on
 _ops(SAME, "real imag", keeps_label=True, aliases=True)
-_op("dropout", SAME, "dropout1d", "dropout2d", "dropout3d", keeps_label=True)
+_op(
+    "dropout", SAME, "dropout1d", "dropout2d", "dropout3d", keeps_label=True, sequence_parallel=True
+)
 _op(
     "softmax",
     SAME,
@@ -147,8 +152,20 @@ _op(
     step="softmax",
 )
 _op("log_softmax", SAME, params=("input", "dim"), keeps_label=True)
-_op("layer_norm", SAME, params=("input", "normalized_shape", "weight", "bias"), keeps_label=True)
-_op("rms_norm", SAME, params=("input", "normalized_shape", "weight", "eps"), keeps_label=True)
+_op(
+    "layer_norm",
+    SAME,
+    params=("input", "normalized_shape", "weight", "bias"),
+    keeps_label=True,
+    sequence_parallel=True,
+)
+_op(
+    "rms_norm",
+    SAME,
+    params=("input", "normalized_shape", "weight", "eps"),
+    keeps_label=True,
+    sequence_parallel=True,
+)
 _op("cos", SAME, rotary=True, positional=True)
 _op("sin", SAME, rotary=True, positional=True)
 _op("logical_not", SAME, "bitwise_not", "__invert__", makes_mask=True, keeps_value=True)

@@ -311,3 +311,197 @@ def test_fsdp2_and_fsdp2_with_tp_have_no_finding_and_show_only_user_code(dp2_tp2
     trace = shapeguard.trace(alone, example_input())
     assert trace.findings == []
     assert "tp" not in json.dumps(trace.to_dict()["distributed"].get("modules", {}))
+
+
+# -- tp_shard_replicated: a replicated tensor declared this rank's shard (sequence parallel) ----
+class _MlpNorm(torch.nn.Module):
+    """A plain-TP MLP (up colwise, down rowwise) then a norm: under SequenceParallel on the
+    norm, down's default Replicate output is declared this rank's slice of seq."""
+
+    def __init__(self, rms=False):
+        super().__init__()
+        self.up = torch.nn.Linear(DIM, 4 * DIM)
+        self.down = torch.nn.Linear(4 * DIM, DIM)
+        self.norm = torch.nn.RMSNorm(DIM) if rms else torch.nn.LayerNorm(DIM)
+
+    def forward(self, x):
+        h = self.down(self.up(x))
+        return self.norm(h)
+
+
+class _SpBlock(torch.nn.Module):
+    """torchtitan's sequence-parallel block: norm (SequenceParallel), attention gathering
+    seq (PrepareModuleInput Shard(1) -> Replicate), wo scattering it back (Shard(1))."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(DIM)
+        self.attn = Attention(tp=2, local="tp")
+
+    def forward(self, x):
+        return x + self.attn(self.norm(x))
+
+
+def _sp_plan(wo_output=None, attn_input=None):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    layouts = attn_input or (Shard(1),)
+    return {
+        "norm": SequenceParallel(),
+        "attn": PrepareModuleInput(input_layouts=layouts, desired_input_layouts=(Replicate(),)),
+        "attn.wq": ColwiseParallel(),
+        "attn.wk": ColwiseParallel(),
+        "attn.wv": ColwiseParallel(),
+        "attn.wo": RowwiseParallel(output_layouts=wo_output or Shard(1)),
+    }
+
+
+def _mlp_plan(**norm):
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    return {"up": ColwiseParallel(), "down": RowwiseParallel(), "norm": SequenceParallel(**norm)}
+
+
+@pytest.mark.no_shapeguard
+@pytest.mark.parametrize("rms", [False, True])
+def test_sequence_parallel_given_a_replicated_tensor_warns(rms):
+    """pytorch#129355: SequenceParallel takes a plain tensor for this rank's slice of
+    seq; down's all_reduce made it whole on every rank, so the DTensor's seq is 2 x 5
+    with the rows repeated. Local sizes: batch 3, seq 5, 192 and 384 features."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    with fake_tp(2) as mesh:
+        model = parallelize_module(_MlpNorm(rms), mesh, _mlp_plan())
+        with pytest.warns(ShapeWarning) as caught:
+            trace = shapeguard.trace(model, example_input(), mode="warn")
+    (finding,) = [f for f in trace.findings if f.kind == "tp_shard_replicated"]
+    assert [f.kind for f in trace.findings] == ["tp_shard_replicated"]
+    op = "rms_norm" if rms else "layer_norm"
+    lines = finding.message.splitlines()
+    assert lines[0] == (
+        f"{op}: input is declared Shard(1) on tp=2, this rank's 1/2 of seq, but its local "
+        f"tensor [{B}, {S}, {DIM}] is replicated: every rank holds the same {S} rows, made "
+        f"whole by down's all_reduce; as a DTensor its seq is {2 * S} = {S} x tp=2, the same "
+        "rows 2 times"
+    )
+    assert lines[1].startswith("  in  norm (") and "tests/test_tp.py:" in lines[1]
+    assert lines[2].strip() == "return self.norm(h)"
+    assert f"DTensor Shard(1) on tp=2, local [{B}, {S}, {DIM}]" in finding.message
+    warning = next(w.message for w in caught if isinstance(w.message, ShapeWarning))
+    assert warning.kind == "tp_shard_replicated"
+    assert warning.hint == (
+        "keep the sequence sharded upstream: RowwiseParallel(output_layouts=Shard(1)) on "
+        "down, as torchtitan's sequence-parallel plan does; or hand norm "
+        f"({'RMSNorm' if rms else 'LayerNorm'}) a DTensor, RowwiseParallel(use_local_output="
+        "False) on down, which SequenceParallel cuts to Shard(1) with no communication"
+    )
+
+
+@pytest.mark.no_shapeguard
+def test_a_replicated_tensor_declared_shard1_and_gathered_warns_at_the_gather():
+    """PrepareModuleInput(input_layouts=Shard(1), desired Replicate) on wo's default
+    Replicate output: the all_gather stacks the 2 equal copies, seq 5 becomes 10."""
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    class TwoAttn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = Attention(tp=2, local="tp")
+            self.attn = Attention(tp=2, local="tp")
+
+        def forward(self, x):
+            return self.attn(self.first(x))
+
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    plan = {f"first.{p}": ColwiseParallel() for p in ("wq", "wk", "wv")}
+    plan["first.wo"] = RowwiseParallel()  # plain TP: a Replicate output
+    plan.update({k: v for k, v in _sp_plan().items() if k.startswith("attn")})
+    with fake_tp(2) as mesh:
+        model = parallelize_module(TwoAttn(), mesh, plan)
+        with pytest.warns(ShapeWarning):
+            trace = shapeguard.trace(model, example_input(), mode="warn")
+    found = [f for f in trace.findings if f.kind == "tp_shard_replicated"]
+    assert found and {f.kind for f in trace.findings} == {"tp_shard_replicated"}
+    first = found[0].message.splitlines()
+    assert first[0] == (
+        f"linear: input [{B}, {2 * S}, {DIM}] is attn's all_gather_into_tensor of a tensor "
+        f"every rank already held whole ([{B}, {S}, {DIM}], made whole by first.wo's "
+        f"all_reduce), declared this rank's shard on the way: its seq is {2 * S} = {S} x 2 "
+        "ranks, the same rows stacked once per rank"
+    )
+    assert first[1].startswith("  in  attn.wq (Linear) at tests/tp_models.py:")
+    assert found[0].hint == (
+        "declare what attn is given: PrepareModuleInput(input_layouts=Replicate(), "
+        "desired_input_layouts=Replicate()) (nothing to gather); keep the sequence sharded "
+        "upstream: RowwiseParallel(output_layouts=Shard(1)) on first.wo, as torchtitan's "
+        "sequence-parallel plan does"
+    )
+
+
+def test_correct_sequence_parallel_is_silent_and_names_the_global_seq():
+    """torchtitan's plan: the caller's input is this rank's slice of seq (5 of 10), the
+    norm is SequenceParallel, attention gathers seq and wo scatters it back."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    with fake_tp(2) as mesh:
+        model = parallelize_module(_SpBlock(), mesh, _sp_plan())
+        trace = shapeguard.trace(model, example_input())
+    assert trace.findings == [], [f.message for f in trace.findings]
+    table = trace.table(width=240)
+    # The residual add is this rank's slice: seq named with the global length.
+    assert f"[batch={B}, seq={S} ({2 * S}/tp2), {DIM}]" in table
+    assert f"[{B}, seq={2 * S}, heads=6 (12/tp2), d_k={HD}]" in table  # gathered in attn
+
+
+@pytest.mark.parametrize("keep_dtensor", [True, False])
+def test_the_hinted_fixes_are_silent(keep_dtensor):
+    """Both fixes the hint gives: down's output kept a DTensor (SequenceParallel cuts the
+    Replicate DTensor itself), or scattered along seq (Shard(1))."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    plan = _mlp_plan()
+    plan["down"] = (
+        RowwiseParallel(use_local_output=False)
+        if keep_dtensor
+        else RowwiseParallel(output_layouts=Shard(1))
+    )
+    with fake_tp(2) as mesh:
+        model = parallelize_module(_MlpNorm(), mesh, plan)
+        trace = shapeguard.trace(model, example_input())
+    assert trace.findings == [], [f.message for f in trace.findings]
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_sequence_parallel_on_the_callers_shard_is_silent(rms):
+    """SequenceParallel's contract: a plain input is already this rank's slice. Nothing
+    records a placement for what the caller passes, so it is never called replicated."""
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+
+    norm = torch.nn.RMSNorm(DIM) if rms else torch.nn.LayerNorm(DIM)
+    with fake_tp(2) as mesh:
+        model = parallelize_module(norm, mesh, SequenceParallel())
+        trace = shapeguard.trace(model, example_input())
+    assert trace.findings == []
+
+
+def test_replicated_inputs_declared_replicate_are_silent():
+    """Plain TP twice in a row: wo's Replicate output declared Replicate by the next
+    attention (PrepareModuleInput(Replicate -> Replicate)), and a SequenceParallel norm
+    fed by a DTensor (it redistributes what it is given)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = _sp_plan(wo_output=Replicate(), attn_input=(Replicate(),))
+    del plan["norm"]
+    with fake_tp(2) as mesh:
+        model = parallelize_module(_SpBlock(), mesh, plan)
+        trace = shapeguard.trace(model, example_input())
+    assert trace.findings == [], [f.message for f in trace.findings]

@@ -212,6 +212,16 @@ class OpCall:
         (`_tp.Sharding`, read from DTensor weights), or (None, None)."""
         return _tp_session.owner(self.session)
 
+    def replicated(self, local, mesh, mesh_dim: int):
+        """How the plain tensor `local` came to be replicated over mesh dim `mesh_dim`
+        (a collective torch.distributed ran: `_tp_session.Replicated`), or None."""
+        return _tp_session.replicated(self.session, local, mesh, mesh_dim)
+
+    def tiled(self, tensor):
+        """The gather that stacked copies of a replicated tensor, when `tensor` (or a
+        DTensor's shard) is its output (`_tp_session.Replicated`), or None."""
+        return _tp_session.tiled(self.session, tensor)
+
     def declared(self) -> dict[str, tuple[str, int]]:
         """Sizes declared by the innermost module that declares any (d_model, heads, d_k)."""
         for module in reversed(self.session.module_stack):

@@ -6,6 +6,7 @@ checks; this module sits with the session, whose state it reads and writes.
 """
 
 import weakref
+from dataclasses import dataclass
 
 from .. import _ops
 from .._names import axes as _axes
@@ -31,6 +32,12 @@ def record_sharding(t, meta=None, session=None):
         return None
     if meta is not None and session is not None:
         link_local(session, t, meta)
+        if any(type(p).__name__ == "Partial" for p in t.placements):
+            # The all_reduce that makes it Replicate runs in torch.distributed, on this
+            # shard, after the module's op: what it reduces is told from here.
+            module = session.module_stack[-1] if session.module_stack else None
+            path = session.module_path(module) if module is not None else ""
+            _state(session).partials[t._local_tensor] = (path, meta.axes)
     local = local_shape(t)
     numel = 1
     for s in local:
@@ -42,18 +49,117 @@ def record_sharding(t, meta=None, session=None):
 _VIEW_AS = _ops.by_name("view_as")
 
 
+@dataclass(frozen=True, slots=True)
+class Replicated:
+    """A plain tensor every rank of a process group holds whole: the collective that made
+    it and the module it ran in."""
+
+    group: str  # the process group's name
+    collective: str  # all_reduce, all_gather_into_tensor
+    module: str  # the module path it ran in ("" at the top)
+    axes: tuple | None = None  # the names of its axes, when the reduced DTensor had them
+    shape: tuple = ()  # its shape, as the collective gave it
+    tiled: "Replicated | None" = None  # a gather of this replicated tensor: tp copies of it
+
+
 def plumbing(session, func, spec, args, kwargs):
     """Run an op torch.distributed called itself (DTensor.from_local and to_local,
     redistribute, collectives, FSDP's unshard): never checked, never recorded. The
     `view_as` that from_local and to_local make of a tensor keeps its axes, so a shard
     and the tensor it came from are one tensor to the names."""
     out = func(*args, **kwargs)
+    _mark_replicated(session, func, args, out)
     if spec is _VIEW_AS and args and out is not args[0]:
         source = args[0]
         meta = session.metas.get(source)
         if meta is not None and getattr(out, "shape", None) == getattr(source, "shape", ()):
             session.metas[out] = meta
     return out
+
+
+# The collectives whose output every rank of the group holds whole and equal: what
+# redistribute runs to make a DTensor Replicate (Partial -> all_reduce, Shard -> all_gather).
+_REPLICATING = ("all_reduce", "all_gather_into_tensor", "all_gather_tensor", "all_gather")
+
+
+def _mark_replicated(session, func, args, out) -> None:
+    """Remember which plain tensors torch.distributed made replicated across a process
+    group, so a later `from_local(t, [Shard(d)])` of one (a plan declaring it this rank's
+    shard) is seen for what it is (`replicated`). A collective's output is replicated by
+    what the collective is; the plumbing that passes it on unchanged in shape
+    (`wait_tensor`, the autograd wrapper, `to_local`'s and `from_local`'s `view_as`) keeps
+    the mark."""
+    if not args:
+        return
+    name = getattr(func, "__name__", "")
+    state = _state(session)
+    if name in ("chunk", "split") and isinstance(out, tuple | list):
+        # An all_gather stacks along dim 0; redistribute then chunks that and cats the
+        # pieces along the shard dim: the whole cat is the gather, moved.
+        found = state.replicated.get(args[0])
+        if found is not None:
+            for i, piece in enumerate(out):
+                state.pieces[piece] = (found, i, len(out))
+        return
+    if name == "cat" and isinstance(args[0], tuple | list) and hasattr(out, "shape"):
+        parts = [state.pieces.get(t) for t in args[0]]
+        first = parts[0] if parts else None
+        if first is not None and all(
+            q is not None and q[0] is first[0] and q[1] == i and q[2] == len(parts)
+            for i, q in enumerate(parts)
+        ):
+            state.replicated[out] = first[0]
+        return
+    if not hasattr(out, "shape") or is_dtensor(out):
+        return
+    if name in _REPLICATING:
+        group = next((a for a in args[1:] if isinstance(a, str) and a not in _REDUCE_OPS), None)
+        if group is None:
+            return
+        shape = tuple(int(n) for n in out.shape)
+        partial = state.partials.get(args[0])
+        if partial is not None:
+            path, axes = partial
+        else:
+            module = session.module_stack[-1] if session.module_stack else None
+            path, axes = (session.module_path(module) if module is not None else ""), None
+        before = state.replicated.get(args[0])
+        if before is not None and before.group == group and name != "all_reduce":
+            # Gathering what every rank already holds whole stacks tp equal copies.
+            state.replicated[out] = Replicated(group, name, path, before.axes, shape, before)
+            return
+        state.replicated[out] = Replicated(group, name, path, axes, shape)
+        return
+    source = args[0]
+    if not hasattr(source, "shape") or tuple(source.shape) != tuple(out.shape):
+        return
+    found = state.replicated.get(source)
+    if found is not None:
+        state.replicated[out] = found
+
+
+_REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
+
+
+def tiled(session, tensor) -> "Replicated | None":
+    """The gather that stacked tp copies of a tensor every rank held whole, when
+    `tensor` (plain, or a DTensor's shard) is its output (or passed it on unchanged)."""
+    found = _state(session).replicated.get(tensor)
+    return found if found is not None and found.tiled is not None else None
+
+
+def replicated(session, local, mesh, mesh_dim: int) -> "Replicated | None":
+    """How `local` (a plain tensor, a DTensor's shard) came to be replicated over mesh
+    dim `mesh_dim` of `mesh`, by a collective torch.distributed ran; None when nothing
+    says so."""
+    found = _state(session).replicated.get(local)
+    if found is None:
+        return None
+    try:
+        group = mesh.get_group(mesh_dim).group_name
+    except Exception:  # a mesh without process groups (none on this rank): no claim
+        return None
+    return found if found.group == group else None
 
 
 def local_axes(axis, size: int):
@@ -117,22 +223,50 @@ def dtensor_meta(session, t):
     if local is None:
         return None
     dims = list(local.dims)
-    for p in t.placements:
+    mesh = mesh_dims(t.device_mesh)
+    for k, p in enumerate(t.placements):
         kind = type(p).__name__
         if kind in ("Shard", "_StridedShard"):
             d = p.dim % len(dims)
+            shard = dims[d]
             dims[d] = D.fresh(int(t.shape[d]), origin="a sharded axis of a DTensor")
+            if kind == "Shard" and k < len(mesh):
+                _name_global(session, shard, dims[d], mesh[k])
         elif kind != "Replicate":
             return None
     return TensorMeta(tuple(dims), local.tags, label=local.label, role=local.role, op=local.op)
 
 
+def _name_global(session, shard, axis, mesh_dim) -> None:
+    """A shard declared by `from_local` (SequenceParallel's input: this rank's slice of
+    seq): the DTensor's global axis takes the shard's name, and the shard's axis is
+    shown with the global size, `seq=10 (20/tp2)`, as local head axes are. Only for a
+    shard that is one whole named axis: a factor of one is someone else's split."""
+    from .._names import dims as D
+
+    if len(shard) != 1 or len(axis) != 1 or not D.is_whole(shard[0]):
+        return
+    local, glob = shard[0][0].find(), axis[0][0].find()
+    if local.name is None or glob.name is not None:
+        return
+    glob.name, glob.rank, glob.kind, glob.kind_rank = (
+        local.name, local.rank, local.kind, local.kind_rank,
+    )  # fmt: skip
+    name, size = mesh_dim
+    session.trace.axis_notes[(local.name, local.size)] = f"{glob.size}/{name}{size}"
+
+
 # -- per-session state ---------------------------------------------------------------------------
 class _State:
-    __slots__ = ("shardings",)
+    __slots__ = ("shardings", "replicated", "partials", "pieces")
 
     def __init__(self) -> None:
+        from .meta import TensorTable
+
         self.shardings: dict[int, Sharding | None] = {}
+        self.replicated = TensorTable()  # plain tensor -> Replicated
+        self.partials = TensorTable()  # a Partial DTensor's shard -> (module path, axes)
+        self.pieces = TensorTable()  # a chunk of a replicated tensor -> (Replicated, i, n)
 
 
 _STATES: "weakref.WeakKeyDictionary[object, _State]" = weakref.WeakKeyDictionary()

@@ -23,7 +23,8 @@ from math import prod
 
 from .. import _ops, _tp
 from .._errors import Violation
-from . import ERROR, declare, rule
+from .._names import axes as _axes
+from . import ERROR, WARNING, declare, rule
 from ._view import CallView
 
 # Raised through the view rule (heads_view), which explains its own failures in TP terms.
@@ -322,3 +323,128 @@ def _labels(call: CallView) -> dict[int, str]:
         if hasattr(value, "shape") and hasattr(value, "dtype"):
             found.setdefault(id(value), call.label_of(value, name))
     return found
+
+
+# -- a replicated tensor declared this rank's shard -------------------------------------------
+# What first reads a DTensor a plan declared: the norms and dropout SequenceParallel
+# supports, attention's projections, any op of two tensors. Elementwise ops of a tensor
+# and a number stay unread, so a replayed step whose number changed (an optimizer's
+# step size) keeps its replay (`_replay.loose_numbers`).
+_ELEMENTWISE = (_ops.SAME, _ops.BINARY, _ops.OTHER)
+_SHARD_READERS = tuple(
+    op for op in _ops.ALL if op.family not in _ELEMENTWISE or op.sequence_parallel
+)
+
+
+@rule(*_BINARY_OPS, kinds={"tp_shard_replicated": WARNING}, operands=2)
+def shard_of_replicated_elementwise(call: CallView) -> Iterator[Violation]:
+    """`tp_shard_replicated` for `+ - * /` of two tensors."""
+    return shard_of_replicated(call)
+
+
+@rule(*_SHARD_READERS, kinds={"tp_shard_replicated": WARNING})
+def shard_of_replicated(call: CallView) -> Iterator[Violation]:
+    """A DTensor `Shard(d)` whose local tensor every rank holds whole: a plan's
+    `from_local(t, [Shard(d)])` (SequenceParallel, `PrepareModuleInput(input_layouts=
+    Shard(d))`) given the replicated output of a collective (RowwiseParallel's default
+    Replicate output, a gather). DTensor then takes the tp copies for tp different
+    pieces: a global axis tp times too long, every rank's rows tiled (pytorch#129355).
+
+    Read from provenance only: the local tensor is the output of an all_reduce or an
+    all_gather over the very process group the placement shards along (`_tp_session`
+    marks them in torch.distributed's plumbing). A tensor fed to the model, whose
+    placement nothing records, is never claimed replicated: SequenceParallel's own
+    contract is an input already sharded by the caller."""
+    if _tp.dtensor_class() is None:
+        return
+    for t in call.tensors():
+        dtensor = _tp.is_dtensor(t)
+        gathered = call.tiled(t._local_tensor if dtensor else t)
+        if gathered is not None:
+            yield _gather_of_replicated(call, t, gathered)
+            return
+        if not dtensor:
+            continue
+        for k, p in enumerate(t.placements):
+            if type(p).__name__ != "Shard":
+                continue
+            found = call.replicated(t._local_tensor, t.device_mesh, k)
+            if found is not None:
+                yield _shard_of_replicated(call, t, k, p.dim % t.dim(), found)
+                return
+
+
+def _shard_of_replicated(call: CallView, t, k: int, d: int, found) -> Violation:
+    name, tp = _tp.mesh_dims(t.device_mesh)[k]
+    local = _tp.local_shape(t)
+    label = call.label_of(t, "input")
+    named = _axes.axis_name(found.axes, d, len(found.axes)) if found.axes else ""
+    axis = named if named and not named.startswith("dim") else f"dim {d}"
+    module = call.module
+    path = call.module_path(module) if module is not None else ""
+    here = f"{path} ({type(module).__name__})" if path else "this module"
+    made = f"{found.module}'s {found.collective}" if found.module else found.collective
+    relation = (
+        f"{call.op}: {label} is declared Shard({d}) on {name}={tp}, this rank's 1/{tp} of "
+        f"{axis}, but its local tensor {list(local)} is replicated: every rank holds the same "
+        f"{local[d]} rows, made whole by {made}; as a DTensor its {axis} is {int(t.shape[d])} "
+        f"= {local[d]} x {name}={tp}, the same rows {tp} times"
+    )
+    hint = _upstream_hint(found, d, here)
+    return Violation("tp_shard_replicated", relation, (call.operand(label, t),), hint)
+
+
+def _gather_of_replicated(call: CallView, t, gathered) -> Violation:
+    """The other half of the mistake: the Shard(d) declared on a replicated tensor
+    redistributed to Replicate (`PrepareModuleInput(input_layouts=Shard(1),
+    desired_input_layouts=Replicate())`), whose all_gather stacks the tp copies."""
+    source = gathered.tiled
+    label = call.label_of(t, "input")
+    shape = [int(s) for s in t.shape]
+    grown = [
+        d for d, (n, m) in enumerate(zip(shape, source.shape, strict=False))
+        if n != m and m and n % m == 0
+    ]  # fmt: skip
+    if len(grown) == 1 and len(shape) == len(source.shape):
+        d = grown[0]
+        tp = shape[d] // source.shape[d]
+        named = _axes.axis_name(source.axes, d, len(source.axes)) if source.axes else ""
+        axis = named if named and not named.startswith("dim") else f"dim {d}"
+        size = f"its {axis} is {shape[d]} = {source.shape[d]} x {tp} ranks, "
+    else:
+        size = ""
+    made = f"{source.module}'s {source.collective}" if source.module else source.collective
+    by = f"{gathered.module}'s {gathered.collective}" if gathered.module else gathered.collective
+    relation = (
+        f"{call.op}: {label} {list(shape)} is {by} of a tensor every rank already held "
+        f"whole ({list(source.shape)}, made whole by {made}), declared this rank's shard on "
+        f"the way: {size}the same rows stacked once per rank"
+    )
+    module = gathered.module or "the module"
+    hint = (
+        f"declare what {module} is given: PrepareModuleInput(input_layouts=Replicate(), "
+        "desired_input_layouts=Replicate()) (nothing to gather); "
+        + _upstream_hint(source, grown[0] if len(grown) == 1 else 1, None)
+    )
+    return Violation("tp_shard_replicated", relation, (call.operand(label, t),), hint)
+
+
+def _upstream_hint(found, d: int, here: str | None) -> str:
+    """How to hand a sequence-parallel module what it declares: keep the sequence sharded
+    where the replicated tensor was made (a row-parallel output's all_reduce), or give it
+    a DTensor, which SequenceParallel redistributes itself."""
+    if found.collective != "all_reduce" or not found.module:
+        return (
+            f"{found.module or 'its producer'} gathers it whole with {found.collective}: "
+            f"declare it Replicate there (input_layouts=Replicate()), or leave it sharded"
+        )
+    hint = (
+        f"keep the sequence sharded upstream: RowwiseParallel(output_layouts=Shard({d})) on "
+        f"{found.module}, as torchtitan's sequence-parallel plan does"
+    )
+    if here is not None:
+        hint += (
+            f"; or hand {here} a DTensor, RowwiseParallel(use_local_output=False) on "
+            f"{found.module}, which SequenceParallel cuts to Shard({d}) with no communication"
+        )
+    return hint

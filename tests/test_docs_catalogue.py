@@ -18,7 +18,8 @@ pytestmark = pytest.mark.no_shapeguard
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "errors.md"
 SNIPPETS = ROOT / "docs" / "snippets"
-_BLOCK = re.compile(r"(<!-- message: (\w+) -->\n```text\n)(.*?)(\n```)", re.S)
+# The message runs to the first line that is only ``` (an empty block included: a new kind).
+_BLOCK = re.compile(r"(<!-- message: (\w+) -->\n```text\n)(.*?)(\n?^```$)", re.S | re.M)
 # Kinds whose snippet needs flash-attn's own kernel ops (torch.ops.flash_attn.*).
 NEEDS_FLASH_KERNELS = {"flash_head_dim_multiple"}
 
@@ -55,6 +56,13 @@ def test_every_kind_in_the_source_is_catalogued():
     assert not no_snippet, f"no docs/snippets/<kind>.py for {no_snippet}"
     stale = sorted(set(blocks) - kinds)
     assert not stale, f"docs/errors.md catalogues kinds the source no longer has: {stale}"
+    # Each kind has its own section, and its message block closes before the next one
+    # (a block left open once swallowed five sections' headings and fixes).
+    page = PAGE.read_text()
+    no_heading = sorted(k for k in kinds if f"\n### `{k}`\n" not in page)
+    assert not no_heading, f"docs/errors.md has no section heading for {no_heading}"
+    unclosed = sorted(k for k, block in blocks.items() if "```" in block)
+    assert not unclosed, f"message blocks that run into the next section: {unclosed}"
 
 
 def test_the_readme_names_every_kind():
@@ -87,7 +95,7 @@ def test_message_block_is_the_real_output(kind, monkeypatch, flash_attn_stand_in
     if regen_enabled() and page_blocks()[kind] != actual:
         text = PAGE.read_text()
         text = _BLOCK.sub(
-            lambda m: m.group(1) + actual + m.group(4) if m.group(2) == kind else m.group(0), text
+            lambda m: m.group(1) + actual + "\n```" if m.group(2) == kind else m.group(0), text
         )
         PAGE.write_text(text)
     assert page_blocks()[kind] == actual, "run with SHAPEGUARD_REGEN=1 and review the diff"

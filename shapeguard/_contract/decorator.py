@@ -25,7 +25,7 @@ import torch
 from .. import _config, _source
 from .._errors import ContractError, Operand, ShapeError
 from .._trace.replay import opener  # noqa: F401
-from .._trace.session import close_session, current_session, open_session  # noqa: F401
+from .._trace.session import close_session, current_session  # noqa: F401
 
 # Besides what this module uses: the names `_guard` reaches through it (the rest of a
 # call's checks, and the session), and `_call_stack`, which the tests read.

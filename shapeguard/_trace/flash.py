@@ -28,8 +28,6 @@ from ..checks._flash_contract import (
     check_qkvpacked,
     enforce,
     import_hint,
-    is_entry_point,
-    is_kernel_op,
     site_label,
     spec,
 )
@@ -62,8 +60,6 @@ __all__ = [
     "cu_seqlens",
     "enforce",
     "import_hint",
-    "is_entry_point",
-    "is_kernel_op",
     "patch",
     "restore",
     "site_label",

@@ -1,6 +1,7 @@
 """The trace as a record: events and findings, shapes only, never tensors."""
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -201,32 +202,25 @@ class TraceData:
     def _build(self) -> None:
         events = self._events
         notes = self.axis_notes or None
+
+        # A tensor's static part is (shape, dtype, device, itemsize), and for a DTensor its
+        # sharding (`_tp_session.record_sharding`) after them.
+        def made(t: tuple, meta) -> TensorRecord:
+            return _tensor_record(
+                t[0], t[1], t[2], t[3], meta, t[4] if len(t) > 4 else None, notes=notes
+            )
+
+        def named(t: tuple, names) -> TensorRecord:
+            return _named_record(t[0], t[1], t[2], t[3], names)
+
+        build: Callable[[tuple, object], TensorRecord]
         for op, module, module_type, site, inputs, outputs, in_metas, out_metas in self._pending:
-            # A tensor's static part is (shape, dtype, device, itemsize), and for a DTensor its
-            # sharding (`_tp_session.record_sharding`) after them.
             if in_metas is None:  # compacted: `out_metas` holds the names
-                in_names, out_names = out_metas
-                ins = (
-                    _named_record(t[0], t[1], t[2], t[3], n)
-                    for t, n in zip(inputs, in_names, strict=True)
-                )
-                outs = (
-                    _named_record(t[0], t[1], t[2], t[3], n)
-                    for t, n in zip(outputs, out_names, strict=True)
-                )
+                build, in_parts, out_parts = named, out_metas[0], out_metas[1]
             else:
-                ins = (
-                    _tensor_record(
-                        t[0], t[1], t[2], t[3], m, t[4] if len(t) > 4 else None, notes=notes
-                    )
-                    for t, m in zip(inputs, in_metas, strict=True)
-                )
-                outs = (
-                    _tensor_record(
-                        t[0], t[1], t[2], t[3], m, t[4] if len(t) > 4 else None, notes=notes
-                    )
-                    for t, m in zip(outputs, out_metas, strict=True)
-                )
+                build, in_parts, out_parts = made, in_metas, out_metas
+            ins = (build(t, x) for t, x in zip(inputs, in_parts, strict=True))
+            outs = (build(t, x) for t, x in zip(outputs, out_parts, strict=True))
             events.append(
                 Event(
                     index=len(events),

@@ -60,6 +60,14 @@ _SPECS: dict = {}
 
 
 def _spec_of(func) -> tuple:
+    """(op, spec) of `func`, from `_SPECS` when known (the interceptor inlines that lookup
+    and calls this on a miss only)."""
+    try:
+        known = _SPECS.get(func)
+    except TypeError:  # an unhashable callable
+        known = None
+    if known is not None:
+        return known
     op = _ops.name_of(func)
     found = (op, _ops.lookup(op))
     try:
@@ -575,13 +583,7 @@ class Session:
     # -- ops ---------------------------------------------------------------------
     def dispatch(self, func, args: tuple, kwargs: dict):
         __tracebackhide__ = True
-        try:
-            found = _SPECS.get(func)
-        except TypeError:  # an unhashable callable
-            found = None
-        if found is None:
-            found = _spec_of(func)
-        op, spec = found
+        op, spec = _spec_of(func)
         return self._dispatch_op(func, op, spec, args, kwargs)
 
     def _dispatch_op(self, func, op: str, spec, args: tuple, kwargs: dict):

@@ -224,6 +224,71 @@ def test_capture_gives_multihead_attention_callers_what_they_asked_for():
     assert torch.allclose(per_head.mean(dim=0), averaged[0].detach(), atol=1e-5)
 
 
+class _Recorded(torch.nn.Module):
+    """Keeps what its attention returned, and which function modes were on the stack."""
+
+    def __init__(self, attention: torch.nn.Module, **call) -> None:
+        super().__init__()
+        self.attn, self.call, self.seen = attention, call, []
+
+    def forward(self, x):
+        modes = torch.overrides._get_current_function_mode_stack()
+        out = self.attn(x, x, x, **self.call)
+        self.seen.append((modes, out))
+        return out[0]
+
+
+def test_capture_leaves_the_models_calls_as_they_were():
+    # An observer never changes a call: nn.MultiheadAttention asked for no weights runs as
+    # it does unobserved (bitwise), and the weights still come, per head, named by path.
+    model = _Recorded(torch.nn.MultiheadAttention(D, H, batch_first=True), need_weights=False)
+    x, _ = cross_inputs()
+    with torch.no_grad():
+        plain = model(x)
+    (entry,) = capture_attention(model, x).values()
+    (modes, (out, weights)) = model.seen[-1]
+    assert weights is None and torch.equal(out, plain)
+    assert entry["module"] == "attn" and entry["module_type"] == "MultiheadAttention"
+    assert entry["shape"] == [B, H, SQ, SQ] and entry["op"] == "multi_head_attention_forward"
+    # One function mode on torch's stack, the session's interceptor: no mode of its own.
+    assert [getattr(m, "shapeguard_interceptor", False) for m in modes] == [True]
+
+
+def test_capture_reads_the_dropout_the_call_drew():
+    mha = torch.nn.MultiheadAttention(D, H, dropout=0.5, batch_first=True).train()
+    x, _ = cross_inputs()
+    torch.manual_seed(3)
+    with torch.no_grad():
+        _, averaged = mha(x, x, x)
+    torch.manual_seed(3)
+    (entry,) = capture_attention(mha, x, x, x).values()
+    per_head = torch.tensor(entry["heads"])
+    assert torch.allclose(per_head.mean(dim=0), averaged[0], atol=1e-5)
+
+
+def test_capture_reads_a_functional_call_made_by_position():
+    mha = torch.nn.MultiheadAttention(D, H)
+    x = torch.randn(SQ, B, D)
+    positional = (
+        x, x, x, D, H, mha.in_proj_weight, mha.in_proj_bias, None, None, False, 0.0,
+        mha.out_proj.weight, mha.out_proj.bias, False, None, False,
+    )  # fmt: skip
+    maps = capture_attention(lambda: F.multi_head_attention_forward(*positional))
+    (entry,) = maps.values()
+    assert entry["shape"] == [B, H, SQ, SQ]
+    assert entry["location"].startswith("tests/test_report_html.py:")
+
+
+def test_capture_inside_a_trace_adds_nothing_to_it():
+    model, x = HandAttention(), torch.randn(B, SQ, D)
+    with shapeguard.trace() as t:
+        model(x)
+        events = t.event_count
+        assert capture_attention(model, x)
+        model(x)
+    assert t.event_count == 2 * events and not t.findings
+
+
 def test_capture_leaves_no_hook_mode_or_switch_behind():
     hooks = torch.nn.modules.module
     before = (len(hooks._global_forward_pre_hooks), len(hooks._global_forward_hooks))

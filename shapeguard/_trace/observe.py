@@ -1,7 +1,7 @@
 """Observers of a session (`Session.observe`): told of every op its interceptor is handed.
 
-The probes' Watch is one. An observer needs no mode of its own, so a session's mode stays
-the only shapeguard mode on torch's stack.
+The probes' Watch and `capture_attention` are the two. An observer needs no mode of its
+own, so a session's mode stays the only shapeguard mode on torch's stack.
 """
 
 from typing import Protocol

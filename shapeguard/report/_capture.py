@@ -2,10 +2,11 @@
 
 A Trace keeps shapes, never tensors, and never will. Heatmaps need values, so
 they come from a second, separate forward: `capture_attention(model, *inputs)`
-runs the model once under a short-lived TorchFunctionMode of its own, copies
-the attention weights of batch element 0 (detached, pooled to at most 64 x 64
-per head, turned into nested lists of floats) and drops every tensor. The
-result is plain data (JSON-ready) that `render_html(trace, attention=...)` draws.
+runs the model once in a session of its own with shapeguard's checks off, whose
+observer (`Session.observe`, as the probes' Watch is) copies the attention
+weights of batch element 0 (detached, pooled to at most 64 x 64 per head,
+turned into nested lists of floats) and drops every tensor. The result is plain
+data (JSON-ready) that `render_html(trace, attention=...)` draws.
 
 What counts as attention weights:
 - the output of every softmax over a tensor with 3 or more axes (Tensor.softmax,
@@ -14,17 +15,14 @@ What counts as attention weights:
 - for F.scaled_dot_product_attention, whose kernel never shows its weights, the
   same math redone for batch element 0: softmax(q k^T * scale + mask), causal
   and GQA included;
-- for nn.MultiheadAttention, the per-head weights it computes when asked
-  (need_weights=True, average_attn_weights=False); the module still returns
-  what its caller asked for.
+- for nn.MultiheadAttention, the per-head weights of its call made once more
+  after it (need_weights=True, average_attn_weights=False, the random state its
+  call started from, so dropout drops the same weights).
 
-Why a mode of its own, not an observer of a session (`Session.observe`, which the
-probes' Watch is): the capture runs with no session and with shapeguard's checks
-paused, on any callable, and a session would bring its module hooks, tensor names,
-flash-attn wrapping and composite handling to a run that needs none of them. And it
-changes the calls it sees: nn.MultiheadAttention's is made with other arguments and
-its result rebuilt for the caller, which an observer (told of the op the session
-checks and records as the user's code made it) must not do.
+An observer never changes a call: every op runs as the model made it, so the
+captured forward computes what an unobserved one does (nn.MultiheadAttention
+asked for no weights keeps the SDPA path it then takes), and the weights come
+from copies.
 """
 
 import math
@@ -44,9 +42,6 @@ MAX_CALLS = 8
 RECOMPUTE_LIMIT = 1 << 24
 
 _SOFTMAX = _ops.by_name("softmax")
-# From this many positional arguments on, multi_head_attention_forward has need_weights
-# by position: the capture cannot pass it again by keyword.
-_MHA_NEED_WEIGHTS = _ops.MHA.params.index("need_weights")
 
 
 def capture_attention(model, /, *args, **kwargs) -> dict[str, dict]:
@@ -82,122 +77,104 @@ def capture_attention(model, /, *args, **kwargs) -> dict[str, dict]:
     import torch
 
     from .. import _config
+    from .._trace.record import TraceData
+    from .._trace.tracing import tracing
 
     captured: dict[str, dict] = {}
-    stack: list = []
-    paths = (
-        {id(m): name for name, m in model.named_modules()}
-        if hasattr(model, "named_modules")
-        else {}
-    )
-    mode = _new_mode(captured, stack, paths)
-    hooks = torch.nn.modules.module
-    handles = [
-        hooks.register_module_forward_pre_hook(lambda m, a: stack.append(m)),
-        hooks.register_module_forward_hook(lambda m, a, o: _pop(stack, m), always_call=True),
-    ]
-    try:
-        with _config.disabled(), torch.no_grad(), torch.random.fork_rng(devices=[]), mode:
-            model(*args, **kwargs)
-    finally:
-        for handle in handles:
-            handle.remove()
+    # Checks off: the session only follows modules and hands the ops to the observer.
+    with (
+        _config.disabled(),
+        torch.no_grad(),
+        torch.random.fork_rng(devices=[]),
+        tracing(TraceData(mode="warn"), model, args, kwargs) as session,
+        session.observe(_Capture(session, captured)),
+    ):
+        model(*args, **kwargs)
     return captured
 
 
-def _pop(stack: list, module) -> None:
-    for i in range(len(stack) - 1, -1, -1):
-        if stack[i] is module:
-            del stack[i:]
+class _Capture:
+    """The observer (`_trace.observe.Observer`): keeps the weights of the ops above."""
+
+    def __init__(self, session, captured: dict) -> None:
+        self.session = session
+        self.captured = captured
+        self._rng = None  # the random state an nn.MultiheadAttention call started from
+
+    def before(self, func, op: str, args: tuple, kwargs: dict) -> None:
+        if _ops.declared(op) is _ops.MHA and len(self.captured) < MAX_CALLS:
+            self._rng = _random_state(_ops.bind(_ops.MHA, args, kwargs))
+
+    def after(self, func, op: str, args: tuple, kwargs: dict, out, count: int) -> None:
+        if len(self.captured) >= MAX_CALLS:
             return
-
-
-def _make_mode_class():
-    from torch.overrides import TorchFunctionMode
-
-    class Mode(TorchFunctionMode):
-        def __init__(self, captured: dict, stack: list, paths: dict) -> None:
-            super().__init__()
-            self.captured = captured
-            self.stack = stack
-            self.paths = paths
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if len(self.captured) >= MAX_CALLS:
-                return func(*args, **kwargs)
-            op = _ops.declared(_ops.name_of(func))
-            if op is _SOFTMAX:
-                out = func(*args, **kwargs)
-                dim = _ops.bind(op, args, kwargs).get("dim")
-                if isinstance(dim, int) and hasattr(out, "dim") and out.dim() >= 3:
-                    self.keep(out, dim % out.dim() - out.dim(), op.name)
-                return out
-            if op is _ops.SDPA:
-                out = func(*args, **kwargs)
-                weights = _sdpa_weights(args, kwargs)
-                if weights is not None:
-                    self.keep(weights, -1, op.name, batched=False)
-                return out
-            if op is _ops.MHA:
-                return self.mha(func, args, kwargs)
-            return func(*args, **kwargs)
-
-        def mha(self, func, args, kwargs):
-            # nn.MultiheadAttention passes these by keyword; ask for per-head weights
-            # and give the caller back what it asked for.
-            wanted = kwargs.get("need_weights", True)
-            average = kwargs.get("average_attn_weights", True)
-            if len(args) > _MHA_NEED_WEIGHTS:
-                return func(*args, **kwargs)
-            out, weights = func(
-                *args, **{**kwargs, "need_weights": True, "average_attn_weights": False}
-            )
+        declared = _ops.declared(op)
+        if declared is _SOFTMAX:
+            dim = _ops.bind(declared, args, kwargs).get("dim")
+            if isinstance(dim, int) and _has_dim(out) and out.dim() >= 3:
+                self.keep(out, dim % out.dim() - out.dim(), declared.name)
+        elif declared is _ops.SDPA:
+            weights = _sdpa_weights(args, kwargs)
             if weights is not None:
-                self.keep(weights, -1, _ops.MHA.name, batched=weights.dim() == 4)
-            if not wanted:
-                return out, None
-            if average and weights is not None:
-                import torch
+                self.keep(weights, -1, declared.name, batched=False)
+        elif declared is _ops.MHA:
+            rng, self._rng = self._rng, None
+            weights = _mha_weights(func, args, kwargs, rng)
+            if weights is not None:
+                self.keep(weights, -1, declared.name, batched=weights.dim() == 4)
 
-                with torch._C.DisableTorchFunction():
-                    weights = weights.mean(dim=-3)
-            return out, weights
+    def keep(self, weights, dim: int, op: str, batched: bool = True) -> None:
+        import torch
 
-        def keep(self, weights, dim: int, op: str, batched: bool = True) -> None:
-            import torch
+        if weights.device.type == "meta":
+            return
+        with torch._C.DisableTorchFunction():
+            entry = _entry(weights, dim, op, batched)
+        path, module_type, _ = self.session.module_description()
+        from .._source import user_site
 
-            if weights.device.type == "meta":
-                return
-            with torch._C.DisableTorchFunction():
-                entry = _entry(weights, dim, op, batched)
-            module = self.stack[-1] if self.stack else None
-            path = self.paths.get(id(module), "") if module is not None else ""
-            module_type = type(module).__name__ if module is not None else ""
-            from .._source import user_site
-
-            site = user_site()
-            location = site.location if site else ""
-            entry.update(module=path, module_type=module_type, location=location)
-            name = f"{path or module_type or 'forward'} @ {location or op}"
-            key, n = name, 2
-            while key in self.captured:
-                key, n = f"{name} (call {n})", n + 1
-            self.captured[key] = entry
-
-    return Mode
+        site = user_site()
+        location = site.location if site else ""
+        entry.update(module=path, module_type=module_type, location=location)
+        name = f"{path or module_type or 'forward'} @ {location or op}"
+        key, n = name, 2
+        while key in self.captured:
+            key, n = f"{name} (call {n})", n + 1
+        self.captured[key] = entry
 
 
-_mode_class = None
+def _random_state(bound: dict):
+    """The generator states a dropout in this call reads: (device, CPU state, its CUDA
+    state), or None when the call drops nothing."""
+    import torch
+
+    if not bound.get("training", True) or not bound.get("dropout_p"):
+        return None
+    query = bound.get("query")
+    device = query.device if _has_dim(query) else torch.device("cpu")
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return device, torch.get_rng_state(), cuda
 
 
-def _new_mode(captured: dict, stack: list, paths: dict):
-    # The class is made on first use: defining it needs torch, and importing this
-    # module must not.
-    global _mode_class
-    if _mode_class is None:
-        _mode_class = _make_mode_class()
-    return _mode_class(captured, stack, paths)
+def _mha_weights(func, args: tuple, kwargs: dict, rng):
+    """The per-head weights of a multi_head_attention_forward call, from the same call
+    made again, by keyword, asking for them; the caller's call and result are untouched."""
+    import torch
+
+    bound = _ops.bind(_ops.MHA, args, kwargs)
+    bound.update(need_weights=True, average_attn_weights=False)
+    devices = [rng[0]] if rng is not None and rng[0].type == "cuda" else []
+    with torch._C.DisableTorchFunction(), torch.random.fork_rng(devices=devices):
+        if rng is not None:
+            device, cpu, cuda = rng
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda, device)
+        try:
+            _, weights = func(**bound)
+        except (RuntimeError, TypeError, ValueError):
+            return None  # the call failed as the model made it, or takes other arguments
+    return weights
 
 
 def _entry(weights, dim: int, op: str, batched: bool) -> dict:

@@ -179,3 +179,38 @@ def test_a_watch_pushes_no_mode_of_its_own():
             depth = torch._C._len_torch_function_stack()
             top = torch._C._get_function_stack_at(depth - 1)
         assert depth == 1 and top is session._mode
+
+
+# -- run_observed: one forward read, nothing checked --------------------------------------
+def test_run_observed_tells_every_op_and_checks_nothing():
+    from shapeguard._trace.tracing import run_observed
+
+    class Broken(nn.Module):  # a regroup that cannot hold: a checked forward would raise
+        def forward(self, x):
+            return x.softmax(-1).view(3, -1, 5)
+
+    made: list = []
+    out = run_observed(
+        Broken(), (torch.randn(2, 15),), {}, lambda s: made.append(Recorder(s)) or made[-1]
+    )
+    (recorder,) = made
+    assert out.shape == (3, 2, 5) and recorder.calls == ["softmax", "view"]
+    assert not recorder.session.trace.findings and current_session() is None
+
+
+def test_the_interceptor_is_the_only_mode_over_a_models_ops():
+    """Readers of a forward observe the session (the probes' Watch, `capture_attention`,
+    check's dtype scan, the CLI's input discovery); the one other mode, `ValueReads`, is pushed inside the interceptor
+    around the rules' own torch calls and never sees a model's op."""
+    import pathlib
+    import re
+
+    package = pathlib.Path(shapeguard.__file__).parent
+    modes = {
+        f"{path.relative_to(package)}:{name}"
+        for path in package.rglob("*.py")
+        for name in re.findall(
+            r"^\s*class (\w+)\((?:\w+\.)*TorchFunctionMode\)", path.read_text(), re.M
+        )
+    }
+    assert modes == {"_trace/session.py:_Interceptor", "_trace/replay.py:ValueReads"}

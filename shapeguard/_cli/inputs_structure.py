@@ -4,8 +4,9 @@ Each forward parameter becomes a `Leaf` (one tensor: activations, token ids or a
 or a `Batch` of leaves (a dict, a dataclass, a namespace). A first guess comes from what
 the model declares (its first Embedding takes token ids; `mask` in a name makes a mask;
 a dataclass annotation or `batch["tokens"]` in the forward makes a batch). Then one
-provisional forward, under a TorchFunctionMode and a module pre-hook of this module's
-own, watches what consumes each input first (`discover`):
+provisional forward, observed through a session with checks off (`run_observed`) and
+with module pre-hooks of this module's own, watches what consumes each input first
+(`discover`):
 
 - an `nn.Embedding` (or `F.embedding`): token ids, int64 below its num_embeddings;
 - an `nn.Linear`, a norm, a conv, `nn.MultiheadAttention`: activations of the width it
@@ -443,7 +444,7 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
     forward raised (other than stopping because every leaf was read)."""
     import torch
 
-    from .. import _config
+    from .._trace.tracing import run_observed
 
     watcher = _Watcher(tensors, leaves, model)
     training = {m: m.training for m in model.modules()}
@@ -459,8 +460,8 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
     failed = False
     try:
         model.eval()
-        with _config.disabled(), torch.no_grad(), torch.random.fork_rng(devices=[]), _mode(watcher):
-            model(*args, **kwargs)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            run_observed(model, args, kwargs, lambda session: _Observing(watcher))
     except _Done:
         pass
     except Exception:
@@ -477,22 +478,22 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
     return failed
 
 
-def _mode(watcher):
-    from torch.overrides import TorchFunctionMode
+class _Observing:
+    """The session's observer (`_trace.tracing.run_observed`) for a `_Watcher`: what an
+    op reads, before it runs; what its output carries on, after."""
 
-    class _Mode(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            spelling = _ops.name_of(func)
-            op = _ops.lookup(spelling)
-            if op.family == _ops.QUERY:
-                return func(*args, **kwargs)
-            passed = watcher.before(op, spelling, args, kwargs)
-            out = func(*args, **kwargs)
-            watcher.after(passed, out)
-            return out
+    __slots__ = ("follow", "watcher")
 
-    return _Mode()
+    def __init__(self, watcher: "_Watcher") -> None:
+        self.watcher = watcher
+        self.follow: list = []
+
+    def before(self, func, op: str, args: tuple, kwargs: dict) -> None:
+        self.follow = self.watcher.before(_ops.lookup(op), op, args, kwargs)
+
+    def after(self, func, op: str, args: tuple, kwargs: dict, out, count: int) -> None:
+        follow, self.follow = self.follow, []
+        self.watcher.after(follow, out)
 
 
 class _Watcher:

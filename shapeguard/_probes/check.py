@@ -526,13 +526,14 @@ def _tolerance(s) -> float:
     under a scan of every op's output dtype (a float64 copy may cast to float32 inside)."""
     import torch
 
+    from .._trace.tracing import run_observed
+
     scan = _probes.DtypeScan()
     inputs = s.inputs
     if s.layout.batch_size:
         inputs = _probes.take_examples(s.layout, inputs, torch.tensor([0]))
     try:
-        with scan:
-            s.model(*inputs[0], **inputs[1])
+        run_observed(s.model, inputs[0], inputs[1], lambda session: scan)
     except Exception:
         return s.rtol
     return max(s.rtol, _probes.tolerance(scan.dtypes))

@@ -6,7 +6,6 @@ output's scale: the largest finite magnitude of the compared outputs.
 """
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 # Relative tolerance on the output's scale, by the least precise dtype seen: float64
 # rounding is ~1e-16 per op, float32 ~1e-7 (1e-4 leaves three orders of magnitude for a
@@ -60,16 +59,17 @@ def tolerance(dtypes) -> float:
     return max((rtol_for(d) for d in dtypes), default=RTOL[torch.float64])
 
 
-class DtypeScan(TorchFunctionMode):
-    """Notes the floating dtypes of every op's outputs, while active."""
+class DtypeScan:
+    """Notes the floating dtypes of every op's outputs: an observer of a session
+    (`_trace.tracing.run_observed`)."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.dtypes: set = set()
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+    def before(self, func, op: str, args: tuple, kwargs: dict) -> None:
+        pass
+
+    def after(self, func, op: str, args: tuple, kwargs: dict, out, count: int) -> None:
         for t in out if isinstance(out, tuple | list) else (out,):
             if isinstance(t, torch.Tensor) and t.is_floating_point():
                 self.dtypes.add(t.dtype)
-        return out

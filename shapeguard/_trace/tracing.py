@@ -7,6 +7,7 @@ entered with the forward's inputs, which names them and checks its head counts b
 its first op) and always closed, also when the forward raises.
 """
 
+from .. import _config
 from .record import TraceData as Trace
 from .session import Session, close_session, open_session
 
@@ -52,3 +53,16 @@ class tracing:  # noqa: N801 (used as a function: `with tracing(...) as session`
         session, self._session = self._session, None
         if session is not None:
             close_session(session)
+
+
+def run_observed(model, args: tuple, kwargs: dict, observer_for):
+    """`model(*args, **kwargs)` once, in a session of its own with checks off, told to the
+    observer `observer_for(session)` makes (`Session.observe`); returns what the model
+    returned. For readers of one forward (attention weights, dtypes) that check nothing:
+    they see the ops through the one interceptor, with the session's module paths."""
+    with (
+        _config.disabled(),
+        tracing(Trace(mode="warn"), model, args, kwargs) as session,
+        session.observe(observer_for(session)),
+    ):
+        return model(*args, **kwargs)

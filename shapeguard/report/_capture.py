@@ -76,20 +76,11 @@ def capture_attention(model, /, *args, **kwargs) -> dict[str, dict]:
     """
     import torch
 
-    from .. import _config
-    from .._trace.record import TraceData
-    from .._trace.tracing import tracing
+    from .._trace.tracing import run_observed
 
     captured: dict[str, dict] = {}
-    # Checks off: the session only follows modules and hands the ops to the observer.
-    with (
-        _config.disabled(),
-        torch.no_grad(),
-        torch.random.fork_rng(devices=[]),
-        tracing(TraceData(mode="warn"), model, args, kwargs) as session,
-        session.observe(_Capture(session, captured)),
-    ):
-        model(*args, **kwargs)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        run_observed(model, args, kwargs, lambda session: _Capture(session, captured))
     return captured
 
 

@@ -402,6 +402,30 @@ def _sets_of_op_names() -> set[tuple[str, str]]:
     return found
 
 
+def _membership_tests() -> set[tuple[str, int]]:
+    """`op in ("bmm", "mm")` inside a function: a set of op names all the same."""
+    found = set()
+    for root in SCANNED:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative == "shapeguard/_ops.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), relative)):
+                if not isinstance(node, ast.Compare):
+                    continue
+                for how, right in zip(node.ops, node.comparators, strict=True):
+                    strings = _strings(right) if isinstance(how, ast.In | ast.NotIn) else None
+                    ops = {s for s in strings or () if s in _SPELLINGS}
+                    if len(ops) >= 2 and 2 * len(ops) > len(set(strings or ())):
+                        found.add((relative, node.lineno))
+    return found
+
+
+def test_no_function_tests_membership_in_its_own_set_of_op_names():
+    found = sorted(_membership_tests())
+    assert not found, f"op names listed for a membership test (query the table): {found}"
+
+
 def test_no_module_keeps_its_own_set_of_op_names():
     found = _sets_of_op_names()
     new = sorted(found - set(ALLOWED))

@@ -46,6 +46,10 @@ _SUBTRACTS = frozenset({_ops.by_name("sub"), _ops.by_name("neg")})
 # Ops that hand on an input unchanged in meaning: a mask through them is still the raw mask.
 _PASS_FAMILIES = frozenset({_ops.VIEW, _ops.LAYOUT, _ops.INDEX, _ops.GROW, _ops.PART})
 _DROPOUT = _ops.by_name("dropout")
+# How a mask meets scores by arithmetic (added: 0 / -inf; multiplied: 1 keeps), and the
+# norms whose normalized_shape is the width of the activations they read.
+_MIXES = (_ops.by_name("add"), _ops.by_name("mul"))
+_NORMS = (_ops.by_name("layer_norm"), _ops.by_name("rms_norm"))
 _MAX_ROUNDS = 4
 # Buffers up to this many elements are saved before a provisional forward and put back.
 _BUFFER_LIMIT = 1 << 24
@@ -590,7 +594,7 @@ def _mask_use(op, bound: dict, via: str, value, args: tuple, tracked: dict) -> _
     """The use of a mask by an op that applies it to scores (or features), else None."""
     name = op.name
     target, polarity = None, ""
-    if name in ("masked_fill", "masked_fill_") and bound.get("mask") is value:
+    if name == "masked_fill" and bound.get("mask") is value:
         target, polarity = _shape(bound.get("input")), HIDE
     elif name == "where" and bound.get("condition") is value:
         target, polarity = _broadcast(bound.get("input"), bound.get("other")), KEEP
@@ -599,7 +603,7 @@ def _mask_use(op, bound: dict, via: str, value, args: tuple, tracked: dict) -> _
         if q is not None and k is not None:
             target = (*_shape(q)[:-1], _shape(k)[-2])
         polarity = KEEP if _is_bool(value) else ADD
-    elif name in ("add", "mul"):
+    elif op in _MIXES:
         others = [a for a in args if a is not value and hasattr(a, "shape") and a.dim() > 0]
         if others and id(others[0]) not in tracked:
             target, polarity = _broadcast(others[0], value), ADD if name == "add" else KEEP
@@ -668,7 +672,7 @@ def _op_use(op, bound: dict, via: str, value) -> _Use:
         use.vocab = int(weight.shape[0])
     elif op.name == "linear" and bound.get("input") is value and isinstance(weight, torch.Tensor):
         use.width = int(weight.shape[-1])
-    elif op.name in ("layer_norm", "rms_norm") and bound.get("input") is value:
+    elif op in _NORMS and bound.get("input") is value:
         normalized = bound.get("normalized_shape")
         if normalized:
             use.width = int(tuple(normalized)[-1])

@@ -26,9 +26,16 @@ from typing import Any, cast
 
 import torch
 
+from .. import _ops
 from .result import ProbeResult, not_applicable, skipped
 from .subject import Subject
 from .tree import pick, rebuild
+
+# The ops that compute positions themselves (an arange, a rotary table), not a lookup
+# of a table (embedding) or a view of one: what a cached step must start at its offset.
+_POSITION_MAKERS = frozenset(
+    op.name for op in _ops.ALL if op.positional and not op.reads_table and not op.aliases
+)
 
 NAME = "decode consistency"
 # Token-by-token decoding of at most this many positions after the prefill.
@@ -394,11 +401,11 @@ def _positions_restart(s: Subject, protocol: Protocol, lo: int, hi: int) -> str:
         return ""
     firsts: dict[str, torch.Tensor] = {}
     for op, where, value, _ in full:
-        if op in ("cos", "sin", "arange", "polar") and where not in firsts:
+        if op in _POSITION_MAKERS and where not in firsts:
             firsts[where] = value
     for op, where, value, _ in step:
         want = firsts.get(where)
-        if op not in ("cos", "sin", "arange", "polar") or want is None:
+        if op not in _POSITION_MAKERS or want is None:
             continue
         axis = _position_axis(want, value)
         if axis is None:

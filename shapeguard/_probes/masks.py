@@ -211,7 +211,7 @@ def key_axis(call, use_op: str) -> tuple[tuple, tuple]:
 
     op = call.op
     args = call.args
-    if op in ("masked_fill", "masked_fill_"):
+    if call.spec.name == "masked_fill":
         return dims(args[0], -1), dims(args[0], -2)
     if op == "where" and len(args) >= 3:
         scores = next((a for a in args[1:3] if isinstance(a, _torch.Tensor) and a.dim() >= 2), None)

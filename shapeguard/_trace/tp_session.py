@@ -47,6 +47,7 @@ def record_sharding(t, meta=None, session=None):
 
 
 _VIEW_AS = _ops.by_name("view_as")
+_SPLITS = (_ops.by_name("chunk"), _ops.by_name("split"))  # how redistribute cuts a gather
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,7 @@ def _mark_replicated(session, func, args, out) -> None:
         return
     name = getattr(func, "__name__", "")
     state = _state(session)
-    if name in ("chunk", "split") and isinstance(out, tuple | list):
+    if _ops.declared(name) in _SPLITS and isinstance(out, tuple | list):
         # An all_gather stacks along dim 0; redistribute then chunks that and cats the
         # pieces along the shard dim: the whole cat is the gather, moved.
         found = state.replicated.get(args[0])

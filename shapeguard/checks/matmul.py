@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     # For the annotations only: torch loads when the first trace opens.
     import torch
 
+_MATMUL = _ops.by_name("matmul")  # broadcasts batch axes; bmm and mm do not
 _PRODUCT_KINDS = {"matmul_inner": ERROR, "matmul_batch": ERROR, "matmul_rank": ERROR}
 
 
@@ -26,7 +27,7 @@ def products(call: CallView) -> Iterator[Violation]:
         a_label, b_label = call.label(0, "a"), call.label(1, "b")
         if op in call.spec.reflected:
             a, b, a_label, b_label = b, a, b_label, a_label
-        yield from check_product(call, a, b, a_label, b_label, batched=op not in ("bmm", "mm"))
+        yield from check_product(call, a, b, a_label, b_label, batched=call.spec is _MATMUL)
         if op == "bmm" and (a.dim() != 3 or b.dim() != 3):
             yield Violation(
                 "matmul_rank",

@@ -25,7 +25,7 @@ def _same(call, outputs):
     m = call.meta_of(x)
     spec = call.spec
     role = m.role if spec.keeps_label else None
-    if spec.name in ("softmax", "log_softmax"):
+    if spec is _SOFTMAX or spec is _LOG_SOFTMAX:
         role = "attn" if m.role == "scores" else None
     out = []
     laid_out = m.laid_out and spec.keeps_value  # a copy keeps the chosen order
@@ -36,6 +36,8 @@ def _same(call, outputs):
     return out
 
 
+# Softmaxes turn scores into attention weights (log_softmax: their logarithm).
+_SOFTMAX, _LOG_SOFTMAX = _ops.by_name("softmax"), _ops.by_name("log_softmax")
 _ATTENTION_OWN = frozenset({"scores", "attn", "mask"})
 
 

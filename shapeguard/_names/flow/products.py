@@ -5,6 +5,9 @@ from .. import dims as D
 from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
 from .base import Made, _claim, _is_tensor, _tag_of, _tags, propagates
 
+# Products that add an input to theirs: beta * input + alpha * (b1 @ b2).
+_BADDBMM, _ADDMM = _ops.by_name("baddbmm"), _ops.by_name("addmm")
+
 
 # -- contractions ---------------------------------------------------------------------------------
 def classify_product(
@@ -165,7 +168,7 @@ def _product(call, outputs):
     if op == "outer" and len(args) >= 2:
         am, bm = call.meta_of(args[0]), call.meta_of(args[1])
         return [Made((*am.dims, *bm.dims))]
-    if op in ("baddbmm", "addmm"):
+    if call.spec is _BADDBMM or call.spec is _ADDMM:
         bound = call.bound()
         operands = [bound.get(name) for name in call.spec.params[:3]]
         if len(operands) == 3 and all(_is_tensor(t) for t in operands):

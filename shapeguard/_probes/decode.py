@@ -328,7 +328,7 @@ def _prefill(length: int) -> int:
 def _cause(s, protocol, lo, hi, step, findings, error) -> str:
     for f in findings:
         if f.kind == "torch_error":
-            stale = _stale(f.message, lo, hi)
+            stale = _stale(f.relation, lo, hi)  # torch's own words, after the op
             if stale:
                 return stale
         return f"the trace of this step found {f.kind}: {f.headline}"

@@ -387,37 +387,38 @@ def _target(node) -> str:
     return ast.unparse(target)
 
 
-def _sets_of_op_names() -> set[tuple[str, str]]:
-    found = set()
+def _scanned_modules():
+    """(path relative to the repository, parsed module) of every scanned file but the table."""
     for root in SCANNED:
         for path in sorted((ROOT / root).rglob("*.py")):
             relative = path.relative_to(ROOT).as_posix()
-            if relative == "shapeguard/_ops.py":
-                continue
-            for node in _statements(ast.parse(path.read_text(), relative).body):
-                name = _target(node)
-                # __all__ lists public names, some of which are ops (flash_attention).
-                if name != "__all__" and _names_ops(name, node.value):
-                    found.add((relative, name))
+            if relative != "shapeguard/_ops.py":
+                yield relative, ast.parse(path.read_text(), relative)
+
+
+def _sets_of_op_names() -> set[tuple[str, str]]:
+    found = set()
+    for relative, module in _scanned_modules():
+        for node in _statements(module.body):
+            name = _target(node)
+            # __all__ lists public names, some of which are ops (flash_attention).
+            if name != "__all__" and _names_ops(name, node.value):
+                found.add((relative, name))
     return found
 
 
 def _membership_tests() -> set[tuple[str, int]]:
     """`op in ("bmm", "mm")` inside a function: a set of op names all the same."""
     found = set()
-    for root in SCANNED:
-        for path in sorted((ROOT / root).rglob("*.py")):
-            relative = path.relative_to(ROOT).as_posix()
-            if relative == "shapeguard/_ops.py":
+    for relative, module in _scanned_modules():
+        for node in ast.walk(module):
+            if not isinstance(node, ast.Compare):
                 continue
-            for node in ast.walk(ast.parse(path.read_text(), relative)):
-                if not isinstance(node, ast.Compare):
-                    continue
-                for how, right in zip(node.ops, node.comparators, strict=True):
-                    strings = _strings(right) if isinstance(how, ast.In | ast.NotIn) else None
-                    ops = {s for s in strings or () if s in _SPELLINGS}
-                    if len(ops) >= 2 and 2 * len(ops) > len(set(strings or ())):
-                        found.add((relative, node.lineno))
+            for how, right in zip(node.ops, node.comparators, strict=True):
+                strings = _strings(right) if isinstance(how, ast.In | ast.NotIn) else None
+                ops = {s for s in strings or () if s in _SPELLINGS}
+                if len(ops) >= 2 and 2 * len(ops) > len(set(strings or ())):
+                    found.add((relative, node.lineno))
     return found
 
 

@@ -448,3 +448,133 @@ def _upstream_hint(found, d: int, here: str | None) -> str:
             f"{found.module}, which SequenceParallel cuts to Shard({d}) with no communication"
         )
     return hint
+
+
+# -- a shard declared along another axis than the one it was split along ----------------------
+@rule(*_BINARY_OPS, kinds={"tp_shard_axis_mismatch": WARNING}, operands=2)
+def shard_axis_mismatch_elementwise(call: CallView) -> Iterator[Violation]:
+    """`tp_shard_axis_mismatch` for `+ - * /` of two tensors."""
+    return shard_axis_mismatch(call)
+
+
+@rule(*_SHARD_READERS, kinds={"tp_shard_axis_mismatch": WARNING})
+def shard_axis_mismatch(call: CallView) -> Iterator[Violation]:
+    """A DTensor `Shard(k)` whose local tensor is this rank's piece of a reduce-scatter
+    along another axis d: `RowwiseParallel(output_layouts=Shard(1))` scatters seq, then
+    the next module's plan (`SequenceParallel(sequence_dim=0)`,
+    `PrepareModuleInput(input_layouts=Shard(0))`) takes the piece for a slice of batch.
+    Every op runs, and the gather DTensor makes later stacks the ranks' slices of seq as
+    batch items: wrong values, no error.
+
+    Read from provenance only: the axis is the one the scatter split in the user's layout,
+    followed through DTensor's chunk-and-cat plumbing by argument (`_tp_session`), and the
+    declaration is the placement. Sharding along batch (or any one axis) consistently is
+    not a finding: only a declaration that contradicts the split is."""
+    if _tp.dtensor_class() is None:
+        return
+    for t in call.tensors():
+        dtensor = _tp.is_dtensor(t)
+        gathered = call.gathered(t._local_tensor if dtensor else t)
+        if gathered is not None and gathered.dim != gathered.split.dim:
+            yield _gathered_across(call, t, gathered)
+            return
+        if not dtensor:
+            continue
+        for k, p in enumerate(t.placements):
+            if type(p).__name__ != "Shard":
+                continue
+            split = call.scattered(t._local_tensor, t.device_mesh, k)
+            if split is not None and split.ndim == t.dim() and p.dim % t.dim() != split.dim:
+                yield _declared_across(call, t, k, p.dim % t.dim(), split)
+                return
+
+
+def _axis(split, d: int) -> str:
+    named = _axes.axis_name(split.axes, d, split.ndim) if split.axes else ""
+    return named if named and not named.startswith("dim") else f"dim {d}"
+
+
+def _scatter_text(split, d: int) -> str:
+    """`down's reduce-scatter along seq (Partial -> Shard(1))`."""
+    who = f"{split.module}'s reduce-scatter" if split.module else "a reduce-scatter"
+    return f"{who} along {_axis(split, d)} (Partial -> Shard({d}))"
+
+
+def _slice_text(split, size: int) -> str:
+    """`this rank's 5 of seq's 10`, the whole size when the scatter's input gave it."""
+    axis = _axis(split, split.dim)
+    whole = f" of {axis}'s {split.whole}" if split.whole else f" of {axis}"
+    return f"this rank's {size}{whole}"
+
+
+def _declared_across(call: CallView, t, k: int, d: int, split) -> Violation:
+    name, tp = _tp.mesh_dims(t.device_mesh)[k]
+    local = _tp.local_shape(t)
+    label = call.label_of(t, "input")
+    declared, actual = _axis(split, d), _axis(split, split.dim)
+    relation = (
+        f"{call.op}: {label} is declared Shard({d}) on {name}={tp}, this rank's 1/{tp} of "
+        f"{declared}, but its local tensor {list(local)} is {_slice_text(split, local[split.dim])}, "
+        f"split by {_scatter_text(split, split.dim)}; as a DTensor its {declared} is "
+        f"{int(t.shape[d])} = {local[d]} x {name}={tp}, its {actual} is {int(t.shape[split.dim])}: "
+        f"a gather along {declared} stacks the ranks' slices of {actual} as {declared} entries"
+    )
+    module = call.module
+    taken = split.taken or (call.module_path(module) if module is not None else "")
+    here = _module_text(call, taken, module)
+    hint = (
+        f"declare Shard({split.dim}) where {here} takes it (SequenceParallel(sequence_dim="
+        f"{split.dim}), or input_layouts=Shard({split.dim})), to match "
+        + _producer_hint(split, d, declared)
+    )
+    return Violation("tp_shard_axis_mismatch", relation, (call.operand(label, t),), hint)
+
+
+def _gathered_across(call: CallView, t, gathered) -> Violation:
+    """The same declaration redistributed to Replicate at once (`PrepareModuleInput(
+    input_layouts=Shard(0), desired_input_layouts=Replicate())`): read at the gather."""
+    split, d = gathered.split, gathered.dim
+    label = call.label_of(t, "input")
+    shape = [int(s) for s in t.shape]
+    declared, actual = _axis(split, d), _axis(split, split.dim)
+    local = list(gathered.local)
+    by = f"{gathered.module}'s all_gather" if gathered.module else "an all_gather"
+    sizes = ""
+    if len(local) == len(shape) and local[d] and shape[d] % local[d] == 0:
+        sizes = (
+            f"; its {declared} is {shape[d]} = {local[d]} x {shape[d] // local[d]} ranks, its "
+            f"{actual} is {shape[split.dim]}"
+        )
+    relation = (
+        f"{call.op}: {label} {shape} is {by} along {declared} of a tensor declared "
+        f"Shard({d}){'' if declared.startswith('dim') else f' ({declared})'}, whose local {local} is {_slice_text(split, local[split.dim])}, "
+        f"split by {_scatter_text(split, split.dim)}: the ranks' slices of {actual} stacked as "
+        f"{declared} entries{sizes}"
+    )
+    module = gathered.module or "the module"
+    hint = (
+        f"declare Shard({split.dim}) where {module} takes it (input_layouts=Shard({split.dim})),"
+        " to match " + _producer_hint(split, d, declared)
+    )
+    return Violation("tp_shard_axis_mismatch", relation, (call.operand(label, t),), hint)
+
+
+def _module_text(call: CallView, path: str, module) -> str:
+    if module is not None and call.module_path(module) == path:
+        return f"{path} ({type(module).__name__})" if path else type(module).__name__
+    return path or "the module"
+
+
+def _producer_hint(split, d: int, declared: str) -> str:
+    """What made the split, and the other fix: shard the declared axis from the producer."""
+    split_axis = _axis(split, split.dim)
+    if not split.module:
+        return (
+            f"the reduce-scatter along {split_axis}; to shard {declared} instead, scatter "
+            f"along it there too, and declare Shard({d}) wherever the plan takes this tensor"
+        )
+    return (
+        f"RowwiseParallel(output_layouts=Shard({split.dim})) on {split.module}; to shard "
+        f"{declared} instead, scatter it there too: RowwiseParallel(output_layouts=Shard({d})) "
+        f"on {split.module}, and Shard({d}) wherever the plan takes this tensor"
+    )

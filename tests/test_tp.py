@@ -505,3 +505,186 @@ def test_replicated_inputs_declared_replicate_are_silent():
         model = parallelize_module(_SpBlock(), mesh, plan)
         trace = shapeguard.trace(model, example_input())
     assert trace.findings == [], [f.message for f in trace.findings]
+
+
+# -- tp_shard_axis_mismatch: a shard declared along another axis than it was split along -------
+class _Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = torch.nn.Linear(DIM, 4 * DIM)
+        self.w2 = torch.nn.Linear(4 * DIM, DIM)
+
+    def forward(self, x):
+        return self.w2(torch.relu(self.w1(x)))
+
+
+class _Layer(torch.nn.Module):
+    """torchtitan's transformer block: two sublayers, each norm -> module -> residual add.
+    `seq_first`: Megatron's [seq, batch, dim] layout instead of [batch, seq, dim]."""
+
+    def __init__(self, seq_first=False):
+        super().__init__()
+        self.attention_norm = torch.nn.LayerNorm(DIM)
+        self.attention = Attention(tp=2, local="tp", seq_first=seq_first)
+        self.ffn_norm = torch.nn.LayerNorm(DIM)
+        self.feed_forward = _Mlp()
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def _layer_plan(shard=1, *, ffn_shard=None, ffn_norm=True, sequence_parallel=True):
+    """torchtitan's sequence-parallel plan with every shard along dim `shard`; the
+    feed-forward sublayer's along `ffn_shard` (the same by default), its norm left out
+    of the plan when `ffn_norm` is False (then it runs on the local tensor)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    col = {f"attention.{p}": ColwiseParallel() for p in ("wq", "wk", "wv")}
+    if not sequence_parallel:  # plain TP: every activation whole on every rank
+        return {**col, "attention.wo": RowwiseParallel(), "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel()}  # fmt: skip
+
+    def gather(dim):
+        return PrepareModuleInput(input_layouts=(Shard(dim),), desired_input_layouts=(Replicate(),))
+
+    ffn = shard if ffn_shard is None else ffn_shard
+    plan = {
+        "attention_norm": SequenceParallel(sequence_dim=shard),
+        "attention": gather(shard),
+        **col,
+        "attention.wo": RowwiseParallel(output_layouts=Shard(shard)),
+        "ffn_norm": SequenceParallel(sequence_dim=ffn),
+        "feed_forward": gather(ffn),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(ffn)),
+    }
+    if not ffn_norm:
+        del plan["ffn_norm"]
+    return plan
+
+
+def _layer_trace(plan, x, seq_first=False):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    with fake_tp(2) as mesh:
+        model = parallelize_module(_Layer(seq_first), mesh, plan)
+        return shapeguard.trace(model, x, mode="warn")
+
+
+def _mismatches(trace):
+    found = [f for f in trace.findings if f.kind == "tp_shard_axis_mismatch"]
+    assert found and {f.kind for f in trace.findings} == {"tp_shard_axis_mismatch"}, [
+        f.message for f in trace.findings
+    ]
+    return found
+
+
+@pytest.mark.no_shapeguard
+@pytest.mark.parametrize("batch", [B, S], ids=["distinct", "batch-equals-local-seq"])
+def test_a_shard_declared_along_batch_after_a_scatter_along_seq_warns(batch):
+    """The attention sublayer shards seq (wo: RowwiseParallel(output_layouts=Shard(1))),
+    the feed-forward one batch (Shard(0)). The residual add keeps wo's split, and
+    ffn_norm's SequenceParallel(sequence_dim=0) takes it for this rank's slice of batch:
+    the gather before the feed-forward stacks seq halves as batch items, w2 scatters them
+    back to this rank's [batch, seq] shape and the second residual add runs, on wrong
+    values. Local sizes: batch 3 (or 5, the local seq), seq 5 of 10, 192 features."""
+    plan = _layer_plan(ffn_shard=0)
+    with pytest.warns(ShapeWarning) as caught:
+        trace = _layer_trace(plan, example_input(batch=batch))
+    (finding,) = _mismatches(trace)
+    lines = finding.message.splitlines()
+    # seq is named: attention made it a token axis. The batch axis has only a convention
+    # for a name here, so it is called by its position.
+    assert lines[0] == (
+        f"layer_norm: input is declared Shard(0) on tp=2, this rank's 1/2 of dim 0, but its "
+        f"local tensor [{batch}, {S}, {DIM}] is this rank's {S} of seq's {2 * S}, split by "
+        f"attention.wo's reduce-scatter along seq (Partial -> Shard(1)); as a DTensor its dim "
+        f"0 is {2 * batch} = {batch} x tp=2, its seq is {S}: a gather along dim 0 stacks the "
+        "ranks' slices of seq as dim 0 entries"
+    )
+    assert lines[1].startswith("  in  ffn_norm (LayerNorm) at tests/test_tp.py:")
+    assert lines[2].strip() == "return h + self.feed_forward(self.ffn_norm(h))"
+    assert finding.hint == (
+        "declare Shard(1) where ffn_norm (LayerNorm) takes it (SequenceParallel(sequence_dim"
+        "=1), or input_layouts=Shard(1)), to match RowwiseParallel(output_layouts=Shard(1)) "
+        "on attention.wo; to shard dim 0 instead, scatter it there too: RowwiseParallel("
+        "output_layouts=Shard(0)) on attention.wo, and Shard(0) wherever the plan takes this "
+        "tensor"
+    )
+    warning = next(w.message for w in caught if isinstance(w.message, ShapeWarning))
+    assert warning.kind == "tp_shard_axis_mismatch"
+
+
+@pytest.mark.no_shapeguard
+def test_a_gather_along_batch_of_a_scatter_along_seq_warns_at_the_gather():
+    """The same split taken by feed_forward's PrepareModuleInput(input_layouts=Shard(0),
+    desired Replicate) with no SequenceParallel norm between: its all_gather stacks the
+    ranks' seq halves as batch items, read first by w1."""
+    with pytest.warns(ShapeWarning):
+        trace = _layer_trace(_layer_plan(ffn_shard=0, ffn_norm=False), example_input())
+    (finding,) = _mismatches(trace)
+    lines = finding.message.splitlines()
+    assert lines[0] == (
+        f"linear: input [{2 * B}, {S}, {DIM}] is feed_forward's all_gather along dim 0 of a "
+        f"tensor declared Shard(0), whose local [{B}, {S}, {DIM}] is this rank's {S} of seq's "
+        f"{2 * S}, split by attention.wo's reduce-scatter along seq (Partial -> Shard(1)): the "
+        f"ranks' slices of seq stacked as dim 0 entries; its dim 0 is {2 * B} = {B} x 2 ranks, "
+        f"its seq is {S}"
+    )
+    assert lines[1].startswith("  in  feed_forward.w1 (Linear) at tests/test_tp.py:")
+    assert finding.hint == (
+        "declare Shard(1) where feed_forward takes it (input_layouts=Shard(1)), to match "
+        "RowwiseParallel(output_layouts=Shard(1)) on attention.wo; to shard dim 0 instead, "
+        "scatter it there too: RowwiseParallel(output_layouts=Shard(0)) on attention.wo, and "
+        "Shard(0) wherever the plan takes this tensor"
+    )
+
+
+@pytest.mark.no_shapeguard
+def test_a_scatter_straight_into_a_norm_declared_along_another_axis_warns():
+    """No attention before it: nothing says which axis is seq, so the axes are called by
+    position. down scatters dim 1 of [3, 10, 192]; the norm declares dim 0."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    plan = _mlp_plan(sequence_dim=0)
+    plan["down"] = RowwiseParallel(output_layouts=Shard(1))
+    with fake_tp(2) as mesh:
+        model = parallelize_module(_MlpNorm(), mesh, plan)
+        with pytest.warns(ShapeWarning):
+            trace = shapeguard.trace(model, example_input(seq=2 * S), mode="warn")
+    (finding,) = _mismatches(trace)
+    assert finding.message.splitlines()[0] == (
+        f"layer_norm: input is declared Shard(0) on tp=2, this rank's 1/2 of dim 0, but its "
+        f"local tensor [{B}, {S}, {DIM}] is this rank's {S} of dim 1's {2 * S}, split by down's "
+        f"reduce-scatter along dim 1 (Partial -> Shard(1)); as a DTensor its dim 0 is {2 * B} "
+        f"= {B} x tp=2, its dim 1 is {S}: a gather along dim 0 stacks the ranks' slices of "
+        "dim 1 as dim 0 entries"
+    )
+    assert "on down; to shard dim 0 instead" in finding.hint
+
+
+@pytest.mark.parametrize("batch", [B, S], ids=["distinct", "batch-equals-local-seq"])
+@pytest.mark.parametrize("shard", [0, 1])
+@pytest.mark.parametrize("seq_first", [False, True], ids=["bsd", "sbd"])
+def test_a_plan_that_shards_one_axis_throughout_is_silent(seq_first, shard, batch):
+    """Sharding any one axis consistently computes the right values: torchtitan's Shard(1)
+    on [batch, seq, d] (seq), Shard(0) on [seq, batch, d] (seq), and either plan on the
+    other layout (batch). The caller's input is this rank's slice of the sharded axis."""
+    x = example_input(batch=batch)  # [batch, 5, 192]: 5 is this rank's seq or batch slice
+    if seq_first:
+        x = x.transpose(0, 1).contiguous()
+    trace = _layer_trace(_layer_plan(shard), x, seq_first=seq_first)
+    assert trace.findings == [], [f.message for f in trace.findings]
+
+
+def test_plain_tensor_parallelism_without_sequence_parallel_is_silent():
+    trace = _layer_trace(_layer_plan(sequence_parallel=False), example_input(seq=2 * S))
+    assert trace.findings == [], [f.message for f in trace.findings]

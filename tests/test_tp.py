@@ -570,11 +570,46 @@ def _layer_plan(shard=1, *, ffn_shard=None, ffn_norm=True, sequence_parallel=Tru
     return plan
 
 
-def _layer_trace(plan, x, seq_first=False):
+class _AttentionSublayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention_norm = torch.nn.LayerNorm(DIM)
+        self.attention = Attention(tp=2, local="tp")
+
+    def forward(self, x):
+        return x + self.attention(self.attention_norm(x))
+
+
+class _Layers(torch.nn.Module):
+    """A first layer (a block, its attention sublayer, or an MLP, before which nothing
+    names seq), then a block."""
+
+    def __init__(self, first="block", seq_first=False):
+        super().__init__()
+        if first == "block":
+            made = _Layer(seq_first)
+        else:
+            made = {"attention": _AttentionSublayer, "mlp": _Mlp}[first]()
+        self.layers = torch.nn.ModuleList([made, _Layer(seq_first)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _layers_plan(first, second) -> dict:
+    return {
+        **{f"layers.0.{k}": v for k, v in first.items()},
+        **{f"layers.1.{k}": v for k, v in second.items()},
+    }
+
+
+def _layer_trace(plan, x, seq_first=False, model=None):
     from torch.distributed.tensor.parallel import parallelize_module
 
     with fake_tp(2) as mesh:
-        model = parallelize_module(_Layer(seq_first), mesh, plan)
+        model = parallelize_module(model or _Layer(seq_first), mesh, plan)
         return shapeguard.trace(model, x, mode="warn")
 
 
@@ -588,87 +623,123 @@ def _mismatches(trace):
 
 @pytest.mark.no_shapeguard
 @pytest.mark.parametrize("batch", [B, S], ids=["distinct", "batch-equals-local-seq"])
-def test_a_shard_declared_along_batch_after_a_scatter_along_seq_warns(batch):
-    """The attention sublayer shards seq (wo: RowwiseParallel(output_layouts=Shard(1))),
-    the feed-forward one batch (Shard(0)). The residual add keeps wo's split, and
-    ffn_norm's SequenceParallel(sequence_dim=0) takes it for this rank's slice of batch:
-    the gather before the feed-forward stacks seq halves as batch items, w2 scatters them
-    back to this rank's [batch, seq] shape and the second residual add runs, on wrong
-    values. Local sizes: batch 3 (or 5, the local seq), seq 5 of 10, 192 features."""
-    plan = _layer_plan(ffn_shard=0)
+@pytest.mark.parametrize("norm", [True, False], ids=["sequence-parallel-norm", "gather"])
+def test_attention_given_a_seq_scatter_gathered_along_batch_warns(norm, batch):
+    """Layer 0 (an attention sublayer) shards seq (Shard(1), torchtitan's plan), the block
+    after it batch (Shard(0)): wo's scatter along seq reaches the block, whose plan takes
+    it for this rank's slice of batch (its SequenceParallel(sequence_dim=0) norm, or with
+    the norm unplanned its PrepareModuleInput(input_layouts=Shard(0))), and the gather
+    before attention stacks the ranks' seq halves as batch items: attention mixes 5-token
+    halves as sequences. Local sizes: batch 3 (or 5, the local seq), seq 5 of 10, 192."""
+    first = {k: v for k, v in _layer_plan(1).items() if k.startswith("attention")}
+    second = _layer_plan(0)
+    if not norm:
+        del second["attention_norm"]
+    plan = _layers_plan(first, second)
     with pytest.warns(ShapeWarning) as caught:
-        trace = _layer_trace(plan, example_input(batch=batch))
+        trace = _layer_trace(plan, example_input(batch=batch), model=_Layers("attention"))
     (finding,) = _mismatches(trace)
     lines = finding.message.splitlines()
-    # seq is named: attention made it a token axis. The batch axis has only a convention
-    # for a name here, so it is called by its position.
+    # seq is named: layer 0's attention made it a token axis. The batch axis has only a
+    # convention for a name there, so it is called by its position.
     assert lines[0] == (
-        f"layer_norm: input is declared Shard(0) on tp=2, this rank's 1/2 of dim 0, but its "
-        f"local tensor [{batch}, {S}, {DIM}] is this rank's {S} of seq's {2 * S}, split by "
-        f"attention.wo's reduce-scatter along seq (Partial -> Shard(1)); as a DTensor its dim "
-        f"0 is {2 * batch} = {batch} x tp=2, its seq is {S}: a gather along dim 0 stacks the "
-        "ranks' slices of seq as dim 0 entries"
+        f"linear: layers.1.attention reads [{2 * batch}, {S}, {DIM}] (wq's input), "
+        "layers.1.attention's all_gather along dim 0 of a tensor declared Shard(0): its local "
+        f"[{batch}, {S}, {DIM}] is this rank's {S} of seq's {2 * S}, split by "
+        "layers.0.attention.wo's reduce-scatter along seq (Partial -> Shard(1)), so the gather "
+        f"stacked the ranks' slices of seq as dim 0 entries (dim 0 {2 * batch} = {batch} x 2 "
+        f"ranks, seq {S}) and the sequences attention mixes tokens within are not the model's"
     )
-    assert lines[1].startswith("  in  ffn_norm (LayerNorm) at tests/test_tp.py:")
-    assert lines[2].strip() == "return h + self.feed_forward(self.ffn_norm(h))"
+    assert lines[1].startswith("  in  layers.1.attention.wq (Linear) at tests/tp_models.py:")
+    taken = "layers.1.attention_norm" if norm else "layers.1.attention"
     assert finding.hint == (
-        "declare Shard(1) where ffn_norm (LayerNorm) takes it (SequenceParallel(sequence_dim"
-        "=1), or input_layouts=Shard(1)), to match RowwiseParallel(output_layouts=Shard(1)) "
-        "on attention.wo; to shard dim 0 instead, scatter it there too: RowwiseParallel("
-        "output_layouts=Shard(0)) on attention.wo, and Shard(0) wherever the plan takes this "
-        "tensor"
+        f"declare Shard(1) where {taken} takes it (SequenceParallel(sequence_dim=1), or "
+        "input_layouts=Shard(1)), to match RowwiseParallel(output_layouts=Shard(1)) on "
+        "layers.0.attention.wo; to shard dim 0 instead, scatter it there too: "
+        "RowwiseParallel(output_layouts=Shard(0)) on layers.0.attention.wo, and Shard(0) "
+        "wherever the plan takes this tensor"
     )
     warning = next(w.message for w in caught if isinstance(w.message, ShapeWarning))
     assert warning.kind == "tp_shard_axis_mismatch"
 
 
 @pytest.mark.no_shapeguard
-def test_a_gather_along_batch_of_a_scatter_along_seq_warns_at_the_gather():
-    """The same split taken by feed_forward's PrepareModuleInput(input_layouts=Shard(0),
-    desired Replicate) with no SequenceParallel norm between: its all_gather stacks the
-    ranks' seq halves as batch items, read first by w1."""
+def test_before_any_attention_the_axes_are_called_by_position():
+    """An MLP scatters dim 1 of [3, 10, 192] before attention has named seq; the block
+    after it declares dim 0 throughout."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    mlp = {"w1": ColwiseParallel(), "w2": RowwiseParallel(output_layouts=Shard(1))}
+    plan = _layers_plan(mlp, _layer_plan(0))
     with pytest.warns(ShapeWarning):
-        trace = _layer_trace(_layer_plan(ffn_shard=0, ffn_norm=False), example_input())
+        trace = _layer_trace(plan, example_input(seq=2 * S), model=_Layers("mlp"))
     (finding,) = _mismatches(trace)
-    lines = finding.message.splitlines()
-    assert lines[0] == (
-        f"linear: input [{2 * B}, {S}, {DIM}] is feed_forward's all_gather along dim 0 of a "
-        f"tensor declared Shard(0), whose local [{B}, {S}, {DIM}] is this rank's {S} of seq's "
-        f"{2 * S}, split by attention.wo's reduce-scatter along seq (Partial -> Shard(1)): the "
-        f"ranks' slices of seq stacked as dim 0 entries; its dim 0 is {2 * B} = {B} x 2 ranks, "
-        f"its seq is {S}"
+    assert finding.message.splitlines()[0] == (
+        f"linear: layers.1.attention reads [{2 * B}, {S}, {DIM}] (wq's input), "
+        "layers.1.attention's all_gather along dim 0 of a tensor declared Shard(0): its local "
+        f"[{B}, {S}, {DIM}] is this rank's {S} of dim 1's {2 * S}, split by layers.0.w2's "
+        "reduce-scatter along dim 1 (Partial -> Shard(1)), so the gather stacked the ranks' "
+        f"slices of dim 1 as dim 0 entries (dim 0 {2 * B} = {B} x 2 ranks, dim 1 {S}) and the "
+        "sequences attention mixes tokens within are not the model's"
     )
-    assert lines[1].startswith("  in  feed_forward.w1 (Linear) at tests/test_tp.py:")
-    assert finding.hint == (
-        "declare Shard(1) where feed_forward takes it (input_layouts=Shard(1)), to match "
-        "RowwiseParallel(output_layouts=Shard(1)) on attention.wo; to shard dim 0 instead, "
-        "scatter it there too: RowwiseParallel(output_layouts=Shard(0)) on attention.wo, and "
-        "Shard(0) wherever the plan takes this tensor"
+    assert finding.hint.startswith("declare Shard(1) where layers.1.attention_norm takes it")
+
+
+@pytest.mark.no_shapeguard
+def test_a_whole_block_between_keeps_the_split_through_both_residual_adds():
+    """Block 0 all Shard(1), block 1 all Shard(0): block 0's w2 scattered dim 1 (its FFN
+    read a gathered copy, so nothing there names seq), both residual adds keep it."""
+    plan = _layers_plan(_layer_plan(1), _layer_plan(0))
+    with pytest.warns(ShapeWarning):
+        trace = _layer_trace(plan, example_input(), model=_Layers())
+    (finding,) = _mismatches(trace)
+    assert finding.message.startswith(
+        f"linear: layers.1.attention reads [{2 * B}, {S}, {DIM}] (wq's input), "
+        "layers.1.attention's all_gather along dim 0 of a tensor declared Shard(0): its local "
+        f"[{B}, {S}, {DIM}] is this rank's {S} of dim 1's {2 * S}, split by "
+        "layers.0.feed_forward.w2's reduce-scatter along dim 1 (Partial -> Shard(1))"
     )
 
 
 @pytest.mark.no_shapeguard
-def test_a_scatter_straight_into_a_norm_declared_along_another_axis_warns():
-    """No attention before it: nothing says which axis is seq, so the axes are called by
-    position. down scatters dim 1 of [3, 10, 192]; the norm declares dim 0."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
-
-    plan = _mlp_plan(sequence_dim=0)
-    plan["down"] = RowwiseParallel(output_layouts=Shard(1))
-    with fake_tp(2) as mesh:
-        model = parallelize_module(_MlpNorm(), mesh, plan)
-        with pytest.warns(ShapeWarning):
-            trace = shapeguard.trace(model, example_input(seq=2 * S), mode="warn")
+def test_seq_first_blocks_scattering_seq_then_declaring_batch_warn():
+    """Megatron's [seq, batch, d]: block 0 shards seq (Shard(0)), block 1 declares batch
+    (Shard(1)), so its gather stacks the ranks' seq slices along batch. Attention reads a
+    transpose of the gather; the message is in the gather's layout, the plan's."""
+    plan = _layers_plan(_layer_plan(0), _layer_plan(1))
+    x = example_input().transpose(0, 1).contiguous()  # [5 of 10 seq, 3 batch, 192]
+    with pytest.warns(ShapeWarning):
+        trace = _layer_trace(plan, x, model=_Layers(seq_first=True))
     (finding,) = _mismatches(trace)
     assert finding.message.splitlines()[0] == (
-        f"layer_norm: input is declared Shard(0) on tp=2, this rank's 1/2 of dim 0, but its "
-        f"local tensor [{B}, {S}, {DIM}] is this rank's {S} of dim 1's {2 * S}, split by down's "
-        f"reduce-scatter along dim 1 (Partial -> Shard(1)); as a DTensor its dim 0 is {2 * B} "
-        f"= {B} x tp=2, its dim 1 is {S}: a gather along dim 0 stacks the ranks' slices of "
-        "dim 1 as dim 0 entries"
+        f"linear: layers.1.attention reads [{2 * B}, {S}, {DIM}] (wq's input), a transpose "
+        f"of layers.1.attention's all_gather [{S}, {2 * B}, {DIM}] along dim 1 of a tensor "
+        f"declared Shard(1): its local [{S}, {B}, {DIM}] is this rank's {S} of dim 0's "
+        f"{2 * S}, split by layers.0.feed_forward.w2's reduce-scatter along dim 0 (Partial -> "
+        f"Shard(0)), so the gather stacked the ranks' slices of dim 0 as dim 1 entries (dim 1 "
+        f"{2 * B} = {B} x 2 ranks, dim 0 {S}) and the sequences attention mixes tokens within "
+        "are not the model's"
     )
-    assert "on down; to shard dim 0 instead" in finding.hint
+    assert finding.hint.startswith(
+        "declare Shard(0) where layers.1.attention_norm takes it (SequenceParallel("
+        "sequence_dim=0), or input_layouts=Shard(0)), to match RowwiseParallel(output_layouts="
+        "Shard(0)) on layers.0.feed_forward.w2; to shard dim 1 instead"
+    )
+
+
+@pytest.mark.parametrize("batch", [B, S], ids=["distinct", "batch-equals-local-seq"])
+@pytest.mark.parametrize("norm", [True, False], ids=["sequence-parallel-norm", "gather"])
+def test_a_position_wise_sublayer_given_the_same_mismatch_is_silent(norm, batch):
+    """The feed-forward sublayer declares batch (Shard(0)) what attention's wo scattered
+    along seq: the norm and the MLP treat every token alike and w2 scatters each back to
+    the rank and place it came from, so the values are right (checked on gloo ranks
+    below): no finding."""
+    plan = _layer_plan(ffn_shard=0)
+    if not norm:
+        del plan["ffn_norm"]
+    trace = _layer_trace(plan, example_input(batch=batch))
+    assert trace.findings == [], [f.message for f in trace.findings]
 
 
 @pytest.mark.parametrize("batch", [B, S], ids=["distinct", "batch-equals-local-seq"])
@@ -677,14 +748,17 @@ def test_a_scatter_straight_into_a_norm_declared_along_another_axis_warns():
 def test_a_plan_that_shards_one_axis_throughout_is_silent(seq_first, shard, batch):
     """Sharding any one axis consistently computes the right values: torchtitan's Shard(1)
     on [batch, seq, d] (seq), Shard(0) on [seq, batch, d] (seq), and either plan on the
-    other layout (batch). The caller's input is this rank's slice of the sharded axis."""
+    other layout (batch). Two blocks, so block 0's scatters reach block 1's attention
+    through its gather. The caller's input is this rank's slice of the sharded axis."""
     x = example_input(batch=batch)  # [batch, 5, 192]: 5 is this rank's seq or batch slice
     if seq_first:
         x = x.transpose(0, 1).contiguous()
-    trace = _layer_trace(_layer_plan(shard), x, seq_first=seq_first)
+    plan = _layers_plan(_layer_plan(shard), _layer_plan(shard))
+    trace = _layer_trace(plan, x, model=_Layers(seq_first=seq_first))
     assert trace.findings == [], [f.message for f in trace.findings]
 
 
 def test_plain_tensor_parallelism_without_sequence_parallel_is_silent():
-    trace = _layer_trace(_layer_plan(sequence_parallel=False), example_input(seq=2 * S))
+    plain = _layer_plan(sequence_parallel=False)
+    trace = _layer_trace(_layers_plan(plain, plain), example_input(seq=2 * S), model=_Layers())
     assert trace.findings == [], [f.message for f in trace.findings]

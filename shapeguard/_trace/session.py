@@ -982,7 +982,7 @@ class Session:
         in_metas = [call.meta_of(t) for t in in_tensors]
         made = _flow.propagate(call, outputs)
         if self.tp_split:
-            _tp_session.carry(self, spec, in_tensors, outputs)
+            _tp_session.carry(self, call, in_tensors, outputs)
         labels = self._output_labels(call, len(outputs))
         first_label = in_metas[0].label if in_metas else None
         buffer, sliced = buffer_origin(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .. import _ops
 from .._names import axes as _axes
+from .._names import flow as _flow
 from .._tp import (
     Sharding,
     _is_fsdp_managed,
@@ -167,6 +168,7 @@ class Gathered:
     dim: int
     module: str  # the module it ran in ("" at the top)
     local: tuple = ()  # the shape of the piece gathered
+    shape: tuple = ()  # the gather's shape (a transpose of it, read later, keeps the mark)
 
 
 class _Cut:
@@ -248,7 +250,8 @@ def _mark_split(session, func, args, kwargs, out) -> None:
             module = session.module_stack[-1] if session.module_stack else None
             path = session.module_path(module) if module is not None else ""
             local = tuple(int(n) for n in source.shape)
-            state.gathered[out] = Gathered(split, 0, path, local)
+            shape = tuple(int(n) for n in out.shape)
+            state.gathered[out] = Gathered(split, 0, path, local, shape)
         return
     if not hasattr(source, "shape"):
         return
@@ -274,27 +277,67 @@ def _mark_split(session, func, args, kwargs, out) -> None:
 _CARRYING = (_ops.SAME, _ops.BINARY)
 
 
-def carry(session, spec, tensors, outputs) -> None:
-    """The user's elementwise ops keep their operands' layout (the residual add of a
-    sequence-parallel block, dropout, a cast): their output is split along the axis a
-    reduce-scatter split the operand that came from it, when all such operands agree. Any
-    other op (a transpose, a view) ends the mark: a miss, never a claim."""
-    if spec.family not in _CARRYING:
+def carry(session, call, tensors, outputs) -> None:
+    """The user's ops that keep the layout (elementwise: the residual add of a
+    sequence-parallel block, dropout, a cast, a norm over features) or permute it (a
+    transpose to [seq, batch, d]) carry their operand's marks: a reduce-scatter's piece
+    stays split along that axis, wherever it moved, and a gather of one stays that gather;
+    a DTensor's shard the same, where the placements allow. Elementwise operands must
+    agree. Any other op (a view, a product) ends the marks: a miss, never a claim."""
+    family = call.spec.family
+    if family not in _CARRYING and family != _ops.LAYOUT:
         return
-    table = _state(session).split
-    found = shape = None
-    for t in tensors:
-        split = table.get(t)
-        if split is None:
+    state = _state(session)
+    for table, key in ((state.split, _split_key), (state.gathered, _gathered_key)):
+        found = like = None
+        for t in tensors:
+            mark = table.get(t._local_tensor if is_dtensor(t) else t)
+            if mark is None:
+                continue
+            if found is not None and key(mark) != key(found):
+                return
+            found, like = mark, t
+        if found is None or like is None:
             continue
-        if found is not None and (split.group, split.dim) != (found.group, found.dim):
-            return
-        found, shape = split, tuple(t.shape)
-    if found is None:
+        if family == _ops.LAYOUT:
+            order = _flow.layout_order(call, like.dim())
+            if order is None or len(outputs) != 1:
+                continue
+            found = _moved(found, order)
+        for out in outputs:
+            _carry_to(table, found, like, out, family == _ops.LAYOUT)
+
+
+def _split_key(mark) -> tuple:
+    return mark.group, mark.dim
+
+
+def _gathered_key(mark) -> tuple:
+    return mark.split.group, mark.split.dim, mark.dim
+
+
+def _carry_to(table, mark, like, out, moved: bool) -> None:
+    if not moved and tuple(out.shape) != tuple(like.shape):  # broadcast to more
         return
-    for out in outputs:
-        if tuple(out.shape) == shape and not is_dtensor(out):  # not broadcast to more
-            table[out] = found
+    if not is_dtensor(out):
+        if not is_dtensor(like):
+            table[out] = mark
+        return
+    if not is_dtensor(like):
+        return
+    kinds = {type(p).__name__ for p in (*out.placements, *like.placements)}
+    if kinds == {"Replicate"} or (not moved and tuple(out.placements) == tuple(like.placements)):
+        table[out._local_tensor] = mark
+
+
+def _moved(mark, order: list[int]):
+    """`mark` after a permutation of the axes (output axis i is input axis order[i]). A
+    gather is told in its own layout: whether it stacked along the split axis does not
+    depend on where the axes went after it."""
+    if isinstance(mark, Gathered):
+        return mark
+    axes = tuple(mark.axes[i] for i in order) if mark.axes else mark.axes
+    return dataclasses.replace(mark, dim=order.index(mark.dim), axes=axes)
 
 
 def _join(state, cut: _Cut, dim: int | None, out) -> None:
@@ -312,7 +355,7 @@ def _join(state, cut: _Cut, dim: int | None, out) -> None:
     elif dim is not None and cut.dim == 0 and cut.gathered is not None:
         # An all_gather's output (stacked along dim 0) moved to the gather dim.
         g = cut.gathered
-        state.gathered[out] = Gathered(g.split, dim, g.module, g.local)
+        state.gathered[out] = Gathered(g.split, dim, g.module, g.local, tuple(out.shape))
 
 
 def _strong_names(origin) -> tuple:

@@ -450,43 +450,49 @@ def _upstream_hint(found, d: int, here: str | None) -> str:
     return hint
 
 
-# -- a shard declared along another axis than the one it was split along ----------------------
-@rule(*_BINARY_OPS, kinds={"tp_shard_axis_mismatch": WARNING}, operands=2)
-def shard_axis_mismatch_elementwise(call: CallView) -> Iterator[Violation]:
-    """`tp_shard_axis_mismatch` for `+ - * /` of two tensors."""
-    return shard_axis_mismatch(call)
-
-
-@rule(*_SHARD_READERS, kinds={"tp_shard_axis_mismatch": WARNING})
+# -- attention given a shard gathered along another axis than it was split along ---------------
+@rule(_ops.by_name("linear"), kinds={"tp_shard_axis_mismatch": WARNING})
 def shard_axis_mismatch(call: CallView) -> Iterator[Violation]:
-    """A DTensor `Shard(k)` whose local tensor is this rank's piece of a reduce-scatter
-    along another axis d: `RowwiseParallel(output_layouts=Shard(1))` scatters seq, then
-    the next module's plan (`SequenceParallel(sequence_dim=0)`,
-    `PrepareModuleInput(input_layouts=Shard(0))`) takes the piece for a slice of batch.
-    Every op runs, and the gather DTensor makes later stacks the ranks' slices of seq as
-    batch items: wrong values, no error.
+    """Attention's input gathered along another axis than the one a reduce-scatter split:
+    `RowwiseParallel(output_layouts=Shard(1))` scatters seq, the next sublayer's plan
+    (`SequenceParallel(sequence_dim=0)`, `PrepareModuleInput(input_layouts=Shard(0))`)
+    takes the piece for a slice of batch, and the gather to Replicate stacks the ranks'
+    slices of seq as batch items. Attention then mixes tokens within sequences that are
+    not the model's: wrong values, no error.
 
-    Read from provenance only: the axis is the one the scatter split in the user's layout,
-    followed through DTensor's chunk-and-cat plumbing by argument (`_tp_session`), and the
-    declaration is the placement. Sharding along batch (or any one axis) consistently is
-    not a finding: only a declaration that contradicts the split is."""
+    Read from provenance only: the axis the scatter split (in the user's layout), followed
+    through DTensor's chunk-and-cat plumbing by argument and through the user's
+    elementwise ops (`_tp_session`), against the axis the gather stacked along. Reported
+    where the gathered tensor reaches a column-parallel q (or fused qkv) projection: a
+    position-wise sublayer (norm, MLP) given the same mismatch scatters each token back
+    where it was, computing the right values, and sharding one axis throughout (batch
+    instead of seq) is consistent; neither is a finding."""
     if _tp.dtensor_class() is None:
         return
-    for t in call.tensors():
-        dtensor = _tp.is_dtensor(t)
-        gathered = call.gathered(t._local_tensor if dtensor else t)
-        if gathered is not None and gathered.dim != gathered.split.dim:
-            yield _gathered_across(call, t, gathered)
-            return
-        if not dtensor:
-            continue
-        for k, p in enumerate(t.placements):
-            if type(p).__name__ != "Shard":
-                continue
-            split = call.scattered(t._local_tensor, t.device_mesh, k)
-            if split is not None and split.ndim == t.dim() and p.dim % t.dim() != split.dim:
-                yield _declared_across(call, t, k, p.dim % t.dim(), split)
-                return
+    leaf = call.module
+    module, split = call.tp_owner()
+    if leaf is None or split is None or module is leaf:
+        return
+    projection = next(
+        (p for name, p in split.projections.items() if getattr(module, name, None) is leaf),
+        None,
+    )
+    if projection is None or projection.style != "column" or not _first_reader(split, projection):
+        return
+    x = call.bound().get("input")
+    if x is None or not hasattr(x, "shape"):
+        return
+    gathered = call.gathered(x._local_tensor if _tp.is_dtensor(x) else x)
+    if gathered is None or gathered.dim == gathered.split.dim:
+        return
+    yield _gathered_across(call, x, gathered, call.module_path(module), projection.name)
+
+
+def _first_reader(split, projection) -> bool:
+    """The projection that reports for its attention: q, a fused one, else k, else v."""
+    roles = {p.role for p in split.projections.values() if p.style == "column"}
+    first = next((r for r in ("q", "", "k", "v") if r in roles), None)
+    return projection.role == first
 
 
 def _axis(split, d: int) -> str:
@@ -494,75 +500,43 @@ def _axis(split, d: int) -> str:
     return named if named and not named.startswith("dim") else f"dim {d}"
 
 
-def _scatter_text(split, d: int) -> str:
-    """`down's reduce-scatter along seq (Partial -> Shard(1))`."""
-    who = f"{split.module}'s reduce-scatter" if split.module else "a reduce-scatter"
-    return f"{who} along {_axis(split, d)} (Partial -> Shard({d}))"
-
-
-def _slice_text(split, size: int) -> str:
-    """`this rank's 5 of seq's 10`, the whole size when the scatter's input gave it."""
-    axis = _axis(split, split.dim)
-    whole = f" of {axis}'s {split.whole}" if split.whole else f" of {axis}"
-    return f"this rank's {size}{whole}"
-
-
-def _declared_across(call: CallView, t, k: int, d: int, split) -> Violation:
-    name, tp = _tp.mesh_dims(t.device_mesh)[k]
-    local = _tp.local_shape(t)
-    label = call.label_of(t, "input")
-    declared, actual = _axis(split, d), _axis(split, split.dim)
-    relation = (
-        f"{call.op}: {label} is declared Shard({d}) on {name}={tp}, this rank's 1/{tp} of "
-        f"{declared}, but its local tensor {list(local)} is {_slice_text(split, local[split.dim])}, "
-        f"split by {_scatter_text(split, split.dim)}; as a DTensor its {declared} is "
-        f"{int(t.shape[d])} = {local[d]} x {name}={tp}, its {actual} is {int(t.shape[split.dim])}: "
-        f"a gather along {declared} stacks the ranks' slices of {actual} as {declared} entries"
-    )
-    module = call.module
-    taken = split.taken or (call.module_path(module) if module is not None else "")
-    here = _module_text(call, taken, module)
-    hint = (
-        f"declare Shard({split.dim}) where {here} takes it (SequenceParallel(sequence_dim="
-        f"{split.dim}), or input_layouts=Shard({split.dim})), to match "
-        + _producer_hint(split, d, declared)
-    )
-    return Violation("tp_shard_axis_mismatch", relation, (call.operand(label, t),), hint)
-
-
-def _gathered_across(call: CallView, t, gathered) -> Violation:
-    """The same declaration redistributed to Replicate at once (`PrepareModuleInput(
-    input_layouts=Shard(0), desired_input_layouts=Replicate())`): read at the gather."""
+def _gathered_across(call: CallView, x, gathered, owner: str, reader: str) -> Violation:
+    """The message, in the gather's layout (the one the plan declared): the tensor read
+    may be a transpose of it."""
     split, d = gathered.split, gathered.dim
-    label = call.label_of(t, "input")
-    shape = [int(s) for s in t.shape]
+    shape = [int(s) for s in x.shape]
+    whole = list(gathered.shape) or shape
     declared, actual = _axis(split, d), _axis(split, split.dim)
     local = list(gathered.local)
     by = f"{gathered.module}'s all_gather" if gathered.module else "an all_gather"
+    if whole != shape:
+        by = f"a transpose of {by} {whole}"
+    made = f"{split.module}'s reduce-scatter" if split.module else "a reduce-scatter"
+    of = f" of {actual}'s {split.whole}" if split.whole else f" of {actual}"
     sizes = ""
-    if len(local) == len(shape) and local[d] and shape[d] % local[d] == 0:
+    if len(local) == len(whole) and local[d] and whole[d] % local[d] == 0:
         sizes = (
-            f"; its {declared} is {shape[d]} = {local[d]} x {shape[d] // local[d]} ranks, its "
-            f"{actual} is {shape[split.dim]}"
+            f" ({declared} {whole[d]} = {local[d]} x {whole[d] // local[d]} ranks, "
+            f"{actual} {whole[split.dim]})"
         )
     relation = (
-        f"{call.op}: {label} {shape} is {by} along {declared} of a tensor declared "
-        f"Shard({d}){'' if declared.startswith('dim') else f' ({declared})'}, whose local {local} is {_slice_text(split, local[split.dim])}, "
-        f"split by {_scatter_text(split, split.dim)}: the ranks' slices of {actual} stacked as "
-        f"{declared} entries{sizes}"
+        f"{call.op}: {owner or 'attention'} reads {shape} ({reader}'s input), {by} along "
+        f"{declared} of a tensor declared Shard({d}): its local {local} is this rank's "
+        f"{local[split.dim]}{of}, split by {made} along {actual} (Partial -> "
+        f"Shard({split.dim})), so the gather stacked the ranks' slices of {actual} as "
+        f"{declared} entries{sizes} and the sequences attention mixes tokens within are not "
+        "the model's"
     )
-    module = gathered.module or "the module"
+    taken = split.taken or gathered.module
+    fix = f"declare Shard({split.dim}) where {taken} takes it" if taken else (
+        f"declare Shard({split.dim}) where the plan takes it"
+    )  # fmt: skip
     hint = (
-        f"declare Shard({split.dim}) where {module} takes it (input_layouts=Shard({split.dim})),"
-        " to match " + _producer_hint(split, d, declared)
+        f"{fix} (SequenceParallel(sequence_dim={split.dim}), or input_layouts="
+        f"Shard({split.dim})), to match " + _producer_hint(split, d, declared)
     )
-    return Violation("tp_shard_axis_mismatch", relation, (call.operand(label, t),), hint)
-
-
-def _module_text(call: CallView, path: str, module) -> str:
-    if module is not None and call.module_path(module) == path:
-        return f"{path} ({type(module).__name__})" if path else type(module).__name__
-    return path or "the module"
+    label = call.label_of(x, "input")
+    return Violation("tp_shard_axis_mismatch", relation, (call.operand(label, x),), hint)
 
 
 def _producer_hint(split, d: int, declared: str) -> str:

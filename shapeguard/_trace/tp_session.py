@@ -227,15 +227,21 @@ def _mark_split(session, func, args, kwargs, out) -> None:
         return
     if not hasattr(out, "shape") or is_dtensor(out):
         return
-    if name == "reduce_scatter_tensor" and len(args) >= 4 and args[1] in _REDUCE_OPS:
+    if name == "reduce_scatter_tensor" and len(args) == 4 and args[1] in _REDUCE_OPS:
+        # _c10d_functional.reduce_scatter_tensor(input, op, group_size, group): it scatters
+        # dim 0; funcol moves another scatter dim there with a chunk and a cat first.
         group = args[3]
         if not isinstance(group, str) or not hasattr(source, "shape"):
             return
         moved = state.moved.get(source)
         if moved is not None:
             dim, whole, origin = moved
-        else:  # scattered along dim 0 as it is
+        else:
+            # Dim 0 as it is, said only of a Partial's own shard (or its padded copy): a
+            # cat not seen for what it is (narrow under tracing) is no claim.
             dim, whole, origin = 0, int(source.shape[0]), _origin(state, source)
+            if origin is None:
+                return
         # The module is popped by then (RowwiseParallel scatters in its output hook): the
         # Partial's record names it.
         path, axes = _strong_names(origin) if origin is not None else ("", None)

@@ -222,11 +222,6 @@ class OpCall:
         DTensor's shard) is its output (`_tp_session.Replicated`), or None."""
         return _tp_session.tiled(self.session, tensor)
 
-    def scattered(self, local, mesh, mesh_dim: int):
-        """The reduce-scatter over mesh dim `mesh_dim` that the plain tensor `local` is
-        this rank's piece of, with the axis it split (`_tp_session.Split`), or None."""
-        return _tp_session.scattered(self.session, local, mesh, mesh_dim)
-
     def gathered(self, tensor):
         """The all_gather of a reduce-scatter's piece, when `tensor` (or a DTensor's
         shard) is its output (`_tp_session.Gathered`), or None."""

@@ -1,6 +1,8 @@
 """Tensor parallelism on the session's side: a DTensor's record and local axes, the
-ops torch.distributed runs itself (`plumbing`), and each module's sharding read once per
-session (`sharding`, `owner`, `local_sizes`). What a rule needs of tensor parallelism
+ops torch.distributed runs itself (`plumbing`) and what they say of a plain tensor
+(replicated by a collective; a reduce-scatter's piece, split along which axis, and a
+gather of one), and each module's sharding read once per session (`sharding`, `owner`,
+`local_sizes`). What a rule needs of tensor parallelism
 (reading placements and a module's split from its DTensor weights) is `_tp`, below the
 checks; this module sits with the session, whose state it reads and writes.
 """
@@ -154,7 +156,6 @@ class Split:
     dim: int  # the axis the scatter split, in the user's layout
     ndim: int
     module: str  # the module the reduced (Partial) tensor was made in ("" when unknown)
-    tp: int = 0  # the group's size
     axes: tuple | None = None  # the names of its axes, when the reduced DTensor had them
     whole: int | None = None  # the size of `dim` before the scatter
     taken: str | None = None  # the module whose plan took it back as a DTensor (from_local)
@@ -192,9 +193,9 @@ def _mark_split(session, func, args, kwargs, out) -> None:
     """Follow the axis a reduce-scatter split through DTensor's plumbing (arguments, never
     sizes): `Partial -> Shard(d)` chunks the reduced shard along d and cats the pieces
     along dim 0 (`funcol.reduce_scatter_tensor`), so the collective's output is this
-    rank's 1/tp of axis d; a gather back chunks along dim 0 and cats along the shard dim.
-    A later `from_local(t, [Shard(k)])` of the output with k != d is a declaration that
-    contradicts the split (`scattered`, `gathered`)."""
+    rank's 1/tp of axis d (`Split`); a gather of it (`Gathered`) chunks along dim 0 and
+    cats along the dim it gathers. A gather along another axis than d follows a
+    `from_local(t, [Shard(k)])` that contradicts the split (read by `gathered`)."""
     if not args:
         return
     name = getattr(func, "__name__", "")
@@ -245,8 +246,7 @@ def _mark_split(session, func, args, kwargs, out) -> None:
         # The module is popped by then (RowwiseParallel scatters in its output hook): the
         # Partial's record names it.
         path, axes = _strong_names(origin) if origin is not None else ("", None)
-        tp = args[2] if isinstance(args[2], int) else 0
-        state.split[out] = Split(group, dim, source.dim(), path, tp, axes, whole)
+        state.split[out] = Split(group, dim, source.dim(), path, axes, whole)
         session.tp_split = True
         return
     if name in ("all_gather_into_tensor", "all_gather_tensor"):
@@ -382,19 +382,6 @@ def _origin(state, t):
     """(module path, axes, dims) of a Partial DTensor's shard, or of the copy padding made."""
     found = state.partials.get(t)
     return found if found is not None else state.origins.get(t)
-
-
-def scattered(session, local, mesh, mesh_dim: int) -> "Split | None":
-    """The reduce-scatter over mesh dim `mesh_dim` of `mesh` that `local` (a plain tensor,
-    a DTensor's shard) is this rank's piece of, when torch.distributed ran one."""
-    found = _state(session).split.get(local)
-    if found is None:
-        return None
-    try:
-        group = mesh.get_group(mesh_dim).group_name
-    except Exception:  # a mesh without process groups (none on this rank): no claim
-        return None
-    return found if found.group == group else None
 
 
 def gathered(session, tensor) -> "Gathered | None":

@@ -12,7 +12,11 @@ on the meta device:
 - `tp_global_heads`: a view of this rank's local shard into the module's global head
   count (the attribute the TP tutorial says to divide by tp);
 - `tp_local_heads`: the mirror, a view of a DTensor (global sizes) into the local count;
-- `dtensor_mixed`: an op given a DTensor and a plain tensor, which DTensor refuses.
+- `dtensor_mixed`: an op given a DTensor and a plain tensor, which DTensor refuses;
+- `tp_shard_replicated` (sequence parallelism): a tensor every rank holds whole declared
+  this rank's shard;
+- `tp_shard_axis_mismatch` (sequence parallelism): attention given the gather of a
+  reduce-scatter's piece declared a shard of another axis than the one it was split along.
 
 The view checks are called by the view rules (`heads_view`, `regroup`): they explain a
 failure those rules find, in TP terms, instead of adding a second finding for it.
@@ -462,7 +466,8 @@ def shard_axis_mismatch(call: CallView) -> Iterator[Violation]:
 
     Read from provenance only: the axis the scatter split (in the user's layout), followed
     through DTensor's chunk-and-cat plumbing by argument and through the user's
-    elementwise ops (`_tp_session`), against the axis the gather stacked along. Reported
+    elementwise ops and transposes (`_tp_session`), against the axis the gather stacked
+    along (both in the gather's layout, so a transpose after it changes nothing). Reported
     where the gathered tensor reaches a column-parallel q (or fused qkv) projection: a
     position-wise sublayer (norm, MLP) given the same mismatch scatters each token back
     where it was, computing the right values, and sharding one axis throughout (batch

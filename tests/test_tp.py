@@ -647,8 +647,9 @@ def test_attention_given_a_seq_scatter_gathered_along_batch_warns(norm, batch):
         "layers.1.attention's all_gather along dim 0 of a tensor declared Shard(0): its local "
         f"[{batch}, {S}, {DIM}] is this rank's {S} of seq's {2 * S}, split by "
         "layers.0.attention.wo's reduce-scatter along seq (Partial -> Shard(1)), so the gather "
-        f"stacked the ranks' slices of seq as dim 0 entries (dim 0 {2 * batch} = {batch} x 2 "
-        f"ranks, seq {S}) and the sequences attention mixes tokens within are not the model's"
+        "stacked the ranks' slices of seq as dim 0 entries (dim 0 is "
+        f"{2 * batch} = {batch} x 2 ranks, seq is {S}) and the sequences attention mixes "
+        "tokens within are not the model's"
     )
     assert lines[1].startswith("  in  layers.1.attention.wq (Linear) at tests/tp_models.py:")
     taken = "layers.1.attention_norm" if norm else "layers.1.attention"
@@ -680,8 +681,8 @@ def test_before_any_attention_the_axes_are_called_by_position():
         "layers.1.attention's all_gather along dim 0 of a tensor declared Shard(0): its local "
         f"[{B}, {S}, {DIM}] is this rank's {S} of dim 1's {2 * S}, split by layers.0.w2's "
         "reduce-scatter along dim 1 (Partial -> Shard(1)), so the gather stacked the ranks' "
-        f"slices of dim 1 as dim 0 entries (dim 0 {2 * B} = {B} x 2 ranks, dim 1 {S}) and the "
-        "sequences attention mixes tokens within are not the model's"
+        f"slices of dim 1 as dim 0 entries (dim 0 is {2 * B} = {B} x 2 ranks, dim 1 is {S}) "
+        "and the sequences attention mixes tokens within are not the model's"
     )
     assert finding.hint.startswith("declare Shard(1) where layers.1.attention_norm takes it")
 
@@ -718,8 +719,8 @@ def test_seq_first_blocks_scattering_seq_then_declaring_batch_warn():
         f"declared Shard(1): its local [{S}, {B}, {DIM}] is this rank's {S} of dim 0's "
         f"{2 * S}, split by layers.0.feed_forward.w2's reduce-scatter along dim 0 (Partial -> "
         f"Shard(0)), so the gather stacked the ranks' slices of dim 0 as dim 1 entries (dim 1 "
-        f"{2 * B} = {B} x 2 ranks, dim 0 {S}) and the sequences attention mixes tokens within "
-        "are not the model's"
+        f"is {2 * B} = {B} x 2 ranks, dim 0 is {S}) and the sequences attention mixes tokens "
+        "within are not the model's"
     )
     assert finding.hint.startswith(
         "declare Shard(0) where layers.1.attention_norm takes it (SequenceParallel("
@@ -762,3 +763,48 @@ def test_plain_tensor_parallelism_without_sequence_parallel_is_silent():
     plain = _layer_plan(sequence_parallel=False)
     trace = _layer_trace(_layers_plan(plain, plain), example_input(seq=2 * S), model=_Layers())
     assert trace.findings == [], [f.message for f in trace.findings]
+
+
+class _ThenSeqFirst(torch.nn.Module):
+    """An attention sublayer on [batch, seq, d], a transpose, then a block on [seq, batch, d]."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_AttentionSublayer(), _Layer(seq_first=True)])
+
+    def forward(self, x):
+        h = self.layers[0](x)
+        return self.layers[1](h.transpose(0, 1))
+
+
+def _then_seq_first(declared):
+    first = {k: v for k, v in _layer_plan(1).items() if k.startswith("attention")}
+    plan = _layers_plan(first, _layer_plan(declared))
+    return _layer_trace(plan, example_input(), model=_ThenSeqFirst())
+
+
+def test_the_split_axis_follows_a_transpose_so_declaring_seq_after_it_is_silent():
+    """wo scatters seq, dim 1 of [batch, seq, d]; the user's transpose moves it to dim 0,
+    and the block after it declares Shard(0): seq, right."""
+    trace = _then_seq_first(0)
+    assert trace.findings == [], [f.message for f in trace.findings]
+
+
+@pytest.mark.no_shapeguard
+def test_the_split_axis_follows_a_transpose_and_the_hint_names_the_producers_layout():
+    """The same, declaring Shard(1) (batch after the transpose): the gather stacks seq
+    slices as batch items. wo's own plan still says Shard(1): the hint keeps its layout."""
+    with pytest.warns(ShapeWarning):
+        trace = _then_seq_first(1)
+    (finding,) = _mismatches(trace)
+    assert (
+        f"declared Shard(1): its local [{S}, {B}, {DIM}] is this rank's {S} of seq's {2 * S}, "
+        "split by layers.0.attention.wo's reduce-scatter along seq (Partial -> Shard(1))"
+    ) in finding.message
+    assert finding.hint == (
+        "declare Shard(0) where layers.1.attention_norm takes it (SequenceParallel("
+        "sequence_dim=0), or input_layouts=Shard(0)), to match RowwiseParallel(output_layouts="
+        "Shard(1)) on layers.0.attention.wo (its dim 1 is dim 0 here); to shard dim 1 instead, "
+        "scatter it there too: RowwiseParallel(output_layouts=Shard(0)) on "
+        "layers.0.attention.wo, and Shard(1) wherever the plan takes this tensor"
+    )

@@ -159,6 +159,11 @@ class Split:
     axes: tuple | None = None  # the names of its axes, when the reduced DTensor had them
     whole: int | None = None  # the size of `dim` before the scatter
     taken: str | None = None  # the module whose plan took it back as a DTensor (from_local)
+    moved: tuple = ()  # after the user's transposes: axis i was the scatter's axis moved[i]
+
+    def at_scatter(self, d: int) -> int:
+        """Axis `d` in the layout the scatter ran in (the producer's plan names that)."""
+        return self.moved[d] if self.moved else d
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +348,8 @@ def _moved(mark, order: list[int]):
     if isinstance(mark, Gathered):
         return mark
     axes = tuple(mark.axes[i] for i in order) if mark.axes else mark.axes
-    return dataclasses.replace(mark, dim=order.index(mark.dim), axes=axes)
+    moved = tuple(mark.at_scatter(i) for i in order)
+    return dataclasses.replace(mark, dim=order.index(mark.dim), axes=axes, moved=moved)
 
 
 def _join(state, cut: _Cut, dim: int | None, out) -> None:

@@ -521,14 +521,15 @@ def _gathered_across(call: CallView, x, gathered, owner: str, reader: str) -> Vi
     sizes = ""
     if len(local) == len(whole) and local[d] and whole[d] % local[d] == 0:
         sizes = (
-            f" ({declared} {whole[d]} = {local[d]} x {whole[d] // local[d]} ranks, "
-            f"{actual} {whole[split.dim]})"
+            f" ({declared} is {whole[d]} = {local[d]} x {whole[d] // local[d]} ranks, "
+            f"{actual} is {whole[split.dim]})"
         )
+    scattered = split.at_scatter(split.dim)  # in the producer's layout
     relation = (
         f"{call.op}: {owner or 'attention'} reads {shape} ({reader}'s input), {by} along "
         f"{declared} of a tensor declared Shard({d}): its local {local} is this rank's "
         f"{local[split.dim]}{of}, split by {made} along {actual} (Partial -> "
-        f"Shard({split.dim})), so the gather stacked the ranks' slices of {actual} as "
+        f"Shard({scattered})), so the gather stacked the ranks' slices of {actual} as "
         f"{declared} entries{sizes} and the sequences attention mixes tokens within are not "
         "the model's"
     )
@@ -545,15 +546,18 @@ def _gathered_across(call: CallView, x, gathered, owner: str, reader: str) -> Vi
 
 
 def _producer_hint(split, d: int, declared: str) -> str:
-    """What made the split, and the other fix: shard the declared axis from the producer."""
+    """What made the split, and the other fix: shard the declared axis from the producer
+    (in the producer's layout, which the user's transposes may have changed since)."""
     split_axis = _axis(split, split.dim)
     if not split.module:
         return (
             f"the reduce-scatter along {split_axis}; to shard {declared} instead, scatter "
             f"along it there too, and declare Shard({d}) wherever the plan takes this tensor"
         )
+    was, other = split.at_scatter(split.dim), split.at_scatter(d)
+    moved = f" (its dim {was} is dim {split.dim} here)" if was != split.dim else ""
     return (
-        f"RowwiseParallel(output_layouts=Shard({split.dim})) on {split.module}; to shard "
-        f"{declared} instead, scatter it there too: RowwiseParallel(output_layouts=Shard({d})) "
-        f"on {split.module}, and Shard({d}) wherever the plan takes this tensor"
+        f"RowwiseParallel(output_layouts=Shard({was})) on {split.module}{moved}; to shard "
+        f"{declared} instead, scatter it there too: RowwiseParallel(output_layouts="
+        f"Shard({other})) on {split.module}, and Shard({d}) wherever the plan takes this tensor"
     )

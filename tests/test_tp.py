@@ -656,9 +656,9 @@ def test_attention_given_a_seq_scatter_gathered_along_batch_warns(norm, batch):
     assert finding.hint == (
         f"declare Shard(1) where {taken} takes it (SequenceParallel(sequence_dim=1), or "
         "input_layouts=Shard(1)), to match RowwiseParallel(output_layouts=Shard(1)) on "
-        "layers.0.attention.wo; to shard dim 0 instead, scatter it there too: "
-        "RowwiseParallel(output_layouts=Shard(0)) on layers.0.attention.wo, and Shard(0) "
-        "wherever the plan takes this tensor"
+        "layers.0.attention.wo; or shard dim 0 throughout: RowwiseParallel(output_layouts="
+        "Shard(0)) on layers.0.attention.wo and every other producer of this tensor, Shard(0) "
+        "wherever the plan takes it"
     )
     warning = next(w.message for w in caught if isinstance(w.message, ShapeWarning))
     assert warning.kind == "tp_shard_axis_mismatch"
@@ -725,7 +725,7 @@ def test_seq_first_blocks_scattering_seq_then_declaring_batch_warn():
     assert finding.hint.startswith(
         "declare Shard(0) where layers.1.attention_norm takes it (SequenceParallel("
         "sequence_dim=0), or input_layouts=Shard(0)), to match RowwiseParallel(output_layouts="
-        "Shard(0)) on layers.0.feed_forward.w2; to shard dim 1 instead"
+        "Shard(0)) on layers.0.feed_forward.w2; or shard dim 1 throughout"
     )
 
 
@@ -804,7 +804,7 @@ def test_the_split_axis_follows_a_transpose_and_the_hint_names_the_producers_lay
     assert finding.hint == (
         "declare Shard(0) where layers.1.attention_norm takes it (SequenceParallel("
         "sequence_dim=0), or input_layouts=Shard(0)), to match RowwiseParallel(output_layouts="
-        "Shard(1)) on layers.0.attention.wo (its dim 1 is dim 0 here); to shard dim 1 instead, "
-        "scatter it there too: RowwiseParallel(output_layouts=Shard(0)) on "
-        "layers.0.attention.wo, and Shard(1) wherever the plan takes this tensor"
+        "Shard(1)) on layers.0.attention.wo (its dim 1 is dim 0 here); or shard dim 1 "
+        "throughout: RowwiseParallel(output_layouts=Shard(0)) on layers.0.attention.wo and "
+        "every other producer of this tensor, Shard(1) wherever the plan takes it"
     )

@@ -300,16 +300,14 @@ def carry(session, call, tensors, outputs) -> None:
         return
     state = _state(session)
     for table, key in ((state.split, _split_key), (state.gathered, _gathered_key)):
-        found = like = None
-        for t in tensors:
-            mark = table.get(t._local_tensor if is_dtensor(t) else t)
-            if mark is None:
-                continue
-            if found is not None and key(mark) != key(found):
-                return
-            found, like = mark, t
-        if found is None or like is None:
-            continue
+        marked = [
+            (mark, t)
+            for t in tensors
+            if (mark := table.get(t._local_tensor if is_dtensor(t) else t)) is not None
+        ]
+        if not marked or len({key(mark) for mark, _ in marked}) > 1:
+            continue  # unmarked, or operands that disagree: no claim
+        found, like = marked[-1]  # `h + ffn(h)`: the sublayer's own output names it
         if family == _ops.LAYOUT:
             order = _flow.layout_order(call, like.dim())
             if order is None or len(outputs) != 1:

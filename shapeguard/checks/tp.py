@@ -546,18 +546,20 @@ def _gathered_across(call: CallView, x, gathered, owner: str, reader: str) -> Vi
 
 
 def _producer_hint(split, d: int, declared: str) -> str:
-    """What made the split, and the other fix: shard the declared axis from the producer
-    (in the producer's layout, which the user's transposes may have changed since)."""
+    """What made the split, and the other fix: shard the declared axis throughout, from the
+    producer on (in the producer's layout, which the user's transposes may have changed
+    since; on a residual stream every producer writes it)."""
     split_axis = _axis(split, split.dim)
     if not split.module:
         return (
-            f"the reduce-scatter along {split_axis}; to shard {declared} instead, scatter "
-            f"along it there too, and declare Shard({d}) wherever the plan takes this tensor"
+            f"the reduce-scatter along {split_axis}; or shard {declared} throughout: scatter "
+            f"it where the tensor is made, and declare Shard({d}) wherever the plan takes it"
         )
     was, other = split.at_scatter(split.dim), split.at_scatter(d)
     moved = f" (its dim {was} is dim {split.dim} here)" if was != split.dim else ""
     return (
-        f"RowwiseParallel(output_layouts=Shard({was})) on {split.module}{moved}; to shard "
-        f"{declared} instead, scatter it there too: RowwiseParallel(output_layouts="
-        f"Shard({other})) on {split.module}, and Shard({d}) wherever the plan takes this tensor"
+        f"RowwiseParallel(output_layouts=Shard({was})) on {split.module}{moved}; or shard "
+        f"{declared} throughout: RowwiseParallel(output_layouts=Shard({other})) on "
+        f"{split.module} and every other producer of this tensor, Shard({d}) wherever the plan "
+        "takes it"
     )

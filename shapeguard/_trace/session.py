@@ -157,7 +157,7 @@ class Session:
         # What `observe` registered: told of every op the mode is handed (empty: none).
         self.observers: tuple = ()
         # Set once torch.distributed reduce-scatters a tensor: the user's elementwise ops
-        # then carry the axis it split (`_tp_session.carry`).
+        # and transposes then carry the axis it split (`_tp_session.carry`).
         self.tp_split = False
 
     # -- lifecycle ---------------------------------------------------------------

@@ -219,6 +219,54 @@ def test_spawned_ranks_findings_reach_the_test_and_are_raised(shapeguard):
     assert [f.kind for f in shapeguard.findings] == ["tp_head_divisibility"]
 
 
+def _sp_axis_body(rank, world):
+    """tests/test_tp.py's attention sublayer scattering seq (Shard(1)) into a block that
+    declares batch (Shard(0)), on real ranks: the warning comes, and the values are what
+    it says, wrong where attention mixed tokens across the seq halves (rank 1's; causal
+    attention leaves rank 0's first half right). The unparallelized model is the truth."""
+    import copy
+
+    import test_tp as T
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)
+    reference = T._Layers("attention")
+    for p in reference.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    for m in reference.modules():
+        if hasattr(m, "n_heads"):
+            m.tp = 1
+    model = copy.deepcopy(reference)
+    for m in model.modules():
+        if hasattr(m, "n_heads"):
+            m.tp = world
+    first = {k: v for k, v in T._layer_plan(1).items() if k.startswith("attention")}
+    model = parallelize_module(model, mesh, T._layers_plan(first, T._layer_plan(0)))
+    x = torch.randn(3, 10, 192)
+    with torch.no_grad():
+        want = reference(x)[:, rank * 5 : (rank + 1) * 5]
+        got = model(x[:, rank * 5 : (rank + 1) * 5].contiguous())
+    if torch.allclose(got, want, atol=1e-4) != (rank == 0):
+        raise AssertionError(f"rank {rank}: off by {float((got - want).abs().max())}")
+
+
+@pytest.mark.no_shapeguard
+def test_spawned_ranks_warn_of_a_seq_scatter_gathered_along_batch():
+    from shapeguard.distributed import spawn
+
+    with _one_torchrun_at_a_time():
+        merged = spawn(_sp_axis_body, 2, timeout=TIMEOUT)
+    (group,) = merged.groups
+    assert (group.kind, group.ranks) == ("tp_shard_axis_mismatch", [0, 1])
+    assert group.where.startswith("Linear at tests/tp_models.py:")  # wq, traced from no root
+    for finding in group.by_rank.values():
+        assert "all_gather along dim 0 of a tensor declared Shard(0)" in finding["relation"]
+        assert "reduce-scatter along seq (Partial -> Shard(1))" in finding["relation"]
+
+
 def test_the_fake_tp_fixture_plays_one_rank(shapeguard_fake_tp):
     import torch.distributed as dist
 

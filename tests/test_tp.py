@@ -505,3 +505,306 @@ def test_replicated_inputs_declared_replicate_are_silent():
         model = parallelize_module(_SpBlock(), mesh, plan)
         trace = shapeguard.trace(model, example_input())
     assert trace.findings == [], [f.message for f in trace.findings]
+
+
+# -- tp_shard_axis_mismatch: a shard declared along another axis than it was split along -------
+class _Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = torch.nn.Linear(DIM, 4 * DIM)
+        self.w2 = torch.nn.Linear(4 * DIM, DIM)
+
+    def forward(self, x):
+        return self.w2(torch.relu(self.w1(x)))
+
+
+class _Layer(torch.nn.Module):
+    """torchtitan's transformer block: two sublayers, each norm -> module -> residual add.
+    `seq_first`: Megatron's [seq, batch, dim] layout instead of [batch, seq, dim]."""
+
+    def __init__(self, seq_first=False):
+        super().__init__()
+        self.attention_norm = torch.nn.LayerNorm(DIM)
+        self.attention = Attention(tp=2, local="tp", seq_first=seq_first)
+        self.ffn_norm = torch.nn.LayerNorm(DIM)
+        self.feed_forward = _Mlp()
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def _layer_plan(shard=1, *, ffn_shard=None, ffn_norm=True, sequence_parallel=True):
+    """torchtitan's sequence-parallel plan with every shard along dim `shard`; the
+    feed-forward sublayer's along `ffn_shard` (the same by default), its norm left out
+    of the plan when `ffn_norm` is False (then it runs on the local tensor)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    col = {f"attention.{p}": ColwiseParallel() for p in ("wq", "wk", "wv")}
+    if not sequence_parallel:  # plain TP: every activation whole on every rank
+        return {**col, "attention.wo": RowwiseParallel(), "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel()}  # fmt: skip
+
+    def gather(dim):
+        return PrepareModuleInput(input_layouts=(Shard(dim),), desired_input_layouts=(Replicate(),))
+
+    ffn = shard if ffn_shard is None else ffn_shard
+    plan = {
+        "attention_norm": SequenceParallel(sequence_dim=shard),
+        "attention": gather(shard),
+        **col,
+        "attention.wo": RowwiseParallel(output_layouts=Shard(shard)),
+        "ffn_norm": SequenceParallel(sequence_dim=ffn),
+        "feed_forward": gather(ffn),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(ffn)),
+    }
+    if not ffn_norm:
+        del plan["ffn_norm"]
+    return plan
+
+
+class _AttentionSublayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention_norm = torch.nn.LayerNorm(DIM)
+        self.attention = Attention(tp=2, local="tp")
+
+    def forward(self, x):
+        return x + self.attention(self.attention_norm(x))
+
+
+class _Layers(torch.nn.Module):
+    """A first layer (a block, its attention sublayer, or an MLP, before which nothing
+    names seq), then a block."""
+
+    def __init__(self, first="block", seq_first=False):
+        super().__init__()
+        if first == "block":
+            made = _Layer(seq_first)
+        else:
+            made = {"attention": _AttentionSublayer, "mlp": _Mlp}[first]()
+        self.layers = torch.nn.ModuleList([made, _Layer(seq_first)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _layers_plan(first, second) -> dict:
+    return {
+        **{f"layers.0.{k}": v for k, v in first.items()},
+        **{f"layers.1.{k}": v for k, v in second.items()},
+    }
+
+
+def _layer_trace(plan, x, seq_first=False, model=None):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    with fake_tp(2) as mesh:
+        model = parallelize_module(model or _Layer(seq_first), mesh, plan)
+        return shapeguard.trace(model, x, mode="warn")
+
+
+def _mismatches(trace):
+    found = [f for f in trace.findings if f.kind == "tp_shard_axis_mismatch"]
+    assert found and {f.kind for f in trace.findings} == {"tp_shard_axis_mismatch"}, [
+        f.message for f in trace.findings
+    ]
+    return found
+
+
+@pytest.mark.no_shapeguard
+@pytest.mark.parametrize("batch", [B, S], ids=["distinct", "batch-equals-local-seq"])
+@pytest.mark.parametrize("norm", [True, False], ids=["sequence-parallel-norm", "gather"])
+def test_attention_given_a_seq_scatter_gathered_along_batch_warns(norm, batch):
+    """Layer 0 (an attention sublayer) shards seq (Shard(1), torchtitan's plan), the block
+    after it batch (Shard(0)): wo's scatter along seq reaches the block, whose plan takes
+    it for this rank's slice of batch (its SequenceParallel(sequence_dim=0) norm, or with
+    the norm unplanned its PrepareModuleInput(input_layouts=Shard(0))), and the gather
+    before attention stacks the ranks' seq halves as batch items: attention mixes 5-token
+    halves as sequences. Local sizes: batch 3 (or 5, the local seq), seq 5 of 10, 192."""
+    first = {k: v for k, v in _layer_plan(1).items() if k.startswith("attention")}
+    second = _layer_plan(0)
+    if not norm:
+        del second["attention_norm"]
+    plan = _layers_plan(first, second)
+    with pytest.warns(ShapeWarning) as caught:
+        trace = _layer_trace(plan, example_input(batch=batch), model=_Layers("attention"))
+    (finding,) = _mismatches(trace)
+    lines = finding.message.splitlines()
+    # seq is named: layer 0's attention made it a token axis. The batch axis has only a
+    # convention for a name there, so it is called by its position.
+    assert lines[0] == (
+        f"linear: layers.1.attention reads [{2 * batch}, {S}, {DIM}] (wq's input), "
+        "layers.1.attention's all_gather along dim 0 of a tensor declared Shard(0): its local "
+        f"[{batch}, {S}, {DIM}] is this rank's {S} of seq's {2 * S}, split by "
+        "layers.0.attention.wo's reduce-scatter along seq (Partial -> Shard(1)), so the gather "
+        "stacked the ranks' slices of seq as dim 0 entries (dim 0 is "
+        f"{2 * batch} = {batch} x 2 ranks, seq is {S}) and the sequences attention mixes "
+        "tokens within are not the model's"
+    )
+    assert lines[1].startswith("  in  layers.1.attention.wq (Linear) at tests/tp_models.py:")
+    taken = "layers.1.attention_norm" if norm else "layers.1.attention"
+    assert finding.hint == (
+        f"declare Shard(1) where {taken} takes it (SequenceParallel(sequence_dim=1), or "
+        "input_layouts=Shard(1)), to match RowwiseParallel(output_layouts=Shard(1)) on "
+        "layers.0.attention.wo; or shard dim 0 throughout: RowwiseParallel(output_layouts="
+        "Shard(0)) on layers.0.attention.wo and every other producer of this tensor, Shard(0) "
+        "wherever the plan takes it"
+    )
+    warning = next(w.message for w in caught if isinstance(w.message, ShapeWarning))
+    assert warning.kind == "tp_shard_axis_mismatch"
+
+
+@pytest.mark.no_shapeguard
+def test_before_any_attention_the_axes_are_called_by_position():
+    """An MLP scatters dim 1 of [3, 10, 192] before attention has named seq; the block
+    after it declares dim 0 throughout."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    mlp = {"w1": ColwiseParallel(), "w2": RowwiseParallel(output_layouts=Shard(1))}
+    plan = _layers_plan(mlp, _layer_plan(0))
+    with pytest.warns(ShapeWarning):
+        trace = _layer_trace(plan, example_input(seq=2 * S), model=_Layers("mlp"))
+    (finding,) = _mismatches(trace)
+    assert finding.message.splitlines()[0] == (
+        f"linear: layers.1.attention reads [{2 * B}, {S}, {DIM}] (wq's input), "
+        "layers.1.attention's all_gather along dim 0 of a tensor declared Shard(0): its local "
+        f"[{B}, {S}, {DIM}] is this rank's {S} of dim 1's {2 * S}, split by layers.0.w2's "
+        "reduce-scatter along dim 1 (Partial -> Shard(1)), so the gather stacked the ranks' "
+        f"slices of dim 1 as dim 0 entries (dim 0 is {2 * B} = {B} x 2 ranks, dim 1 is {S}) "
+        "and the sequences attention mixes tokens within are not the model's"
+    )
+    assert finding.hint.startswith("declare Shard(1) where layers.1.attention_norm takes it")
+
+
+@pytest.mark.no_shapeguard
+def test_a_whole_block_between_keeps_the_split_through_both_residual_adds():
+    """Block 0 all Shard(1), block 1 all Shard(0): block 0's w2 scattered dim 1 (its FFN
+    read a gathered copy, so nothing there names seq), both residual adds keep it."""
+    plan = _layers_plan(_layer_plan(1), _layer_plan(0))
+    with pytest.warns(ShapeWarning):
+        trace = _layer_trace(plan, example_input(), model=_Layers())
+    (finding,) = _mismatches(trace)
+    assert finding.message.startswith(
+        f"linear: layers.1.attention reads [{2 * B}, {S}, {DIM}] (wq's input), "
+        "layers.1.attention's all_gather along dim 0 of a tensor declared Shard(0): its local "
+        f"[{B}, {S}, {DIM}] is this rank's {S} of dim 1's {2 * S}, split by "
+        "layers.0.feed_forward.w2's reduce-scatter along dim 1 (Partial -> Shard(1))"
+    )
+
+
+@pytest.mark.no_shapeguard
+def test_seq_first_blocks_scattering_seq_then_declaring_batch_warn():
+    """Megatron's [seq, batch, d]: block 0 shards seq (Shard(0)), block 1 declares batch
+    (Shard(1)), so its gather stacks the ranks' seq slices along batch. Attention reads a
+    transpose of the gather; the message is in the gather's layout, the plan's."""
+    plan = _layers_plan(_layer_plan(0), _layer_plan(1))
+    x = example_input().transpose(0, 1).contiguous()  # [5 of 10 seq, 3 batch, 192]
+    with pytest.warns(ShapeWarning):
+        trace = _layer_trace(plan, x, model=_Layers(seq_first=True))
+    (finding,) = _mismatches(trace)
+    assert finding.message.splitlines()[0] == (
+        f"linear: layers.1.attention reads [{2 * B}, {S}, {DIM}] (wq's input), a transpose "
+        f"of layers.1.attention's all_gather [{S}, {2 * B}, {DIM}] along dim 1 of a tensor "
+        f"declared Shard(1): its local [{S}, {B}, {DIM}] is this rank's {S} of dim 0's "
+        f"{2 * S}, split by layers.0.feed_forward.w2's reduce-scatter along dim 0 (Partial -> "
+        f"Shard(0)), so the gather stacked the ranks' slices of dim 0 as dim 1 entries (dim 1 "
+        f"is {2 * B} = {B} x 2 ranks, dim 0 is {S}) and the sequences attention mixes tokens "
+        "within are not the model's"
+    )
+    assert finding.hint.startswith(
+        "declare Shard(0) where layers.1.attention_norm takes it (SequenceParallel("
+        "sequence_dim=0), or input_layouts=Shard(0)), to match RowwiseParallel(output_layouts="
+        "Shard(0)) on layers.0.feed_forward.w2; or shard dim 1 throughout"
+    )
+
+
+@pytest.mark.parametrize("batch", [B, S], ids=["distinct", "batch-equals-local-seq"])
+@pytest.mark.parametrize("norm", [True, False], ids=["sequence-parallel-norm", "gather"])
+def test_a_position_wise_sublayer_given_the_same_mismatch_is_silent(norm, batch):
+    """The feed-forward sublayer declares batch (Shard(0)) what attention's wo scattered
+    along seq: the norm and the MLP treat every token alike and w2 scatters each back to
+    the rank and place it came from, so the values are right (checked on gloo ranks
+    below): no finding."""
+    plan = _layer_plan(ffn_shard=0)
+    if not norm:
+        del plan["ffn_norm"]
+    trace = _layer_trace(plan, example_input(batch=batch))
+    assert trace.findings == [], [f.message for f in trace.findings]
+
+
+@pytest.mark.parametrize("batch", [B, S], ids=["distinct", "batch-equals-local-seq"])
+@pytest.mark.parametrize("shard", [0, 1])
+@pytest.mark.parametrize("seq_first", [False, True], ids=["bsd", "sbd"])
+def test_a_plan_that_shards_one_axis_throughout_is_silent(seq_first, shard, batch):
+    """Sharding any one axis consistently computes the right values: torchtitan's Shard(1)
+    on [batch, seq, d] (seq), Shard(0) on [seq, batch, d] (seq), and either plan on the
+    other layout (batch). Two blocks, so block 0's scatters reach block 1's attention
+    through its gather. The caller's input is this rank's slice of the sharded axis."""
+    x = example_input(batch=batch)  # [batch, 5, 192]: 5 is this rank's seq or batch slice
+    if seq_first:
+        x = x.transpose(0, 1).contiguous()
+    plan = _layers_plan(_layer_plan(shard), _layer_plan(shard))
+    trace = _layer_trace(plan, x, model=_Layers(seq_first=seq_first))
+    assert trace.findings == [], [f.message for f in trace.findings]
+
+
+def test_plain_tensor_parallelism_without_sequence_parallel_is_silent():
+    plain = _layer_plan(sequence_parallel=False)
+    trace = _layer_trace(_layers_plan(plain, plain), example_input(seq=2 * S), model=_Layers())
+    assert trace.findings == [], [f.message for f in trace.findings]
+
+
+class _ThenSeqFirst(torch.nn.Module):
+    """An attention sublayer on [batch, seq, d], a transpose, then a block on [seq, batch, d]."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_AttentionSublayer(), _Layer(seq_first=True)])
+
+    def forward(self, x):
+        h = self.layers[0](x)
+        return self.layers[1](h.transpose(0, 1))
+
+
+def _then_seq_first(declared):
+    first = {k: v for k, v in _layer_plan(1).items() if k.startswith("attention")}
+    plan = _layers_plan(first, _layer_plan(declared))
+    return _layer_trace(plan, example_input(), model=_ThenSeqFirst())
+
+
+def test_the_split_axis_follows_a_transpose_so_declaring_seq_after_it_is_silent():
+    """wo scatters seq, dim 1 of [batch, seq, d]; the user's transpose moves it to dim 0,
+    and the block after it declares Shard(0): seq, right."""
+    trace = _then_seq_first(0)
+    assert trace.findings == [], [f.message for f in trace.findings]
+
+
+@pytest.mark.no_shapeguard
+def test_the_split_axis_follows_a_transpose_and_the_hint_names_the_producers_layout():
+    """The same, declaring Shard(1) (batch after the transpose): the gather stacks seq
+    slices as batch items. wo's own plan still says Shard(1): the hint keeps its layout."""
+    with pytest.warns(ShapeWarning):
+        trace = _then_seq_first(1)
+    (finding,) = _mismatches(trace)
+    assert (
+        f"declared Shard(1): its local [{S}, {B}, {DIM}] is this rank's {S} of seq's {2 * S}, "
+        "split by layers.0.attention.wo's reduce-scatter along seq (Partial -> Shard(1))"
+    ) in finding.message
+    assert finding.hint == (
+        "declare Shard(0) where layers.1.attention_norm takes it (SequenceParallel("
+        "sequence_dim=0), or input_layouts=Shard(0)), to match RowwiseParallel(output_layouts="
+        "Shard(1)) on layers.0.attention.wo (its dim 1 is dim 0 here); or shard dim 1 "
+        "throughout: RowwiseParallel(output_layouts=Shard(0)) on layers.0.attention.wo and "
+        "every other producer of this tensor, Shard(1) wherever the plan takes it"
+    )

@@ -18,6 +18,7 @@ class Attention(nn.Module):
     the declared counts by tp (the TP tutorial's local activations), "none" uses them as
     they are (right for DTensor activations, the bug on local shards), "infer" views with
     -1 as torchtitan does. `spelling` "t5" views as `view(bs, -1, n_heads, d)`.
+    `seq_first`: x is [seq, batch, dim] (Megatron's layout), and so is the output.
     `manual`: softmax(q k^T) v by hand, as DTensor activations need (DTensor has no
     sharding strategy for SDPA's CPU kernel, and no GQA: give n_kv_heads=n_heads)."""
 
@@ -31,10 +32,12 @@ class Attention(nn.Module):
         local="infer",
         spelling="llama",
         manual=False,
+        seq_first=False,
     ):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
         self.tp, self.local, self.spelling, self.manual = tp, local, spelling, manual
+        self.seq_first = seq_first
         self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
@@ -46,6 +49,8 @@ class Attention(nn.Module):
         return count // self.tp if self.local == "tp" else count
 
     def forward(self, x):
+        if self.seq_first:
+            x = x.transpose(0, 1)
         bs, seqlen, _ = x.shape
         h, kv, hd = self._heads(self.n_heads), self._heads(self.n_kv_heads), self.head_dim
         if self.spelling == "t5":
@@ -59,7 +64,8 @@ class Attention(nn.Module):
             out = scores.softmax(dim=-1) @ xv
         else:
             out = F.scaled_dot_product_attention(xq, xk, xv, is_causal=True, enable_gqa=True)
-        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+        out = out.transpose(1, 2).reshape(bs, seqlen, -1)
+        return self.wo(out.transpose(0, 1) if self.seq_first else out)
 
 
 def plan(*, local_output: bool = True) -> dict:

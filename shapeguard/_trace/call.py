@@ -222,6 +222,11 @@ class OpCall:
         DTensor's shard) is its output (`_tp_session.Replicated`), or None."""
         return _tp_session.tiled(self.session, tensor)
 
+    def gathered(self, tensor):
+        """The all_gather of a reduce-scatter's piece, when `tensor` (or a DTensor's
+        shard) is its output (`_tp_session.Gathered`), or None."""
+        return _tp_session.gathered(self.session, tensor)
+
     def declared(self) -> dict[str, tuple[str, int]]:
         """Sizes declared by the innermost module that declares any (d_model, heads, d_k)."""
         for module in reversed(self.session.module_stack):

@@ -156,6 +156,9 @@ class Session:
         self._fresh = 0  # tensors made outside the trace, numbered as first seen (negative)
         # What `observe` registered: told of every op the mode is handed (empty: none).
         self.observers: tuple = ()
+        # Set once torch.distributed reduce-scatters a tensor: the user's elementwise ops
+        # and transposes then carry the axis it split (`_tp_session.carry`).
+        self.tp_split = False
 
     # -- lifecycle ---------------------------------------------------------------
     def open(self) -> None:
@@ -978,6 +981,8 @@ class Session:
         in_tensors = call.tensors()
         in_metas = [call.meta_of(t) for t in in_tensors]
         made = _flow.propagate(call, outputs)
+        if self.tp_split:
+            _tp_session.carry(self, call, in_tensors, outputs)
         labels = self._output_labels(call, len(outputs))
         first_label = in_metas[0].label if in_metas else None
         buffer, sliced = buffer_origin(

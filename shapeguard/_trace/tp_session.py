@@ -1,15 +1,19 @@
 """Tensor parallelism on the session's side: a DTensor's record and local axes, the
-ops torch.distributed runs itself (`plumbing`), and each module's sharding read once per
-session (`sharding`, `owner`, `local_sizes`). What a rule needs of tensor parallelism
+ops torch.distributed runs itself (`plumbing`) and what they say of a plain tensor
+(replicated by a collective; a reduce-scatter's piece, split along which axis, and a
+gather of one), and each module's sharding read once per session (`sharding`, `owner`,
+`local_sizes`). What a rule needs of tensor parallelism
 (reading placements and a module's split from its DTensor weights) is `_tp`, below the
 checks; this module sits with the session, whose state it reads and writes.
 """
 
+import dataclasses
 import weakref
 from dataclasses import dataclass
 
 from .. import _ops
 from .._names import axes as _axes
+from .._names import flow as _flow
 from .._tp import (
     Sharding,
     _is_fsdp_managed,
@@ -37,7 +41,7 @@ def record_sharding(t, meta=None, session=None):
             # shard, after the module's op: what it reduces is told from here.
             module = session.module_stack[-1] if session.module_stack else None
             path = session.module_path(module) if module is not None else ""
-            _state(session).partials[t._local_tensor] = (path, meta.axes)
+            _state(session).partials[t._local_tensor] = (path, meta.axes, meta.dims)
     local = local_shape(t)
     numel = 1
     for s in local:
@@ -70,6 +74,7 @@ def plumbing(session, func, spec, args, kwargs):
     and the tensor it came from are one tensor to the names."""
     out = func(*args, **kwargs)
     _mark_replicated(session, func, args, out)
+    _mark_split(session, func, args, kwargs, out)
     if spec is _VIEW_AS and args and out is not args[0]:
         source = args[0]
         meta = session.metas.get(source)
@@ -120,7 +125,7 @@ def _mark_replicated(session, func, args, out) -> None:
         shape = tuple(int(n) for n in out.shape)
         partial = state.partials.get(args[0])
         if partial is not None:
-            path, axes = partial
+            path, axes = partial[:2]
         else:
             module = session.module_stack[-1] if session.module_stack else None
             path, axes = (session.module_path(module) if module is not None else ""), None
@@ -140,6 +145,254 @@ def _mark_replicated(session, func, args, out) -> None:
 
 
 _REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """A plain tensor that is this rank's piece of a reduce-scatter over a process group:
+    split along `dim` of the layout the reduced tensor had in the user's code (DTensor's
+    plumbing moves that axis to dim 0 for the collective, `_mark_split`)."""
+
+    group: str  # the process group's name
+    dim: int  # the axis the scatter split, in the user's layout
+    ndim: int
+    module: str  # the module the reduced (Partial) tensor was made in ("" when unknown)
+    axes: tuple | None = None  # the names of its axes, when the reduced DTensor had them
+    whole: int | None = None  # the size of `dim` before the scatter
+    taken: str | None = None  # the module whose plan took it back as a DTensor (from_local)
+    moved: tuple = ()  # after the user's transposes: axis i was the scatter's axis moved[i]
+
+    def at_scatter(self, d: int) -> int:
+        """Axis `d` in the layout the scatter ran in (the producer's plan names that)."""
+        return self.moved[d] if self.moved else d
+
+
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    """An all_gather of a `Split` tensor over its group, along `dim` of the same layout."""
+
+    split: Split
+    dim: int
+    module: str  # the module it ran in ("" at the top)
+    local: tuple = ()  # the shape of the piece gathered
+    shape: tuple = ()  # the gather's shape (a transpose of it, read later, keeps the mark)
+
+
+class _Cut:
+    """One `chunk(t, n, dim)` in torch.distributed's plumbing, shared by its pieces: what
+    `t` carried, so the `cat` that puts the pieces back (the same dim: padding an uneven
+    split) or lays them out along dim 0 (a collective's copy) is told from its arguments."""
+
+    __slots__ = ("dim", "n", "size", "origin", "split", "gathered")
+
+    def __init__(self, dim, n, size, origin, split, gathered) -> None:
+        self.dim, self.n, self.size = dim, n, size
+        self.origin, self.split, self.gathered = origin, split, gathered
+
+
+def _dim_of(args, kwargs, index: int, ndim: int) -> int | None:
+    dim = kwargs.get("dim", args[index] if len(args) > index else 0)
+    return dim % ndim if isinstance(dim, int) and ndim else None
+
+
+def _mark_split(session, func, args, kwargs, out) -> None:
+    """Follow the axis a reduce-scatter split through DTensor's plumbing (arguments, never
+    sizes): `Partial -> Shard(d)` chunks the reduced shard along d and cats the pieces
+    along dim 0 (`funcol.reduce_scatter_tensor`), so the collective's output is this
+    rank's 1/tp of axis d (`Split`); a gather of it (`Gathered`) chunks along dim 0 and
+    cats along the dim it gathers. A gather along another axis than d follows a
+    `from_local(t, [Shard(k)])` that contradicts the split (read by `gathered`)."""
+    if not args:
+        return
+    name = getattr(func, "__name__", "")
+    state = _state(session)
+    source = args[0]
+    if name == "chunk" and isinstance(out, tuple | list) and hasattr(source, "shape"):
+        dim = _dim_of(args, kwargs, 2, source.dim())
+        if dim is not None:
+            size = state.unpadded.get(source) or int(source.shape[dim])
+            cut = _Cut(
+                dim, len(out), size, _origin(state, source),
+                state.split.get(source), state.gathered.get(source),
+            )  # fmt: skip
+            for i, piece in enumerate(out):
+                state.cuts[piece] = (cut, i)
+        return
+    if name in ("contiguous", "pad") and hasattr(out, "shape"):
+        found = state.cuts.get(source)  # padding the last piece of an uneven split
+        if found is not None:
+            state.cuts[out] = found
+    if name == "cat" and isinstance(source, tuple | list) and source and hasattr(out, "shape"):
+        parts = [state.cuts.get(t) for t in source]
+        first = parts[0]
+        if first is None or len(parts) != first[0].n:
+            return
+        joined: _Cut = first[0]
+        if not all(q is not None and q[0] is joined and q[1] == i for i, q in enumerate(parts)):
+            return
+        _join(state, joined, _dim_of(args, kwargs, 1, out.dim()), out)
+        return
+    if not hasattr(out, "shape") or is_dtensor(out):
+        return
+    if name == "reduce_scatter_tensor" and len(args) == 4 and args[1] in _REDUCE_OPS:
+        # _c10d_functional.reduce_scatter_tensor(input, op, group_size, group): it scatters
+        # dim 0; funcol moves another scatter dim there with a chunk and a cat first.
+        group = args[3]
+        if not isinstance(group, str) or not hasattr(source, "shape"):
+            return
+        moved = state.moved.get(source)
+        if moved is not None:
+            dim, whole, origin = moved
+        else:
+            # Dim 0 as it is, said only of a Partial's own shard (or its padded copy): a
+            # cat not seen for what it is (narrow under tracing) is no claim.
+            dim, whole, origin = 0, int(source.shape[0]), _origin(state, source)
+            if origin is None:
+                return
+        # The module is popped by then (RowwiseParallel scatters in its output hook): the
+        # Partial's record names it.
+        path, axes = _strong_names(origin) if origin is not None else ("", None)
+        state.split[out] = Split(group, dim, source.dim(), path, axes, whole)
+        session.tp_split = True
+        return
+    if name in ("all_gather_into_tensor", "all_gather_tensor"):
+        split = state.split.get(source)
+        group = next((a for a in args[1:] if isinstance(a, str)), None)
+        if split is not None and group == split.group:
+            module = session.module_stack[-1] if session.module_stack else None
+            path = session.module_path(module) if module is not None else ""
+            local = tuple(int(n) for n in source.shape)
+            shape = tuple(int(n) for n in out.shape)
+            state.gathered[out] = Gathered(split, 0, path, local, shape)
+        return
+    if not hasattr(source, "shape"):
+        return
+    split = state.split.get(source)
+    if name == "narrow" and split is not None:  # unpadding this rank's piece
+        if _dim_of(args, kwargs, 1, source.dim()) == split.dim:
+            state.split[out] = split
+        return
+    if tuple(source.shape) != tuple(out.shape):
+        return
+    if split is not None:
+        if name == "view_as" and session.module_stack:
+            # from_local's view, in the pre-hook of the module whose plan declares it (the
+            # last view before a read; to_local's runs after its module has left).
+            taken = session.module_path(session.module_stack[-1])
+            split = dataclasses.replace(split, taken=taken)
+        state.split[out] = split
+    gathered = state.gathered.get(source)
+    if gathered is not None:
+        state.gathered[out] = gathered
+
+
+_CARRYING = (_ops.SAME, _ops.BINARY)
+
+
+def carry(session, call, tensors, outputs) -> None:
+    """The user's ops that keep the layout (elementwise: the residual add of a
+    sequence-parallel block, dropout, a cast, a norm over features) or permute it (a
+    transpose to [seq, batch, d]) carry their operand's marks: a reduce-scatter's piece
+    stays split along that axis, wherever it moved, and a gather of one stays that gather;
+    a DTensor's shard the same, where the placements allow. Elementwise operands must
+    agree. Any other op (a view, a product) ends the marks: a miss, never a claim."""
+    family = call.spec.family
+    if family not in _CARRYING and family != _ops.LAYOUT:
+        return
+    state = _state(session)
+    for table, key in ((state.split, _split_key), (state.gathered, _gathered_key)):
+        marked = [
+            (mark, t)
+            for t in tensors
+            if (mark := table.get(t._local_tensor if is_dtensor(t) else t)) is not None
+        ]
+        if not marked or len({key(mark) for mark, _ in marked}) > 1:
+            continue  # unmarked, or operands that disagree: no claim
+        found, like = marked[-1]  # `h + ffn(h)`: the sublayer's own output names it
+        if family == _ops.LAYOUT:
+            order = _flow.layout_order(call, like.dim())
+            if order is None or len(outputs) != 1:
+                continue
+            found = _moved(found, order)
+        for out in outputs:
+            _carry_to(table, found, like, out, family == _ops.LAYOUT)
+
+
+def _split_key(mark) -> tuple:
+    return mark.group, mark.dim
+
+
+def _gathered_key(mark) -> tuple:
+    return mark.split.group, mark.split.dim, mark.dim
+
+
+def _carry_to(table, mark, like, out, moved: bool) -> None:
+    if not moved and tuple(out.shape) != tuple(like.shape):  # broadcast to more
+        return
+    if not is_dtensor(out):
+        if not is_dtensor(like):
+            table[out] = mark
+        return
+    if not is_dtensor(like):
+        return
+    kinds = {type(p).__name__ for p in (*out.placements, *like.placements)}
+    if kinds == {"Replicate"} or (not moved and tuple(out.placements) == tuple(like.placements)):
+        table[out._local_tensor] = mark
+
+
+def _moved(mark, order: list[int]):
+    """`mark` after a permutation of the axes (output axis i is input axis order[i]). A
+    gather is told in its own layout: whether it stacked along the split axis does not
+    depend on where the axes went after it."""
+    if isinstance(mark, Gathered):
+        return mark
+    axes = tuple(mark.axes[i] for i in order) if mark.axes else mark.axes
+    moved = tuple(mark.at_scatter(i) for i in order)
+    return dataclasses.replace(mark, dim=order.index(mark.dim), axes=axes, moved=moved)
+
+
+def _join(state, cut: _Cut, dim: int | None, out) -> None:
+    """A `cat` of all of `cut`'s pieces, in order, along `dim`."""
+    if dim == cut.dim:  # put back as it was (padded)
+        state.unpadded[out] = cut.size
+        if cut.origin is not None:
+            state.origins[out] = cut.origin
+        if cut.split is not None:
+            state.split[out] = cut.split
+        if cut.gathered is not None:
+            state.gathered[out] = cut.gathered
+    elif dim == 0:  # laid out along dim 0 for a reduce-scatter
+        state.moved[out] = (cut.dim, cut.size, cut.origin)
+    elif dim is not None and cut.dim == 0 and cut.gathered is not None:
+        # An all_gather's output (stacked along dim 0) moved to the gather dim.
+        g = cut.gathered
+        state.gathered[out] = Gathered(g.split, dim, g.module, g.local, tuple(out.shape))
+
+
+def _strong_names(origin) -> tuple:
+    """(module path, axis names), a name kept only where structure, a parameter or a
+    contract gave the axis its kind: a [seq, batch, d] model's input is named [batch,
+    seq, d] by convention until attention runs, and a finding must not say so."""
+    from .._names import dims as D
+
+    path, axes, dims = origin
+    names = tuple(
+        name if name is not None and D.strong_kind_of(axis) is not None else None
+        for name, axis in zip(axes, dims, strict=False)
+    )
+    return path, names if any(names) else None
+
+
+def _origin(state, t):
+    """(module path, axes, dims) of a Partial DTensor's shard, or of the copy padding made."""
+    found = state.partials.get(t)
+    return found if found is not None else state.origins.get(t)
+
+
+def gathered(session, tensor) -> "Gathered | None":
+    """The all_gather of a reduce-scatter's piece that `tensor` (plain, or a DTensor's
+    shard) is the output of (or passed on unchanged)."""
+    return _state(session).gathered.get(tensor)
 
 
 def tiled(session, tensor) -> "Replicated | None":
@@ -259,15 +512,24 @@ def _name_global(session, shard, axis, mesh_dim) -> None:
 
 # -- per-session state ---------------------------------------------------------------------------
 class _State:
-    __slots__ = ("shardings", "replicated", "partials", "pieces")
+    __slots__ = (
+        "shardings", "replicated", "partials", "pieces", "cuts", "moved", "origins", "split",
+        "gathered", "unpadded",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         from .meta import TensorTable
 
         self.shardings: dict[int, Sharding | None] = {}
         self.replicated = TensorTable()  # plain tensor -> Replicated
-        self.partials = TensorTable()  # a Partial DTensor's shard -> (module path, axes)
+        self.partials = TensorTable()  # a Partial DTensor's shard -> (module path, axes, dims)
         self.pieces = TensorTable()  # a chunk of a replicated tensor -> (Replicated, i, n)
+        self.cuts = TensorTable()  # a chunk in the plumbing -> (_Cut, i)
+        self.moved = TensorTable()  # a chunk-and-cat copy along dim 0 -> (dim, size, origin)
+        self.origins = TensorTable()  # a padded copy of a Partial's shard -> (path, axes, dims)
+        self.split = TensorTable()  # a reduce-scatter's output -> Split
+        self.gathered = TensorTable()  # an all_gather of a Split tensor -> Gathered
+        self.unpadded = TensorTable()  # a padded copy -> the size of its padded dim before
 
 
 _STATES: "weakref.WeakKeyDictionary[object, _State]" = weakref.WeakKeyDictionary()

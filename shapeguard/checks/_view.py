@@ -55,3 +55,4 @@ class CallView(Protocol):
     def tp_owner(self) -> tuple[Any, Any]: ...  # (module, its `_tp.Sharding`) or (None, None)
     def replicated(self, local, mesh, mesh_dim: int) -> Any: ...  # `Replicated` or None
     def tiled(self, tensor) -> Any: ...  # `Replicated` (a gather of one) or None
+    def gathered(self, tensor) -> Any: ...  # `Gathered` (of a `Split`) or None

@@ -12,7 +12,11 @@ on the meta device:
 - `tp_global_heads`: a view of this rank's local shard into the module's global head
   count (the attribute the TP tutorial says to divide by tp);
 - `tp_local_heads`: the mirror, a view of a DTensor (global sizes) into the local count;
-- `dtensor_mixed`: an op given a DTensor and a plain tensor, which DTensor refuses.
+- `dtensor_mixed`: an op given a DTensor and a plain tensor, which DTensor refuses;
+- `tp_shard_replicated` (sequence parallelism): a tensor every rank holds whole declared
+  this rank's shard;
+- `tp_shard_axis_mismatch` (sequence parallelism): attention given the gather of a
+  reduce-scatter's piece declared a shard of another axis than the one it was split along.
 
 The view checks are called by the view rules (`heads_view`, `regroup`): they explain a
 failure those rules find, in TP terms, instead of adding a second finding for it.
@@ -448,3 +452,114 @@ def _upstream_hint(found, d: int, here: str | None) -> str:
             f"{found.module}, which SequenceParallel cuts to Shard({d}) with no communication"
         )
     return hint
+
+
+# -- attention given a shard gathered along another axis than it was split along ---------------
+@rule(_ops.by_name("linear"), kinds={"tp_shard_axis_mismatch": WARNING})
+def shard_axis_mismatch(call: CallView) -> Iterator[Violation]:
+    """Attention's input gathered along another axis than the one a reduce-scatter split:
+    `RowwiseParallel(output_layouts=Shard(1))` scatters seq, the next sublayer's plan
+    (`SequenceParallel(sequence_dim=0)`, `PrepareModuleInput(input_layouts=Shard(0))`)
+    takes the piece for a slice of batch, and the gather to Replicate stacks the ranks'
+    slices of seq as batch items. Attention then mixes tokens within sequences that are
+    not the model's: wrong values, no error.
+
+    Read from provenance only: the axis the scatter split (in the user's layout), followed
+    through DTensor's chunk-and-cat plumbing by argument and through the user's
+    elementwise ops and transposes (`_tp_session`), against the axis the gather stacked
+    along (both in the gather's layout, so a transpose after it changes nothing). Reported
+    where the gathered tensor reaches a column-parallel q (or fused qkv) projection: a
+    position-wise sublayer (norm, MLP) given the same mismatch scatters each token back
+    where it was, computing the right values, and sharding one axis throughout (batch
+    instead of seq) is consistent; neither is a finding."""
+    if _tp.dtensor_class() is None:
+        return
+    leaf = call.module
+    module, split = call.tp_owner()
+    if leaf is None or split is None or module is leaf:
+        return
+    projection = next(
+        (p for name, p in split.projections.items() if getattr(module, name, None) is leaf),
+        None,
+    )
+    if projection is None or projection.style != "column" or not _first_reader(split, projection):
+        return
+    x = call.bound().get("input")
+    if x is None or not hasattr(x, "shape"):
+        return
+    gathered = call.gathered(x._local_tensor if _tp.is_dtensor(x) else x)
+    if gathered is None or gathered.dim == gathered.split.dim:
+        return
+    yield _gathered_across(call, x, gathered, call.module_path(module), projection.name)
+
+
+def _first_reader(split, projection) -> bool:
+    """The projection that reports for its attention: q, a fused one, else k, else v."""
+    roles = {p.role for p in split.projections.values() if p.style == "column"}
+    first = next((r for r in ("q", "", "k", "v") if r in roles), None)
+    return projection.role == first
+
+
+def _axis(split, d: int) -> str:
+    named = _axes.axis_name(split.axes, d, split.ndim) if split.axes else ""
+    return named if named and not named.startswith("dim") else f"dim {d}"
+
+
+def _gathered_across(call: CallView, x, gathered, owner: str, reader: str) -> Violation:
+    """The message, in the gather's layout (the one the plan declared): the tensor read
+    may be a transpose of it."""
+    split, d = gathered.split, gathered.dim
+    shape = [int(s) for s in x.shape]
+    whole = list(gathered.shape) or shape
+    declared, actual = _axis(split, d), _axis(split, split.dim)
+    local = list(gathered.local)
+    by = f"{gathered.module}'s all_gather" if gathered.module else "an all_gather"
+    if whole != shape:
+        by = f"a transpose of {by} {whole}"
+    made = f"{split.module}'s reduce-scatter" if split.module else "a reduce-scatter"
+    of = f" of {actual}'s {split.whole}" if split.whole else f" of {actual}"
+    sizes = ""
+    if len(local) == len(whole) and local[d] and whole[d] % local[d] == 0:
+        sizes = (
+            f" ({declared} is {whole[d]} = {local[d]} x {whole[d] // local[d]} ranks, "
+            f"{actual} is {whole[split.dim]})"
+        )
+    scattered = split.at_scatter(split.dim)  # in the producer's layout
+    relation = (
+        f"{call.op}: {owner or 'attention'} reads {shape} ({reader}'s input), {by} along "
+        f"{declared} of a tensor declared Shard({d}): its local {local} is this rank's "
+        f"{local[split.dim]}{of}, split by {made} along {actual} (Partial -> "
+        f"Shard({scattered})), so the gather stacked the ranks' slices of {actual} as "
+        f"{declared} entries{sizes} and the sequences attention mixes tokens within are not "
+        "the model's"
+    )
+    taken = split.taken or gathered.module
+    fix = f"declare Shard({split.dim}) where {taken} takes it" if taken else (
+        f"declare Shard({split.dim}) where the plan takes it"
+    )  # fmt: skip
+    hint = (
+        f"{fix} (SequenceParallel(sequence_dim={split.dim}), or input_layouts="
+        f"Shard({split.dim})), to match " + _producer_hint(split, d, declared)
+    )
+    label = call.label_of(x, "input")
+    return Violation("tp_shard_axis_mismatch", relation, (call.operand(label, x),), hint)
+
+
+def _producer_hint(split, d: int, declared: str) -> str:
+    """What made the split, and the other fix: shard the declared axis throughout, from the
+    producer on (in the producer's layout, which the user's transposes may have changed
+    since; on a residual stream every producer writes it)."""
+    split_axis = _axis(split, split.dim)
+    if not split.module:
+        return (
+            f"the reduce-scatter along {split_axis}; or shard {declared} throughout: scatter "
+            f"it where the tensor is made, and declare Shard({d}) wherever the plan takes it"
+        )
+    was, other = split.at_scatter(split.dim), split.at_scatter(d)
+    moved = f" (its dim {was} is dim {split.dim} here)" if was != split.dim else ""
+    return (
+        f"RowwiseParallel(output_layouts=Shard({was})) on {split.module}{moved}; or shard "
+        f"{declared} throughout: RowwiseParallel(output_layouts=Shard({other})) on "
+        f"{split.module} and every other producer of this tensor, Shard({d}) wherever the plan "
+        "takes it"
+    )

@@ -294,3 +294,81 @@ def test_a_helper_named_by_its_caller_replays(monkeypatch):
     third = _replays(monkeypatch, model, (x,))
     assert third._replayed == third._steps
     assert "Q" in [r.label for e in third.events for r in e.outputs]
+
+
+class _TwoLines(nn.Module):
+    """One projection called from two lines, in an order `swap` chooses."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(12, 12)
+        self.swap = False
+
+    def forward(self, x):
+        for turn in range(2):
+            if (turn == 0) != self.swap:
+                first = self.proj(x)
+            else:
+                second = self.proj(x).softmax(dim=-1)
+        return first + second
+
+
+def test_the_same_op_from_another_line_is_not_replayed(monkeypatch):
+    # A replayed step knows its user's frame by code object and instruction: the same
+    # module, op and inputs at another line of the same loop is another step.
+    model = _TwoLines()
+    x = torch.randn(2, 5, 12)
+    _steps(model, x)
+    model.swap = True
+    other = _trace(model, (x,))
+    assert 0 < other._replayed < other._steps
+    reference = _reference(monkeypatch, model, (x,))
+    _same(other, reference)
+    labels = [r.label for e in other.events for r in e.outputs]
+    assert labels.index("second") < labels.index("first")
+
+
+_EDITED = """
+import torch
+from torch import nn
+
+
+def forward(self, x):
+    {name} = self.proj(x)
+    return {name}.softmax(dim=-1)
+"""
+
+
+def _forward_from(path, name: str, stamp: int):
+    import importlib.util
+    import os
+    import textwrap
+
+    path.write_text(textwrap.dedent(_EDITED.format(name=name)))
+    os.utime(path, ns=(stamp, stamp))
+    spec = importlib.util.spec_from_file_location(f"replay_edited_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.forward
+
+
+def test_a_forward_edited_between_two_traces_is_not_replayed(tmp_path, monkeypatch):
+    # The same module, the same lines and instructions, another code object (the file
+    # edited and loaded again): the recorded sites, and their names, are not reused.
+    path = tmp_path / "edited_forward.py"
+
+    class Edited(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(12, 12)
+
+    model = Edited()
+    x = torch.randn(2, 3, 12)
+    monkeypatch.setattr(Edited, "forward", _forward_from(path, "scores", 1_000_000_000), False)
+    traces = _steps(model, x)
+    assert traces[2]._replayed == traces[2]._steps
+    monkeypatch.setattr(Edited, "forward", _forward_from(path, "logits", 2_000_000_000), False)
+    edited = _trace(model, (x,))
+    assert edited._replayed < edited._steps
+    assert [e.outputs[0].label for e in edited.events] == ["logits", "output"]
+    _same(edited, _reference(monkeypatch, model, (x,)))

@@ -147,13 +147,42 @@ def same_checks(checks: tuple, args: tuple, kwargs: dict) -> bool:
         elif how == _SAME_TYPE:
             if type(value) is not expected:
                 return False
-        else:
-            try:
-                if _key(value, expected[1]) != expected[0]:
-                    return False
-            except Unkeyable:
-                return False
+        elif not _same_key(value, expected[0], expected[1]):
+            return False
     return True
+
+
+def _same_key(value, key, loose: bool) -> bool:
+    """`_key(value, loose) == key`, without building the key for the common cases (a slice
+    of ints, a flat tuple or list of plain values and tensors)."""
+    kind = type(value)
+    if kind is slice:
+        start, stop, step = value.start, value.stop, value.step
+        if (
+            (start is None or type(start) is int)
+            and (stop is None or type(stop) is int)
+            and (step is None or type(step) is int)
+        ):
+            return key[0] is slice and (start, stop, step) == key[1]
+    elif (kind is tuple or kind is list) and key[0] is kind and len(value) == len(key[1]):
+        for v, expected in zip(value, key[1], strict=True):
+            k = type(v)
+            if loose and k in _NUMBERS:
+                found: object = _NUMBER
+            elif k in _PLAIN:
+                found = v
+            elif isinstance(v, torch.Tensor):
+                found = _TENSOR
+            else:
+                break  # nested: compared below
+            if found is not expected and found != expected:
+                return False
+        else:
+            return True
+    try:
+        return _key(value, loose) == key
+    except Unkeyable:
+        return False
 
 
 def loose_numbers(spec, rules, args: tuple) -> bool:
@@ -243,6 +272,7 @@ class Step:
         "kind",
         "func",  # the function (OP), a name step's key (NAME)
         "site",
+        "where",  # OP: `_source.site_key` of the user's frame where `site` was last seen
         "module",  # weak reference to the innermost module (OP) or the module (ENTER/EXIT)
         "inputs",  # per input: (slot, None for a tensor first seen here; shape; dtype)
         "firsts",  # per input first seen here: (weak reference, what kind of tensor it is)
@@ -260,6 +290,7 @@ class Step:
         self.kind = kind
         self.func = None
         self.site = None
+        self.where = None
         self.module = None
         self.inputs = ()
         self.firsts = ()

@@ -9,6 +9,8 @@ before torch raises), then the op, then its output is named and recorded.
 
 import inspect
 import weakref
+from sys import _getframe
+from types import FrameType
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -25,13 +27,18 @@ from . import construction as _construction
 from . import flash as _flash
 from . import replay as _replay
 from . import tp_session as _tp_session
-from .call import OpCall, _dtype_name, _tensors_of_args
+from .call import OpCall, _dtype_name
 from .current import _local, current_session
 from .meta import TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
 from .observe import Observation, Observer
 from .record import TraceData as Trace
 
 _QUERY = _ops.QUERY
+_code_kinds, _code_kind = _source._kinds, _source._kind
+_FLOOR, _IN_MODULE = _source._FLOOR, _source._IN_MODULE
+_site_epoch = _source.site_epoch
+_Tensor = torch.Tensor
+_SEQUENCES = (tuple, list)
 _torch_compiling = torch.compiler.is_compiling
 
 
@@ -411,14 +418,16 @@ class Session:
     def _resolve(self, step, tensors: list, metas: list) -> list | None:
         """Give tensors first seen here their metas, and find the dims the step's template
         needs; None (and nothing made) when they are not there."""
-        made = [k for k, m in enumerate(metas) if m is None]
+        made = [k for k, m in enumerate(metas) if m is None] if step.firsts else ()
         fresh = self._fresh
         firsts = iter(step.firsts)
+        table = self.metas
         for k in made:
             # The state name recorded: the replay checked that it is that tensor, or one
             # of that name (`_same_firsts`), so it need not be looked up again.
-            name = next(firsts)[1][1]
-            metas[k] = self.metas.get(tensors[k]) or self._fresh_meta(tensors[k], name)
+            nature = next(firsts)[1]
+            tensor = tensors[k]
+            metas[k] = table.get(tensor) or self._replayed_fresh(tensor, nature)
         try:
             return _replay.resolve(step.effects.paths, metas)
         except (IndexError, AttributeError, TypeError):
@@ -426,6 +435,28 @@ class Session:
                 self.metas.discard(tensors[k])
             self._fresh = fresh
             return None
+
+    def _replayed_fresh(self, tensor, nature: tuple) -> TensorMeta:
+        """`_fresh_meta` for a tensor first seen in a replayed step, whose `_first_seen`
+        is `nature` (the state name is its second item): the same axes, origins and slot."""
+        name = nature[1]
+        param = isinstance(tensor, torch.nn.Parameter)
+        shape = tensor.shape
+        origins = _ORIGINS.get((name, param, len(shape)))
+        if origins is None:
+            origins = _origins(name, param, len(shape))
+        axes: list = []
+        for size, origin in zip(shape, origins, strict=True):
+            if size == 1:
+                axes.append(())  # `_dims.fresh`: size 1 has no atoms
+            else:
+                dim = _Dim(int(size))
+                dim.origin = origin
+                axes.append(((dim, 1, dim.size),))
+        meta = TensorMeta.made(tuple(axes), _FRESH_FIELDS[param], self._fresh - 1)
+        self._fresh -= 1
+        self.metas[tensor] = meta
+        return meta
 
     def _replay_enter(self, module, first: bool, args: tuple, kwargs: dict) -> bool:
         seen = id(module) in self._seen_modules
@@ -615,22 +646,60 @@ class Session:
         i = self.step
         site = tensors = module = None
         replay = self.replay
+        choices: list | tuple
         if i == 0 and len(self._choices) > 1:
             choices = self._choices
         else:
-            choices = [replay] if replay is not None else []
+            choices = (replay,) if replay is not None else ()
         get = self.metas._data.get
         for steps in choices:
             step = steps[i] if i < len(steps) else None
             if step is None or (step.func is not func and step.func != func):
                 continue
             if tensors is None:
-                site = _source.user_site()
+                # The user's frame, found as `_source.user_site` finds it; its site is looked
+                # up only when the frame is not where the step's site was last seen.
+                frame: FrameType | None = _getframe(1)
+                in_module = False
+                while frame is not None:
+                    code = frame.f_code
+                    known = _code_kinds.get(id(code))
+                    kind = known[1] if known is not None and known[0] is code else _code_kind(code)
+                    if not kind:
+                        break
+                    if kind == _FLOOR:
+                        frame = None
+                        break
+                    if kind == _IN_MODULE:
+                        in_module = True
+                    frame = frame.f_back
+                if frame is None:
+                    site = None
+                else:
+                    lasti = frame.f_lasti
+                    where = step.where
+                    if (
+                        where is not None
+                        and where[0] is code
+                        and where[1] == lasti
+                        and where[2] is in_module
+                        and where[3] == _site_epoch[0]
+                    ):
+                        site = step.site
+                    else:
+                        site = _source.frame_site(frame, in_module)
+                        if site is step.site:
+                            step.where = _source.site_key(code, lasti, in_module, site)
                 stack = self.module_stack
                 module = stack[-1] if stack else None
-                tensors = _tensors_of_args(args)
+                tensors = []  # `OpCall.tensors`, inlined
+                for a in args:
+                    if isinstance(a, _Tensor):
+                        tensors.append(a)
+                    elif isinstance(a, _SEQUENCES):
+                        tensors.extend([t for t in a if isinstance(t, _Tensor)])
                 if kwargs:
-                    tensors += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
+                    tensors += [v for v in kwargs.values() if isinstance(v, _Tensor)]
             ref = step.module
             if step.site is not site or (ref() if ref is not None else None) is not module:
                 continue
@@ -1055,6 +1124,24 @@ class Session:
         if len(site.targets) == count:
             return site.targets
         return (site.targets[0],) if len(site.targets) == 1 else ()
+
+
+# What `_fresh_meta` gives a tensor first seen besides its axes (TensorMeta's defaults,
+# in `TensorMeta.FIELDS` order), for a tensor and for a parameter.
+_FRESH_FIELDS: dict[bool, tuple] = {
+    flag: ((), None, None, "", "", False, False, flag, frozenset(), False) for flag in (False, True)
+}
+_ORIGINS: dict = {}  # (state name, a parameter, ndim) -> `_fresh_meta`'s origin per axis
+_Dim = _dims.Dim
+
+
+def _origins(name: str, param: bool, ndim: int) -> tuple:
+    origin = "a parameter" if param else "a tensor made outside the trace"
+    found = tuple(f"axis {i} of {name}" if name else origin for i in range(ndim))
+    if len(_ORIGINS) > 4096:
+        _ORIGINS.clear()
+    _ORIGINS[(name, param, ndim)] = found
+    return found
 
 
 def _weak(module):

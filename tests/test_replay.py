@@ -10,6 +10,7 @@ must stop: other shapes, other mask values, another line, a module entered in an
 order, a tensor made elsewhere, a finding.
 """
 
+import gc
 import warnings
 
 import bug_zoo as zoo
@@ -372,3 +373,59 @@ def test_a_forward_edited_between_two_traces_is_not_replayed(tmp_path, monkeypat
     assert edited._replayed < edited._steps
     assert [e.outputs[0].label for e in edited.events] == ["logits", "output"]
     _same(edited, _reference(monkeypatch, model, (x,)))
+
+
+class _Arguments(nn.Module):
+    """Ops whose arguments besides their input tensors a test changes between traces (on
+    a cube, so that no output shape tells the change)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(12, 12)
+        self.dim = -1
+        self.order = (0, 2, 1)
+        self.square = True
+
+    def forward(self, x):
+        h = self.proj(x).permute(*self.order)
+        h = h * (h if self.square else 2.0)
+        return torch.softmax(h, dim=self.dim)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(("dim", 1), id="a keyword argument"),
+        pytest.param(("order", (0, 1, 2)), id="positional numbers"),
+        pytest.param(("square", False), id="a tensor turned number"),
+    ],
+)
+def test_other_arguments_at_the_same_line_are_not_replayed(change, monkeypatch):
+    # A step compares its arguments in compiled code (`_replay.matcher`): each kind of
+    # change at the same line stops the replay there, and the trace is the usual one.
+    model = _Arguments()
+    x = torch.randn(2, 12, 12)
+    third = _steps(model, x)[2]
+    assert third._replayed == third._steps
+    setattr(model, *change)
+    other = _trace(model, (x,))
+    assert other._replayed < other._steps
+    _same(other, _reference(monkeypatch, model, (x,)))
+
+
+def test_a_closed_session_leaves_no_reference_cycle():
+    # The mode and its session held each other (and the trace's events hung off them):
+    # the garbage collector had some hundred objects per forward to free.
+    model = shapeguard.guard(Attention())
+    x = torch.randn(2, 5, 12)
+    with torch.no_grad():
+        model(x)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(4):  # recorded, then replayed
+            with torch.no_grad():
+                model(x)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

@@ -7,6 +7,7 @@ query-key product names d_k) shows on every record of that axis.
 """
 
 import weakref as _weakref
+from functools import partial
 
 from .._names import dims as _dims
 from .._names.dims import Axis
@@ -182,6 +183,16 @@ def _buffer_name(tensor, modules: list) -> str:
     return ""
 
 
+def _forget(table_ref, key: int, ref) -> None:
+    """A tensor of a `TensorTable` was collected: drop its entry (unless the id is
+    another tensor's by now)."""
+    table = table_ref()
+    if table is not None:
+        entry = table._data.get(key)
+        if entry is not None and entry[0] is ref:
+            del table._data[key]
+
+
 class TensorTable:
     """Metas by live tensor, holding no tensor: `id(tensor) -> (weak reference, meta)`.
 
@@ -190,10 +201,11 @@ class TensorTable:
     entry goes when its tensor is collected (the weak reference's callback), and a new
     tensor that reuses the id never reads the old entry (the reference is dead)."""
 
-    __slots__ = ("_data", "__weakref__")
+    __slots__ = ("_data", "_self", "__weakref__")
 
     def __init__(self) -> None:
         self._data: dict[int, tuple] = {}
+        self._self = _weakref.ref(self)
 
     def get(self, tensor, default=None):
         entry = self._data.get(id(tensor))
@@ -206,14 +218,10 @@ class TensorTable:
 
     def __setitem__(self, tensor, meta) -> None:
         key = id(tensor)
-        data = self._data
-
-        def forget(ref, key=key, data=data):
-            entry = data.get(key)
-            if entry is not None and entry[0] is ref:
-                del data[key]
-
-        data[key] = (_weakref.ref(tensor, forget), meta)
+        # The callback holds the table weakly: holding `_data` would make each entry a
+        # reference cycle (the dict, the entry, its reference, the callback), which only the
+        # garbage collector frees, a few hundred objects per forward.
+        self._data[key] = (_weakref.ref(tensor, partial(_forget, self._self, key)), meta)
 
     def discard(self, tensor) -> None:
         entry = self._data.get(id(tensor))

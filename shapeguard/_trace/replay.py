@@ -185,6 +185,81 @@ def _same_key(value, key, loose: bool) -> bool:
         return False
 
 
+# -- matchers: a step's comparison of the arguments and inputs, compiled ---------------------
+def matcher(step: "Step"):
+    """A function `(args, kwargs, get) -> the inputs' metas, or None` that answers what a
+    replay's generic comparison (`args` by `same_args`, then each input's dtype, shape and
+    slot, `get` being the tensor table's `dict.get`) answers for this step, in straight
+    code: or False where the step needs the generic one (an input first seen here, tensor
+    values or frame locals read, tensors inside a list argument)."""
+    compared: tuple = step.args
+    count, names, checks = compared
+    inputs: tuple = step.inputs
+    if step.firsts or step.values or step.extras:
+        return False
+    for _, how, expected in checks:
+        if how == _SAME_TYPE and issubclass(expected, tuple | list):
+            return False  # the generic gathers the tensors a tuple or list holds
+    where_tensors = [k for k in range(count) if not any(c[0] == k for c in checks)]
+    where_tensors += [n for n in names if not any(c[0] == n for c in checks)]
+    if len(where_tensors) != len(inputs):
+        return False  # tensors inside a list or tuple (torch.cat): the generic gathers them
+    shape_key = (count, names, tuple(c[:2] for c in checks), tuple(where_tensors))
+    make = _matchers.get(shape_key)
+    if make is None:
+        if len(_matchers) > 4096:
+            _matchers.clear()
+        make = _matchers[shape_key] = _compile_matcher(count, names, checks, where_tensors)
+    constants = [c[2] for c in checks]
+    for slot, shape, dtype in inputs:
+        constants += (dtype, shape, slot)
+    return make(tuple(constants))
+
+
+_matchers: dict = {}
+
+
+def _compile_matcher(count: int, names: tuple, checks: tuple, where_tensors: list):
+    def value(where) -> str:
+        return f"a[{where}]" if type(where) is int else f"k[{where!r}]"
+
+    lines = [f"if len(a) != {count}: return None"]
+    lines.append(f"if tuple(k) != {names!r}: return None" if names else "if k: return None")
+    for n, (where, how, _) in enumerate(checks):
+        v = value(where)
+        if how == _EXACT:
+            lines.append(f"v = {v}")
+            lines.append(f"if type(v) is not type(c[{n}]) or v != c[{n}]: return None")
+        elif how == _ANY_NUMBER:
+            lines.append(f"if type({v}) not in numbers: return None")
+        elif how == _SAME_TYPE:
+            lines.append(f"if type({v}) is not c[{n}]: return None")
+        else:
+            lines.append(f"if not same_key({v}, c[{n}][0], c[{n}][1]): return None")
+    out = []
+    for j, where in enumerate(where_tensors):
+        d, sh, sl = (len(checks) + 3 * j + x for x in range(3))
+        lines.append(f"t = {value(where)}")
+        lines.append(
+            f"if not isinstance(t, Tensor) or t.dtype is not c[{d}] or t.shape != c[{sh}]:"
+            " return None"
+        )
+        lines.append("e = g(id(t))")
+        lines.append(f"if e is None or e[0]() is not t or e[1].slot != c[{sl}]: return None")
+        lines.append(f"m{j} = e[1]")
+        out.append(f"m{j}")
+    lines.append(f"return [{', '.join(out)}]")
+    body = "".join(f"        {line}\n" for line in lines)
+    source = f"def make(c):\n    def match(a, k, g):\n{body}    return match\n"
+    scope = {
+        "Tensor": torch.Tensor,
+        "numbers": _NUMBERS,
+        "same_key": _same_key,
+    }
+    exec(compile(source, "<shapeguard replay match>", "exec"), scope)
+    return scope["make"]
+
+
 def loose_numbers(spec, rules, args: tuple) -> bool:
     """Whether numbers in the arguments change nothing the session computes: no rule reads
     this call (none registered, or each declares tensor operands the call lacks: `x * 0.5`
@@ -273,6 +348,7 @@ class Step:
         "func",  # the function (OP), a name step's key (NAME)
         "site",
         "where",  # OP: `_source.site_key` of the user's frame where `site` was last seen
+        "match",  # OP: `matcher` of the step (None: not made yet; False: none)
         "module",  # weak reference to the innermost module (OP) or the module (ENTER/EXIT)
         "inputs",  # per input: (slot, None for a tensor first seen here; shape; dtype)
         "firsts",  # per input first seen here: (weak reference, what kind of tensor it is)
@@ -291,6 +367,7 @@ class Step:
         self.func = None
         self.site = None
         self.where = None
+        self.match = None
         self.module = None
         self.inputs = ()
         self.firsts = ()

@@ -8,6 +8,7 @@ before torch raises), then the op, then its output is named and recorded.
 """
 
 import inspect
+import typing
 import weakref
 from sys import _getframe
 from types import FrameType
@@ -61,6 +62,7 @@ def _static(tensor, meta: TensorMeta | None = None) -> tuple:
 
 
 _MISSED = object()  # a replayed op that was not the recording's next step
+_UNSET = object()  # the innermost module, not looked up yet
 
 # (spelling, op) by the function torch hands the mode: two lookups made once per function.
 _SPECS: dict = {}
@@ -84,6 +86,16 @@ def _spec_of(func) -> tuple:
     except TypeError:  # an unhashable callable
         pass
     return found
+
+
+class _Closed:
+    """What a closed session's mode holds instead of it: every call goes through."""
+
+    observers = ()
+    _dispatching = True
+
+
+_CLOSED = _Closed()
 
 
 class _Interceptor(TorchFunctionMode):
@@ -216,6 +228,10 @@ class Session:
                 self.trace.settle()
             self.metas = TensorTable()
             self.module_stack.clear()
+            # The mode and the session hold each other: a cycle that only the garbage
+            # collector would free, with the trace's events and metas hanging off it (some
+            # hundred objects per forward). A mode left on a stack lets every call through.
+            self._mode.session = typing.cast("Session", _CLOSED)
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:
@@ -644,7 +660,8 @@ class Session:
         when it is not that step. (Written flat: this is the hot path of a replay.)"""
         __tracebackhide__ = True
         i = self.step
-        site = tensors = module = None
+        site = tensors = None
+        module = _UNSET
         replay = self.replay
         choices: list | tuple
         if i == 0 and len(self._choices) > 1:
@@ -656,10 +673,10 @@ class Session:
             step = steps[i] if i < len(steps) else None
             if step is None or (step.func is not func and step.func != func):
                 continue
-            if tensors is None:
+            if module is _UNSET:
                 # The user's frame, found as `_source.user_site` finds it; its site is looked
                 # up only when the frame is not where the step's site was last seen.
-                frame: FrameType | None = _getframe(1)
+                frame: FrameType | None = _getframe(2)
                 in_module = False
                 while frame is not None:
                     code = frame.f_code
@@ -692,6 +709,27 @@ class Session:
                             step.where = _source.site_key(code, lasti, in_module, site)
                 stack = self.module_stack
                 module = stack[-1] if stack else None
+            ref = step.module
+            if step.site is not site or (ref() if ref is not None else None) is not module:
+                continue
+            match = step.match
+            if match is None:
+                match = step.match = _replay.matcher(step)
+            if match:
+                # The arguments and inputs compared in straight code (`_replay.matcher`).
+                metas = match(args, kwargs, get)
+                if metas is None:
+                    continue
+                effects = step.effects
+                if effects.paths:
+                    try:
+                        objs = _replay.resolve(effects.paths, metas)
+                    except (IndexError, AttributeError, TypeError):  # as `_resolve`
+                        continue
+                else:
+                    objs = None
+                break
+            if tensors is None:
                 tensors = []  # `OpCall.tensors`, inlined
                 for a in args:
                     if isinstance(a, _Tensor):
@@ -700,9 +738,6 @@ class Session:
                         tensors.extend([t for t in a if isinstance(t, _Tensor)])
                 if kwargs:
                     tensors += [v for v in kwargs.values() if isinstance(v, _Tensor)]
-            ref = step.module
-            if step.site is not site or (ref() if ref is not None else None) is not module:
-                continue
             count, names, checks = step.args
             if len(args) != count or (tuple(kwargs) != names if kwargs else names):
                 continue

@@ -429,3 +429,27 @@ def test_a_closed_session_leaves_no_reference_cycle():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_a_parameter_in_another_layout_is_not_replayed(monkeypatch):
+    # A parameter is first seen in each session: the step compares the very tensor and
+    # its layout (strides, device, requires_grad), in compiled code (`_replay.matcher`).
+    model = Attention()
+    x = torch.randn(2, 5, 12)
+    _steps(model, x)
+    model.qkv.weight.requires_grad_(False)
+    other = _trace(model, (x,))
+    assert other._replayed < other._steps
+    _same(other, _reference(monkeypatch, model, (x,)))
+
+
+def test_a_parameter_replaced_by_one_of_its_kind_replays(monkeypatch):
+    # Another tensor where the recorded one was: the generic comparison decides (the same
+    # name, kind and layout: the same step).
+    model = Attention()
+    x = torch.randn(2, 5, 12)
+    _steps(model, x)
+    model.qkv.weight = nn.Parameter(torch.randn(36, 12))
+    other = _trace(model, (x,))
+    assert other._replayed == other._steps
+    _same(other, _reference(monkeypatch, model, (x,)))

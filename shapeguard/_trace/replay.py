@@ -187,15 +187,19 @@ def _same_key(value, key, loose: bool) -> bool:
 
 # -- matchers: a step's comparison of the arguments and inputs, compiled ---------------------
 def matcher(step: "Step"):
-    """A function `(args, kwargs, get) -> the inputs' metas, or None` that answers what a
-    replay's generic comparison (`args` by `same_args`, then each input's dtype, shape and
-    slot, `get` being the tensor table's `dict.get`) answers for this step, in straight
-    code: or False where the step needs the generic one (an input first seen here, tensor
-    values or frame locals read, tensors inside a list argument)."""
+    """A function `(args, kwargs, get)` that answers what a replay's generic comparison
+    (`args` by `same_args`, then each input's dtype, shape and slot, and an input first
+    seen here by `Session._same_firsts`; `get` is the tensor table's `dict.get`) answers
+    for this step, in straight code: None where the step is not this call, else the
+    inputs' metas (None for one first seen here; with the inputs, as `(metas, tensors)`,
+    when the step has such inputs), or GENERIC where only the generic comparison can tell
+    (a first-seen input that is not the recorded tensor). False where the step needs the
+    generic comparison always (tensor values or frame locals read, tensors in a list)."""
     compared: tuple = step.args
     count, names, checks = compared
     inputs: tuple = step.inputs
-    if step.firsts or step.values or step.extras:
+    recorded: tuple = step.firsts
+    if step.values or step.extras or any(ref is None for ref, _ in recorded):
         return False
     for _, how, expected in checks:
         if how == _SAME_TYPE and issubclass(expected, tuple | list):
@@ -204,22 +208,30 @@ def matcher(step: "Step"):
     where_tensors += [n for n in names if not any(c[0] == n for c in checks)]
     if len(where_tensors) != len(inputs):
         return False  # tensors inside a list or tuple (torch.cat): the generic gathers them
-    shape_key = (count, names, tuple(c[:2] for c in checks), tuple(where_tensors))
+    unseen = tuple(slot is None for slot, _, _ in inputs)
+    shape_key = (count, names, tuple(c[:2] for c in checks), tuple(where_tensors), unseen)
     make = _matchers.get(shape_key)
     if make is None:
         if len(_matchers) > 4096:
             _matchers.clear()
-        make = _matchers[shape_key] = _compile_matcher(count, names, checks, where_tensors)
+        make = _compile_matcher(count, names, checks, where_tensors, unseen)
+        _matchers[shape_key] = make
     constants = [c[2] for c in checks]
+    firsts = iter(recorded)
     for slot, shape, dtype in inputs:
-        constants += (dtype, shape, slot)
+        if slot is None:
+            ref, nature = next(firsts)
+            constants += (dtype, shape, ref, nature[3:])
+        else:
+            constants += (dtype, shape, slot, None)
     return make(tuple(constants))
 
 
+GENERIC = object()  # what a matcher returns where only the generic comparison can tell
 _matchers: dict = {}
 
 
-def _compile_matcher(count: int, names: tuple, checks: tuple, where_tensors: list):
+def _compile_matcher(count: int, names: tuple, checks: tuple, where_tensors: list, unseen):
     def value(where) -> str:
         return f"a[{where}]" if type(where) is int else f"k[{where!r}]"
 
@@ -236,25 +248,38 @@ def _compile_matcher(count: int, names: tuple, checks: tuple, where_tensors: lis
             lines.append(f"if type({v}) is not c[{n}]: return None")
         else:
             lines.append(f"if not same_key({v}, c[{n}][0], c[{n}][1]): return None")
-    out = []
+    metas, tensors = [], []
     for j, where in enumerate(where_tensors):
-        d, sh, sl = (len(checks) + 3 * j + x for x in range(3))
-        lines.append(f"t = {value(where)}")
+        d, sh, sl, nat = (len(checks) + 4 * j + x for x in range(4))
+        lines.append(f"t{j} = t = {value(where)}")
         lines.append(
             f"if not isinstance(t, Tensor) or t.dtype is not c[{d}] or t.shape != c[{sh}]:"
             " return None"
         )
         lines.append("e = g(id(t))")
-        lines.append(f"if e is None or e[0]() is not t or e[1].slot != c[{sl}]: return None")
-        lines.append(f"m{j} = e[1]")
-        out.append(f"m{j}")
-    lines.append(f"return [{', '.join(out)}]")
+        if unseen[j]:
+            # `Session._same_firsts`: the recorded tensor, in the recorded layout.
+            lines.append("if e is not None and e[0]() is t: return None")
+            lines.append(f"if c[{sl}]() is not t: return generic")
+            lines.append(
+                f"if (t.stride(), t.device.type, t.requires_grad) != c[{nat}]: return None"
+            )
+            metas.append("None")
+        else:
+            lines.append(f"if e is None or e[0]() is not t or e[1].slot != c[{sl}]: return None")
+            metas.append("e[1]" if j == len(where_tensors) - 1 else f"m{j}")
+            if j != len(where_tensors) - 1:
+                lines.append(f"m{j} = e[1]")
+        tensors.append(f"t{j}")
+    found = f"[{', '.join(metas)}]"
+    lines.append(f"return {found}, [{', '.join(tensors)}]" if any(unseen) else f"return {found}")
     body = "".join(f"        {line}\n" for line in lines)
     source = f"def make(c):\n    def match(a, k, g):\n{body}    return match\n"
     scope = {
         "Tensor": torch.Tensor,
         "numbers": _NUMBERS,
         "same_key": _same_key,
+        "generic": GENERIC,
     }
     exec(compile(source, "<shapeguard replay match>", "exec"), scope)
     return scope["make"]
@@ -659,7 +684,7 @@ def apply(effects: Effects, objs: list | None, metas: list, slot: int) -> list:
     """Make the step's effects on the dims `objs` (resolved from its inputs); return the
     outputs' metas, numbered from `slot`."""
     if effects.simple:
-        return _outputs(effects.outs, objs, metas, slot)
+        return outputs(effects.outs, objs, metas, slot)
     if objs is None:
         objs = []
     news = effects.news
@@ -686,10 +711,11 @@ def apply(effects: Effects, objs: list | None, metas: list, slot: int) -> list:
         changed = True
     if changed:
         D._epoch[0] += 1
-    return _outputs(effects.outs, objs, metas, slot)
+    return outputs(effects.outs, objs, metas, slot)
 
 
-def _outputs(outs: tuple, objs: list | None, metas: list, slot: int) -> list:
+def outputs(outs: tuple, objs: list | None, metas: list, slot: int) -> list:
+    """The outputs' metas of a step (`apply`), numbered from `slot`."""
     out = []
     new = TensorMeta.__new__
     for build, fields in outs:

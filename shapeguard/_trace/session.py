@@ -63,6 +63,7 @@ def _static(tensor, meta: TensorMeta | None = None) -> tuple:
 
 _MISSED = object()  # a replayed op that was not the recording's next step
 _UNSET = object()  # the innermost module, not looked up yet
+_GENERIC = _replay.GENERIC
 
 # (spelling, op) by the function torch hands the mode: two lookups made once per function.
 _SPECS: dict = {}
@@ -717,18 +718,26 @@ class Session:
                 match = step.match = _replay.matcher(step)
             if match:
                 # The arguments and inputs compared in straight code (`_replay.matcher`).
-                metas = match(args, kwargs, get)
-                if metas is None:
+                found = match(args, kwargs, get)
+                if found is None:
                     continue
-                effects = step.effects
-                if effects.paths:
-                    try:
-                        objs = _replay.resolve(effects.paths, metas)
-                    except (IndexError, AttributeError, TypeError):  # as `_resolve`
-                        continue
-                else:
-                    objs = None
-                break
+                if found is not _GENERIC:
+                    effects = step.effects
+                    if step.firsts:
+                        metas, tensors = found
+                        objs = self._resolve(step, tensors, metas)
+                        if objs is None:
+                            continue
+                    elif effects.paths:
+                        metas = found
+                        try:
+                            objs = _replay.resolve(effects.paths, metas)
+                        except (IndexError, AttributeError, TypeError):  # as `_resolve`
+                            continue
+                    else:
+                        metas = found
+                        objs = None
+                    break
             if tensors is None:
                 tensors = []  # `OpCall.tensors`, inlined
                 for a in args:
@@ -791,13 +800,12 @@ class Session:
             raise self._torch_error(
                 error, OpCall(self, func, op, args, kwargs, site, spec)
             ) from error
+        shapes = step.outputs
         if type(out) is torch.Tensor:
-            outputs = [out]
-            shapes = step.outputs
+            outputs = None  # the one output: `out`
             same = len(shapes) == 1 and out.shape == shapes[0]
         else:
             outputs = _tensors_of(out)
-            shapes = step.outputs
             same = len(outputs) == len(shapes) and all(
                 o.shape == s for o, s in zip(outputs, shapes, strict=True)
             )
@@ -809,10 +817,17 @@ class Session:
                 self._append(None)
             self.step += 1
             return out
-        made = _replay.apply(effects, objs, metas, i * _replay.MAX_OUTPUTS)
+        slot = i * _replay.MAX_OUTPUTS
+        if effects.simple:  # `_replay.apply`'s first test, made here
+            made = _replay.outputs(effects.outs, objs, metas, slot)
+        else:
+            made = _replay.apply(effects, objs, metas, slot)
         table = self.metas
-        for tensor, meta in zip(outputs, made, strict=True):
-            table[tensor] = meta
+        if outputs is None:
+            table[out] = made[0]
+        else:
+            for tensor, meta in zip(outputs, made, strict=True):
+                table[tensor] = meta
         event = step.event
         if event is not None:
             trace = self.trace

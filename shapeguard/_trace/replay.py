@@ -417,7 +417,7 @@ class Effects:
     the alias of the dim found by path k. Dims the step made follow them in the same list
     of objects; every reference below is an index into it."""
 
-    __slots__ = ("paths", "news", "merges", "states", "changes", "outs", "simple")
+    __slots__ = ("paths", "news", "merges", "states", "changes", "outs", "simple", "find")
 
     def __init__(self, paths, news, merges, states, changes, outs) -> None:
         # Outputs made of the inputs' axes, nothing changed: most ops.
@@ -429,6 +429,8 @@ class Effects:
         self.changes = changes  # (input index, meta fields): inputs' metas that changed
         # Per output: (a function (metas, objs) -> its dims, meta fields).
         self.outs = tuple((_builder(template), fields) for template, fields in outs)
+        # metas -> the dims `paths` find in them: `resolve`, compiled (None: no paths).
+        self.find = _finder(paths) if paths else None
 
 
 _KEEP = -1  # an alias the step did not change
@@ -664,6 +666,33 @@ def resolve(paths: tuple, metas: list) -> list:
         else:
             append(objs[p[1]].alias[0].find())
     return objs
+
+
+_finders: dict = {}
+
+
+def _finder(paths: tuple):
+    """`resolve` of `paths` as one compiled function of the metas (once per paths: a
+    replay calls it on every repeat), raising where `resolve` raises."""
+    found = _finders.get(paths)
+    if found is None:
+        parts = []
+        for p in paths:
+            if p[0] == 0:
+                parts.append(f"m[{p[1]}].dims[{p[2]}][{p[3]}][0]")
+            elif p[0] == 1:
+                parts.append(f"m[{p[1]}].dims[{p[2]}][{p[3]}][0].find()")
+            else:
+                parts.append(f"o{p[1]}.alias[0].find()")
+        body = "".join(f"    o{k} = {part}\n" for k, part in enumerate(parts))
+        names = ", ".join(f"o{k}" for k in range(len(parts)))
+        source = f"def find(m):\n{body}    return [{names}]\n"
+        scope: dict = {}
+        exec(compile(source, "<shapeguard replay find>", "exec"), scope)
+        if len(_finders) > 8192:
+            _finders.clear()
+        found = _finders[paths] = scope["find"]
+    return found
 
 
 def _set_state(dim, state: tuple, objs: list) -> None:

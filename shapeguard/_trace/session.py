@@ -446,7 +446,8 @@ class Session:
             tensor = tensors[k]
             metas[k] = table.get(tensor) or self._replayed_fresh(tensor, nature)
         try:
-            return _replay.resolve(step.effects.paths, metas)
+            find = step.effects.find
+            return find(metas) if find is not None else []
         except (IndexError, AttributeError, TypeError):
             for k in made:
                 self.metas.discard(tensors[k])
@@ -728,10 +729,10 @@ class Session:
                         objs = self._resolve(step, tensors, metas)
                         if objs is None:
                             continue
-                    elif effects.paths:
+                    elif effects.find is not None:
                         metas = found
                         try:
-                            objs = _replay.resolve(effects.paths, metas)
+                            objs = effects.find(metas)
                         except (IndexError, AttributeError, TypeError):  # as `_resolve`
                             continue
                     else:

@@ -453,3 +453,21 @@ def test_a_parameter_replaced_by_one_of_its_kind_replays(monkeypatch):
     other = _trace(model, (x,))
     assert other._replayed == other._steps
     _same(other, _reference(monkeypatch, model, (x,)))
+
+
+def test_the_tensor_table_sweeps_collected_tensors():
+    # No callback per entry (it cost more than the entry): a table drops the entries of
+    # collected tensors when it has doubled since its last sweep, and never reads one.
+    from shapeguard._trace.meta import _SWEEP_AT, TensorTable
+
+    table = TensorTable()
+    kept = [torch.zeros(1) for _ in range(10)]
+    for i, t in enumerate(kept):
+        table[t] = i
+    for i in range(_SWEEP_AT):
+        table[torch.zeros(1)] = -i  # collected at once
+    assert len(table._data) <= _SWEEP_AT
+    assert [table.get(t) for t in kept] == list(range(10))
+    assert len(table) == 10
+    fresh = torch.zeros(1)
+    assert table.get(fresh) is None and fresh not in table

@@ -7,7 +7,6 @@ query-key product names d_k) shows on every record of that axis.
 """
 
 import weakref as _weakref
-from functools import partial
 
 from .._names import dims as _dims
 from .._names.dims import Axis
@@ -183,29 +182,24 @@ def _buffer_name(tensor, modules: list) -> str:
     return ""
 
 
-def _forget(table_ref, key: int, ref) -> None:
-    """A tensor of a `TensorTable` was collected: drop its entry (unless the id is
-    another tensor's by now)."""
-    table = table_ref()
-    if table is not None:
-        entry = table._data.get(key)
-        if entry is not None and entry[0] is ref:
-            del table._data[key]
+_SWEEP_AT = 4096  # entries a table holds before its first sweep
 
 
 class TensorTable:
     """Metas by live tensor, holding no tensor: `id(tensor) -> (weak reference, meta)`.
 
     torch's `WeakTensorKeyDictionary` builds a `WeakIdRef` on every lookup (1.5 us); a
-    plain dict keyed by id, checked against the weak reference, costs a dict lookup. An
-    entry goes when its tensor is collected (the weak reference's callback), and a new
-    tensor that reuses the id never reads the old entry (the reference is dead)."""
+    plain dict keyed by id, checked against the weak reference, costs a dict lookup. A new
+    tensor that reuses the id never reads the old entry (the reference is dead). Entries
+    of collected tensors are swept when the table has doubled since the last sweep, not
+    by a callback per reference: a callback costs more than the entry, and one that held
+    the dict made each entry a reference cycle."""
 
-    __slots__ = ("_data", "_self", "__weakref__")
+    __slots__ = ("_data", "_limit", "__weakref__")
 
     def __init__(self) -> None:
         self._data: dict[int, tuple] = {}
-        self._self = _weakref.ref(self)
+        self._limit = _SWEEP_AT
 
     def get(self, tensor, default=None):
         entry = self._data.get(id(tensor))
@@ -217,11 +211,17 @@ class TensorTable:
         return self.get(tensor) is not None
 
     def __setitem__(self, tensor, meta) -> None:
-        key = id(tensor)
-        # The callback holds the table weakly: holding `_data` would make each entry a
-        # reference cycle (the dict, the entry, its reference, the callback), which only the
-        # garbage collector frees, a few hundred objects per forward.
-        self._data[key] = (_weakref.ref(tensor, partial(_forget, self._self, key)), meta)
+        data = self._data
+        data[id(tensor)] = (_weakref.ref(tensor), meta)
+        if len(data) > self._limit:
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Drop the entries of collected tensors."""
+        data = self._data
+        for key in [k for k, entry in data.items() if entry[0]() is None]:
+            del data[key]
+        self._limit = max(_SWEEP_AT, 2 * len(data))
 
     def discard(self, tensor) -> None:
         entry = self._data.get(id(tensor))
@@ -229,4 +229,5 @@ class TensorTable:
             del self._data[id(tensor)]
 
     def __len__(self) -> int:
+        self._sweep()
         return len(self._data)

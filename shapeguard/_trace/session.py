@@ -302,6 +302,9 @@ class Session:
             self._append(step)
         self.step += 1
         stack = self.module_stack
+        if stack and stack[-1] is module:
+            del stack[-1]  # the innermost module: the usual case
+            return
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is module:
                 del stack[i:]
@@ -378,13 +381,6 @@ class Session:
         if i < len(steps) and steps[i].kind == _replay.BARRIER:
             return  # the recording says the same: nothing to learn
         self.recorder = list(steps[:i])
-
-    def _options(self):
-        """The recordings the next step may follow: the current one, or at the first step,
-        any recorded way the opener's sessions started."""
-        if self.step == 0 and len(self._choices) > 1:
-            return self._choices
-        return (self.replay,)
 
     def _describe_inputs(self, step, tensors: list) -> None:
         """The inputs as a replay compares them (`_replay.Step`)."""
@@ -480,7 +476,12 @@ class Session:
         seen = id(module) in self._seen_modules
         i = self.step
         tensors = names = None
-        for steps in self._options():
+        # The recordings this step may follow: the current one, or at the first step any
+        # recorded way the opener's sessions started.
+        choices: list | tuple = (
+            self._choices if i == 0 and len(self._choices) > 1 else (self.replay,)
+        )
+        for steps in choices:
             step = steps[i] if i < len(steps) else None
             if (
                 step is None

@@ -305,8 +305,31 @@ def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
     return None
 
 
+def frame_site(frame: FrameType, in_module: bool) -> Site:
+    """The site of `frame`, a user frame (`in_module`: the op ran inside a module's forward
+    called from it), as `user_site` makes it."""
+    code = frame.f_code
+    lasti = frame.f_lasti
+    cached = _site_cache.get((id(code), lasti, in_module))
+    site = (
+        cached[1] if cached is not None and cached[0] is code else _site_for(code, lasti, in_module)
+    )
+    return _named_by_caller(frame, site) if site.returned else site
+
+
+def site_key(code: CodeType, lasti: int, in_module: bool, site: Site) -> tuple | None:
+    """A key for `site`, the `frame_site` of a frame at this code position: (code,
+    instruction, in a module, `site_epoch`), which gives this very site as long as the
+    epoch holds; None where the site is named by the caller's line (it may differ)."""
+    cached = _site_cache.get((id(code), lasti, in_module))
+    if cached is None or cached[0] is not code or cached[1] is not site:
+        return None
+    return (code, lasti, in_module, site_epoch[0])
+
+
 # Sites by (id of the code object, instruction, in a module); the entry keeps the code.
 _site_cache: dict[tuple[int, int, bool], tuple[CodeType, Site]] = {}
+site_epoch = [0]  # counts the clears of `_site_cache` (`site_key`)
 
 
 def _named_by_caller(frame: FrameType, site: Site, depth: int = 0) -> Site:
@@ -351,6 +374,7 @@ def _site_for(code: CodeType, lasti: int, in_module: bool) -> Site:
     site = _build_site(code, lasti, in_module)
     if len(_site_cache) > 50_000:  # notebooks re-create code objects; keep the cache bounded
         _site_cache.clear()
+        site_epoch[0] += 1  # the keys `site_key` gave name sites no longer cached
     _site_cache[key] = (code, site)
     return site
 

@@ -10,6 +10,7 @@ must stop: other shapes, other mask values, another line, a module entered in an
 order, a tensor made elsewhere, a finding.
 """
 
+import gc
 import warnings
 
 import bug_zoo as zoo
@@ -294,3 +295,179 @@ def test_a_helper_named_by_its_caller_replays(monkeypatch):
     third = _replays(monkeypatch, model, (x,))
     assert third._replayed == third._steps
     assert "Q" in [r.label for e in third.events for r in e.outputs]
+
+
+class _TwoLines(nn.Module):
+    """One projection called from two lines, in an order `swap` chooses."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(12, 12)
+        self.swap = False
+
+    def forward(self, x):
+        for turn in range(2):
+            if (turn == 0) != self.swap:
+                first = self.proj(x)
+            else:
+                second = self.proj(x).softmax(dim=-1)
+        return first + second
+
+
+def test_the_same_op_from_another_line_is_not_replayed(monkeypatch):
+    # A replayed step knows its user's frame by code object and instruction: the same
+    # module, op and inputs at another line of the same loop is another step.
+    model = _TwoLines()
+    x = torch.randn(2, 5, 12)
+    _steps(model, x)
+    model.swap = True
+    other = _trace(model, (x,))
+    assert 0 < other._replayed < other._steps
+    reference = _reference(monkeypatch, model, (x,))
+    _same(other, reference)
+    labels = [r.label for e in other.events for r in e.outputs]
+    assert labels.index("second") < labels.index("first")
+
+
+_EDITED = """
+import torch
+from torch import nn
+
+
+def forward(self, x):
+    {name} = self.proj(x)
+    return {name}.softmax(dim=-1)
+"""
+
+
+def _forward_from(path, name: str, stamp: int):
+    import importlib.util
+    import os
+    import textwrap
+
+    path.write_text(textwrap.dedent(_EDITED.format(name=name)))
+    os.utime(path, ns=(stamp, stamp))
+    spec = importlib.util.spec_from_file_location(f"replay_edited_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.forward
+
+
+def test_a_forward_edited_between_two_traces_is_not_replayed(tmp_path, monkeypatch):
+    # The same module, the same lines and instructions, another code object (the file
+    # edited and loaded again): the recorded sites, and their names, are not reused.
+    path = tmp_path / "edited_forward.py"
+
+    class Edited(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(12, 12)
+
+    model = Edited()
+    x = torch.randn(2, 3, 12)
+    monkeypatch.setattr(Edited, "forward", _forward_from(path, "scores", 1_000_000_000), False)
+    traces = _steps(model, x)
+    assert traces[2]._replayed == traces[2]._steps
+    monkeypatch.setattr(Edited, "forward", _forward_from(path, "logits", 2_000_000_000), False)
+    edited = _trace(model, (x,))
+    assert edited._replayed < edited._steps
+    assert [e.outputs[0].label for e in edited.events] == ["logits", "output"]
+    _same(edited, _reference(monkeypatch, model, (x,)))
+
+
+class _Arguments(nn.Module):
+    """Ops whose arguments besides their input tensors a test changes between traces (on
+    a cube, so that no output shape tells the change)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(12, 12)
+        self.dim = -1
+        self.order = (0, 2, 1)
+        self.square = True
+
+    def forward(self, x):
+        h = self.proj(x).permute(*self.order)
+        h = h * (h if self.square else 2.0)
+        return torch.softmax(h, dim=self.dim)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(("dim", 1), id="a keyword argument"),
+        pytest.param(("order", (0, 1, 2)), id="positional numbers"),
+        pytest.param(("square", False), id="a tensor turned number"),
+    ],
+)
+def test_other_arguments_at_the_same_line_are_not_replayed(change, monkeypatch):
+    # A step compares its arguments in compiled code (`_replay.matcher`): each kind of
+    # change at the same line stops the replay there, and the trace is the usual one.
+    model = _Arguments()
+    x = torch.randn(2, 12, 12)
+    third = _steps(model, x)[2]
+    assert third._replayed == third._steps
+    setattr(model, *change)
+    other = _trace(model, (x,))
+    assert other._replayed < other._steps
+    _same(other, _reference(monkeypatch, model, (x,)))
+
+
+def test_a_closed_session_leaves_no_reference_cycle():
+    # The mode and its session held each other (and the trace's events hung off them):
+    # the garbage collector had some hundred objects per forward to free.
+    model = shapeguard.guard(Attention())
+    x = torch.randn(2, 5, 12)
+    with torch.no_grad():
+        model(x)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(4):  # recorded, then replayed
+            with torch.no_grad():
+                model(x)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
+def test_a_parameter_in_another_layout_is_not_replayed(monkeypatch):
+    # A parameter is first seen in each session: the step compares the very tensor and
+    # its layout (strides, device, requires_grad), in compiled code (`_replay.matcher`).
+    model = Attention()
+    x = torch.randn(2, 5, 12)
+    _steps(model, x)
+    model.qkv.weight.requires_grad_(False)
+    other = _trace(model, (x,))
+    assert other._replayed < other._steps
+    _same(other, _reference(monkeypatch, model, (x,)))
+
+
+def test_a_parameter_replaced_by_one_of_its_kind_replays(monkeypatch):
+    # Another tensor where the recorded one was: the generic comparison decides (the same
+    # name, kind and layout: the same step).
+    model = Attention()
+    x = torch.randn(2, 5, 12)
+    _steps(model, x)
+    model.qkv.weight = nn.Parameter(torch.randn(36, 12))
+    other = _trace(model, (x,))
+    assert other._replayed == other._steps
+    _same(other, _reference(monkeypatch, model, (x,)))
+
+
+def test_the_tensor_table_sweeps_collected_tensors():
+    # No callback per entry (it cost more than the entry): a table drops the entries of
+    # collected tensors when it has doubled since its last sweep, and never reads one.
+    from shapeguard._trace.meta import _SWEEP_AT, TensorTable
+
+    table = TensorTable()
+    kept = [torch.zeros(1) for _ in range(10)]
+    for i, t in enumerate(kept):
+        table[t] = i
+    for i in range(_SWEEP_AT):
+        table[torch.zeros(1)] = -i  # collected at once
+    assert len(table._data) <= _SWEEP_AT
+    assert [table.get(t) for t in kept] == list(range(10))
+    assert len(table) == 10
+    fresh = torch.zeros(1)
+    assert table.get(fresh) is None and fresh not in table

@@ -182,18 +182,24 @@ def _buffer_name(tensor, modules: list) -> str:
     return ""
 
 
+_SWEEP_AT = 4096  # entries a table holds before its first sweep
+
+
 class TensorTable:
     """Metas by live tensor, holding no tensor: `id(tensor) -> (weak reference, meta)`.
 
     torch's `WeakTensorKeyDictionary` builds a `WeakIdRef` on every lookup (1.5 us); a
-    plain dict keyed by id, checked against the weak reference, costs a dict lookup. An
-    entry goes when its tensor is collected (the weak reference's callback), and a new
-    tensor that reuses the id never reads the old entry (the reference is dead)."""
+    plain dict keyed by id, checked against the weak reference, costs a dict lookup. A new
+    tensor that reuses the id never reads the old entry (the reference is dead). Entries
+    of collected tensors are swept when the table has doubled since the last sweep, not
+    by a callback per reference: a callback costs more than the entry, and one that held
+    the dict made each entry a reference cycle."""
 
-    __slots__ = ("_data", "__weakref__")
+    __slots__ = ("_data", "_limit", "__weakref__")
 
     def __init__(self) -> None:
         self._data: dict[int, tuple] = {}
+        self._limit = _SWEEP_AT
 
     def get(self, tensor, default=None):
         entry = self._data.get(id(tensor))
@@ -205,15 +211,17 @@ class TensorTable:
         return self.get(tensor) is not None
 
     def __setitem__(self, tensor, meta) -> None:
-        key = id(tensor)
         data = self._data
+        data[id(tensor)] = (_weakref.ref(tensor), meta)
+        if len(data) > self._limit:
+            self._sweep()
 
-        def forget(ref, key=key, data=data):
-            entry = data.get(key)
-            if entry is not None and entry[0] is ref:
-                del data[key]
-
-        data[key] = (_weakref.ref(tensor, forget), meta)
+    def _sweep(self) -> None:
+        """Drop the entries of collected tensors."""
+        data = self._data
+        for key in [k for k, entry in data.items() if entry[0]() is None]:
+            del data[key]
+        self._limit = max(_SWEEP_AT, 2 * len(data))
 
     def discard(self, tensor) -> None:
         entry = self._data.get(id(tensor))
@@ -221,4 +229,5 @@ class TensorTable:
             del self._data[id(tensor)]
 
     def __len__(self) -> int:
+        self._sweep()
         return len(self._data)

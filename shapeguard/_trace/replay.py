@@ -147,13 +147,142 @@ def same_checks(checks: tuple, args: tuple, kwargs: dict) -> bool:
         elif how == _SAME_TYPE:
             if type(value) is not expected:
                 return False
-        else:
-            try:
-                if _key(value, expected[1]) != expected[0]:
-                    return False
-            except Unkeyable:
-                return False
+        elif not _same_key(value, expected[0], expected[1]):
+            return False
     return True
+
+
+def _same_key(value, key, loose: bool) -> bool:
+    """`_key(value, loose) == key`, without building the key for the common cases (a slice
+    of ints, a flat tuple or list of plain values and tensors)."""
+    kind = type(value)
+    if kind is slice:
+        start, stop, step = value.start, value.stop, value.step
+        if (
+            (start is None or type(start) is int)
+            and (stop is None or type(stop) is int)
+            and (step is None or type(step) is int)
+        ):
+            return key[0] is slice and (start, stop, step) == key[1]
+    elif (kind is tuple or kind is list) and key[0] is kind and len(value) == len(key[1]):
+        for v, expected in zip(value, key[1], strict=True):
+            k = type(v)
+            if loose and k in _NUMBERS:
+                found: object = _NUMBER
+            elif k in _PLAIN:
+                found = v
+            elif isinstance(v, torch.Tensor):
+                found = _TENSOR
+            else:
+                break  # nested: compared below
+            if found is not expected and found != expected:
+                return False
+        else:
+            return True
+    try:
+        return _key(value, loose) == key
+    except Unkeyable:
+        return False
+
+
+# -- matchers: a step's comparison of the arguments and inputs, compiled ---------------------
+def matcher(step: "Step"):
+    """A function `(args, kwargs, get)` that answers what a replay's generic comparison
+    (`args` by `same_args`, then each input's dtype, shape and slot, and an input first
+    seen here by `Session._same_firsts`; `get` is the tensor table's `dict.get`) answers
+    for this step, in straight code: None where the step is not this call, else the
+    inputs' metas (None for one first seen here; with the inputs, as `(metas, tensors)`,
+    when the step has such inputs), or GENERIC where only the generic comparison can tell
+    (a first-seen input that is not the recorded tensor). False where the step needs the
+    generic comparison always (tensor values or frame locals read, tensors in a list)."""
+    compared: tuple = step.args
+    count, names, checks = compared
+    inputs: tuple = step.inputs
+    recorded: tuple = step.firsts
+    if step.values or step.extras or any(ref is None for ref, _ in recorded):
+        return False
+    for _, how, expected in checks:
+        if how == _SAME_TYPE and issubclass(expected, tuple | list):
+            return False  # the generic gathers the tensors a tuple or list holds
+    where_tensors = [k for k in range(count) if not any(c[0] == k for c in checks)]
+    where_tensors += [n for n in names if not any(c[0] == n for c in checks)]
+    if len(where_tensors) != len(inputs):
+        return False  # tensors inside a list or tuple (torch.cat): the generic gathers them
+    unseen = tuple(slot is None for slot, _, _ in inputs)
+    shape_key = (count, names, tuple(c[:2] for c in checks), tuple(where_tensors), unseen)
+    make = _matchers.get(shape_key)
+    if make is None:
+        if len(_matchers) > 4096:
+            _matchers.clear()
+        make = _compile_matcher(count, names, checks, where_tensors, unseen)
+        _matchers[shape_key] = make
+    constants = [c[2] for c in checks]
+    firsts = iter(recorded)
+    for slot, shape, dtype in inputs:
+        if slot is None:
+            ref, nature = next(firsts)
+            constants += (dtype, shape, ref, nature[3:])
+        else:
+            constants += (dtype, shape, slot, None)
+    return make(tuple(constants))
+
+
+GENERIC = object()  # what a matcher returns where only the generic comparison can tell
+_matchers: dict = {}
+
+
+def _compile_matcher(count: int, names: tuple, checks: tuple, where_tensors: list, unseen):
+    def value(where) -> str:
+        return f"a[{where}]" if type(where) is int else f"k[{where!r}]"
+
+    lines = [f"if len(a) != {count}: return None"]
+    lines.append(f"if tuple(k) != {names!r}: return None" if names else "if k: return None")
+    for n, (where, how, _) in enumerate(checks):
+        v = value(where)
+        if how == _EXACT:
+            lines.append(f"v = {v}")
+            lines.append(f"if type(v) is not type(c[{n}]) or v != c[{n}]: return None")
+        elif how == _ANY_NUMBER:
+            lines.append(f"if type({v}) not in numbers: return None")
+        elif how == _SAME_TYPE:
+            lines.append(f"if type({v}) is not c[{n}]: return None")
+        else:
+            lines.append(f"if not same_key({v}, c[{n}][0], c[{n}][1]): return None")
+    metas, tensors = [], []
+    for j, where in enumerate(where_tensors):
+        d, sh, sl, nat = (len(checks) + 4 * j + x for x in range(4))
+        lines.append(f"t{j} = t = {value(where)}")
+        lines.append(
+            f"if not isinstance(t, Tensor) or t.dtype is not c[{d}] or t.shape != c[{sh}]:"
+            " return None"
+        )
+        lines.append("e = g(id(t))")
+        if unseen[j]:
+            # `Session._same_firsts`: the recorded tensor, in the recorded layout.
+            lines.append("if e is not None and e[0]() is t: return None")
+            lines.append(f"if c[{sl}]() is not t: return generic")
+            lines.append(
+                f"if (t.stride(), t.device.type, t.requires_grad) != c[{nat}]: return None"
+            )
+            metas.append("None")
+        else:
+            lines.append(f"if e is None or e[0]() is not t or e[1].slot != c[{sl}]: return None")
+            metas.append("e[1]" if j == len(where_tensors) - 1 else f"m{j}")
+            if j != len(where_tensors) - 1:
+                lines.append(f"m{j} = e[1]")
+        tensors.append(f"t{j}")
+    found = f"[{', '.join(metas)}]"
+    lines.append(f"return {found}, [{', '.join(tensors)}]" if any(unseen) else f"return {found}")
+    body = "".join(f"        {line}\n" for line in lines)
+    source = f"def make(c):\n    def match(a, k, g):\n{body}    return match\n"
+    scope = {
+        "Tensor": torch.Tensor,
+        "numbers": _NUMBERS,
+        "same_key": _same_key,
+        "generic": GENERIC,
+    }
+    exec(compile(source, "<shapeguard replay match>", "exec"), scope)
+    return scope["make"]
 
 
 def loose_numbers(spec, rules, args: tuple) -> bool:
@@ -243,6 +372,8 @@ class Step:
         "kind",
         "func",  # the function (OP), a name step's key (NAME)
         "site",
+        "where",  # OP: `_source.site_key` of the user's frame where `site` was last seen
+        "match",  # OP: `matcher` of the step (None: not made yet; False: none)
         "module",  # weak reference to the innermost module (OP) or the module (ENTER/EXIT)
         "inputs",  # per input: (slot, None for a tensor first seen here; shape; dtype)
         "firsts",  # per input first seen here: (weak reference, what kind of tensor it is)
@@ -260,6 +391,8 @@ class Step:
         self.kind = kind
         self.func = None
         self.site = None
+        self.where = None
+        self.match = None
         self.module = None
         self.inputs = ()
         self.firsts = ()
@@ -284,7 +417,7 @@ class Effects:
     the alias of the dim found by path k. Dims the step made follow them in the same list
     of objects; every reference below is an index into it."""
 
-    __slots__ = ("paths", "news", "merges", "states", "changes", "outs", "simple")
+    __slots__ = ("paths", "news", "merges", "states", "changes", "outs", "simple", "find")
 
     def __init__(self, paths, news, merges, states, changes, outs) -> None:
         # Outputs made of the inputs' axes, nothing changed: most ops.
@@ -296,6 +429,8 @@ class Effects:
         self.changes = changes  # (input index, meta fields): inputs' metas that changed
         # Per output: (a function (metas, objs) -> its dims, meta fields).
         self.outs = tuple((_builder(template), fields) for template, fields in outs)
+        # metas -> the dims `paths` find in them: `resolve`, compiled (None: no paths).
+        self.find = _finder(paths) if paths else None
 
 
 _KEEP = -1  # an alias the step did not change
@@ -533,6 +668,33 @@ def resolve(paths: tuple, metas: list) -> list:
     return objs
 
 
+_finders: dict = {}
+
+
+def _finder(paths: tuple):
+    """`resolve` of `paths` as one compiled function of the metas (once per paths: a
+    replay calls it on every repeat), raising where `resolve` raises."""
+    found = _finders.get(paths)
+    if found is None:
+        parts = []
+        for p in paths:
+            if p[0] == 0:
+                parts.append(f"m[{p[1]}].dims[{p[2]}][{p[3]}][0]")
+            elif p[0] == 1:
+                parts.append(f"m[{p[1]}].dims[{p[2]}][{p[3]}][0].find()")
+            else:
+                parts.append(f"o{p[1]}.alias[0].find()")
+        body = "".join(f"    o{k} = {part}\n" for k, part in enumerate(parts))
+        names = ", ".join(f"o{k}" for k in range(len(parts)))
+        source = f"def find(m):\n{body}    return [{names}]\n"
+        scope: dict = {}
+        exec(compile(source, "<shapeguard replay find>", "exec"), scope)
+        if len(_finders) > 8192:
+            _finders.clear()
+        found = _finders[paths] = scope["find"]
+    return found
+
+
 def _set_state(dim, state: tuple, objs: list) -> None:
     name, rank, kind, kind_rank, parts, q_side, k_side, alias, origin = state
     dim.name = name
@@ -551,7 +713,7 @@ def apply(effects: Effects, objs: list | None, metas: list, slot: int) -> list:
     """Make the step's effects on the dims `objs` (resolved from its inputs); return the
     outputs' metas, numbered from `slot`."""
     if effects.simple:
-        return _outputs(effects.outs, objs, metas, slot)
+        return outputs(effects.outs, objs, metas, slot)
     if objs is None:
         objs = []
     news = effects.news
@@ -578,10 +740,11 @@ def apply(effects: Effects, objs: list | None, metas: list, slot: int) -> list:
         changed = True
     if changed:
         D._epoch[0] += 1
-    return _outputs(effects.outs, objs, metas, slot)
+    return outputs(effects.outs, objs, metas, slot)
 
 
-def _outputs(outs: tuple, objs: list | None, metas: list, slot: int) -> list:
+def outputs(outs: tuple, objs: list | None, metas: list, slot: int) -> list:
+    """The outputs' metas of a step (`apply`), numbered from `slot`."""
     out = []
     new = TensorMeta.__new__
     for build, fields in outs:

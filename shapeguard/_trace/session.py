@@ -8,7 +8,10 @@ before torch raises), then the op, then its output is named and recorded.
 """
 
 import inspect
+import typing
 import weakref
+from sys import _getframe
+from types import FrameType
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -25,13 +28,18 @@ from . import construction as _construction
 from . import flash as _flash
 from . import replay as _replay
 from . import tp_session as _tp_session
-from .call import OpCall, _dtype_name, _tensors_of_args
+from .call import OpCall, _dtype_name
 from .current import _local, current_session
 from .meta import TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
 from .observe import Observation, Observer
 from .record import TraceData as Trace
 
 _QUERY = _ops.QUERY
+_code_kinds, _code_kind = _source._kinds, _source._kind
+_FLOOR, _IN_MODULE = _source._FLOOR, _source._IN_MODULE
+_site_epoch = _source.site_epoch
+_Tensor = torch.Tensor
+_SEQUENCES = (tuple, list)
 _torch_compiling = torch.compiler.is_compiling
 
 
@@ -54,6 +62,8 @@ def _static(tensor, meta: TensorMeta | None = None) -> tuple:
 
 
 _MISSED = object()  # a replayed op that was not the recording's next step
+_UNSET = object()  # the innermost module, not looked up yet
+_GENERIC = _replay.GENERIC
 
 # (spelling, op) by the function torch hands the mode: two lookups made once per function.
 _SPECS: dict = {}
@@ -77,6 +87,16 @@ def _spec_of(func) -> tuple:
     except TypeError:  # an unhashable callable
         pass
     return found
+
+
+class _Closed:
+    """What a closed session's mode holds instead of it: every call goes through."""
+
+    observers = ()
+    _dispatching = True
+
+
+_CLOSED = _Closed()
 
 
 class _Interceptor(TorchFunctionMode):
@@ -212,6 +232,10 @@ class Session:
                 self.trace.settle()
             self.metas = TensorTable()
             self.module_stack.clear()
+            # The mode and the session hold each other: a cycle that only the garbage
+            # collector would free, with the trace's events and metas hanging off it (some
+            # hundred objects per forward). A mode left on a stack lets every call through.
+            self._mode.session = typing.cast("Session", _CLOSED)
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:
@@ -281,6 +305,9 @@ class Session:
             self._append(step)
         self.step += 1
         stack = self.module_stack
+        if stack and stack[-1] is module:
+            del stack[-1]  # the innermost module: the usual case
+            return
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is module:
                 del stack[i:]
@@ -358,13 +385,6 @@ class Session:
             return  # the recording says the same: nothing to learn
         self.recorder = list(steps[:i])
 
-    def _options(self):
-        """The recordings the next step may follow: the current one, or at the first step,
-        any recorded way the opener's sessions started."""
-        if self.step == 0 and len(self._choices) > 1:
-            return self._choices
-        return (self.replay,)
-
     def _describe_inputs(self, step, tensors: list) -> None:
         """The inputs as a replay compares them (`_replay.Step`)."""
         table = self.metas
@@ -414,27 +434,57 @@ class Session:
     def _resolve(self, step, tensors: list, metas: list) -> list | None:
         """Give tensors first seen here their metas, and find the dims the step's template
         needs; None (and nothing made) when they are not there."""
-        made = [k for k, m in enumerate(metas) if m is None]
+        made = [k for k, m in enumerate(metas) if m is None] if step.firsts else ()
         fresh = self._fresh
         firsts = iter(step.firsts)
+        table = self.metas
         for k in made:
             # The state name recorded: the replay checked that it is that tensor, or one
             # of that name (`_same_firsts`), so it need not be looked up again.
-            name = next(firsts)[1][1]
-            metas[k] = self.metas.get(tensors[k]) or self._fresh_meta(tensors[k], name)
+            nature = next(firsts)[1]
+            tensor = tensors[k]
+            metas[k] = table.get(tensor) or self._replayed_fresh(tensor, nature)
         try:
-            return _replay.resolve(step.effects.paths, metas)
+            find = step.effects.find
+            return find(metas) if find is not None else []
         except (IndexError, AttributeError, TypeError):
             for k in made:
                 self.metas.discard(tensors[k])
             self._fresh = fresh
             return None
 
+    def _replayed_fresh(self, tensor, nature: tuple) -> TensorMeta:
+        """`_fresh_meta` for a tensor first seen in a replayed step, whose `_first_seen`
+        is `nature` (the state name is its second item): the same axes, origins and slot."""
+        name = nature[1]
+        param = isinstance(tensor, torch.nn.Parameter)
+        shape = tensor.shape
+        origins = _ORIGINS.get((name, param, len(shape)))
+        if origins is None:
+            origins = _origins(name, param, len(shape))
+        axes: list = []
+        for size, origin in zip(shape, origins, strict=True):
+            if size == 1:
+                axes.append(())  # `_dims.fresh`: size 1 has no atoms
+            else:
+                dim = _Dim(int(size))
+                dim.origin = origin
+                axes.append(((dim, 1, dim.size),))
+        meta = TensorMeta.made(tuple(axes), _FRESH_FIELDS[param], self._fresh - 1)
+        self._fresh -= 1
+        self.metas[tensor] = meta
+        return meta
+
     def _replay_enter(self, module, first: bool, args: tuple, kwargs: dict) -> bool:
         seen = id(module) in self._seen_modules
         i = self.step
         tensors = names = None
-        for steps in self._options():
+        # The recordings this step may follow: the current one, or at the first step any
+        # recorded way the opener's sessions started.
+        choices: list | tuple = (
+            self._choices if i == 0 and len(self._choices) > 1 else (self.replay,)
+        )
+        for steps in choices:
             step = steps[i] if i < len(steps) else None
             if (
                 step is None
@@ -616,27 +666,92 @@ class Session:
         when it is not that step. (Written flat: this is the hot path of a replay.)"""
         __tracebackhide__ = True
         i = self.step
-        site = tensors = module = None
+        site = tensors = None
+        module = _UNSET
         replay = self.replay
+        choices: list | tuple
         if i == 0 and len(self._choices) > 1:
             choices = self._choices
         else:
-            choices = [replay] if replay is not None else []
+            choices = (replay,) if replay is not None else ()
         get = self.metas._data.get
         for steps in choices:
             step = steps[i] if i < len(steps) else None
             if step is None or (step.func is not func and step.func != func):
                 continue
-            if tensors is None:
-                site = _source.user_site()
+            if module is _UNSET:
+                # The user's frame, found as `_source.user_site` finds it; its site is looked
+                # up only when the frame is not where the step's site was last seen.
+                frame: FrameType | None = _getframe(2)
+                in_module = False
+                while frame is not None:
+                    code = frame.f_code
+                    known = _code_kinds.get(id(code))
+                    kind = known[1] if known is not None and known[0] is code else _code_kind(code)
+                    if not kind:
+                        break
+                    if kind == _FLOOR:
+                        frame = None
+                        break
+                    if kind == _IN_MODULE:
+                        in_module = True
+                    frame = frame.f_back
+                if frame is None:
+                    site = None
+                else:
+                    lasti = frame.f_lasti
+                    where = step.where
+                    if (
+                        where is not None
+                        and where[0] is code
+                        and where[1] == lasti
+                        and where[2] is in_module
+                        and where[3] == _site_epoch[0]
+                    ):
+                        site = step.site
+                    else:
+                        site = _source.frame_site(frame, in_module)
+                        if site is step.site:
+                            step.where = _source.site_key(code, lasti, in_module, site)
                 stack = self.module_stack
                 module = stack[-1] if stack else None
-                tensors = _tensors_of_args(args)
-                if kwargs:
-                    tensors += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
             ref = step.module
             if step.site is not site or (ref() if ref is not None else None) is not module:
                 continue
+            match = step.match
+            if match is None:
+                match = step.match = _replay.matcher(step)
+            if match:
+                # The arguments and inputs compared in straight code (`_replay.matcher`).
+                found = match(args, kwargs, get)
+                if found is None:
+                    continue
+                if found is not _GENERIC:
+                    effects = step.effects
+                    if step.firsts:
+                        metas, tensors = found
+                        objs = self._resolve(step, tensors, metas)
+                        if objs is None:
+                            continue
+                    elif effects.find is not None:
+                        metas = found
+                        try:
+                            objs = effects.find(metas)
+                        except (IndexError, AttributeError, TypeError):  # as `_resolve`
+                            continue
+                    else:
+                        metas = found
+                        objs = None
+                    break
+            if tensors is None:
+                tensors = []  # `OpCall.tensors`, inlined
+                for a in args:
+                    if isinstance(a, _Tensor):
+                        tensors.append(a)
+                    elif isinstance(a, _SEQUENCES):
+                        tensors.extend([t for t in a if isinstance(t, _Tensor)])
+                if kwargs:
+                    tensors += [v for v in kwargs.values() if isinstance(v, _Tensor)]
             count, names, checks = step.args
             if len(args) != count or (tuple(kwargs) != names if kwargs else names):
                 continue
@@ -690,13 +805,12 @@ class Session:
             raise self._torch_error(
                 error, OpCall(self, func, op, args, kwargs, site, spec)
             ) from error
+        shapes = step.outputs
         if type(out) is torch.Tensor:
-            outputs = [out]
-            shapes = step.outputs
+            outputs = None  # the one output: `out`
             same = len(shapes) == 1 and out.shape == shapes[0]
         else:
             outputs = _tensors_of(out)
-            shapes = step.outputs
             same = len(outputs) == len(shapes) and all(
                 o.shape == s for o, s in zip(outputs, shapes, strict=True)
             )
@@ -708,10 +822,17 @@ class Session:
                 self._append(None)
             self.step += 1
             return out
-        made = _replay.apply(effects, objs, metas, i * _replay.MAX_OUTPUTS)
+        slot = i * _replay.MAX_OUTPUTS
+        if effects.simple:  # `_replay.apply`'s first test, made here
+            made = _replay.outputs(effects.outs, objs, metas, slot)
+        else:
+            made = _replay.apply(effects, objs, metas, slot)
         table = self.metas
-        for tensor, meta in zip(outputs, made, strict=True):
-            table[tensor] = meta
+        if outputs is None:
+            table[out] = made[0]
+        else:
+            for tensor, meta in zip(outputs, made, strict=True):
+                table[tensor] = meta
         event = step.event
         if event is not None:
             trace = self.trace
@@ -1060,6 +1181,24 @@ class Session:
         if len(site.targets) == count:
             return site.targets
         return (site.targets[0],) if len(site.targets) == 1 else ()
+
+
+# What `_fresh_meta` gives a tensor first seen besides its axes (TensorMeta's defaults,
+# in `TensorMeta.FIELDS` order), for a tensor and for a parameter.
+_FRESH_FIELDS: dict[bool, tuple] = {
+    flag: ((), None, None, "", "", False, False, flag, frozenset(), False) for flag in (False, True)
+}
+_ORIGINS: dict = {}  # (state name, a parameter, ndim) -> `_fresh_meta`'s origin per axis
+_Dim = _dims.Dim
+
+
+def _origins(name: str, param: bool, ndim: int) -> tuple:
+    origin = "a parameter" if param else "a tensor made outside the trace"
+    found = tuple(f"axis {i} of {name}" if name else origin for i in range(ndim))
+    if len(_ORIGINS) > 4096:
+        _ORIGINS.clear()
+    _ORIGINS[(name, param, ndim)] = found
+    return found
 
 
 def _weak(module):

@@ -19,12 +19,33 @@ ATTRIBUTE_AXES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _int_attr(obj: object, names: Iterable[str]) -> tuple[str, int] | None:
+# Every name above: what an object's dicts are intersected with before any is read.
+_ALL_NAMES = frozenset(name for names in ATTRIBUTE_AXES.values() for name in names)
+
+
+def _named_here(own: object, cls: type) -> frozenset | None:
+    """The names of `_ALL_NAMES` that the instance dict or the class's MRO dicts hold (a
+    name held nowhere reads as None), or None when that cannot be told so (a metaclass
+    other than `type`, whose own attributes a class lookup also finds)."""
+    if type(own) is not dict or type(cls) is not type:
+        return None
+    found = _ALL_NAMES & own.keys()
+    for klass in cls.__mro__:
+        found |= _ALL_NAMES & klass.__dict__.keys()
+    return found
+
+
+def _int_attr(
+    obj: object, names: Iterable[str], held: frozenset | None = None
+) -> tuple[str, int] | None:
     # The instance dict, then the class: a plain getattr of a missing name would go
     # through nn.Module.__getattr__ and an AttributeError per name, on every forward.
+    # `held` (`_named_here`): the names there are, so the missing ones cost no lookup.
     own = getattr(obj, "__dict__", {})
     cls = type(obj)
     for name in names:
+        if held is not None and name not in held:
+            continue
         value = own.get(name)
         if value is None:
             value = getattr(cls, name, None)
@@ -47,9 +68,12 @@ def declared_sizes(module: object) -> dict[str, tuple[str, int]]:
     config = getattr(module, "config", None)
     if config is not None:
         sources.append(config)
+    held = [_named_here(getattr(source, "__dict__", {}), type(source)) for source in sources]
     for axis, names in ATTRIBUTE_AXES.items():
-        for source in sources:
-            hit = _int_attr(source, names)
+        for source, names_held in zip(sources, held, strict=True):
+            if names_held is not None and not names_held:
+                continue
+            hit = _int_attr(source, names, names_held)
             if hit is not None:
                 found[axis] = hit
                 break

@@ -29,10 +29,12 @@ def _named_here(own: object, cls: type) -> frozenset | None:
     other than `type`, whose own attributes a class lookup also finds)."""
     if type(own) is not dict or type(cls) is not type:
         return None
-    found = _ALL_NAMES & own.keys()
-    for klass in cls.__mro__:
-        found |= _ALL_NAMES & klass.__dict__.keys()
-    return found
+    # keys() & names: the intersection walks the 23 names, not the dict (nn.Module's has
+    # over a hundred keys); `object`, which cannot be given attributes, is skipped.
+    found = own.keys() & _ALL_NAMES
+    for klass in cls.__mro__[:-1]:
+        found |= klass.__dict__.keys() & _ALL_NAMES
+    return frozenset(found)
 
 
 def _int_attr(
@@ -68,12 +70,17 @@ def declared_sizes(module: object) -> dict[str, tuple[str, int]]:
     config = getattr(module, "config", None)
     if config is not None:
         sources.append(config)
-    held = [_named_here(getattr(source, "__dict__", {}), type(source)) for source in sources]
+    # Each source with the names it holds; one that holds none is not read at all.
+    readers = []
+    for source in sources:
+        held = _named_here(getattr(source, "__dict__", {}), type(source))
+        if held is None or held:
+            readers.append((source, held))
+    if not readers:
+        return found
     for axis, names in ATTRIBUTE_AXES.items():
-        for source, names_held in zip(sources, held, strict=True):
-            if names_held is not None and not names_held:
-                continue
-            hit = _int_attr(source, names, names_held)
+        for source, held in readers:
+            hit = _int_attr(source, names, held)
             if hit is not None:
                 found[axis] = hit
                 break

@@ -20,20 +20,20 @@ ATTRIBUTE_AXES: dict[str, tuple[str, ...]] = {
 
 
 # Every name above: what an object's dicts are intersected with before any is read.
-_ALL_NAMES = frozenset(name for names in ATTRIBUTE_AXES.values() for name in names)
+SIZE_ATTRIBUTES = frozenset(name for names in ATTRIBUTE_AXES.values() for name in names)
 
 
 def _named_here(own: object, cls: type) -> frozenset | None:
-    """The names of `_ALL_NAMES` that the instance dict or the class's MRO dicts hold (a
+    """The names of `SIZE_ATTRIBUTES` that the instance dict or the class's MRO dicts hold (a
     name held nowhere reads as None), or None when that cannot be told so (a metaclass
     other than `type`, whose own attributes a class lookup also finds)."""
     if type(own) is not dict or type(cls) is not type:
         return None
     # keys() & names: the intersection walks the 23 names, not the dict (nn.Module's has
     # over a hundred keys); `object`, which cannot be given attributes, is skipped.
-    found = own.keys() & _ALL_NAMES
+    found = own.keys() & SIZE_ATTRIBUTES
     for klass in cls.__mro__[:-1]:
-        found |= klass.__dict__.keys() & _ALL_NAMES
+        found |= klass.__dict__.keys() & SIZE_ATTRIBUTES
     return frozenset(found)
 
 

@@ -21,6 +21,25 @@ def op_name(func) -> str:
 
 
 def _is_tensor_method(func) -> bool:
+    try:
+        return _METHODS[func]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable
+        return _read_is_method(func)
+    found = _read_is_method(func)
+    if len(_METHODS) > 4096:
+        _METHODS.clear()
+    _METHODS[func] = found
+    return found
+
+
+# Whether a function torch hands the mode is a Tensor method, by function: its names are
+# read once (the same few hundred functions make every op).
+_METHODS: dict = {}
+
+
+def _read_is_method(func) -> bool:
     qualname = getattr(func, "__qualname__", "") or ""
     if qualname.startswith(("TensorBase.", "Tensor.")):
         return True

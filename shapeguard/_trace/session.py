@@ -779,15 +779,21 @@ class Session:
         yielded = False
         if rules:
             here = id(self.module_stack[-1]) if self.module_stack else None
-            on_stack = {id(m) for m in self.module_stack} | {None}
-            consequence = any(module in on_stack for _, module in upstream)
+            consequence = False
+            if upstream:
+                on_stack = {id(m) for m in self.module_stack} | {None}
+                consequence = any(module in on_stack for _, module in upstream)
             reported = set()
+            lead = -1  # how many leading arguments are tensors (`_checks.applies`), once
             if reads is not None:
                 reads.__enter__()
             try:
                 for rule in rules:
-                    if rule.operands and not _checks.applies(rule, args):
-                        continue
+                    if rule.operands:
+                        if lead < 0:
+                            lead = _checks.leading_operands(args)
+                        if lead < rule.operands:
+                            continue
                     for violation in rule.check(call):
                         yielded = True
                         violation.severity = _checks.severity(rule, violation)

@@ -982,47 +982,62 @@ class Session:
             return []
         spec = call.spec
         in_tensors = call.tensors()
-        in_metas = [call.meta_of(t) for t in in_tensors]
+        meta_of = call.meta_of
+        in_metas = [meta_of(t) for t in in_tensors]
         made = _flow.propagate(call, outputs)
         labels = self._output_labels(call, len(outputs))
         first_label = in_metas[0].label if in_metas else None
-        buffer, sliced = buffer_origin(
-            spec.keeps_value, spec.slices, in_tensors, in_metas, self.module_stack
-        )
+        if spec.keeps_value and len(in_tensors) == 1:
+            buffer, sliced = buffer_origin(
+                True, spec.slices, in_tensors, in_metas, self.module_stack
+            )
+        else:  # what buffer_origin answers for these, without the call
+            buffer, sliced = "", False
         out_metas = []
         slot = self.step * _replay.MAX_OUTPUTS
+        flagged = call.flagged
+        op = call.op
+        table = self.metas
         for k, (tensor, m) in enumerate(zip(outputs, made, strict=True)):
             label = labels[k] if k < len(labels) else None
             if label is None and k == 0 and first_label:
                 label = self._kept_label(call, spec, in_metas, first_label)
-            meta = TensorMeta(
+            # TensorMeta.made: the fields in `FIELDS` order, without keyword parsing.
+            meta = TensorMeta.made(
                 m.dims,
-                m.tags,
-                label=label,
-                role=role_for(label, m.role),
-                op=call.op,
-                buffer=buffer,
-                sliced=sliced,
-                rotary=m.rotary,
-                param=m.param,
-                flagged=call.flagged,
-                laid_out=m.laid_out,
+                (
+                    m.tags,
+                    label,
+                    role_for(label, m.role),
+                    op,
+                    buffer,
+                    sliced,
+                    m.rotary,
+                    m.param,
+                    flagged,
+                    m.laid_out,
+                ),
+                slot + k + 1,
             )
-            meta.slot = slot + k + 1
-            self.metas[tensor] = meta
+            table[tensor] = meta
             out_metas.append(meta)
         trace = self.trace
-        if trace.event_count >= trace.max_events:
+        if len(trace._events) + len(trace._pending) >= trace.max_events:
             trace.dropped_events += 1
             return out_metas
-        path, cls, _ = self.module_description()
+        stack = self.module_stack
+        if stack:  # module_description's path and class, without its "path (Class)"
+            module = stack[-1]
+            path, cls = self.module_path(module), type(module).__name__
+        else:
+            path = cls = ""
         trace.record(
-            call.op,
+            op,
             path,
             cls,
             call.site,
-            tuple(_static(t, m) for t, m in zip(in_tensors, in_metas, strict=True)),
-            tuple(_static(t, m) for t, m in zip(outputs, out_metas, strict=True)),
+            tuple([_static(t, m) for t, m in zip(in_tensors, in_metas, strict=True)]),
+            tuple([_static(t, m) for t, m in zip(outputs, out_metas, strict=True)]),
             in_metas,
             out_metas,
         )

@@ -182,18 +182,33 @@ def _buffer_name(tensor, modules: list) -> str:
     return ""
 
 
+class _Ref(_weakref.ref):
+    """A weak reference to a tensor that knows its table key (the tensor's id)."""
+
+    __slots__ = ("key",)
+
+
 class TensorTable:
     """Metas by live tensor, holding no tensor: `id(tensor) -> (weak reference, meta)`.
 
     torch's `WeakTensorKeyDictionary` builds a `WeakIdRef` on every lookup (1.5 us); a
     plain dict keyed by id, checked against the weak reference, costs a dict lookup. An
-    entry goes when its tensor is collected (the weak reference's callback), and a new
-    tensor that reuses the id never reads the old entry (the reference is dead)."""
+    entry goes when its tensor is collected (the weak reference's callback, one per table:
+    the reference carries the key), and a new tensor that reuses the id never reads the old
+    entry (the reference is dead)."""
 
-    __slots__ = ("_data", "__weakref__")
+    __slots__ = ("_data", "_forget", "__weakref__")
 
     def __init__(self) -> None:
-        self._data: dict[int, tuple] = {}
+        data: dict[int, tuple] = {}
+        self._data = data
+
+        def forget(ref, data=data):
+            entry = data.get(ref.key)
+            if entry is not None and entry[0] is ref:
+                del data[ref.key]
+
+        self._forget = forget
 
     def get(self, tensor, default=None):
         entry = self._data.get(id(tensor))
@@ -205,15 +220,9 @@ class TensorTable:
         return self.get(tensor) is not None
 
     def __setitem__(self, tensor, meta) -> None:
-        key = id(tensor)
-        data = self._data
-
-        def forget(ref, key=key, data=data):
-            entry = data.get(key)
-            if entry is not None and entry[0] is ref:
-                del data[key]
-
-        data[key] = (_weakref.ref(tensor, forget), meta)
+        ref = _Ref(tensor, self._forget)
+        ref.key = key = id(tensor)
+        self._data[key] = (ref, meta)
 
     def discard(self, tensor) -> None:
         entry = self._data.get(id(tensor))

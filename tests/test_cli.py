@@ -130,8 +130,9 @@ def test_trace_freezes_the_collector_for_its_forward_and_leaves_it_as_it_was(mon
     try:
         before = gc.get_freeze_count()
         assert run("trace", SEED).exit_code == 0
-        assert seen == [before]
-        assert gc.get_freeze_count() == before
+        # Not frozen again, nor thawed (frozen objects may still be freed: at most before).
+        assert len(seen) == 1 and 0 < seen[0] <= before
+        assert 0 < gc.get_freeze_count() <= before
     finally:
         gc.unfreeze()
 

@@ -41,6 +41,7 @@ def run_traced(
     device: str = "cpu",
     site: str = "",
     prepare=None,
+    hold=None,
 ) -> Run:
     """Run `model(*args, **kwargs)` once under a shapeguard trace and keep the trace even
     when the forward fails (a `shapeguard.trace(model, ...)` call would lose it).
@@ -50,6 +51,10 @@ def run_traced(
     ShapeWarning as at an error. On `device="meta"` the forward runs under
     `torch.device("meta")`, so the tensors it makes without a device (a causal mask
     from `torch.ones(T, T)`) are on meta too, as they would be on cpu.
+
+    The objects that exist before the forward are frozen out of the collector's sight
+    (`_freeze`) until it ends, or, given `hold` (an ExitStack), until that closes: a
+    command keeps them frozen through its report.
     """
     import logging
     import warnings
@@ -63,6 +68,9 @@ def run_traced(
     trace = Trace(mode="raise", strict=strict)
     run = Run(trace)
     frozen = _freeze()
+    if frozen and hold is not None:
+        hold.callback(gc.unfreeze)
+        frozen = False
     # FakeTensorMode logs a full stack at ERROR level before re-raising; the
     # finding says it better (research/prior-art.md section 2.4).
     fake_logger = logging.getLogger("torch._subclasses.fake_tensor")

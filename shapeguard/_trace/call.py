@@ -131,7 +131,9 @@ class OpCall:
             return None
         found = self._metas.get(id(tensor))
         if found is None:
-            found = self.session.metas.get(tensor)
+            # The session's TensorTable.get, inlined (an entry: weak reference, meta).
+            entry = self.session.metas._data.get(id(tensor))
+            found = entry[1] if entry is not None and entry[0]() is tensor else None
             if self.extras is not None:
                 self._note(tensor, found is not None)
             if found is not None:

@@ -186,6 +186,7 @@ class _Ref(_weakref.ref):
     """A weak reference to a tensor that knows its table key (the tensor's id)."""
 
     __slots__ = ("key",)
+    key: int
 
 
 class TensorTable:

@@ -47,10 +47,17 @@ def _static(tensor, meta: TensorMeta | None = None) -> tuple:
     which gives its local shard the DTensor's axes when the meta is known)."""
     dtype = tensor.dtype
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
+    facts = _DTYPE_FACTS.get(dtype)
+    if facts is None:
+        facts = _DTYPE_FACTS[dtype] = (_dtype_name(dtype), dtype.itemsize)
     if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
         sharded = _tp_session.record_sharding(tensor, meta, current_session())
-        return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, sharded
-    return tensor.shape, _dtype_name(dtype), device, dtype.itemsize
+        return tensor.shape, facts[0], device, facts[1], sharded
+    return tensor.shape, facts[0], device, facts[1]
+
+
+# (name, item size) by dtype: two reads of every tensor an event keeps, made once per dtype.
+_DTYPE_FACTS: dict = {}
 
 
 _MISSED = object()  # a replayed op that was not the recording's next step
@@ -774,7 +781,12 @@ class Session:
         rules = _checks.rules_for(op)
         step = self._begin_step(call, rules) if self.recorder is not None else None
         reads = _replay.ValueReads(call.tensors()) if step is not None else None
-        upstream = self._flagged(call)
+        upstream: frozenset = frozenset()  # `_flagged`, inlined: once per op
+        read = call.meta
+        for t in call.tensors():
+            known = read(t)
+            if known is not None and known.flagged:
+                upstream = upstream | known.flagged
         call.flagged = upstream
         yielded = False
         if rules:

@@ -64,6 +64,7 @@ class OpCall:
         "_bound",
         "_metas",
         "_tensors",
+        "_matches",
         "extras",
     )
 
@@ -85,6 +86,7 @@ class OpCall:
         # rules, the axis rule and the record all read the same few tensors.
         self._metas: dict[int, TensorMeta] = {}
         self._tensors: list | None = None
+        self._matches: bool | None = None  # site_matches, once per call
         # While the session records this call: (tensor, had a meta) for each tensor the
         # rules read that is not an argument (a view's `B, T, C = x.shape`).
         self.extras: list | None = None
@@ -107,6 +109,12 @@ class OpCall:
     # -- naming ------------------------------------------------------------------
     def site_matches(self) -> bool:
         """Whether the user's expression at this site is this very call (not a call inside it)."""
+        matches = self._matches
+        if matches is None:
+            matches = self._matches = self._site_matches()
+        return matches
+
+    def _site_matches(self) -> bool:
         site = self.site
         if site is None or site.in_module or not site.callee:
             return False

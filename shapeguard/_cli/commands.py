@@ -88,8 +88,13 @@ def trace(target, all_ops, no_fold, tp_degrees):
     if tp_degrees is not None:
         _simulate_tp(target, tp_degrees)
         return
-    with contextlib.ExitStack() as hold:  # the collector frozen until the report is out
+    from .run import Freezer
+
+    hold = Freezer()  # the collector frozen from the model's build until the report is out
+    try:
         _trace_and_report(target, all_ops, no_fold, hold)
+    finally:
+        hold.close()
 
 
 def _trace_and_report(target, all_ops: bool, no_fold: bool, hold) -> None:
@@ -261,8 +266,13 @@ def check(target):
     The probes (batch independence, causality, ...) need real values, so they are
     skipped on --device meta. Exit status 1 on any failure.
     """
-    with contextlib.ExitStack() as hold:  # the collector frozen until the report is out
+    from .run import Freezer
+
+    hold = Freezer()  # the collector frozen from the model's build until the report is out
+    try:
         _check_and_report(target, hold)
+    finally:
+        hold.close()
 
 
 def _check_and_report(target, hold) -> None:
@@ -354,6 +364,8 @@ def _load_and_run(target, module, stack, hold=None):
     from . import tp as _cli_tp
     from .run import add_crash, run_traced
 
+    if hold is not None:
+        hold.freeze()  # torch and the file are loaded: out of the collector's sight
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         try:

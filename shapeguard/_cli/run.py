@@ -53,8 +53,8 @@ def run_traced(
     from `torch.ones(T, T)`) are on meta too, as they would be on cpu.
 
     The objects that exist before the forward are frozen out of the collector's sight
-    (`_freeze`) until it ends, or, given `hold` (an ExitStack), until that closes: a
-    command keeps them frozen through its report.
+    (`Freezer`) until it ends, or, given `hold` (a command's Freezer), until the command
+    closes it: a command keeps them frozen through its report.
     """
     import logging
     import warnings
@@ -67,10 +67,8 @@ def run_traced(
 
     trace = Trace(mode="raise", strict=strict)
     run = Run(trace)
-    frozen = _freeze()
-    if frozen and hold is not None:
-        hold.callback(gc.unfreeze)
-        frozen = False
+    freezer = hold if hold is not None else Freezer()
+    freezer.freeze()
     # FakeTensorMode logs a full stack at ERROR level before re-raising; the
     # finding says it better (research/prior-art.md section 2.4).
     fake_logger = logging.getLogger("torch._subclasses.fake_tensor")
@@ -102,8 +100,8 @@ def run_traced(
                 run.crash.__cause__ = error
     finally:
         fake_logger.setLevel(previous_level)
-        if frozen:
-            gc.unfreeze()
+        if hold is None:
+            freezer.close()
     run.warnings = [w for w in caught if not issubclass(w.category, ShapeWarning)]
     cause = run.crash.error if run.crash else getattr(run.shape_error, "__cause__", None)
     if cause is not None and is_memory_error(cause):
@@ -116,16 +114,28 @@ def run_traced(
     return run
 
 
-def _freeze() -> bool:
-    """Move the objects that exist before the forward (torch, the model) out of the
-    collector's sight until it ends, as `gc.freeze` is meant to be used: the metas and
-    axes a trace keeps trigger full collections, each of which would otherwise walk every
-    one of them (a tenth of a second each on an 80-layer model). Only when the collector
-    runs and nothing else froze objects (then `gc.unfreeze` after gives back just ours)."""
-    if not gc.isenabled() or gc.get_freeze_count():
-        return False
-    gc.freeze()
-    return True
+class Freezer:
+    """`gc.freeze` for a command, as it is meant to be used: what exists when `freeze` is
+    called (torch, the model) moves out of the collector's sight, and each call adds what
+    was made since, until `close` gives it all back. The metas and axes a trace keeps set
+    off full collections, each of which would otherwise walk every object in the process
+    (a tenth of a second each with an 80-layer model). Nothing is frozen when the
+    collector is off or someone else froze objects first (then there is nothing of ours
+    to give back)."""
+
+    def __init__(self) -> None:
+        self.ours: bool | None = None  # decided at the first freeze
+
+    def freeze(self) -> None:
+        if self.ours is None:
+            self.ours = gc.isenabled() and not gc.get_freeze_count()
+        if self.ours:
+            gc.freeze()
+
+    def close(self) -> None:
+        if self.ours:
+            gc.unfreeze()
+        self.ours = False
 
 
 def _place(trace, site: str) -> None:

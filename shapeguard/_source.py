@@ -557,6 +557,7 @@ def _label(node: ast.AST) -> str:
 _TRANSPOSE_SUFFIXES = (".transpose(-2, -1)", ".transpose(-1, -2)", ".mT", ".T", ".t()")
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the text: a few labels per op
 def short_label(expr: str) -> str:
     """A readable name for an operand expression: `self.mask` -> `mask`, `K.transpose(-2, -1)` -> `K^T`."""
     expr = expr.strip()

@@ -112,6 +112,45 @@ def test_trace_on_meta_needs_no_memory_and_reports_meta_tensors(tmp_path):
     assert CLEAN.match(result.stdout.splitlines()[-1])
 
 
+def test_trace_freezes_the_collector_for_its_forward_and_leaves_it_as_it_was(monkeypatch):
+    # The objects before the forward are frozen for its duration (a full collection would
+    # walk them all), unfrozen after; someone else's freeze is left alone.
+    import gc
+
+    from shapeguard._cli import run as _run
+
+    seen: list[int] = []
+    monkeypatch.setattr(_run, "on_device", _recording_device(seen, _run.on_device))
+    assert gc.get_freeze_count() == 0
+    assert run("trace", SEED).exit_code == 0
+    assert seen and all(count > 0 for count in seen)
+    assert gc.get_freeze_count() == 0
+    seen.clear()
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        assert run("trace", SEED).exit_code == 0
+        # Not frozen again, nor thawed (frozen objects may still be freed: at most before).
+        assert len(seen) == 1 and 0 < seen[0] <= before
+        assert 0 < gc.get_freeze_count() <= before
+    finally:
+        gc.unfreeze()
+
+
+def _recording_device(seen: list, on_device):
+    """`on_device`, noting the collector's freeze count as the forward starts."""
+    import contextlib
+    import gc
+
+    @contextlib.contextmanager
+    def recording(device):
+        seen.append(gc.get_freeze_count())
+        with on_device(device):
+            yield
+
+    return recording
+
+
 def test_tensors_made_inside_forward_are_on_meta_too(tmp_path):
     causal = ATTENTION.replace(
         "        if mask is not None:",

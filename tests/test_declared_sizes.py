@@ -53,3 +53,41 @@ def test_the_engine_and_a_contract_read_the_same_size():
     bindings = bind_attributes(contract, module)
     assert bindings.sizes["d_k"] == declared["d_k"][1] == 16
     assert bindings.sources["d_k"] == "self.head_dim"
+
+
+class _Sizes(type):
+    """A metaclass whose own attribute a class lookup finds (`Meta.n_heads`)."""
+
+    n_heads = 6
+
+
+class _Base(nn.Module):
+    head_dim = 8  # a class attribute, inherited
+
+
+def test_every_place_a_name_can_live_is_read():
+    # The instance dict, a base class, a config, and a metaclass's own attribute: each
+    # read as a plain getattr would (the reader skips only names held nowhere).
+    module = _Base()
+    module.d_model = 48
+    assert _axes.declared_sizes(module) == {"d_model": ("d_model", 48), "d_k": ("head_dim", 8)}
+    module.config = type("Config", (), {"num_attention_heads": 3})()
+    assert _axes.declared_sizes(module)["heads"] == ("num_attention_heads", 3)
+
+    class WithMeta(metaclass=_Sizes):
+        pass
+
+    assert _axes.declared_sizes(WithMeta()) == {"heads": ("n_heads", 6)}
+
+
+def test_a_size_set_after_a_first_read_is_read_the_next_time():
+    module = _Base()
+    assert "d_model" not in _axes.declared_sizes(module)
+    module.d_model = 48
+    _Base.n_heads = 4  # on the class, after a first read
+    try:
+        assert _axes.declared_sizes(module)["heads"] == ("n_heads", 4)
+        assert _axes.declared_sizes(module)["d_model"] == ("d_model", 48)
+    finally:
+        del _Base.n_heads
+    assert "heads" not in _axes.declared_sizes(module)

@@ -83,3 +83,20 @@ def test_a_long_trace_reads_the_same_events_as_one_forward_each():
     for k, event in enumerate(events):
         expected = dict(single[k % len(single)], index=k)
         assert event == expected
+
+
+def test_the_tensor_table_holds_no_tensor_and_forgets_a_collected_one():
+    from shapeguard._trace.meta import TensorTable
+
+    table = TensorTable()
+    kept, dropped = torch.zeros(2), torch.zeros(3)
+    table[kept], table[dropped] = "kept", "dropped"
+    table[kept] = "kept again"  # a new entry for the same tensor replaces the old one
+    assert len(table) == 2
+    del dropped  # collected: its entry goes with it
+    assert len(table) == 1
+    assert table.get(kept) == "kept again"
+    other = torch.zeros(4)
+    assert table.get(other) is None and other not in table
+    table.discard(kept)
+    assert len(table) == 0 and table.get(kept) is None

@@ -4,6 +4,7 @@ function at a time, and read again when the file changes on disk."""
 import importlib.util
 import os
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -71,3 +72,42 @@ def test_module_level_code_still_parses_the_file(tmp_path):
         namespace = {"__name__": "script"}
         exec(compile(path.read_text(), str(path), "exec"), namespace)
     assert [e.outputs[0].label for e in trace.events][-1] == "scores"
+
+
+VIEW_MODULE = """
+import torch
+from torch import nn
+
+
+class Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.n_heads, self.d_k = 4, 4
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        t = self.proj(x)
+        return t.view({sizes})
+"""
+
+
+def _view_kinds(path, sizes: str, stamp: int) -> list[str]:
+    path.write_text(textwrap.dedent(VIEW_MODULE.format(sizes=sizes)))
+    os.utime(path, ns=(stamp, stamp))
+    spec = importlib.util.spec_from_file_location(f"edited_view_{stamp}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", shapeguard.ShapeWarning)
+        trace = shapeguard.trace(module.Heads(), torch.randn(2, 4, 16), mode="warn")
+    return [f.kind for f in trace.findings]
+
+
+def test_what_a_view_names_its_sizes_is_read_again_after_an_edit(tmp_path):
+    # seq == heads == 4: only the user's names tell the heads carved out of the sequence
+    # (the names are read once per site; an edited line is a new site).
+    path = tmp_path / "edited_view.py"
+    assert _view_kinds(path, "B, self.n_heads, S, self.d_k", 1_000_000_000) == ["view_mixes_axes"]
+    assert _view_kinds(path, "B, S, self.n_heads, self.d_k", 2_000_000_000) == []
+    assert _view_kinds(path, "B, self.n_heads, S, self.d_k", 3_000_000_000) == ["view_mixes_axes"]

@@ -85,13 +85,23 @@ def trace(target, all_ops, no_fold, tp_degrees):
     paths get the rank (`{rank}` in the path, else `.rank<r>` before the suffix), and
     `shapeguard merge` makes one report of them.
     """
-    from ..report.text import render_findings, render_table, render_target
-
     if tp_degrees is not None:
         _simulate_tp(target, tp_degrees)
         return
+    from .run import Freezer
+
+    hold = Freezer()  # the collector frozen from the model's build until the report is out
+    try:
+        _trace_and_report(target, all_ops, no_fold, hold)
+    finally:
+        hold.close()
+
+
+def _trace_and_report(target, all_ops: bool, no_fold: bool, hold) -> None:
+    from ..report.text import render_findings, render_table, render_target
+
     with target.loaded() as module, contextlib.ExitStack() as stack:
-        picked, inputs, run = _load_and_run(target, module, stack)
+        picked, inputs, run = _load_and_run(target, module, stack, hold)
         attention = _attention(target, picked, inputs, run)
     trace = run.trace
     width, color = _stdout_style()
@@ -256,11 +266,21 @@ def check(target):
     The probes (batch independence, causality, ...) need real values, so they are
     skipped on --device meta. Exit status 1 on any failure.
     """
+    from .run import Freezer
+
+    hold = Freezer()  # the collector frozen from the model's build until the report is out
+    try:
+        _check_and_report(target, hold)
+    finally:
+        hold.close()
+
+
+def _check_and_report(target, hold) -> None:
     from ..report.text import render_check, render_target
     from .check_summary import summary_rows
 
     with target.loaded() as module, contextlib.ExitStack() as stack:
-        picked, inputs, run = _load_and_run(target, module, stack)
+        picked, inputs, run = _load_and_run(target, module, stack, hold)
         summary = summary_rows(
             picked.model,
             inputs,
@@ -328,7 +348,7 @@ def explain(text: str | None) -> None:
 # -- running the model, with a spinner and a progress bar on a terminal -------------------------
 
 
-def _load_and_run(target, module, stack):
+def _load_and_run(target, module, stack, hold=None):
     """Build the model in `module` and its inputs, and run one traced forward:
     (picked, inputs, run), the crash (if any) recorded as the trace's last finding.
 
@@ -344,6 +364,8 @@ def _load_and_run(target, module, stack):
     from . import tp as _cli_tp
     from .run import add_crash, run_traced
 
+    if hold is not None:
+        hold.freeze()  # torch and the file are loaded: out of the collector's sight
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         try:
@@ -369,6 +391,7 @@ def _load_and_run(target, module, stack):
             device=target.device,
             site=picked.site,
             prepare=inputs.claim_layouts,
+            hold=hold,
         )
     _emit_warnings(run.warnings)
     if run.memory:

@@ -19,12 +19,35 @@ ATTRIBUTE_AXES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _int_attr(obj: object, names: Iterable[str]) -> tuple[str, int] | None:
+# Every name above: what an object's dicts are intersected with before any is read.
+SIZE_ATTRIBUTES = frozenset(name for names in ATTRIBUTE_AXES.values() for name in names)
+
+
+def _named_here(own: object, cls: type) -> frozenset | None:
+    """The names of `SIZE_ATTRIBUTES` that the instance dict or the class's MRO dicts hold (a
+    name held nowhere reads as None), or None when that cannot be told so (a metaclass
+    other than `type`, whose own attributes a class lookup also finds)."""
+    if type(own) is not dict or type(cls) is not type:
+        return None
+    # keys() & names: the intersection walks the 23 names, not the dict (nn.Module's has
+    # over a hundred keys); `object`, which cannot be given attributes, is skipped.
+    found = own.keys() & SIZE_ATTRIBUTES
+    for klass in cls.__mro__[:-1]:
+        found |= klass.__dict__.keys() & SIZE_ATTRIBUTES
+    return frozenset(found)
+
+
+def _int_attr(
+    obj: object, names: Iterable[str], held: frozenset | None = None
+) -> tuple[str, int] | None:
     # The instance dict, then the class: a plain getattr of a missing name would go
     # through nn.Module.__getattr__ and an AttributeError per name, on every forward.
+    # `held` (`_named_here`): the names there are, so the missing ones cost no lookup.
     own = getattr(obj, "__dict__", {})
     cls = type(obj)
     for name in names:
+        if held is not None and name not in held:
+            continue
         value = own.get(name)
         if value is None:
             value = getattr(cls, name, None)
@@ -47,9 +70,17 @@ def declared_sizes(module: object) -> dict[str, tuple[str, int]]:
     config = getattr(module, "config", None)
     if config is not None:
         sources.append(config)
+    # Each source with the names it holds; one that holds none is not read at all.
+    readers = []
+    for source in sources:
+        held = _named_here(getattr(source, "__dict__", {}), type(source))
+        if held is None or held:
+            readers.append((source, held))
+    if not readers:
+        return found
     for axis, names in ATTRIBUTE_AXES.items():
-        for source in sources:
-            hit = _int_attr(source, names)
+        for source, held in readers:
+            hit = _int_attr(source, names, held)
             if hit is not None:
                 found[axis] = hit
                 break

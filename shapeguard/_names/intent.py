@@ -42,10 +42,46 @@ def view_intents(call, count: int) -> list[Intent | None]:
     site = call.site
     if site is None:
         return []
+    matches = call.site_matches()
+    plan = _plan(site, matches, count)
+    if not plan:
+        return []
+    frame = None
+    found: list[Intent | None] = []
+    for step in plan:
+        if step is None or isinstance(step, Intent):
+            found.append(step)
+            continue
+        if frame is None:
+            frame = _source.user_frame()
+        found.append(_shape_intent(call, frame, *step))
+    return found
+
+
+# What a site's text says of each target size, read once per (site, the call is the
+# site's own, count): an Intent, None, or (text, tensor name, index, part) for a shape
+# read, whose tensor is looked up in the frame of each call. Keyed by the site's id and
+# holding the site, as `_source` keys its own: a file edited on disk makes new sites.
+_plans: dict[tuple[int, bool, int], tuple[object, list]] = {}
+
+
+def _plan(site, matches: bool, count: int) -> list:
+    key = (id(site), matches, count)
+    entry = _plans.get(key)
+    if entry is not None and entry[0] is site:
+        return entry[1]
+    plan = _read_plan(site, matches, count)
+    if len(_plans) > 4096:
+        _plans.clear()
+    _plans[key] = (site, plan)
+    return plan
+
+
+def _read_plan(site, matches: bool, count: int) -> list:
     texts: Sequence[str | None]
     if site.callee in _EINOPS and not site.in_module:
         texts = _einops_texts(site, count)
-    elif call.site_matches():
+    elif matches:
         texts = list(site.args)
         if len(site.args) == 1 and count > 1:
             texts = _source.sequence_items(site.args[0]) or []  # view((B, S, h, d))
@@ -54,35 +90,32 @@ def view_intents(call, count: int) -> list[Intent | None]:
     if len(texts) != count:
         return []
     aliases, assigned = _aliases(site)
-    frame = None
-    found: list[Intent | None] = []
+    plan: list = []
     for text in texts:
         if text is None:
-            found.append(None)
+            plan.append(None)
             continue
         try:
             node = _source.parse(text, mode="eval").body
         except SyntaxError:
-            found.append(None)
+            plan.append(None)
             continue
         read = _read(node, aliases, 0)
         if read is None:
-            found.append(None)
+            plan.append(None)
             continue
         if read[0] == "attr":
             axis_name = _ATTRIBUTE_NAMES.get(read[1])
-            found.append(Intent(text, FEATURE, axis_name) if axis_name else None)
+            plan.append(Intent(text, FEATURE, axis_name) if axis_name else None)
             continue
         _, tensor_name, index, part, line = read
         # The shape was read at `line`; the tensor now under that name is the one read only
         # if nothing was assigned to the name in between (q = q.transpose(1, 2) would be).
         if any(line < at <= site.lineno for at in assigned.get(tensor_name, ())):
-            found.append(None)
+            plan.append(None)
             continue
-        if frame is None:
-            frame = _source.user_frame()
-        found.append(_shape_intent(call, frame, text, tensor_name, index, part))
-    return found
+        plan.append((text, tensor_name, index, part))
+    return plan
 
 
 _EINOPS = ("rearrange", "repeat", "reduce")

@@ -21,6 +21,25 @@ def op_name(func) -> str:
 
 
 def _is_tensor_method(func) -> bool:
+    try:
+        return _METHODS[func]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable
+        return _read_is_method(func)
+    found = _read_is_method(func)
+    if len(_METHODS) > 4096:
+        _METHODS.clear()
+    _METHODS[func] = found
+    return found
+
+
+# Whether a function torch hands the mode is a Tensor method, by function: its names are
+# read once (the same few hundred functions make every op).
+_METHODS: dict = {}
+
+
+def _read_is_method(func) -> bool:
     qualname = getattr(func, "__qualname__", "") or ""
     if qualname.startswith(("TensorBase.", "Tensor.")):
         return True
@@ -45,6 +64,7 @@ class OpCall:
         "_bound",
         "_metas",
         "_tensors",
+        "_matches",
         "extras",
     )
 
@@ -66,6 +86,7 @@ class OpCall:
         # rules, the axis rule and the record all read the same few tensors.
         self._metas: dict[int, TensorMeta] = {}
         self._tensors: list | None = None
+        self._matches: bool | None = None  # site_matches, once per call
         # While the session records this call: (tensor, had a meta) for each tensor the
         # rules read that is not an argument (a view's `B, T, C = x.shape`).
         self.extras: list | None = None
@@ -88,6 +109,12 @@ class OpCall:
     # -- naming ------------------------------------------------------------------
     def site_matches(self) -> bool:
         """Whether the user's expression at this site is this very call (not a call inside it)."""
+        matches = self._matches
+        if matches is None:
+            matches = self._matches = self._site_matches()
+        return matches
+
+    def _site_matches(self) -> bool:
         site = self.site
         if site is None or site.in_module or not site.callee:
             return False
@@ -112,7 +139,9 @@ class OpCall:
             return None
         found = self._metas.get(id(tensor))
         if found is None:
-            found = self.session.metas.get(tensor)
+            # The session's TensorTable.get, inlined (an entry: weak reference, meta).
+            entry = self.session.metas._data.get(id(tensor))
+            found = entry[1] if entry is not None and entry[0]() is tensor else None
             if self.extras is not None:
                 self._note(tensor, found is not None)
             if found is not None:

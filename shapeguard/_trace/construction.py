@@ -96,6 +96,8 @@ def _error(d_attr, d_model, h_attr, heads, cls, frames, user) -> ShapeError:
 # -- modules as they are first entered --------------------------------------------------------
 def entry_violations(module, where: str):
     """Head-count violations a module shows by its own attributes and projections."""
+    if not declares_sizes(module):
+        return
     own = {
         name: value
         for name, value in vars(module).items()
@@ -112,6 +114,13 @@ def entry_violations(module, where: str):
             yield divisibility_violation(d_attr, d_model, h_attr, heads, where)
     if "heads" in sizes and "kv_heads" in sizes:
         yield from check_sizes({k: sizes[k] for k in ("heads", "kv_heads")}, where)
+
+
+def declares_sizes(module) -> bool:
+    """Whether the module's own attributes name any size `entry_violations` reads (most
+    modules, a Linear or a norm, name none: nothing to look at)."""
+    own = getattr(module, "__dict__", None)
+    return type(own) is not dict or bool(own.keys() & _axes.SIZE_ATTRIBUTES)
 
 
 def _splits_into_heads(module, d_model: int) -> bool:
@@ -133,7 +142,7 @@ def check_entered(session, module) -> None:
     from . import composites as _composites
     from .call import OpCall
 
-    if not _config.is_enabled() or _composites.suspended(session):
+    if not declares_sizes(module) or not _config.is_enabled() or _composites.suspended(session):
         return
     path = session.module_path(module)
     cls = type(module).__name__

@@ -55,10 +55,17 @@ def _static(tensor, meta: TensorMeta | None = None) -> tuple:
     which gives its local shard the DTensor's axes when the meta is known)."""
     dtype = tensor.dtype
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
+    facts = _DTYPE_FACTS.get(dtype)
+    if facts is None:
+        facts = _DTYPE_FACTS[dtype] = (_dtype_name(dtype), dtype.itemsize)
     if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
         sharded = _tp_session.record_sharding(tensor, meta, current_session())
-        return tensor.shape, _dtype_name(dtype), device, dtype.itemsize, sharded
-    return tensor.shape, _dtype_name(dtype), device, dtype.itemsize
+        return tensor.shape, facts[0], device, facts[1], sharded
+    return tensor.shape, facts[0], device, facts[1]
+
+
+# (name, item size) by dtype: two reads of every tensor an event keeps, made once per dtype.
+_DTYPE_FACTS: dict = {}
 
 
 _MISSED = object()  # a replayed op that was not the recording's next step
@@ -898,20 +905,31 @@ class Session:
         rules = _checks.rules_for(op)
         step = self._begin_step(call, rules) if self.recorder is not None else None
         reads = _replay.ValueReads(call.tensors()) if step is not None else None
-        upstream = self._flagged(call)
+        upstream: frozenset = frozenset()  # `_flagged`, inlined: once per op
+        read = call.meta
+        for t in call.tensors():
+            known = read(t)
+            if known is not None and known.flagged:
+                upstream = upstream | known.flagged
         call.flagged = upstream
         yielded = False
         if rules:
             here = id(self.module_stack[-1]) if self.module_stack else None
-            on_stack = {id(m) for m in self.module_stack} | {None}
-            consequence = any(module in on_stack for _, module in upstream)
+            consequence = False
+            if upstream:
+                on_stack = {id(m) for m in self.module_stack} | {None}
+                consequence = any(module in on_stack for _, module in upstream)
             reported = set()
+            lead = -1  # how many leading arguments are tensors (`_checks.applies`), once
             if reads is not None:
                 reads.__enter__()
             try:
                 for rule in rules:
-                    if rule.operands and not _checks.applies(rule, args):
-                        continue
+                    if rule.operands:
+                        if lead < 0:
+                            lead = _checks.leading_operands(args)
+                        if lead < rule.operands:
+                            continue
                     for violation in rule.check(call):
                         yielded = True
                         violation.severity = _checks.severity(rule, violation)
@@ -1100,49 +1118,64 @@ class Session:
             return []
         spec = call.spec
         in_tensors = call.tensors()
-        in_metas = [call.meta_of(t) for t in in_tensors]
+        meta_of = call.meta_of
+        in_metas = [meta_of(t) for t in in_tensors]
         made = _flow.propagate(call, outputs)
         if self.tp_split:
             _tp_session.carry(self, call, in_tensors, outputs)
         labels = self._output_labels(call, len(outputs))
         first_label = in_metas[0].label if in_metas else None
-        buffer, sliced = buffer_origin(
-            spec.keeps_value, spec.slices, in_tensors, in_metas, self.module_stack
-        )
+        if spec.keeps_value and len(in_tensors) == 1:
+            buffer, sliced = buffer_origin(
+                True, spec.slices, in_tensors, in_metas, self.module_stack
+            )
+        else:  # what buffer_origin answers for these, without the call
+            buffer, sliced = "", False
         out_metas = []
         slot = self.step * _replay.MAX_OUTPUTS
+        flagged = call.flagged
+        op = call.op
+        table = self.metas
         for k, (tensor, m) in enumerate(zip(outputs, made, strict=True)):
             label = labels[k] if k < len(labels) else None
             if label is None and k == 0 and first_label:
                 label = self._kept_label(call, spec, in_metas, first_label)
-            meta = TensorMeta(
+            # TensorMeta.made: the fields in `FIELDS` order, without keyword parsing.
+            meta = TensorMeta.made(
                 m.dims,
-                m.tags,
-                label=label,
-                role=role_for(label, m.role),
-                op=call.op,
-                buffer=buffer,
-                sliced=sliced,
-                rotary=m.rotary,
-                param=m.param,
-                flagged=call.flagged,
-                laid_out=m.laid_out,
+                (
+                    m.tags,
+                    label,
+                    role_for(label, m.role),
+                    op,
+                    buffer,
+                    sliced,
+                    m.rotary,
+                    m.param,
+                    flagged,
+                    m.laid_out,
+                ),
+                slot + k + 1,
             )
-            meta.slot = slot + k + 1
-            self.metas[tensor] = meta
+            table[tensor] = meta
             out_metas.append(meta)
         trace = self.trace
-        if trace.event_count >= trace.max_events:
+        if len(trace._events) + len(trace._pending) >= trace.max_events:
             trace.dropped_events += 1
             return out_metas
-        path, cls, _ = self.module_description()
+        stack = self.module_stack
+        if stack:  # module_description's path and class, without its "path (Class)"
+            module = stack[-1]
+            path, cls = self.module_path(module), type(module).__name__
+        else:
+            path = cls = ""
         trace.record(
-            call.op,
+            op,
             path,
             cls,
             call.site,
-            tuple(_static(t, m) for t, m in zip(in_tensors, in_metas, strict=True)),
-            tuple(_static(t, m) for t, m in zip(outputs, out_metas, strict=True)),
+            tuple([_static(t, m) for t, m in zip(in_tensors, in_metas, strict=True)]),
+            tuple([_static(t, m) for t, m in zip(outputs, out_metas, strict=True)]),
             in_metas,
             out_metas,
         )

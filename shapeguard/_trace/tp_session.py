@@ -535,10 +535,20 @@ class _State:
 _STATES: "weakref.WeakKeyDictionary[object, _State]" = weakref.WeakKeyDictionary()
 
 
+# The last session asked about and its state: rules ask once or twice per op, always of the
+# session that runs it (a weak reference: the cache keeps no session alive).
+_last: tuple = (lambda: None, None)
+
+
 def _state(session) -> _State:
+    global _last
+    ref, found = _last
+    if ref() is session:
+        return found
     found = _STATES.get(session)
     if found is None:
         found = _STATES[session] = _State()
+    _last = (weakref.ref(session), found)
     return found
 
 

@@ -172,6 +172,17 @@ def applies(r: Rule, args: tuple) -> bool:
     return len(args) >= n and all(hasattr(a, "shape") and hasattr(a, "dtype") for a in args[:n])
 
 
+def leading_operands(args: tuple) -> int:
+    """How many of the leading positional arguments are tensors, as `applies` reads them:
+    `applies(r, args)` is `leading_operands(args) >= r.operands` for a rule with operands."""
+    count = 0
+    for a in args:
+        if not (hasattr(a, "shape") and hasattr(a, "dtype")):
+            break
+        count += 1
+    return count
+
+
 def checkers_for(spelling: str) -> tuple[Checker, ...]:
     return tuple(r.check for r in rules_for(spelling))
 

@@ -63,10 +63,14 @@ def mask_hint(call, mask, mask_label: str, target_shape: tuple[int, ...]) -> str
 def _broadcast_violation(call, kind, relation_prefix, pairs, target=None, mask=None):
     """Check that the (label, tensor) pairs broadcast together (to `target` when given)."""
     shapes = [tuple(t.shape) for _, t in pairs]
-    operands = tuple(call.operand(label, t) for label, t in pairs)
     result = _axes.broadcast_shapes(*shapes)
     if result is not None and (target is None or result == target):
+        # The operand lines are written only for a violation; their tensors' metas are
+        # read here all the same, in the same order (a tensor first seen gets its axes now).
+        for _, t in pairs:
+            call.meta_of(t)
         return None
+    operands = tuple(call.operand(label, t) for label, t in pairs)
     (la, ta), (lb, tb) = pairs[0], pairs[1]
     bad = _axes.first_mismatch(tuple(ta.shape), tuple(tb.shape))
     if bad is not None:

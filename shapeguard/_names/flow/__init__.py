@@ -10,7 +10,6 @@ an embedding's output width is d_model. Sizes name nothing here except where a
 module declares them (`declared`), and only for feature axes.
 """
 
-from .. import dims as D
 from . import attention, elementwise, inputs, products, views  # noqa: F401  (they register)
 from .base import _RULES, Made, _fallback, propagates
 from .products import classify_product
@@ -27,9 +26,21 @@ def propagate(call, outputs: list) -> list[Made]:
         made = [_fallback(call, out) for out in outputs]
     fixed = []
     for m, out in zip(made, outputs, strict=True):
-        if len(m.dims) != out.dim() or any(
-            D.size_of(a) != int(s) for a, s in zip(m.dims, out.shape, strict=True)
-        ):
+        if not _fits(m.dims, out.shape):
             m = _fallback(call, out)
         fixed.append(m)
     return fixed
+
+
+def _fits(dims: tuple, shape) -> bool:
+    """Whether the axes' sizes are the shape's (`dims.size_of` of each, inlined: once per
+    output of every op)."""
+    if len(dims) != len(shape):
+        return False
+    for axis, size in zip(dims, shape, strict=True):
+        total = 1
+        for _, _, n in axis:
+            total *= n
+        if total != int(size):
+            return False
+    return True

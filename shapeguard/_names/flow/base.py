@@ -86,16 +86,6 @@ def _tags(tags: list) -> tuple:
     return tuple(tags) if any(tags) else ()
 
 
-def _main(call, out):
-    """The operand an elementwise result stands for: the input of the result's shape."""
-    shape = tuple(out.shape)
-    tensors = _tensor_args(call)
-    for t in tensors:
-        if tuple(t.shape) == shape:
-            return t
-    return tensors[0] if tensors else None
-
-
 def _claim(axis: Axis, kind: str, name: str | None = None, side: str = "") -> None:
     """What attention says of an axis; never against a kind a parameter already gave it."""
     if not axis:

@@ -8,7 +8,6 @@ from .base import (
     _fallback,
     _first,
     _is_tensor,
-    _main,
     _tag_of,
     _tags,
     _tensor_args,
@@ -52,17 +51,19 @@ def _binary(call, outputs):
     if not tensors:
         return None
     out = outputs[0]
-    ndim = out.dim()
+    out_shape = tuple(out.shape)
+    ndim = len(out_shape)
     metas = [call.meta_of(t) for t in tensors]
-    main = _main(call, out)
+    # Each shape read once (`t.shape` builds a torch.Size per read).
+    shapes = [tuple(t.shape) for t in tensors]
     axes: list[Axis] = []
     tags: list[str | None] = []
     for pos in range(ndim):
         chosen: Axis = ()
         tag = None
-        for t, m in zip(tensors, metas, strict=True):
-            k = pos - (ndim - t.dim())
-            if k < 0 or t.shape[k] == 1:
+        for shape, m in zip(shapes, metas, strict=True):
+            k = pos - (ndim - len(shape))
+            if k < 0 or shape[k] == 1:
                 continue
             axis = m.dims[k]
             if not chosen:
@@ -72,12 +73,13 @@ def _binary(call, outputs):
                 tag = tag or _tag_of(m, k)
         axes.append(chosen)
         tags.append(tag)
-    main_meta = call.meta_of(main) if main is not None else metas[0]
+    # The operand the result stands for: the first input of the result's shape, else the first.
+    main_meta = next((m for sh, m in zip(shapes, metas, strict=True) if sh == out_shape), metas[0])
     role = main_meta.role if call.spec.keeps_label or call.spec.makes_mask else None
     # Attention's output (or its projection) added back onto the stream, x + context, leaves
     # attention: the sum is neither context nor tagged by query or key positions. The scores
     # plus a mask or bias stay attention's own.
-    full = [m for t, m in zip(tensors, metas, strict=True) if tuple(t.shape) == tuple(out.shape)]
+    full = [m for sh, m in zip(shapes, metas, strict=True) if sh == out_shape]
     if (
         len(full) >= 2
         and any(_tagged(m) for m in full)

@@ -509,10 +509,10 @@ def test_replicated_inputs_declared_replicate_are_silent():
 
 # -- tp_shard_axis_mismatch: a shard declared along another axis than it was split along -------
 class _Mlp(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, dim=DIM):
         super().__init__()
-        self.w1 = torch.nn.Linear(DIM, 4 * DIM)
-        self.w2 = torch.nn.Linear(4 * DIM, DIM)
+        self.w1 = torch.nn.Linear(dim, 4 * dim)
+        self.w2 = torch.nn.Linear(4 * dim, dim)
 
     def forward(self, x):
         return self.w2(torch.relu(self.w1(x)))
@@ -520,14 +520,16 @@ class _Mlp(torch.nn.Module):
 
 class _Layer(torch.nn.Module):
     """torchtitan's transformer block: two sublayers, each norm -> module -> residual add.
-    `seq_first`: Megatron's [seq, batch, dim] layout instead of [batch, seq, dim]."""
+    `seq_first`: Megatron's [seq, batch, dim] layout instead of [batch, seq, dim]; `dim`
+    and `heads` its width and head count (GQA at the tests' sizes: KV kv heads)."""
 
-    def __init__(self, seq_first=False):
+    def __init__(self, seq_first=False, dim=DIM, heads=H):
         super().__init__()
-        self.attention_norm = torch.nn.LayerNorm(DIM)
-        self.attention = Attention(tp=2, local="tp", seq_first=seq_first)
-        self.ffn_norm = torch.nn.LayerNorm(DIM)
-        self.feed_forward = _Mlp()
+        self.attention_norm = torch.nn.LayerNorm(dim)
+        kv = KV if heads == H else heads
+        self.attention = Attention(dim, heads, kv, tp=2, local="tp", seq_first=seq_first)
+        self.ffn_norm = torch.nn.LayerNorm(dim)
+        self.feed_forward = _Mlp(dim)
 
     def forward(self, x):
         h = x + self.attention(self.attention_norm(x))
@@ -571,10 +573,10 @@ def _layer_plan(shard=1, *, ffn_shard=None, ffn_norm=True, sequence_parallel=Tru
 
 
 class _AttentionSublayer(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, dim=DIM, heads=H):
         super().__init__()
-        self.attention_norm = torch.nn.LayerNorm(DIM)
-        self.attention = Attention(tp=2, local="tp")
+        self.attention_norm = torch.nn.LayerNorm(dim)
+        self.attention = Attention(dim, heads, KV if heads == H else heads, tp=2, local="tp")
 
     def forward(self, x):
         return x + self.attention(self.attention_norm(x))
@@ -584,13 +586,15 @@ class _Layers(torch.nn.Module):
     """A first layer (a block, its attention sublayer, or an MLP, before which nothing
     names seq), then a block."""
 
-    def __init__(self, first="block", seq_first=False):
+    def __init__(self, first="block", seq_first=False, dim=DIM, heads=H):
         super().__init__()
         if first == "block":
-            made = _Layer(seq_first)
+            made = _Layer(seq_first, dim, heads)
+        elif first == "attention":
+            made = _AttentionSublayer(dim, heads)
         else:
-            made = {"attention": _AttentionSublayer, "mlp": _Mlp}[first]()
-        self.layers = torch.nn.ModuleList([made, _Layer(seq_first)])
+            made = _Mlp(dim)
+        self.layers = torch.nn.ModuleList([made, _Layer(seq_first, dim, heads)])
 
     def forward(self, x):
         for layer in self.layers:
@@ -756,6 +760,38 @@ def test_a_plan_that_shards_one_axis_throughout_is_silent(seq_first, shard, batc
         x = x.transpose(0, 1).contiguous()
     plan = _layers_plan(_layer_plan(shard), _layer_plan(shard))
     trace = _layer_trace(plan, x, model=_Layers(seq_first=seq_first))
+    assert trace.findings == [], [f.message for f in trace.findings]
+
+
+# Realistic sizes: batch 4, 8 heads (4 per rank), seq 64 (32 per rank), d_k 64: seq == d_k.
+_REAL = {"batch": 4, "seq": 32, "dim": 512, "heads": 8}
+
+
+def _real_input(seq_first=False):
+    x = torch.randn(_REAL["batch"], _REAL["seq"], _REAL["dim"])
+    return x.transpose(0, 1).contiguous() if seq_first else x
+
+
+@pytest.mark.no_shapeguard
+def test_at_realistic_sizes_a_seq_scatter_gathered_along_batch_warns():
+    first = {k: v for k, v in _layer_plan(1).items() if k.startswith("attention")}
+    model = _Layers("attention", dim=_REAL["dim"], heads=_REAL["heads"])
+    with pytest.warns(ShapeWarning):
+        trace = _layer_trace(_layers_plan(first, _layer_plan(0)), _real_input(), model=model)
+    (finding,) = _mismatches(trace)
+    assert finding.message.splitlines()[0].startswith(
+        "linear: layers.1.attention reads [8, 32, 512] (wq's input), layers.1.attention's "
+        "all_gather along dim 0 of a tensor declared Shard(0): its local [4, 32, 512] is this "
+        "rank's 32 of seq's 64, split by layers.0.attention.wo's reduce-scatter along seq"
+    )
+
+
+@pytest.mark.parametrize("shard", [0, 1])
+@pytest.mark.parametrize("seq_first", [False, True], ids=["bsd", "sbd"])
+def test_at_realistic_sizes_a_plan_that_shards_one_axis_throughout_is_silent(seq_first, shard):
+    plan = _layers_plan(_layer_plan(shard), _layer_plan(shard))
+    model = _Layers(seq_first=seq_first, dim=_REAL["dim"], heads=_REAL["heads"])
+    trace = _layer_trace(plan, _real_input(seq_first), model=model)
     assert trace.findings == [], [f.message for f in trace.findings]
 
 

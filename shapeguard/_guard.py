@@ -250,12 +250,69 @@ def _install(module, options: GuardOptions, contract=None) -> None:
     if _composites.hooks_turn_off_fast_path(module):
         # A hook on the module would turn torch's fast path off: watched from global hooks.
         state.handles = [_composites.watch(module, _pre_hook, _post_hook)]
-    else:
+    elif "forward" in module.__dict__ or _composites.composite_kind(module):
+        # A forward of the instance's own (another tool's wrapper): hooks, around it. And
+        # torch's composites, which the session checks where its hook sees them leave,
+        # before the guard's closes it.
         state.handles = [
             module.register_forward_pre_hook(_pre_hook, with_kwargs=True),
             module.register_forward_hook(_post_hook, with_kwargs=True, always_call=True),
         ]
+    else:
+        state.handles = [_ForwardWrap(module)]
     _guarded[module] = state
+
+
+class _ForwardWrap:
+    """The guard's forward on one instance: the class's forward between `_pre_hook` and
+    `_post_hook`, set in the instance's dict; `remove()` takes it out.
+
+    Not module hooks: a module with hooks takes nn.Module's slower call path, eagerly and
+    in every graph torch.compile makes of it (two empty hooks cost a tiny compiled module
+    about 14%); a forward that dynamo inlines costs the compiled module nothing. A bound
+    method (`types.MethodType`) so that `copy.deepcopy` binds the copy's to the copy, and
+    pickle (which reads a method back by its name) gives the copy its class's forward."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module) -> None:
+        import types
+
+        self.module = weakref.ref(module)
+        module.__dict__["forward"] = types.MethodType(_wrapped_forward(type(module)), module)
+
+    def remove(self) -> None:
+        module = self.module()
+        if module is not None and getattr(module.__dict__.get("forward"), "__func__", None) in (
+            _wrappers.values()
+        ):
+            del module.__dict__["forward"]
+
+
+_wrappers: dict[type, object] = {}  # class -> its guarded forward, made once per class
+
+
+def _wrapped_forward(cls):
+    found = _wrappers.get(cls)
+    if found is None:
+        forward = cls.forward
+
+        @functools.wraps(forward)
+        def guarded(self, *args, **kwargs):
+            __tracebackhide__ = True
+            _pre_hook(self, args, kwargs)
+            try:
+                # Read at each call: a class's forward may be replaced after the wrap.
+                output = cls.forward(self, *args, **kwargs)
+            except BaseException:
+                _post_hook(self, args, kwargs, None)
+                raise
+            _post_hook(self, args, kwargs, output)
+            return output
+
+        guarded.__name__ = "forward"  # how pickle names a bound method: the class's forward
+        found = _wrappers[cls] = guarded
+    return found
 
 
 def unguard(module):

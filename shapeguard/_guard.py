@@ -1,11 +1,14 @@
-"""`guard` and `unguard`: checks on every forward of a module, with two hooks.
+"""`guard` and `unguard`: checks on every forward of a module.
 
-A guarded module gets one forward pre-hook (with kwargs) and one forward hook
-(`always_call=True`). The pre-hook checks the forward's shape contract (its
-jaxtyping annotations, see `_contract.decorator`) and opens a session when none is open;
-the hook checks the return value and closes the session, also when forward
-raises. Nothing else of the module changes: outputs are returned as they are,
-and `unguard` removes exactly those hooks.
+A guarded module gets a `forward` of its own (`_ForwardWrap`: the class's forward
+between `_pre_hook` and `_post_hook`, in the instance's dict), or, for torch's
+composites and for an instance that already has its own forward, one forward
+pre-hook (with kwargs) and one forward hook (`always_call=True`). `_pre_hook` checks
+the forward's shape contract (its jaxtyping annotations, see `_contract.decorator`)
+and opens a session when none is open; `_post_hook` checks the return value and
+closes the session, also when forward (or the pre-check) raises. Nothing else of
+the module changes: outputs are returned as they are, and `unguard` removes exactly
+what the guard put there.
 """
 
 import functools
@@ -300,8 +303,9 @@ def _wrapped_forward(cls):
         @functools.wraps(forward)
         def guarded(self, *args, **kwargs):
             __tracebackhide__ = True
-            _pre_hook(self, args, kwargs)
             try:
+                # As torch runs an always_call hook: also when the pre-hook raises.
+                _pre_hook(self, args, kwargs)
                 # Read at each call: a class's forward may be replaced after the wrap.
                 output = cls.forward(self, *args, **kwargs)
             except BaseException:

@@ -567,10 +567,14 @@ def traced_forward(model, args, kwargs):
 
 
 def hook_count(model):
-    """Module hooks on the tree and torch's global ones: what guard/unguard must restore."""
+    """Module hooks and instance forwards on the tree (the guard's wrapper is one), and
+    torch's global hooks: what guard/unguard must restore."""
     from torch.nn.modules import module as torch_module
 
-    local = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    local = sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + ("forward" in m.__dict__)
+        for m in model.modules()
+    )
     return (
         local
         + len(torch_module._global_forward_hooks)

@@ -21,6 +21,7 @@ from attention_models import (
     H,
     HandAttention,
 )
+from jaxtyping import Float
 from torch import nn
 
 import shapeguard
@@ -107,8 +108,14 @@ def test_guarded_output_is_bitwise_identical(build, args, kwargs):
 
 
 def _hook_counts(module):
+    """Per module: its hooks, and whether it has a forward of its own (the guard's wrapper)."""
     return [
-        (len(m._forward_pre_hooks), len(m._forward_hooks), len(m._forward_hooks_always_called))
+        (
+            len(m._forward_pre_hooks),
+            len(m._forward_hooks),
+            len(m._forward_hooks_always_called),
+            "forward" in m.__dict__,
+        )
         for m in module.modules()
     ]
 
@@ -389,3 +396,64 @@ def test_stacked_self_attention_layers_stay_silent():
     trace = shapeguard.trace(stack, torch.randn(B, SQ, D))
     assert trace.findings == []
     assert [r.axes[-2:] for r in trace.records("scores")][-1] == ("seq_q", "seq_k")
+
+
+# -- the guard's forward: a wrapper in the instance's dict, not module hooks ---------------
+@pytest.mark.no_shapeguard
+def test_a_deep_copy_of_a_guarded_module_runs_its_own_weights():
+    import copy
+
+    model = shapeguard.guard(HandAttention())
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.W_q.weight.add_(1.0)
+        x = torch.randn(B, SQ, D)
+        assert not torch.equal(twin(x), model(x))
+        assert torch.equal(twin(x), shapeguard.unguard(copy.deepcopy(twin))(x))
+
+
+def test_a_pickled_guarded_module_loads_and_runs():
+    import pickle
+
+    model = shapeguard.guard(HandAttention())
+    loaded = pickle.loads(pickle.dumps(model))
+    x = torch.randn(B, SQ, D)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+
+
+def test_the_guarded_forward_keeps_the_signature_of_the_classs():
+    import inspect
+
+    model = HandAttention()
+    before = inspect.signature(model.forward)
+    shapeguard.guard(model)
+    assert inspect.signature(model.forward) == before  # what transformers reads of forward
+    shapeguard.unguard(model)
+    assert "forward" not in model.__dict__
+
+
+@pytest.mark.no_shapeguard
+def test_a_forward_replaced_on_the_class_after_guarding_is_the_one_that_runs(monkeypatch):
+    model = shapeguard.guard(HandAttention())
+    monkeypatch.setattr(HandAttention, "forward", lambda self, x: x * 2)
+    x = torch.randn(B, SQ, D)
+    assert torch.equal(model(x), x * 2)
+
+
+class _Contracted(nn.Module):
+    def forward(self, x: Float[torch.Tensor, "batch seq d"]) -> Float[torch.Tensor, "batch seq d"]:
+        return x * 2
+
+
+@pytest.mark.no_shapeguard
+def test_a_check_that_raises_before_forward_leaves_no_call_behind():
+    """The contract check runs inside the wrapper's try, as torch runs an always_call hook
+    when a pre-hook raises: the guard's call record is popped."""
+    from shapeguard._contract import call as _call
+
+    model = shapeguard.guard(_Contracted())
+    with pytest.raises(shapeguard.ShapeError):
+        model(torch.randn(B, SQ))  # 2-D where the contract wants [batch, seq, d]
+    assert not getattr(_call._local, "stack", None)
+    assert torch.equal(model(torch.ones(B, SQ, D)), torch.full((B, SQ, D), 2.0))

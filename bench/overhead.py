@@ -273,8 +273,8 @@ def run(quick: bool = False) -> Section:
                     "1.00x within noise",
                     f"{off.ratio_text()} ({off.spread_text()})",
                     _within_noise(off),
-                    f"{fmt_seconds(extra['disabled'])} per call (the guard's two hooks still "
-                    f"run, and return at once) on a {fmt_seconds(base.seconds)} forward",
+                    f"{fmt_seconds(extra['disabled'])} per call (the guard's pre- and post-check "
+                    f"still run, and return at once) on a {fmt_seconds(base.seconds)} forward",
                 )
             )
             first = timings['check="first"']
@@ -286,8 +286,8 @@ def run(quick: bool = False) -> Section:
                     f"{first.ratio_text()} ({first.spread_text()})",
                     first.ratio <= 1.02,
                     _noise_note(first, 1.02)
-                    + f"{fmt_seconds(first_extra)} per call (hooks and the "
-                    f"signature lookup) on a {fmt_seconds(base.seconds)} forward",
+                    + f"{fmt_seconds(first_extra)} per call (the guard's checks and "
+                    f"the signature lookup) on a {fmt_seconds(base.seconds)} forward",
                 )
             )
             if label == "medium":

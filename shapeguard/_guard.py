@@ -286,13 +286,14 @@ class _ForwardWrap:
 
     def remove(self) -> None:
         module = self.module()
-        if module is not None and getattr(module.__dict__.get("forward"), "__func__", None) in (
-            _wrappers.values()
-        ):
+        wrapped = getattr(module.__dict__.get("forward"), "__func__", None) if module else None
+        if getattr(wrapped, "__shapeguard_forward__", False):
             del module.__dict__["forward"]
 
 
-_wrappers: dict[type, object] = {}  # class -> its guarded forward, made once per class
+# class -> its guarded forward, made once per class; weak, so a class made and dropped
+# (a reloaded file, a test's) is not kept alive by having been guarded.
+_wrappers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _wrapped_forward(cls):
@@ -306,8 +307,9 @@ def _wrapped_forward(cls):
             try:
                 # As torch runs an always_call hook: also when the pre-hook raises.
                 _pre_hook(self, args, kwargs)
-                # Read at each call: a class's forward may be replaced after the wrap.
-                output = cls.forward(self, *args, **kwargs)
+                # Read at each call: a class's forward may be replaced after the wrap (and
+                # through type(self), not the class: the weak table's value keeps no class).
+                output = type(self).forward(self, *args, **kwargs)
             except BaseException:
                 _post_hook(self, args, kwargs, None)
                 raise
@@ -315,6 +317,7 @@ def _wrapped_forward(cls):
             return output
 
         guarded.__name__ = "forward"  # how pickle names a bound method: the class's forward
+        guarded.__shapeguard_forward__ = True  # type: ignore[attr-defined]  # what remove() takes out
         found = _wrappers[cls] = guarded
     return found
 

@@ -1,7 +1,8 @@
 """Guarded modules under `torch.compile`: checked once per new input signature, eagerly,
 while dynamo traces them; nothing of shapeguard enters the graph.
 
-Dynamo traces a module's hooks along with its forward, so a guard's pre-hook runs
+Dynamo traces the guard's forward wrapper (or, for torch's composites, its hooks) along
+with the module's forward, so the guard's pre-check (`_guard._pre_hook`) runs
 symbolically, once per graph it compiles (a new input signature, or one the graph's
 guards reject: a bad input always is one). There it calls `check` through
 `_guard._compiled_check`, which dynamo does not trace: marked as having a constant

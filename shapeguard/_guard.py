@@ -365,7 +365,7 @@ def _compiled_check(module, *args, **kwargs) -> int:
 
 # What `torch.compiler.assume_constant_result` sets, set here so that importing shapeguard
 # never imports torch._dynamo: dynamo calls this with the real arguments while it traces
-# the pre-hook, and takes its result (0) as a constant of the graph.
+# the pre-check (`_pre_hook`), and takes its result (0) as a constant of the graph.
 _compiled_check._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 

@@ -103,6 +103,9 @@ class Site:
 # The site of an op torch.distributed called on its own (`user_site`): neither checked
 # nor recorded.
 PLUMBING = Site("<torch.distributed>", 0, "")
+# The site of an op torch.optim made itself (an optimizer's step, a scheduler): run as it
+# is, neither checked nor recorded (`op_site`).
+OPTIMIZER = Site("<torch.optim>", 0, "")
 
 
 def display_path(filename: str) -> str:
@@ -125,14 +128,18 @@ _TORCH_MODULES = os.sep + os.path.join("torch", "nn", "modules") + os.sep
 # Frames of torch.distributed (DTensor's from_local/to_local/redistribute, functional
 # collectives, FSDP's unshard): an op there is distributed plumbing, not the user's.
 _TORCH_DISTRIBUTED = os.sep + os.path.join("torch", "distributed") + os.sep
+# Frames of torch.optim: a step updates each parameter and its state in place, a dozen
+# elementwise ops per parameter that are no part of the model's dataflow (a training
+# step's trace would be mostly these, all at the `optimizer.step()` line).
+_TORCH_OPTIM = os.sep + os.path.join("torch", "optim") + os.sep
 
 
 # What each code object on the stack is, by id (the entry keeps the code alive, so the id
 # is not reused): the user's (0), internal (1), internal and an nn.Module's forward (2), a
-# floor (3: see `stop_at`), torch.distributed's (4: see `op_site`). Keyed by id because code objects compare (and hash) by
+# floor (3: see `stop_at`), torch.distributed's (4) or torch.optim's (5: see `op_site`). Keyed by id because code objects compare (and hash) by
 # content: two files may hold equal ones, and hashing a code object hashes its constants.
 _kinds: dict[int, tuple[CodeType, int]] = {}
-_INTERNAL, _IN_MODULE, _FLOOR, _DISTRIBUTED = 1, 2, 3, 4
+_INTERNAL, _IN_MODULE, _FLOOR, _DISTRIBUTED, _OPTIMIZER = 1, 2, 3, 4, 5
 
 
 def _kind(code: CodeType) -> int:
@@ -146,8 +153,10 @@ def _kind(code: CodeType) -> int:
         kind = _FLOOR
     elif _TORCH_MODULES in filename:
         kind = _IN_MODULE
+    elif _TORCH_DISTRIBUTED in filename:
+        kind = _DISTRIBUTED
     else:
-        kind = _DISTRIBUTED if _TORCH_DISTRIBUTED in filename else _INTERNAL
+        kind = _OPTIMIZER if _TORCH_OPTIM in filename else _INTERNAL
     if len(_kinds) > 20_000:
         _kinds.clear()
     _kinds[id(code)] = (code, kind)
@@ -275,8 +284,27 @@ def user_site() -> Site | None:
 def op_site() -> Site | None:
     """`user_site` for an intercepted op: `PLUMBING` when torch.distributed called it on
     the way from the user's frame (DTensor's from_local and redistribute, collectives,
-    FSDP's unshard), so the session neither checks nor records it."""
+    FSDP's unshard), `OPTIMIZER` when torch.optim did (an optimizer's step), so the session
+    neither checks nor records it. Not an op inside a module that torch.optim calls
+    (swa_utils' AveragedModel runs the model): the model's ops are the model's."""
     return _innermost_site(sys._getframe(1), plumbing=True)
+
+
+def optimizer_op() -> bool:
+    """Whether the op being intercepted is torch.optim's own, as `op_site` tells it, without
+    looking up a site: for a replay, whose recording has no such op to match."""
+    frame: FrameType | None = sys._getframe(1)
+    in_module = False
+    while frame is not None:
+        kind = _kind(frame.f_code)
+        if not kind or kind in (_FLOOR, _DISTRIBUTED):
+            return False
+        if kind == _OPTIMIZER and not in_module:
+            return True
+        if kind == _IN_MODULE:
+            in_module = True
+        frame = frame.f_back
+    return False
 
 
 def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
@@ -299,6 +327,8 @@ def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
             return None
         if kind == _DISTRIBUTED and plumbing:
             return PLUMBING
+        if kind == _OPTIMIZER and plumbing and not in_module:
+            return OPTIMIZER
         if kind == _IN_MODULE:
             in_module = True
         frame = frame.f_back

@@ -36,7 +36,7 @@ from .record import TraceData as Trace
 
 _QUERY = _ops.QUERY
 _code_kinds, _code_kind = _source._kinds, _source._kind
-_FLOOR, _IN_MODULE = _source._FLOOR, _source._IN_MODULE
+_FLOOR, _IN_MODULE, _OPTIMIZER = _source._FLOOR, _source._IN_MODULE, _source._OPTIMIZER
 _site_epoch = _source.site_epoch
 _Tensor = torch.Tensor
 _SEQUENCES = (tuple, list)
@@ -700,6 +700,8 @@ class Session:
                     if kind == _FLOOR:
                         frame = None
                         break
+                    if kind == _OPTIMIZER and not in_module:
+                        return func(*args, **kwargs)  # torch.optim's own (`_source.op_site`)
                     if kind == _IN_MODULE:
                         in_module = True
                     frame = frame.f_back
@@ -801,6 +803,8 @@ class Session:
                     objs = None
                 break
         else:
+            if _source.optimizer_op():
+                return func(*args, **kwargs)  # never recorded, so never a step to match
             self._diverge()
             return _MISSED
         self.replay = steps
@@ -900,6 +904,8 @@ class Session:
         site = _source.op_site()
         if site is _source.PLUMBING:
             return _tp_session.plumbing(self, func, spec, args, kwargs)
+        if site is _source.OPTIMIZER:
+            return func(*args, **kwargs)
         call = OpCall(self, func, op, args, kwargs, site, spec)
         broken = None  # the first error warn mode let through
         rules = _checks.rules_for(op)

@@ -220,16 +220,17 @@ def _fresh_lines(filename: str) -> tuple[tuple | None, list[str]]:
     return stamp, linecache.getlines(filename)
 
 
-def _tree(filename: str, first: int) -> ast.AST | None:
+def _tree(filename: str, first: int, code: CodeType | None = None) -> ast.AST | None:
     """The AST of the function (or class) whose code starts at line `first` (0: the whole
     file), with the file's own line numbers: parsing a big file whole would cost more
-    than the ops of its first trace."""
+    than the ops of its first trace. `code`, the function's code object, tells where its
+    block ends without tokenizing the file."""
     stamp, lines = _fresh_lines(filename)
     key = (filename, first)
     cached = _trees.get(key)
     if cached is not None and cached[0] == stamp:
         return cached[1]
-    tree = _parse_block(lines, first) if first else None
+    tree = _parse_block(lines, first, code) if first else None
     if tree is None:
         tree = _parse(lines, 0)
     if len(_trees) > 8192:
@@ -239,18 +240,18 @@ def _tree(filename: str, first: int) -> ast.AST | None:
 
 
 def _parse(lines: list[str], offset: int, header: bool = False) -> ast.AST | None:
+    """`lines` parsed as if they started at line `offset` + 1 (blank lines in front: the
+    parser skips them in C, where renumbering the tree would walk every node)."""
     if not lines:
         return None
     try:
-        tree = parse(("class _:\n" if header else "") + "".join(lines))
+        tree = parse("\n" * offset + ("class _:\n" if header else "") + "".join(lines))
     except (SyntaxError, ValueError):
         return None
-    if offset:
-        ast.increment_lineno(tree, offset)
     return tree
 
 
-def _parse_block(lines: list[str], first: int) -> ast.AST | None:
+def _parse_block(lines: list[str], first: int, code: CodeType | None = None) -> ast.AST | None:
     """The `def` (with its decorators) or `class` that starts at line `first`."""
     start = first - 1
     if not 0 <= start < len(lines):
@@ -258,13 +259,47 @@ def _parse_block(lines: list[str], first: int) -> ast.AST | None:
     head = lines[start].lstrip()
     if not head.startswith(("def ", "async ", "@", "class ")):
         return None  # a lambda, a comprehension, module code: the whole file
+    indented = lines[start][:1].isspace()
+    # An indented method parses under a dummy header line, the line before its own.
+    offset = start - 1 if indented else start
+    if code is not None:
+        tree = _parse(lines[start : _block_end(lines, start, code)], offset, header=indented)
+        if tree is not None:
+            return tree
     try:
-        block = inspect.getblock(lines[start:])
+        block = inspect.getblock(lines[start:])  # tokenizes: the slow way
     except (IndexError, SyntaxError, tokenize.TokenError):
         return None
-    indented = lines[start][:1].isspace()
-    # An indented method parses under a dummy header line, which shifts the lines by one.
-    return _parse(block, start - 1 if indented else start, header=indented)
+    return _parse(block, offset, header=indented)
+
+
+def _block_end(lines: list[str], start: int, code: CodeType) -> int:
+    """The index past the last line of the block that starts at `lines[start]`: the last
+    line any instruction of `code` (or of code nested in it) spans, then the lines after
+    it that are blank, comments or indented deeper than the block's first line (a
+    trailing `pass`, which has no instruction). A guess that cuts a statement fails to
+    parse, and `_parse_block` tokenizes instead."""
+    last = _last_line(code)
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = max(last, start + 1)
+    while end < len(lines):
+        line = lines[end]
+        stripped = line.lstrip()
+        if stripped and not stripped.startswith("#") and len(line) - len(stripped) <= indent:
+            break
+        end += 1
+    return end
+
+
+def _last_line(code: CodeType) -> int:
+    last = code.co_firstlineno
+    for _, end, _, _ in code.co_positions():
+        if end is not None and end > last:
+            last = end
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            last = max(last, _last_line(const))
+    return last
 
 
 def forget(filename: str) -> None:
@@ -457,7 +492,7 @@ _indexes: dict[int, tuple[ast.AST, _NodeIndex]] = {}
 def _code_index(code: CodeType) -> _NodeIndex | None:
     """The expression sites of the function `code` belongs to."""
     first = 0 if code.co_name.startswith("<") else code.co_firstlineno
-    tree = _tree(code.co_filename, first)
+    tree = _tree(code.co_filename, first, code)
     if tree is None:
         return None
     entry = _indexes.get(id(tree))
@@ -487,17 +522,40 @@ _OP_NODES = (ast.Call, ast.BinOp, ast.Compare, ast.Subscript, ast.UnaryOp, ast.A
 def _index_tree(tree: ast.AST, index: _NodeIndex) -> None:
     spine_targets: dict[int, tuple[str, ...]] = {}
     returned: set[int] = set()
-    for stmt in ast.walk(tree):
-        value, targets = _statement_value(stmt)
-        if value is not None:
-            for node in _spine(value):
-                spine_targets[id(node)] = targets
-                if isinstance(stmt, ast.Return):
-                    returned.add(id(node))
-    for node in ast.walk(tree):
-        if isinstance(node, _OP_NODES) and getattr(node, "end_lineno", None) is not None:
+    ops = []
+    for node in _nodes(tree):
+        if isinstance(node, _OP_NODES):
+            ops.append(node)
+        elif isinstance(node, ast.stmt):
+            value, targets = _statement_value(node)
+            if value is not None:
+                for part in _spine(value):
+                    spine_targets[id(part)] = targets
+                    if isinstance(node, ast.Return):
+                        returned.add(id(part))
+    for node in ops:
+        if getattr(node, "end_lineno", None) is not None:
             key = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
             index.setdefault(key, (node, spine_targets.get(id(node), ()), id(node) in returned))
+
+
+def _nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree`, each before the nodes inside it (`ast.walk`'s nodes in one
+    loop, without a generator per node: indexing is most of a new file's first trace)."""
+    found: list[ast.AST] = []
+    todo = [tree]
+    pop, push, extend, add = todo.pop, todo.append, todo.extend, found.append
+    node_type, sequence = ast.AST, list
+    while todo:
+        node = pop()
+        add(node)
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, node_type):
+                push(value)
+            elif isinstance(value, sequence):
+                extend([v for v in value if isinstance(v, node_type)])
+    return found
 
 
 def _statement_value(stmt: ast.AST) -> tuple[ast.AST | None, tuple[str, ...]]:

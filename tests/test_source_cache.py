@@ -111,3 +111,141 @@ def test_what_a_view_names_its_sizes_is_read_again_after_an_edit(tmp_path):
     assert _view_kinds(path, "B, self.n_heads, S, self.d_k", 1_000_000_000) == ["view_mixes_axes"]
     assert _view_kinds(path, "B, S, self.n_heads, self.d_k", 2_000_000_000) == []
     assert _view_kinds(path, "B, self.n_heads, S, self.d_k", 3_000_000_000) == ["view_mixes_axes"]
+
+
+SHAPES = '''
+import functools
+
+import torch
+
+
+def plain(x):
+    scores = x @ x.T
+    return scores.softmax(-1)
+
+
+def ends_in_a_call_over_lines(x):
+    y = x + 1
+    return torch.cat(
+        [y, y],
+        dim=0,
+    )
+
+
+def ends_in_pass_after_else(x):
+    if x.sum() > 0:
+        z = x * 2
+    else:
+        pass
+
+
+def ends_in_a_string(x):
+    y = x + 1
+    return y
+    """
+dead code after the return, a string whose lines sit at column 0
+"""
+
+
+def ends_in_a_comment(x):
+    w = x.exp()
+    return w  # the end
+    # a comment after it
+
+
+@functools.lru_cache(maxsize=None)
+def decorated(n):
+    return torch.ones(n) * 3
+
+
+def with_a_nested_function(x):
+    def inner(t):
+        return t.relu()
+
+    out = inner(x)
+    return out.sum()
+
+
+def signature_over_lines(
+    x,
+    scale=2.0,
+):
+    scaled = x * scale
+    return scaled
+
+
+class Model(torch.nn.Module):
+    @torch.no_grad()
+    def forward(self, x):
+        hidden = x.tanh()
+        return hidden.mean(
+            dim=-1
+        )
+
+    def ends_in_a_string(self, x):
+        y = x.abs()
+        return y, """
+a string whose lines
+sit at column 0"""
+'''
+
+
+def test_a_function_parsed_alone_indexes_as_the_whole_file_does(tmp_path):
+    # Each function's block is cut from the file by its code object's extent, not by
+    # tokenizing; whatever the cut, its sites must be the ones a whole-file parse finds.
+    path = tmp_path / "shapes.py"
+    path.write_text(SHAPES)
+    spec = importlib.util.spec_from_file_location("shapes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    codes = [
+        getattr(module, name).__code__
+        for name in (
+            "plain",
+            "ends_in_a_call_over_lines",
+            "ends_in_pass_after_else",
+            "ends_in_a_string",
+            "ends_in_a_comment",
+            "with_a_nested_function",
+            "signature_over_lines",
+        )
+    ]
+    codes += [module.decorated.__wrapped__.__code__, module.Model.forward.__wrapped__.__code__]
+    codes += [module.Model.ends_in_a_string.__code__]
+    whole = _source._file_index(str(path))
+    for code in codes:
+        _source.forget(str(path))
+        index = _source._code_index(code)
+        assert index, code.co_name
+        last = _source._last_line(code)
+        expected = {
+            key: (type(node), targets, returned)
+            for key, (node, targets, returned) in whole.items()
+            if code.co_firstlineno <= key[0] <= last
+        }
+        found = {key: (type(node), t, r) for key, (node, t, r) in index.items()}
+        assert found == expected, code.co_name
+
+
+def test_a_cut_that_does_not_parse_falls_back_to_the_tokenizer(tmp_path, monkeypatch):
+    path = tmp_path / "shapes.py"
+    path.write_text(SHAPES)
+    spec = importlib.util.spec_from_file_location("shapes_fallback", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    blocks = []
+    getblock = _source.inspect.getblock
+    monkeypatch.setattr(
+        _source.inspect, "getblock", lambda lines: blocks.append(lines[0]) or getblock(lines)
+    )
+    _source.forget(str(path))
+    for name in ("plain", "ends_in_a_call_over_lines", "ends_in_a_comment"):
+        assert _source._code_index(getattr(module, name).__code__)
+    assert blocks == []  # cut by the code's extent: no tokenizing
+    # `else: pass` has no instruction, but its lines are indented: still cut whole.
+    assert _source._code_index(module.ends_in_pass_after_else.__code__)
+    assert blocks == []
+    # A string after the return (dead code: no instruction) whose lines sit at column 0:
+    # the cut ends inside the string, which does not parse, so the block is tokenized.
+    assert _source._code_index(module.ends_in_a_string.__code__)
+    assert [line.strip() for line in blocks] == ["def ends_in_a_string(x):"]

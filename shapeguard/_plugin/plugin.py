@@ -282,7 +282,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         # so the controller can sum the workers' counts.
         report.shapeguard_counts = {
             "modules": trace.modules_seen,
-            "ops": len(trace.events) + trace.dropped_events,
+            "ops": trace.event_count + trace.dropped_events,  # counted, not built
             "violations": len(trace.errors),
             "warnings": len(trace.warnings),
         }

@@ -457,3 +457,58 @@ def test_a_check_that_raises_before_forward_leaves_no_call_behind():
         model(torch.randn(B, SQ))  # 2-D where the contract wants [batch, seq, d]
     assert not getattr(_call._local, "stack", None)
     assert torch.equal(model(torch.ones(B, SQ, D)), torch.full((B, SQ, D), 2.0))
+
+
+def _dropped_guarded_class(options: dict, use: str):
+    decorate = shapeguard.guard(**options) if options else shapeguard.guard
+
+    @decorate
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).softmax(-1)
+
+    model = Tiny()
+    for _ in range(3):  # the third forward replays the second's recording
+        model(torch.randn(2, 4))
+    if use == "last_trace":
+        assert shapeguard.last_trace(model) is not None
+    elif use == "inside a trace":
+        with shapeguard.trace():
+            model(torch.randn(2, 4))
+    elif use == "trace(model)":
+        shapeguard.trace(model, torch.randn(2, 4))
+    return weakref.ref(Tiny), weakref.ref(model)
+
+
+@pytest.mark.parametrize("options", [{}, {"check": "first"}], ids=["every", "first"])
+@pytest.mark.parametrize("use", ["forward", "last_trace", "inside a trace", "trace(model)"])
+def test_a_dropped_guarded_class_and_its_instances_are_collected(options, use):
+    # Nothing shapeguard keeps (the forward wrappers, replay recordings, last traces,
+    # signature caches) holds a guarded class or its instances once the user drops them.
+    cls, model = _dropped_guarded_class(options, use)
+    gc.collect()
+    assert model() is None, "a guarded instance outlived its last reference"
+    assert cls() is None, "a guarded class outlived its last reference"
+
+
+def test_a_block_keeps_no_model_it_ran_and_names_the_next_ones_modules():
+    x = torch.randn(2, 4)
+    with shapeguard.trace() as trace:
+        first = nn.Sequential(nn.Linear(4, 4))
+        first(x)
+        dropped = weakref.ref(first)
+        del first
+        gc.collect()
+        assert dropped() is None, "the block's session kept the first model it ran"
+        second = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+        second(x)
+    # The ops inside modules (building the models inside the block records their inits).
+    assert [(e.op, e.module, e.module_type) for e in trace.events if e.module_type] == [
+        ("linear", "0", "Linear"),
+        ("linear", "0", "Linear"),
+        ("relu", "1", "ReLU"),
+    ]

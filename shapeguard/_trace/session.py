@@ -153,7 +153,7 @@ class Session:
 
     def __init__(self, trace: Trace, root, opener=None) -> None:
         self.trace = trace
-        self.root = root
+        self._root = _weak(root) if root is not None else None
         self.owner = None  # the guarded module that opened this session, if any
         self.background = trace.background
         self.owner_depth = 0
@@ -250,11 +250,22 @@ class Session:
         self._handles = []
 
     # -- modules -----------------------------------------------------------------
+    @property
+    def root(self):
+        """The module the trace started from: given, or the first one a block entered (held
+        weakly: a model the user drops inside a long block, or a test under the pytest
+        plugin, is collected)."""
+        ref = self._root
+        return ref() if ref is not None else None
+
     def _on_module_enter(self, module, args) -> None:
         if getattr(_local, "session", None) is not self:
             return  # an inner session is tracking modules now
         if self.root is None:
-            self.root = module
+            # The first module, or the first since the last root was dropped: paths and
+            # state names are read from this one.
+            self._root = _weak(module)
+            self._paths = self._state_names = None
         self.enter_module(module, args, {})
 
     def _on_module_exit(self, module, args, output) -> None:

@@ -1,8 +1,14 @@
 """Shared test setup: pytester runs real pytest sessions (the plugin's tests use it)."""
 
 import pytest
+import torch
 
 pytest_plugins = ["pytester"]
+
+# One torch thread for the whole suite, as CI runs it (two cores, used by pytest-xdist's two
+# workers when asked): the ops are tiny, and with a second thread its OpenMP worker spins
+# through every gap between ops, which bills the process for twice the Python time.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -38,14 +38,17 @@ def product_axes(call: CallView) -> Iterator[Violation]:
     if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
         return
     a, b = args[0], args[1]
-    la, lb = call.label(0, "a"), call.label(1, "b")
-    if call.op in call.spec.reflected:
-        a, b, la, lb = b, a, lb, la
+    reflected = call.op in call.spec.reflected
+    if reflected:
+        a, b = b, a
     if a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2] or a.shape[-1] < 2:
         return  # a loud mismatch (matmul_inner) or nothing to pair
     clash = _clash(call, a, -1, b, -2)
     if clash is None:
         return
+    la, lb = call.label(0, "a"), call.label(1, "b")  # read for a violation only
+    if reflected:
+        la, lb = lb, la
     base = lb.removesuffix("^T")
     if clash == (TOKEN, FEATURE):
         # a weighs positions (attention weights), b's rows are features: b is transposed.

@@ -245,6 +245,12 @@ def _letter_sizes(spec: str, shape: tuple[int, ...]) -> dict[str, list[int]] | N
     return found
 
 
+# (equation, operand shapes) -> `_einsum_mismatch`'s verdict (False: nothing to check): it
+# reads the equation and the sizes only, and an einsum in a loop repeats both.
+_VERDICTS: dict = {}
+_UNSEEN = object()
+
+
 @rule(_ops.by_name("einsum"), kinds={"einsum_dim": ERROR, "einsum_rank": ERROR})
 def einsum_sizes(call: CallView) -> Iterator[Violation]:
     """einsum: every operand has one letter per axis, and each letter one size."""
@@ -257,36 +263,65 @@ def einsum_sizes(call: CallView) -> Iterator[Violation]:
     )
     if not all(_is_tensor(t) for t in tensors):
         return
-    specs, _ = _parse_einsum(equation)
-    if len(specs) != len(tensors):
+    key = (equation, *[t.shape for t in tensors])
+    known = _VERDICTS.get(key, _UNSEEN)
+    if known is _UNSEEN:
+        specs, _ = _parse_einsum(equation)
+        known = _einsum_mismatch(specs, tensors) if len(specs) == len(tensors) else False
+        if len(_VERDICTS) > 4096:
+            _VERDICTS.clear()
+        _VERDICTS[key] = known
+    if known is False:
         return
+    found = known
+    if found is None:
+        # The operand lines are written only for a violation; their tensors' metas are read
+        # here all the same, in the same order (a tensor first seen gets its axes now).
+        for t in tensors:
+            call.meta_of(t)
+        return
+    # Names and operands are read only now: most einsums are fine, and reading a label
+    # looks at the source line.
     labels = [call.label(i + 1, f"operand {i}") for i in range(len(tensors))]
     operands = tuple(call.operand(lab, t) for lab, t in zip(labels, tensors, strict=True))
-    seen: dict[str, tuple[int, str, int]] = {}
-    for spec, tensor, label in zip(specs, tensors, labels, strict=True):
-        letters = _letter_sizes(spec, tuple(tensor.shape))
+    specs, _ = _parse_einsum(equation)
+    if found[0] == "rank":
+        _, i, spec = found
+        yield Violation(
+            "einsum_rank",
+            f"einsum '{equation}': {labels[i]} has {tensors[i].dim()} axes but '{spec}' names "
+            f"{len(spec.replace('...', ''))}",
+            operands,
+            f"give {labels[i]} one letter per axis, or use '...' for leading axes",
+        )
+        return
+    _, letter, first_size, first, first_pos, size, i, pos = found
+    yield Violation(
+        "einsum_dim",
+        f"einsum '{equation}': '{letter}' is {first_size} in {labels[first]} "
+        f"(axis {first_pos}) but {size} in {labels[i]} (axis {pos})",
+        operands,
+        f"every operand must agree on the size of '{letter}'",
+    )
+
+
+def _einsum_mismatch(specs: list[str], tensors: list) -> tuple | None:
+    """The first operand whose axes its spec does not name one for one ("rank", operand,
+    spec), or the first letter two operands size differently ("dim", letter, first size,
+    first operand, its axis, size, operand, axis); None when the sizes agree."""
+    seen: dict[str, tuple[int, int, int]] = {}
+    for i, (spec, tensor) in enumerate(zip(specs, tensors, strict=True)):
+        shape = tuple(tensor.shape)
+        letters = _letter_sizes(spec, shape)
         if letters is None:
-            yield Violation(
-                "einsum_rank",
-                f"einsum '{equation}': {label} has {tensor.dim()} axes but '{spec}' names "
-                f"{len(spec.replace('...', ''))}",
-                operands,
-                f"give {label} one letter per axis, or use '...' for leading axes",
-            )
-            return
+            return ("rank", i, spec)
         for letter, positions in letters.items():
             for pos in positions:
-                size = int(tensor.shape[pos])
+                size = int(shape[pos])
                 if letter in seen:
-                    first_size, first_label, first_pos = seen[letter]
+                    first_size, first, first_pos = seen[letter]
                     if size != first_size and 1 not in (size, first_size):
-                        yield Violation(
-                            "einsum_dim",
-                            f"einsum '{equation}': '{letter}' is {first_size} in {first_label} "
-                            f"(axis {first_pos}) but {size} in {label} (axis {pos})",
-                            operands,
-                            f"every operand must agree on the size of '{letter}'",
-                        )
-                        return
+                        return ("dim", letter, first_size, first, first_pos, size, i, pos)
                 else:
-                    seen[letter] = (size, label, pos)
+                    seen[letter] = (size, i, pos)
+    return None

@@ -439,3 +439,19 @@ def test_warn_mode_warns_then_raises_its_own_error_when_torch_fails_on_that_op()
     assert not isinstance(info.value.__cause__, shapeguard.ShapeError)
     kinds = [f.kind for f in shapeguard.last_trace(module).findings]
     assert kinds == ["matmul_inner"]
+
+
+def test_an_einsum_verdict_is_kept_for_its_equation_and_shapes_only():
+    # The size check's verdict is memoized by (equation, operand shapes): the same
+    # equation on other shapes is judged again, in both directions.
+    def scores(q, k):
+        return torch.einsum("bhqd,bhkd->bhqk", q, k)
+
+    good = (torch.randn(B, H, SQ, DK), torch.randn(B, H, SK, DK))
+    bad = (torch.randn(B, H, SQ, DK), torch.randn(B, H, SK, DK + 2))
+    for _ in range(2):
+        assert shapeguard.trace(scores, *good).findings == []
+        with pytest.raises(shapeguard.ShapeError) as info:
+            shapeguard.trace(scores, *bad)
+        assert info.value.kind == "einsum_dim"
+        assert "'d' is 11 in q (axis 3) but 13 in k (axis 3)" in str(info.value)

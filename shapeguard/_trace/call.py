@@ -246,6 +246,16 @@ class OpCall:
         (a collective torch.distributed ran: `_tp_session.Replicated`), or None."""
         return _tp_session.replicated(self.session, local, mesh, mesh_dim)
 
+    def any_replicated(self) -> bool:
+        """Whether a collective made any tensor of this trace replicated (`replicated` and
+        `tiled` answer None for all when not)."""
+        return _tp_session.any_replicated(self.session)
+
+    def any_gathered(self) -> bool:
+        """Whether a reduce-scatter's piece was gathered in this trace (`gathered` answers
+        None for all when not)."""
+        return _tp_session.any_gathered(self.session)
+
     def tiled(self, tensor):
         """The gather that stacked copies of a replicated tensor, when `tensor` (or a
         DTensor's shard) is its output (`_tp_session.Replicated`), or None."""

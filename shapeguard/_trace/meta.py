@@ -231,3 +231,8 @@ class TensorTable:
     def __len__(self) -> int:
         self._sweep()
         return len(self._data)
+
+    def empty(self) -> bool:
+        """Whether nothing was ever stored since the last sweep (no sweep: a test on a
+        hot path, where a dead entry only makes a caller look further)."""
+        return not self._data

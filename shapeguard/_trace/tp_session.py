@@ -395,6 +395,26 @@ def gathered(session, tensor) -> "Gathered | None":
     return _state(session).gathered.get(tensor)
 
 
+def any_replicated(session) -> bool:
+    """Whether torch.distributed made any tensor of this session replicated (a collective
+    ran): without one, `tiled` and `replicated` answer None for every tensor."""
+    state = _known_state(session)
+    return state is not None and not state.replicated.empty()
+
+
+def any_gathered(session) -> bool:
+    """Whether a reduce-scatter's piece was gathered in this session: without one,
+    `gathered` answers None for every tensor."""
+    state = _known_state(session)
+    return state is not None and not state.gathered.empty()
+
+
+def _known_state(session) -> "_State | None":
+    """`_state` without making one: None for a session torch.distributed has not touched."""
+    ref, found = _last
+    return found if ref() is session else _STATES.get(session)
+
+
 def tiled(session, tensor) -> "Replicated | None":
     """The gather that stacked tp copies of a tensor every rank held whole, when
     `tensor` (plain, or a DTensor's shard) is its output (or passed it on unchanged)."""

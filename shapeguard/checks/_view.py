@@ -54,5 +54,7 @@ class CallView(Protocol):
     def module_path(self, module) -> str: ...
     def tp_owner(self) -> tuple[Any, Any]: ...  # (module, its `_tp.Sharding`) or (None, None)
     def replicated(self, local, mesh, mesh_dim: int) -> Any: ...  # `Replicated` or None
+    def any_replicated(self) -> bool: ...  # a collective replicated a tensor of the trace
     def tiled(self, tensor) -> Any: ...  # `Replicated` (a gather of one) or None
+    def any_gathered(self) -> bool: ...  # a reduce-scatter's piece was gathered in the trace
     def gathered(self, tensor) -> Any: ...  # `Gathered` (of a `Split`) or None

@@ -359,8 +359,8 @@ def shard_of_replicated(call: CallView) -> Iterator[Violation]:
     marks them in torch.distributed's plumbing). A tensor fed to the model, whose
     placement nothing records, is never claimed replicated: SequenceParallel's own
     contract is an input already sharded by the caller."""
-    if _tp.dtensor_class() is None:
-        return
+    if _tp.dtensor_class() is None or not call.any_replicated():
+        return  # no collective ran: nothing is replicated (one test, on every op)
     for t in call.tensors():
         dtensor = _tp.is_dtensor(t)
         gathered = call.tiled(t._local_tensor if dtensor else t)
@@ -472,8 +472,8 @@ def shard_axis_mismatch(call: CallView) -> Iterator[Violation]:
     position-wise sublayer (norm, MLP) given the same mismatch scatters each token back
     where it was, computing the right values, and sharding one axis throughout (batch
     instead of seq) is consistent; neither is a finding."""
-    if _tp.dtensor_class() is None:
-        return
+    if _tp.dtensor_class() is None or not call.any_gathered():
+        return  # no gather of a scattered piece in this trace (one test, on every linear)
     leaf = call.module
     module, split = call.tp_owner()
     if leaf is None or split is None or module is leaf:

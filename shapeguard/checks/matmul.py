@@ -264,16 +264,15 @@ def einsum_sizes(call: CallView) -> Iterator[Violation]:
     if not all(_is_tensor(t) for t in tensors):
         return
     key = (equation, *[t.shape for t in tensors])
-    known = _VERDICTS.get(key, _UNSEEN)
-    if known is _UNSEEN:
+    found = _VERDICTS.get(key, _UNSEEN)
+    if found is _UNSEEN:
         specs, _ = _parse_einsum(equation)
-        known = _einsum_mismatch(specs, tensors) if len(specs) == len(tensors) else False
+        found = _einsum_mismatch(specs, tensors) if len(specs) == len(tensors) else False
         if len(_VERDICTS) > 4096:
             _VERDICTS.clear()
-        _VERDICTS[key] = known
-    if known is False:
+        _VERDICTS[key] = found
+    if found is False:
         return
-    found = known
     if found is None:
         # The operand lines are written only for a violation; their tensors' metas are read
         # here all the same, in the same order (a tensor first seen gets its axes now).
@@ -284,7 +283,6 @@ def einsum_sizes(call: CallView) -> Iterator[Violation]:
     # looks at the source line.
     labels = [call.label(i + 1, f"operand {i}") for i in range(len(tensors))]
     operands = tuple(call.operand(lab, t) for lab, t in zip(labels, tensors, strict=True))
-    specs, _ = _parse_einsum(equation)
     if found[0] == "rank":
         _, i, spec = found
         yield Violation(

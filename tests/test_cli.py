@@ -4,6 +4,7 @@ Model files are written to a temporary folder per test; sizes are pairwise
 distinct (batch 2, heads 3, seq 5, d_k 11, d_model 33) so a swapped axis shows.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -14,8 +15,10 @@ import textwrap
 import types
 
 import pytest
+import torch
 from click.testing import CliRunner
 
+import shapeguard
 from shapeguard._cli import commands as _cli
 from shapeguard._cli.commands import cli
 
@@ -667,6 +670,38 @@ def test_input_option_with_a_dtype_prefix(tmp_path):
     assert result.stdout.splitlines()[1].startswith(
         "inputs  x=[2, 5, 33] float64, mask=[2, 1, 5, 5] bool"
     )
+
+
+MLP = """
+from torch import nn
+
+
+class MLP(nn.Sequential):  # torch's forward: no line of the file names a tensor
+    def __init__(self):
+        super().__init__(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+"""
+
+
+@pytest.mark.no_shapeguard
+def test_a_model_without_attention_says_how_to_see_its_ops(tmp_path):
+    # An empty table would read as "nothing ran": the line under it says what was left
+    # out, in the spelling of the caller (the CLI's flag, the API's argument).
+    path = write(tmp_path, MLP)
+    result = run("trace", path, "--input", "input=2,5,8")
+    assert result.exit_code == 0, result.output
+    assert (
+        "no attention tensor (Q, K, V, scores, attn, mask, context, out) among its 3 ops: "
+        "--all-ops lists them all" in result.stdout
+    )
+    every = run("trace", path, "--input", "input=2,5,8", "--all-ops")
+    assert "no attention tensor" not in every.stdout and "relu" in every.stdout
+    spec = importlib.util.spec_from_file_location("mlp_for_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = shapeguard.trace(module.MLP(), torch.randn(2, 5, 8)).table()
+    assert "among its 3 ops: table(all_ops=True) lists them all" in table
+    with_attention = run("trace", SEED)
+    assert "no attention tensor" not in with_attention.stdout
 
 
 # -- check -------------------------------------------------------------------------------------

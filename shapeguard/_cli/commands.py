@@ -112,7 +112,13 @@ def _trace_and_report(target, all_ops: bool, no_fold: bool, hold) -> None:
         # No op recorded (the forward failed at once): no table, the findings alone.
         lambda: (
             render_table(
-                trace, width=width, color=color, all_ops=all_ops, fold=not no_fold, notes=notes
+                trace,
+                width=width,
+                color=color,
+                all_ops=all_ops,
+                fold=not no_fold,
+                notes=notes,
+                every_op="--all-ops",
             )
             if trace.events
             else render_findings(trace, notes)

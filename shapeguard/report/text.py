@@ -185,9 +185,11 @@ def render_table(
     all_ops: bool = False,
     fold: bool = False,
     notes: tuple[str, ...] = (),
+    every_op: str = "table(all_ops=True)",
 ) -> str:
     """The trace as a table, then `notes` (what the run could not check), its summary line
-    and its findings; plain text unless `color`.
+    and its findings; plain text unless `color`. A trace with ops but no attention tensor
+    says so, and how to see every op (`every_op`: the caller's spelling of it).
 
     At `width` columns (None: as wide as the table needs, nothing cut or wrapped) the
     columns that matter least give way first (`_FIT_STEPS`).
@@ -220,6 +222,12 @@ def render_table(
         # Text cells: "[batch=2, ...]" would otherwise be read as rich markup.
         table.add_row(*(Text(row[i]) for i in keep))
     lines = []
+    if not rows and not all_ops and trace.events:
+        count = len(trace.events)
+        lines.append(
+            f"no attention tensor ({', '.join(ROLES)}) among its {count} "
+            f"op{'s' if count != 1 else ''}: {every_op} lists them all"
+        )
     if folded:
         repeat = (
             "rows not shown: they repeat rows" if folded != 1 else "row not shown: it repeats a row"

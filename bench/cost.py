@@ -1272,9 +1272,8 @@ def run(quick: bool = False) -> Section:
             [
                 "B=2, T=16; all depths and the floor in the same interleaved rounds; the "
                 f"spread is the largest per-op cost over the smallest: {mine:.2f}x (the "
-                f"floor's {floor:.2f}x; with the collector off, {quiet:.2f}x). What grows "
-                "with depth, for any recorder, is the collector's share: the records of a "
-                "longer forward live through more collections."
+                f"floor's {floor:.2f}x; with the collector off, {quiet:.2f}x, so the "
+                "collector's share of the spread is the difference between the two)."
             ],
         )
     )
@@ -1284,8 +1283,9 @@ def run(quick: bool = False) -> Section:
             "flat within 10%",
             f"{mine:.2f}x spread (floor {floor:.2f}x, collector off {quiet:.2f}x)",
             mine <= DEPTH_FLAT,
-            "the collector's share, which the floor pays too; the per-op work itself is "
-            f"flat within {100 * (quiet - 1):.0f}% (collector off)",
+            f"per op, by depth: {', '.join(_us(d[0]) for d in depths.values())}; with the "
+            f"collector off {', '.join(_us(d[3]) for d in depths.values())}; the floor's "
+            f"{', '.join(_us(d[2]) for d in depths.values())}",
         )
     )
     return Section("Cost per op against the floors, and the targets of issue 16", tables, targets)

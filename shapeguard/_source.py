@@ -325,23 +325,6 @@ def op_site() -> Site | None:
     return _innermost_site(sys._getframe(1), plumbing=True)
 
 
-def optimizer_op() -> bool:
-    """Whether the op being intercepted is torch.optim's own, as `op_site` tells it, without
-    looking up a site: for a replay, whose recording has no such op to match."""
-    frame: FrameType | None = sys._getframe(1)
-    in_module = False
-    while frame is not None:
-        kind = _kind(frame.f_code)
-        if not kind or kind in (_FLOOR, _DISTRIBUTED):
-            return False
-        if kind == _OPTIMIZER and not in_module:
-            return True
-        if kind == _IN_MODULE:
-            in_module = True
-        frame = frame.f_back
-    return False
-
-
 def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
     in_module = False
     kinds = _kinds

@@ -814,7 +814,7 @@ class Session:
                     objs = None
                 break
         else:
-            if _source.optimizer_op():
+            if _source.op_site() is _source.OPTIMIZER:
                 return func(*args, **kwargs)  # never recorded, so never a step to match
             self._diverge()
             return _MISSED

@@ -197,10 +197,14 @@ def function_node(filename: str, scope: int) -> ast.AST | None:
 
 
 # -- what is parsed: the function around a site, not the file ---------------------------------
-# (filename, first line) -> (the file's stamp, the parsed block or None); the stamp (size
-# and modification time) drops what a file that changed on disk had.
-_trees: dict[tuple[str, int], tuple[tuple | None, ast.AST | None]] = {}
+# (filename, first line) -> [the file's stamp, the parsed block or None, its index or None];
+# the stamp (size and modification time) drops what a file that changed on disk had. Kept
+# for the most recently used blocks only: a parsed block is a few hundred objects that
+# every full collection of the garbage collector walks, and once a function's sites are
+# built (`_site_cache`, strings only) its tree is read again only for a site not seen yet.
+_trees: dict[tuple[str, int], list] = {}
 _stamps: dict[str, tuple | None] = {}
+_TREES_KEPT = 64
 
 
 def _stamp(filename: str) -> tuple | None:
@@ -225,18 +229,23 @@ def _tree(filename: str, first: int, code: CodeType | None = None) -> ast.AST | 
     file), with the file's own line numbers: parsing a big file whole would cost more
     than the ops of its first trace. `code`, the function's code object, tells where its
     block ends without tokenizing the file."""
+    return _entry(filename, first, code)[1]
+
+
+def _entry(filename: str, first: int, code: CodeType | None = None) -> list:
+    """The cache entry of a block, [stamp, tree, index], parsed now if not kept."""
     stamp, lines = _fresh_lines(filename)
     key = (filename, first)
-    cached = _trees.get(key)
-    if cached is not None and cached[0] == stamp:
-        return cached[1]
-    tree = _parse_block(lines, first, code) if first else None
-    if tree is None:
-        tree = _parse(lines, 0)
-    if len(_trees) > 8192:
-        _trees.clear()
-    _trees[key] = (stamp, tree)
-    return tree
+    cached = _trees.pop(key, None)
+    if cached is None or cached[0] != stamp:
+        tree = _parse_block(lines, first, code) if first else None
+        if tree is None:
+            tree = _parse(lines, 0)
+        cached = [stamp, tree, None]
+        while len(_trees) >= _TREES_KEPT:
+            del _trees[next(iter(_trees))]  # the least recently used
+    _trees[key] = cached  # (re)inserted last: the most recently used
+    return cached
 
 
 def _parse(lines: list[str], offset: int, header: bool = False) -> ast.AST | None:
@@ -468,24 +477,19 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
 
 # Keyed by (lineno, col, end_lineno, end_col): the ends are None where Python has none.
 _NodeIndex = dict[tuple[int, int, int | None, int | None], tuple[ast.AST, tuple[str, ...], bool]]
-# id of the parsed tree -> (the tree, its index): indexed once, when a site first needs it.
-_indexes: dict[int, tuple[ast.AST, _NodeIndex]] = {}
 
 
 def _code_index(code: CodeType) -> _NodeIndex | None:
-    """The expression sites of the function `code` belongs to."""
+    """The expression sites of the function `code` belongs to (indexed once per parse, when
+    a site first needs it, and kept with the tree)."""
     first = 0 if code.co_name.startswith("<") else code.co_firstlineno
-    tree = _tree(code.co_filename, first, code)
+    entry = _entry(code.co_filename, first, code)
+    tree, index = entry[1], entry[2]
     if tree is None:
         return None
-    entry = _indexes.get(id(tree))
-    if entry is not None and entry[0] is tree:
-        return entry[1]
-    index: _NodeIndex = {}
-    _index_tree(tree, index)
-    if len(_indexes) > 8192:
-        _indexes.clear()
-    _indexes[id(tree)] = (tree, index)
+    if index is None:
+        index = entry[2] = {}
+        _index_tree(tree, index)
     return index
 
 

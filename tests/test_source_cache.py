@@ -249,3 +249,39 @@ def test_a_cut_that_does_not_parse_falls_back_to_the_tokenizer(tmp_path, monkeyp
     # the cut ends inside the string, which does not parse, so the block is tokenized.
     assert _source._code_index(module.ends_in_a_string.__code__)
     assert [line.strip() for line in blocks] == ["def ends_in_a_string(x):"]
+
+
+def test_only_the_latest_parsed_functions_are_kept_and_an_evicted_one_parses_again(tmp_path):
+    # A parsed block is hundreds of objects that every full garbage collection walks: a long
+    # session (a test suite, a notebook) keeps the most recently used ones only. A function
+    # whose tree was let go still names a site it had not reached before.
+    count = _source._TREES_KEPT + 8
+    body = "".join(
+        f"def f{i}(x, first):\n"
+        f"    if first:\n"
+        f"        early_{i} = x + 1\n"
+        f"        return early_{i}\n"
+        f"    late_{i} = x * 2\n"
+        f"    return late_{i}\n\n\n"
+        for i in range(count)
+    )
+    path = tmp_path / "many_functions.py"
+    path.write_text(body)
+    spec = importlib.util.spec_from_file_location("many_functions", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x = torch.ones(2, 3)
+
+    def labels(first: bool, indices) -> list:
+        with shapeguard.trace() as trace:
+            for i in indices:
+                getattr(module, f"f{i}")(x, first)
+        return [e.outputs[0].label for e in trace.events]
+
+    assert labels(True, range(count)) == [f"early_{i}" for i in range(count)]
+    kept = [key for key in _source._trees if key[0] == str(path)]
+    assert len(_source._trees) <= _source._TREES_KEPT
+    assert (str(path), module.f0.__code__.co_firstlineno) not in kept  # the oldest went
+    assert (str(path), getattr(module, f"f{count - 1}").__code__.co_firstlineno) in kept
+    # f0's other branch: a site not built yet, in a function whose tree was let go.
+    assert labels(False, [0, count - 1]) == ["late_0", f"late_{count - 1}"]

@@ -210,7 +210,10 @@ def _is_self(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id == "self"
 
 
+# (filename, scope) -> `_aliases`: its values are nodes of the function's tree, so only the
+# latest functions are kept, as `_source` keeps its trees.
 _alias_cache: dict[tuple[str, int], tuple[dict, dict]] = {}
+_ALIASES_KEPT = 64
 
 
 def _aliases(site) -> tuple[dict, dict]:
@@ -240,8 +243,8 @@ def _aliases(site) -> tuple[dict, dict]:
             elif isinstance(target, ast.Tuple):
                 _unpack(target, value, aliases)
     found = (aliases, assigned)
-    if len(_alias_cache) > 4096:
-        _alias_cache.clear()
+    while len(_alias_cache) >= _ALIASES_KEPT:
+        del _alias_cache[next(iter(_alias_cache))]  # the oldest
     _alias_cache[key] = found
     return found
 

@@ -192,6 +192,29 @@ def test_a_dtensor_mixed_with_a_plain_tensor_names_which_is_which():
     assert "DTensor.from_local(rope, mesh, [Replicate()])" in error.hint
 
 
+@pytest.mark.no_shapeguard
+def test_a_process_group_set_up_inside_an_open_trace_brings_the_tp_rules_at_once():
+    # Without a process group no DTensor can exist and no collective can run, so the
+    # rules of tensor parallelism are not asked; a trace opened before the mesh is made
+    # (a test that sets up its mesh in its body) must still check the ops after it.
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from shapeguard import checks
+
+    single = {r.family for r in checks.rules_for("mul", distributed=False)}
+    assert "tp" in {r.family for r in checks.rules_for("mul")} and "tp" not in single
+    model = _Rope()
+    with pytest.raises(ShapeError) as info, shapeguard.trace():
+        model(example_input())  # before any process group: nothing to say
+        assert not checks.distributed_now()
+        with fake_tp(2) as mesh:
+            assert checks.distributed_now()
+            plan = {"wq": ColwiseParallel(use_local_output=False)}
+            parallelize_module(model, mesh, plan)(example_input())
+    assert info.value.kind == "dtensor_mixed"
+    assert str(info.value).startswith("mul: mixes DTensor and plain tensors: xq is a DTensor")
+
+
 # -- correct models: no finding, local axes named, sharding shown ----------------------------
 @pytest.mark.parametrize(
     ("local", "local_output"), [("tp", True), ("infer", True), ("none", False), ("infer", False)]

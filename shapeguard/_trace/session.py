@@ -889,7 +889,7 @@ class Session:
         on values); a finding: run it as usual."""
         call = OpCall(self, func, op, args, kwargs, site, spec)
         call.flagged = self._flagged(call)
-        for rule in _checks.rules_for(op):
+        for rule in _checks.rules_for(op, _checks.distributed_now()):
             if rule.operands and not _checks.applies(rule, args):
                 continue
             for _ in rule.check(call):
@@ -919,7 +919,7 @@ class Session:
             return func(*args, **kwargs)
         call = OpCall(self, func, op, args, kwargs, site, spec)
         broken = None  # the first error warn mode let through
-        rules = _checks.rules_for(op)
+        rules = _checks.rules_for(op, _checks.distributed_now())
         step = self._begin_step(call, rules) if self.recorder is not None else None
         reads = _replay.ValueReads(call.tensors()) if step is not None else None
         upstream: frozenset = frozenset()  # `_flagged`, inlined: once per op

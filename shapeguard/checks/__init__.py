@@ -60,6 +60,11 @@ class Kind:
 
 _RULES: list[Rule] = []
 _BY_SPELLING: dict[str, tuple[Rule, ...]] | None = None
+# The same index without the rules of tensor parallelism (`tp.py`), for a process whose
+# default process group is not initialized: without one there is no DeviceMesh, so no
+# DTensor, and no collective ran, and every one of those rules returns at once.
+_SINGLE_PROCESS: dict[str, tuple[Rule, ...]] | None = None
+_DISTRIBUTED_FAMILY = "tp"
 _DECLARED: dict[str, tuple[set[str], set[str]]] = {}
 _loaded = False
 
@@ -105,7 +110,7 @@ def rule(
             raise RuntimeError(f"rule on {op!r}: not an op of the op table")
 
     def register(check: Checker) -> Checker:
-        global _BY_SPELLING
+        global _BY_SPELLING, _SINGLE_PROCESS
         family = _family_of(check.__module__)
         for known in _RULES:
             if known.check.__module__ == check.__module__ and (
@@ -116,7 +121,7 @@ def rule(
                 )
         _RULES.append(Rule(check, family, tuple(op.name for op in ops), declared, order, operands))
         _declare(family, declared)
-        _BY_SPELLING = None
+        _BY_SPELLING = _SINGLE_PROCESS = None
         return check
 
     return register
@@ -144,24 +149,56 @@ def _load() -> None:
                 importlib.import_module(f"{__name__}.{info.name}")
 
 
-def _index() -> dict[str, tuple[Rule, ...]]:
-    global _BY_SPELLING
+def _index(distributed: bool = True) -> dict[str, tuple[Rule, ...]]:
+    global _BY_SPELLING, _SINGLE_PROCESS
     with _loading:
         _load()
-        if _BY_SPELLING is None:
+        if _BY_SPELLING is None or _SINGLE_PROCESS is None:
             table: dict[str, list[Rule]] = {}
             for r in sorted(_RULES, key=lambda r: (r.order, r.family)):
                 for name in r.ops:
                     for spelling in _ops.lookup(name).spellings:
                         table.setdefault(spelling, []).append(r)
             _BY_SPELLING = {spelling: tuple(rules) for spelling, rules in table.items()}
-        return _BY_SPELLING
+            _SINGLE_PROCESS = {
+                spelling: tuple(r for r in rules if r.family != _DISTRIBUTED_FAMILY)
+                for spelling, rules in _BY_SPELLING.items()
+            }
+        return _BY_SPELLING if distributed else _SINGLE_PROCESS
 
 
-def rules_for(spelling: str) -> tuple[Rule, ...]:
-    """The rules to run before an op, contract first (empty when none)."""
-    index = _BY_SPELLING if _BY_SPELLING is not None and _loaded else _index()
+def rules_for(spelling: str, distributed: bool = True) -> tuple[Rule, ...]:
+    """The rules to run before an op, contract first (empty when none); without those of
+    tensor parallelism when `distributed` is False (`distributed_now`)."""
+    index = _BY_SPELLING if distributed else _SINGLE_PROCESS
+    if index is None or not _loaded:
+        index = _index(distributed)
     return index.get(spelling, ())
+
+
+def distributed_now() -> bool:
+    """Whether the default process group is initialized: what any DTensor (through its
+    DeviceMesh) and any collective needs. Read per op, so a process group initialized in
+    the middle of a trace (a test that sets up its mesh in its body) is seen at once."""
+    probe = _initialized
+    if probe is None:
+        probe = _probe()
+    return probe()
+
+
+def _probe() -> Callable[[], bool]:
+    global _initialized
+    import torch.distributed as dist  # the first trace has torch imported already
+
+    _initialized = dist.is_initialized if dist.is_available() else _never
+    return _initialized
+
+
+def _never() -> bool:
+    return False
+
+
+_initialized: Callable[[], bool] | None = None
 
 
 def applies(r: Rule, args: tuple) -> bool:

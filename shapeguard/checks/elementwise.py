@@ -171,12 +171,19 @@ def arithmetic(call: CallView) -> Iterator[Violation]:
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
+    a, b = (args[1], args[0]) if call.op in call.spec.reflected else (args[0], args[1])
+    sa, sb = tuple(a.shape), tuple(b.shape)
+    target = sa if _ops.is_inplace(call.op) else None
+    result = sa if sa == sb else _axes.broadcast_shapes(sa, sb)
+    if result is not None and (target is None or result == target):
+        call.meta_of(a)  # as `_broadcast_violation` reads them: a tensor first seen gets
+        call.meta_of(b)  # its axes now, in this order
+        return  # they broadcast: the names and roles are read only for a violation
     a, b, la, lb = _operands(call)
     symbol = call.spec.symbol or call.op
     roles = (call.role(a, la), call.role(b, lb))
     mask = (lb, b) if roles[1] == "mask" else (la, a) if roles[0] == "mask" else None
     kind = "mask_broadcast" if mask is not None else "broadcast"
-    target = tuple(a.shape) if _ops.is_inplace(call.op) else None
     violation = _broadcast_violation(
         call, kind, f"{la} {symbol} {lb}", [(la, a), (lb, b)], target, mask
     )
@@ -195,6 +202,8 @@ def bool_mask_added(call: CallView) -> Iterator[Violation]:
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
+    if args[0].is_floating_point() == args[1].is_floating_point():
+        return  # no integer or bool tensor meets a float one here
     a, b, la, lb = _operands(call)
     if _axes.broadcast_shapes(tuple(a.shape), tuple(b.shape)) is None:
         return  # the broadcast error says it

@@ -64,11 +64,7 @@ def regroup(call: CallView) -> Iterator[Violation]:
     groups = _axes.view_groups(shape, resolved)
     if groups is None:
         return
-    label = call.label(0, "input")
-    expr = f"{label}.{call.op}({', '.join(str(s) for s in target)})"
-    # Hints start from the tensor itself: `y.contiguous().view(...)` is fixed on `y`.
-    label = label.removesuffix(".contiguous()")
-    view = _View(call, x, label, expr, shape, resolved, groups)
+    view = _View(call, x, target, shape, resolved, groups)
     for finding in (
         view.batch_unfold,
         view.straddle,
@@ -85,12 +81,26 @@ def regroup(call: CallView) -> Iterator[Violation]:
 class _View:
     """One view under examination: its groups, and the axes provenance gives its target."""
 
-    def __init__(self, call, x, label, expr, shape, resolved, groups) -> None:
-        self.call, self.x, self.label, self.expr = call, x, label, expr
+    def __init__(self, call, x, sizes, shape, resolved, groups) -> None:
+        self.call, self.x, self.sizes = call, x, sizes
         self.shape, self.resolved, self.groups = shape, resolved, groups
         self.meta = call.meta_of(x)
         self.axes = call.axes(x)
         self._target: tuple[list[D.Axis], list[bool]] | None = None
+        self._label: str | None = None
+
+    # The view as the user wrote it, read from the source only for a finding.
+    @property
+    def expr(self) -> str:
+        spelled = self.call.label(0, "input")
+        return f"{spelled}.{self.call.op}({', '.join(str(s) for s in self.sizes)})"
+
+    @property
+    def label(self) -> str:
+        """Hints start from the tensor itself: `y.contiguous().view(...)` is fixed on `y`."""
+        if self._label is None:
+            self._label = self.call.label(0, "input").removesuffix(".contiguous()")
+        return self._label
 
     @property
     def target(self):

@@ -379,6 +379,48 @@ def test_nested_trace_checks_each_op_once_and_background_collects_findings():
     assert [f.kind for f in outer.findings] == ["softmax_axis", "softmax_axis"]
 
 
+class _Counting(torch.overrides.TorchFunctionMode):
+    """A mode of the user's own, counting the calls torch hands it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.no_shapeguard  # inspects the mode stack itself
+def test_a_trace_inside_a_background_one_runs_without_the_background_mode_below_it():
+    # The background trace (the pytest plugin's) steps aside for a trace opened inside
+    # it; its mode, left below, was called again for every op of the inner trace and every
+    # tensor attribute the inner trace's own code read. It is off the stack meanwhile, and
+    # back after, also when the inner block raises; a mode of the user's in between stays.
+    depth = torch._C._len_torch_function_stack
+    outer = shapeguard.Trace(background=True)
+    with outer:
+        assert depth() == 1
+        with shapeguard.trace() as inner:
+            assert depth() == 1  # the inner mode alone
+            torch.randn(B, SQ, D).softmax(-1)
+        assert depth() == 1 and len(inner.events) == 2
+        with pytest.raises(ZeroDivisionError), shapeguard.trace():
+            torch.randn(B, SQ, D).softmax(-1)
+            raise ZeroDivisionError
+        assert depth() == 1
+        torch.randn(B, SQ)  # the background trace records again
+        counting = _Counting()
+        with counting:
+            with shapeguard.trace() as under_user_mode:
+                assert depth() == 3  # not the top: left where it is
+                torch.randn(B, SQ, D).softmax(-1)
+            assert depth() == 2
+    assert depth() == 0
+    assert [e.op for e in outer.events] == ["randn"]
+    assert len(under_user_mode.events) == 2 and counting.calls >= 2
+
+
 def test_disable_stops_an_open_trace():
     with shapeguard.trace() as trace:
         shapeguard.disable()

@@ -14,6 +14,12 @@ from sys import _getframe
 from types import FrameType
 
 import torch
+from torch._C import (
+    _get_function_stack_at,
+    _len_torch_function_stack,
+    _pop_torch_function_stack,
+    _push_on_torch_function_stack,
+)
 from torch.overrides import TorchFunctionMode
 
 from .. import _config, _ops, _reporting, _source, _tp
@@ -168,6 +174,9 @@ class Session:
         self._handles: list = []
         self._dispatching = False
         self._previous: Session | None = None
+        # The background session (the pytest plugin's) whose mode this one took off the
+        # stack while it is open (`_lift`), to push back on close.
+        self._lifted: Session | None = None
         self._flash_held = False  # this session holds a wrap of flash-attn's entry points
         # The off switch, read when the session opens and when a forward starts (the root
         # module entered), not per op; `disable()` is seen at once.
@@ -194,12 +203,15 @@ class Session:
             hooks.register_module_forward_pre_hook(self._on_module_enter),
             hooks.register_module_forward_hook(self._on_module_exit, always_call=True),
         ]
+        previous = current_session()
+        self._lifted = _lift(previous)
         try:
             self._mode.__enter__()
         except BaseException:
+            self._restore_lifted()
             self._remove_hooks()
             raise
-        self._previous = current_session()
+        self._previous = previous
         _local.session = self
         self.trace._live += 1
         self._flash_held = _flash.patch()
@@ -224,11 +236,13 @@ class Session:
         try:
             _composites.release(self)  # a composite's suspended modes, before ours is popped
             # Dynamo's trace, into which `_compiled.check` runs a forward, can leave the
-            # stack without our mode when an error unwinds through it: nothing to pop then.
-            if torch._C._len_torch_function_stack():
+            # stack without our mode when an error unwinds through it: nothing to pop then
+            # (and never another's mode: a lifted background session's is not there).
+            if _top_mode() is self._mode:
                 self._mode.__exit__(None, None, None)
         finally:
             self._remove_hooks()
+            self._restore_lifted()
             if getattr(_local, "session", None) is self:
                 _local.session = self._previous
             previous = self._previous
@@ -243,6 +257,11 @@ class Session:
             # collector would free, with the trace's events and metas hanging off it (some
             # hundred objects per forward). A mode left on a stack lets every call through.
             self._mode.session = typing.cast("Session", _CLOSED)
+
+    def _restore_lifted(self) -> None:
+        lifted, self._lifted = self._lifted, None
+        if lifted is not None and lifted._mode.session is lifted:  # still open
+            _push_on_torch_function_stack(lifted._mode)
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:
@@ -1249,6 +1268,24 @@ def _origins(name: str, param: bool, ndim: int) -> tuple:
         _ORIGINS.clear()
     _ORIGINS[(name, param, ndim)] = found
     return found
+
+
+def _top_mode():
+    n = _len_torch_function_stack()
+    return _get_function_stack_at(n - 1) if n else None
+
+
+def _lift(previous: "Session | None") -> "Session | None":
+    """Take a background session's mode off the stack while a session opened inside it is
+    open: it steps aside then (it lets every call through to the inner one, which records
+    it), and a mode below the inner one is called again for every op the inner one runs
+    and for every tensor attribute the inner one's own code reads (tens of thousands of
+    calls in the project's suite). Only when its mode is the top of the stack; returns
+    the session lifted, or None."""
+    if previous is None or not previous.trace.background or _top_mode() is not previous._mode:
+        return None
+    _pop_torch_function_stack()
+    return previous
 
 
 def _weak(module):

@@ -156,13 +156,18 @@ def where(call: CallView) -> Iterator[Violation]:
         yield violation
 
 
-def _operands(call):
-    """(a, b, label of a, label of b) as the source spells them (`2 - t` is reflected)."""
+def _ordered(call) -> tuple:
+    """(a, b) as the source spells them (`2 - t` is reflected)."""
     a, b = call.args[0], call.args[1]
+    return (b, a) if call.op in call.spec.reflected else (a, b)
+
+
+def _operands(call):
+    """(a, b, label of a, label of b) as the source spells them (`_ordered`)."""
     la, lb = call.label(0, "a"), call.label(1, "b")
     if call.op in call.spec.reflected:
-        return b, a, lb, la
-    return a, b, la, lb
+        la, lb = lb, la
+    return (*_ordered(call), la, lb)
 
 
 @rule(*_ARITHMETIC, kinds={"broadcast": ERROR, "mask_broadcast": ERROR}, operands=2)
@@ -171,7 +176,7 @@ def arithmetic(call: CallView) -> Iterator[Violation]:
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
-    a, b = (args[1], args[0]) if call.op in call.spec.reflected else (args[0], args[1])
+    a, b = _ordered(call)
     sa, sb = tuple(a.shape), tuple(b.shape)
     target = sa if _ops.is_inplace(call.op) else None
     result = sa if sa == sb else _axes.broadcast_shapes(sa, sb)

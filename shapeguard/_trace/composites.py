@@ -76,12 +76,17 @@ def composite_kind(module) -> str | None:
 
 
 # -- torch's function-mode stack -----------------------------------------------------------
+def top_mode():
+    """The mode at the top of torch's function-mode stack, or None when it is empty."""
+    n = _len_torch_function_stack()
+    return _get_function_stack_at(n - 1) if n else None
+
+
 def _pop_interceptors(session) -> list:
     """Pop every shapeguard mode at the top of the stack, provided the session's own mode
     is among them; return them top first (empty: nothing was popped)."""
     popped: list = []
-    while _len_torch_function_stack():
-        top = _get_function_stack_at(_len_torch_function_stack() - 1)
+    while (top := top_mode()) is not None:
         if not getattr(top, "shapeguard_interceptor", False):  # the session's mode says so
             break
         popped.append(_pop_torch_function_stack())

@@ -14,12 +14,7 @@ from sys import _getframe
 from types import FrameType
 
 import torch
-from torch._C import (
-    _get_function_stack_at,
-    _len_torch_function_stack,
-    _pop_torch_function_stack,
-    _push_on_torch_function_stack,
-)
+from torch._C import _pop_torch_function_stack, _push_on_torch_function_stack
 from torch.overrides import TorchFunctionMode
 
 from .. import _config, _ops, _reporting, _source, _tp
@@ -238,7 +233,7 @@ class Session:
             # Dynamo's trace, into which `_compiled.check` runs a forward, can leave the
             # stack without our mode when an error unwinds through it: nothing to pop then
             # (and never another's mode: a lifted background session's is not there).
-            if _top_mode() is self._mode:
+            if _composites.top_mode() is self._mode:
                 self._mode.__exit__(None, None, None)
         finally:
             self._remove_hooks()
@@ -1270,11 +1265,6 @@ def _origins(name: str, param: bool, ndim: int) -> tuple:
     return found
 
 
-def _top_mode():
-    n = _len_torch_function_stack()
-    return _get_function_stack_at(n - 1) if n else None
-
-
 def _lift(previous: "Session | None") -> "Session | None":
     """Take a background session's mode off the stack while a session opened inside it is
     open: it steps aside then (it lets every call through to the inner one, which records
@@ -1282,7 +1272,11 @@ def _lift(previous: "Session | None") -> "Session | None":
     and for every tensor attribute the inner one's own code reads (tens of thousands of
     calls in the project's suite). Only when its mode is the top of the stack; returns
     the session lifted, or None."""
-    if previous is None or not previous.trace.background or _top_mode() is not previous._mode:
+    if (
+        previous is None
+        or not previous.trace.background
+        or _composites.top_mode() is not previous._mode
+    ):
         return None
     _pop_torch_function_stack()
     return previous

@@ -46,7 +46,13 @@ def deliver(
     if silenced:
         return None
     if (severity == "error" or strict) and mode == "raise":
-        raise error
+        try:
+            raise error
+        finally:
+            # The traceback holds this frame: with `error` still in it, error -> traceback
+            # -> frame -> error would be a cycle, and everything the frames below hold (the
+            # session, the user's tensors) would wait for a full collection.
+            del error
     found = error if severity == "error" else None
     if once is not None:
         key = (error.kind, error.location)

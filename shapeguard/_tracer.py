@@ -100,7 +100,10 @@ class Trace(TraceData):
             shape_error = construction_error(error) if _config.is_enabled() else None
             if shape_error is not None:
                 self.add_finding(shape_error)
-                raise shape_error from error
+                try:
+                    raise shape_error from error
+                finally:
+                    shape_error = None  # no frame -> error cycle (`_reporting.deliver`)
 
     # -- rendering -------------------------------------------------------------
     def table(

@@ -38,6 +38,15 @@ def is_compiling() -> bool:
 # about a symbolic dim whose names are not bound.
 _CHECK_ERRORS = (BeartypeCallHintViolation, jaxtyping.AnnotationError)
 
+
+def _drop_traceback(error: BaseException) -> None:
+    """Forget where beartype raised `error` (its wrapper's frame holds the violation it
+    raises: violation -> traceback -> frame -> violation, a cycle through every frame
+    below, the user's inputs with them, that only a full collection would free). The
+    explanation is shapeguard's own, made from the contract, not from this error."""
+    error.__traceback__ = None
+
+
 # How many distinct input signatures `check="first"` remembers before it starts over.
 SEEN_LIMIT = 4096
 
@@ -135,8 +144,8 @@ def check_arguments(
             contract._check_params(*args, **kwargs)
         single, variadic = get_shape_memo()[:2]
         return single, variadic
-    except _CHECK_ERRORS:
-        pass
+    except _CHECK_ERRORS as error:
+        _drop_traceback(error)
     finally:
         pop_shape_memo()
     broken = explain_arguments(contract, bound, args, kwargs)
@@ -167,8 +176,8 @@ def check_return(
         if session is not None:
             _claim_names(session, contract.returns, output, "output")
         return
-    except _CHECK_ERRORS:
-        pass
+    except _CHECK_ERRORS as error:
+        _drop_traceback(error)
     finally:
         pop_shape_memo()
     broken = explain_return(contract, bound, output, args, kwargs)

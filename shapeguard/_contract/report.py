@@ -41,19 +41,20 @@ def report(broken: Broken, contract: Contract, owner, *, mode: str, session, whe
     location = site.location if site else contract.declared_at("def")
     if not where:
         where = module_description(owner, session)
-    error = ShapeError(
-        broken.relation,
-        kind="contract",
-        op=getattr(contract.fn, "__name__", "forward"),
-        module=where,
-        location=location,
-        source=site.source if site else "",
-        operands=broken.operands(),
-        hint=broken.hint,
-    )
     filename, lineno = (site.filename, site.lineno) if site else contract.def_site()
     _reporting.deliver(
-        error,
+        # Not kept in a local: a raised error must not be held by a frame it passes
+        # through (`_reporting.deliver`: the cycle it would make).
+        ShapeError(
+            broken.relation,
+            kind="contract",
+            op=getattr(contract.fn, "__name__", "forward"),
+            module=where,
+            location=location,
+            source=site.source if site else "",
+            operands=broken.operands(),
+            hint=broken.hint,
+        ),
         "error",
         mode=mode,
         trace=session.trace if session is not None else None,

@@ -12,6 +12,7 @@ and requires_grad flags are restored even if a probe fails. See docs/check.md.
 import copy
 import random
 import warnings
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, cast
@@ -423,7 +424,11 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
     )
     subject.rtol = _tolerance(subject)
     if candidate is not work:
-        subject.as_given = _memo(lambda: _given(subject, work, args, kwargs, seed))
+        # The memo is a field of the subject it reads: held weakly, else the two make a
+        # cycle, and the float64 copy, the inputs and the trace's watch (its session) would
+        # wait for a full collection once the check is done.
+        held = weakref.ref(subject)
+        subject.as_given = _memo(lambda: _given(held(), work, args, kwargs, seed))
     if layout.batch_size == 1:
         subject.grown = _memo(
             lambda: _grown(work, model, args, kwargs, layout, causal, seed, traced)
@@ -444,10 +449,13 @@ def _memo(make):
 
 def _given(subject, work, args, kwargs, seed):
     """The subject in the dtype the module was given (its traced copy, the inputs as
-    they came)."""
+    they came); None when it is gone (its memo holds it weakly)."""
     import dataclasses
 
     import torch
+
+    if subject is None:
+        return None
 
     output = work(*args, **kwargs)
     reference = _probes.first_output(output)
@@ -458,6 +466,8 @@ def _given(subject, work, args, kwargs, seed):
         value = _probes.pick(output, leaf.path)
         if isinstance(value, torch.Tensor):
             refs[leaf.path] = value
+    # From the grown memo, not the subject (whose as_given memo holds this one): a cycle.
+    grown = subject.grown
     given = dataclasses.replace(
         subject,
         model=work,
@@ -467,7 +477,7 @@ def _given(subject, work, args, kwargs, seed):
         rtol=_probes.rtol_for(reference.dtype),
         generator=torch.Generator().manual_seed(seed),
         as_given=None,
-        grown=_memo(lambda: _grown_as_given(subject)) if subject.grown else None,
+        grown=_memo(lambda: _grown_as_given(grown)) if grown else None,
     )
     given.rtol = _tolerance(given)
     return given
@@ -497,9 +507,10 @@ def _grown(work, model, args, kwargs, layout, causal, seed, traced):
     return subject
 
 
-def _grown_as_given(subject):
-    """The grown batch's subject in the dtype the module was given."""
-    grown = subject.grown()
+def _grown_as_given(grown_memo):
+    """The grown batch's subject (`Subject.grown`, called) in the dtype the module was
+    given."""
+    grown = grown_memo()
     if grown is None or isinstance(grown, str) or grown.as_given is None:
         return grown
     return grown.as_given()

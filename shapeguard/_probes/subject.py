@@ -19,7 +19,8 @@ from .tree import first_output, pick
 from .watch import Watch
 
 
-@dataclass(slots=True)
+# weakref_slot: its own memo fields hold it weakly (`check._subject`).
+@dataclass(slots=True, weakref_slot=True)
 class Subject:
     """A private copy of the module, its inputs, and what the trace found."""
 

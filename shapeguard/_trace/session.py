@@ -240,7 +240,7 @@ class Session:
             self._restore_lifted()
             if getattr(_local, "session", None) is self:
                 _local.session = self._previous
-            previous = self._previous
+            previous, self._previous = self._previous, None
             if previous is not None and previous.background:
                 previous.trace.findings.extend(self.trace.findings)
             self.trace._live -= 1
@@ -991,7 +991,10 @@ class Session:
                 # `except` clauses in the user's code look for: kept as it is.
                 raise
             # torch fails where a rule said it would: shapeguard's own account of it.
-            raise (broken or self._torch_error(error, call)) from error
+            try:
+                raise (broken or self._torch_error(error, call)) from error
+            finally:
+                broken = found = None  # no frame -> error cycle (`_reporting.deliver`)
         if step is None or yielded or upstream:
             self._record(call, out)
             if self.recorder is not None:
@@ -1085,10 +1088,11 @@ class Session:
         __tracebackhide__ = True
         violation.op = violation.op or call.op
         context = self._context(call)
-        error = ShapeError.from_violation(violation, context)
         site = call.site
         return _reporting.deliver(
-            error,
+            # Not kept in a local: a raised error must not be held by a frame it passes
+            # through (`deliver`: the cycle it would make).
+            ShapeError.from_violation(violation, context),
             violation.severity,
             mode=self.trace.mode,
             strict=self.trace.strict,

@@ -182,3 +182,32 @@ def test_a_probe_check_inside_a_background_trace_leaves_no_cycle(sizes):
     assert passed
     assert not alive
     assert KEPT_OUT.isdisjoint(garbage), sorted(KEPT_OUT.intersection(garbage))
+
+
+def test_jaxtypings_own_error_inside_a_contracted_function_leaves_no_cycle():
+    """A `@jaxtyped` function called inside a `@shapeguard.contract` one fails: shapeguard
+    raises its own error, with jaxtyping's (and the beartype violation under it) as context."""
+    import jaxtyping
+    from beartype import beartype
+    from jaxtyping import Float
+
+    @jaxtyping.jaxtyped(typechecker=beartype)
+    def inner(x: Float[torch.Tensor, "b 8"]) -> Float[torch.Tensor, "b 8"]:
+        return x
+
+    @shapeguard.contract
+    def outer(x: Float[torch.Tensor, "b d"]) -> Float[torch.Tensor, "b d"]:
+        return inner(x)
+
+    with cyclic_garbage() as garbage:
+        x = torch.randn(2, 6)
+        seen = weakref.ref(x)
+        try:
+            outer(x)
+        except shapeguard.ShapeError as error:
+            message = str(error)
+        del x
+        alive = seen() is not None
+    assert "x breaks its contract" in message and "hint:" in message
+    assert not alive
+    assert KEPT_OUT.isdisjoint(garbage), sorted(KEPT_OUT.intersection(garbage))

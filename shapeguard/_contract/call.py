@@ -39,12 +39,21 @@ def is_compiling() -> bool:
 _CHECK_ERRORS = (BeartypeCallHintViolation, jaxtyping.AnnotationError)
 
 
-def _drop_traceback(error: BaseException) -> None:
-    """Forget where beartype raised `error` (its wrapper's frame holds the violation it
-    raises: violation -> traceback -> frame -> violation, a cycle through every frame
-    below, the user's inputs with them, that only a full collection would free). The
-    explanation is shapeguard's own, made from the contract, not from this error."""
-    error.__traceback__ = None
+def drop_tracebacks(error: BaseException) -> None:
+    """Forget where beartype or jaxtyping raised `error` and the errors it was raised from
+    (their wrappers' frames hold the errors they raise: error -> traceback -> frame ->
+    error, a cycle through every frame below, the user's inputs with them, that only a
+    full collection would free). The explanation is shapeguard's own, made from the
+    contract, not from these errors."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        found = todo.pop()
+        if found is None or id(found) in seen:
+            continue
+        seen.add(id(found))
+        found.__traceback__ = None
+        todo += (found.__cause__, found.__context__)
 
 
 # How many distinct input signatures `check="first"` remembers before it starts over.
@@ -145,7 +154,7 @@ def check_arguments(
         single, variadic = get_shape_memo()[:2]
         return single, variadic
     except _CHECK_ERRORS as error:
-        _drop_traceback(error)
+        drop_tracebacks(error)
     finally:
         pop_shape_memo()
     broken = explain_arguments(contract, bound, args, kwargs)
@@ -177,7 +186,7 @@ def check_return(
             _claim_names(session, contract.returns, output, "output")
         return
     except _CHECK_ERRORS as error:
-        _drop_traceback(error)
+        drop_tracebacks(error)
     finally:
         pop_shape_memo()
     broken = explain_return(contract, bound, output, args, kwargs)

@@ -35,6 +35,7 @@ from .call import (  # noqa: F401
     _call_stack,
     check_arguments,
     check_return,
+    drop_tracebacks,
     forward_raised,
     is_compiling,
     name_inputs,
@@ -182,6 +183,7 @@ def _wrap(fn, compiled: Contract, mode: str, check: str):
             out = fn(*args, **kwargs)
         except typecheck_error as error:
             site = _source.user_site()
+            drop_tracebacks(error)  # kept as the new error's context: no cycle with it
             raise translate_typecheck_error(
                 error, compiled.qualname, site.location if site else "", site.source if site else ""
             ) from None

@@ -13,7 +13,7 @@ from .._names import axes as _axes
 from .._names import dims as _dims
 from .._names.axes import Axes, format_shape
 from . import tp_session as _tp_session
-from .meta import TensorMeta, role_for
+from .meta import NO_FLAGS, TensorMeta, role_for
 
 
 def op_name(func) -> str:
@@ -77,7 +77,7 @@ class OpCall:
         self.kwargs = kwargs
         self.site = site
         self.is_method = _is_tensor_method(func)
-        self.flagged: frozenset = frozenset()  # kinds its rules reported, and its inputs carried
+        self.flagged: frozenset = NO_FLAGS  # kinds its rules reported, and its inputs carried
         # A rule reported this op: what it does with its inputs is not evidence of what they
         # are (SDPA given [batch, seq, heads, d_k] reads the tokens as heads).
         self.reported = False

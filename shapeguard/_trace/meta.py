@@ -17,6 +17,11 @@ from .._names.roles import canonical_role
 _NAME_ROLES = frozenset({"Q", "K", "V", "mask", "context", "out"})
 
 
+# The empty set of flags, shared: each `frozenset()` is a new object the collector tracks,
+# and every recorded op's outputs hold one for the whole trace.
+NO_FLAGS: frozenset = frozenset()
+
+
 class TensorMeta:
     __slots__ = (
         "label",
@@ -47,7 +52,7 @@ class TensorMeta:
         sliced: bool = False,
         rotary: bool = False,
         param: bool = False,
-        flagged: frozenset = frozenset(),
+        flagged: frozenset = NO_FLAGS,
         laid_out: bool = False,
     ) -> None:
         self.dims = dims

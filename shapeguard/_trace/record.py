@@ -193,11 +193,13 @@ class TraceData:
     def event_count(self) -> int:
         return len(self._events) + len(self._pending)
 
-    def record(self, op, module, module_type, site, inputs, outputs, in_metas, out_metas) -> None:
+    def record(self, op, module, module_type, site, inputs, outputs, metas) -> None:
         """One op, as the session saw it: `inputs`/`outputs` are (shape, dtype name, device
-        type, item size) per tensor, shapes torch.Size (ints, never tensors), and the metas
-        come apart (a replayed op shares the first four with the op it repeats)."""
-        self._pending.append((op, module, module_type, site, inputs, outputs, in_metas, out_metas))
+        type, item size) per tensor, shapes torch.Size (ints, never tensors), and `metas`
+        the inputs' metas then the outputs' in one tuple (one object kept per op, not two
+        lists: see tests/test_gc_pressure.py); a replayed op shares the first six with the
+        op it repeats."""
+        self._pending.append((op, module, module_type, site, inputs, outputs, metas, None))
 
     def _build(self) -> None:
         events = self._events
@@ -214,11 +216,12 @@ class TraceData:
             return _named_record(t[0], t[1], t[2], t[3], names)
 
         build: Callable[[tuple, object], TensorRecord]
-        for op, module, module_type, site, inputs, outputs, in_metas, out_metas in self._pending:
-            if in_metas is None:  # compacted: `out_metas` holds the names
-                build, in_parts, out_parts = named, out_metas[0], out_metas[1]
+        for op, module, module_type, site, inputs, outputs, metas, names in self._pending:
+            if metas is None:  # compacted: `names` holds the inputs' and the outputs'
+                build, in_parts, out_parts = named, names[0], names[1]
             else:
-                build, in_parts, out_parts = made, in_metas, out_metas
+                split = len(inputs)
+                build, in_parts, out_parts = made, metas[:split], metas[split:]
             ins = (build(t, x) for t, x in zip(inputs, in_parts, strict=True))
             outs = (build(t, x) for t, x in zip(outputs, out_parts, strict=True))
             events.append(
@@ -245,12 +248,13 @@ class TraceData:
         shared: dict = {}
         keep = shared.setdefault
         pending = self._pending
-        for i, (op, module, cls, site, ins, outs, in_metas, out_metas) in enumerate(pending):
-            if in_metas is None:
+        for i, (op, module, cls, site, ins, outs, metas, _) in enumerate(pending):
+            if metas is None:
                 continue
+            split = len(ins)
             names = (
-                tuple(keep(n, n) for n in [(m.label, m.role, m.axes) for m in in_metas]),
-                tuple(keep(n, n) for n in [(m.label, m.role, m.axes) for m in out_metas]),
+                tuple(keep(n, n) for n in [(m.label, m.role, m.axes) for m in metas[:split]]),
+                tuple(keep(n, n) for n in [(m.label, m.role, m.axes) for m in metas[split:]]),
             )
             entry = (op, module, cls, site, keep(ins, ins), keep(outs, outs), None, names)
             pending[i] = keep(entry, entry)  # a forward that repeats shares its events

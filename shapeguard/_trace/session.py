@@ -31,7 +31,7 @@ from . import replay as _replay
 from . import tp_session as _tp_session
 from .call import OpCall, _dtype_name
 from .current import _local, current_session
-from .meta import TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
+from .meta import NO_FLAGS, TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
 from .observe import Observation, Observer
 from .record import TraceData as Trace
 
@@ -53,20 +53,59 @@ def _is_compiling() -> bool:
 def _static(tensor, meta: TensorMeta | None = None) -> tuple:
     """What an event keeps of a tensor besides its meta: torch.Size holds ints, never the
     tensor; of a DTensor also its placements and local shape (`_tp_session.record_sharding`,
-    which gives its local shard the DTensor's axes when the meta is known)."""
+    which gives its local shard the DTensor's axes when the meta is known). Shared between
+    the events of tensors alike (`_STATICS`)."""
+    shape = tensor.shape
     dtype = tensor.dtype
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
+    if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
+        facts = _dtype_facts(dtype)
+        sharded = _tp_session.record_sharding(tensor, meta, current_session())
+        return shape, facts[0], device, facts[1], sharded
+    key = (shape, dtype, device)
+    try:
+        found = _STATICS.get(key)
+    except TypeError:  # a symbolic size (a fake tensor of dynamic shape)
+        facts = _dtype_facts(dtype)
+        return shape, facts[0], device, facts[1]
+    if found is None:
+        facts = _dtype_facts(dtype)
+        found = (shape, facts[0], device, facts[1])
+        if len(_STATICS) > 4096:
+            _STATICS.clear()
+        _STATICS[key] = found
+    return found
+
+
+def _dtype_facts(dtype) -> tuple:
     facts = _DTYPE_FACTS.get(dtype)
     if facts is None:
         facts = _DTYPE_FACTS[dtype] = (_dtype_name(dtype), dtype.itemsize)
-    if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
-        sharded = _tp_session.record_sharding(tensor, meta, current_session())
-        return tensor.shape, facts[0], device, facts[1], sharded
-    return tensor.shape, facts[0], device, facts[1]
+    return facts
 
 
 # (name, item size) by dtype: two reads of every tensor an event keeps, made once per dtype.
 _DTYPE_FACTS: dict = {}
+# An event's tuple per (shape, dtype, device): the collector tracks every tuple and
+# torch.Size an event keeps, and a run makes a full collection per some 70,000 of them
+# kept (the 3.11 collector counts objects made and not yet freed), so a traced test or
+# training loop that kept four per tensor of each op paid for several more. Ops repeat
+# their shapes: one shared tuple each, bounded.
+_STATICS: dict = {}
+# The tuple of an op's inputs' (or outputs') static parts, shared alike (`_signature`).
+_SIGNATURES: dict = {}
+
+
+def _signature(statics: tuple) -> tuple:
+    try:
+        found = _SIGNATURES.get(statics)
+    except TypeError:  # a DTensor's sharding, or a symbolic size
+        return statics
+    if found is None:
+        if len(_SIGNATURES) > 4096:
+            _SIGNATURES.clear()
+        found = _SIGNATURES[statics] = statics
+    return found
 
 
 _MISSED = object()  # a replayed op that was not the recording's next step
@@ -876,7 +915,7 @@ class Session:
             if len(trace._events) + len(pending) >= trace.max_events:
                 trace.dropped_events += 1
             else:
-                pending.append((*event, metas, made))
+                pending.append((*event, (*metas, *made), None))  # `TraceData.record`
         self.step = i + 1
         self.replayed += 1
         return out
@@ -936,7 +975,7 @@ class Session:
         rules = _checks.rules_for(op, _checks.distributed_now())
         step = self._begin_step(call, rules) if self.recorder is not None else None
         reads = _replay.ValueReads(call.tensors()) if step is not None else None
-        upstream: frozenset = frozenset()  # `_flagged`, inlined: once per op
+        upstream: frozenset = NO_FLAGS  # `_flagged`, inlined: once per op
         read = call.meta
         for t in call.tensors():
             known = read(t)
@@ -974,7 +1013,8 @@ class Session:
             finally:
                 if reads is not None:
                     reads.__exit__(None, None, None)
-            call.flagged = frozenset(reported) | upstream
+            if reported:
+                call.flagged = frozenset(reported) | upstream
             call.reported = bool(reported)
         if step is not None and reads is not None and reads.read:
             # Before the op: an op in place changes what it writes into.
@@ -1049,8 +1089,8 @@ class Session:
                 path,
                 cls,
                 call.site,
-                tuple(_static(t) for t in tensors),
-                tuple(_static(t) for t in outputs),
+                _signature(tuple([_static(t) for t in tensors])),
+                _signature(tuple([_static(t) for t in outputs])),
             )
         self._append(step)
 
@@ -1103,7 +1143,7 @@ class Session:
         )
 
     def _flagged(self, call: OpCall) -> frozenset:
-        found: frozenset = frozenset()
+        found: frozenset = NO_FLAGS
         for t in call.tensors():
             meta = call.meta(t)
             if meta is not None and meta.flagged:
@@ -1209,10 +1249,9 @@ class Session:
             path,
             cls,
             call.site,
-            tuple([_static(t, m) for t, m in zip(in_tensors, in_metas, strict=True)]),
-            tuple([_static(t, m) for t, m in zip(outputs, out_metas, strict=True)]),
-            in_metas,
-            out_metas,
+            _signature(tuple([_static(t, m) for t, m in zip(in_tensors, in_metas, strict=True)])),
+            _signature(tuple([_static(t, m) for t, m in zip(outputs, out_metas, strict=True)])),
+            (*in_metas, *out_metas),
         )
         return out_metas
 
@@ -1254,7 +1293,7 @@ class Session:
 # What `_fresh_meta` gives a tensor first seen besides its axes (TensorMeta's defaults,
 # in `TensorMeta.FIELDS` order), for a tensor and for a parameter.
 _FRESH_FIELDS: dict[bool, tuple] = {
-    flag: ((), None, None, "", "", False, False, flag, frozenset(), False) for flag in (False, True)
+    flag: ((), None, None, "", "", False, False, flag, NO_FLAGS, False) for flag in (False, True)
 }
 _ORIGINS: dict = {}  # (state name, a parameter, ndim) -> `_fresh_meta`'s origin per axis
 _Dim = _dims.Dim

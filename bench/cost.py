@@ -30,6 +30,7 @@ import time
 import tracemalloc
 from dataclasses import dataclass, field
 
+import _gc_counts
 from _timing import (
     MIN_REPEATS,
     REPO,
@@ -722,38 +723,64 @@ def compiled(quick: bool) -> dict:
 
 def suite_cpu(quick: bool) -> dict:
     """pytest over test files the project's plugin traces, plugin on (the project's own
-    setting) and off (`-o shapeguard=false`: installed, not asked), CPU of the subprocess."""
+    setting) and off (`-o shapeguard=false`: installed, not asked), CPU of the subprocess,
+    and how often the collector ran in each (`_gc_counts`: the same whatever the machine's
+    speed)."""
     files = list(SUITE[:1] if quick else SUITE)
     # This checkout's plugin, by module, whatever an installed copy's entry points name.
     plugin = ["-p", "no:shapeguard", "-p", "no:shapeguard_ini"]
     plugin += ["-p", "shapeguard._plugin.ini", "-p", "shapeguard._plugin.plugin"]
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    base += plugin
+    base += plugin + ["-p", "_gc_counts"]
     on, off = base + files, base + ["-o", "shapeguard=false"] + files
     # Five pairs: a machine whose speed drifts by a few percent over a minute moves one
     # pair's ratio by as much as the target's margin (pairs of one run have read +1.5% to
     # +7.1%); the median of five holds better, and the table shows every pair's.
     rounds = 1 if quick else 5
-    cpu_on, cpu_off = [], []
+    cpu_on, cpu_off, gc_on, gc_off = [], [], [], []
     for _ in range(rounds):
-        cpu_off.append(_child_cpu(off))
-        cpu_on.append(_child_cpu(on))
+        cpu, counts = _child_cpu(off)
+        cpu_off.append(cpu)
+        gc_off.append(counts)
+        cpu, counts = _child_cpu(on)
+        cpu_on.append(cpu)
+        gc_on.append(counts)
     ratios = [a / b for a, b in zip(cpu_on, cpu_off, strict=True)]
     return {"on": statistics.median(cpu_on), "off": statistics.median(cpu_off),
             "ratio": statistics.median(ratios), "ratios": ratios, "files": files,
-            "rounds": rounds}  # fmt: skip
+            "rounds": rounds, "gc_on": gc_on, "gc_off": gc_off}  # fmt: skip
 
 
-def _child_cpu(command) -> float:
+def _collections(suite: dict) -> dict:
+    """The suite's collections as the report shows them: each side's median run by
+    generation, and "on N vs off M" of the full ones."""
+
+    def median_run(runs: list) -> tuple[int, ...] | None:
+        found = sorted(r for r in runs if r is not None)
+        return found[len(found) // 2] if found else None
+
+    off, on = median_run(suite["gc_off"]), median_run(suite["gc_on"])
+
+    def show(counts) -> str:
+        return ", ".join(f"{n:,}" for n in counts) if counts else "n/a"
+
+    full = f"on {on[-1]} vs off {off[-1]}" if on and off else "n/a"
+    return {"off": show(off), "on": show(on), "full": full}
+
+
+def _child_cpu(command) -> tuple[float, tuple[int, ...] | None]:
+    """CPU seconds of one pytest subprocess, and the collections it made by generation
+    (`_gc_counts`, loaded from bench/; None when its line is missing)."""
+    env = _child_env()
+    env["PYTHONPATH"] = os.pathsep.join((os.path.dirname(__file__), env["PYTHONPATH"]))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(
-        command, capture_output=True, text=True, check=False, cwd=REPO, env=_child_env()
-    )
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         output = (done.stdout + done.stderr)[-1500:]
         raise RuntimeError(f"pytest exited {done.returncode}: {output}")
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, _gc_counts.parse(done.stdout + done.stderr)
 
 
 def depth(quick: bool) -> dict:
@@ -1233,16 +1260,22 @@ def run(quick: bool = False) -> Section:
         tables.append(_skipped("The project's tests, plugin on vs off"))
     else:
         suite = suite_cpu(quick)
+        collections = _collections(suite)
         tables.append(
             Table(
                 "The project's tests, plugin on vs off (CPU of the pytest process)",
-                ["files", "plugin off", "plugin on", "ratio", "each pair", "rounds"],
+                ["files", "plugin off", "plugin on", "ratio", "each pair", "rounds",
+                 "collections off (young, middle, full)", "collections on"],
                 [[", ".join(os.path.basename(f) for f in suite["files"]), f"{suite['off']:.1f} s",
                   f"{suite['on']:.1f} s", f"{suite['ratio']:.3f}x",
-                  ", ".join(f"{r:.3f}" for r in suite["ratios"]), str(suite["rounds"])]],
+                  ", ".join(f"{r:.3f}" for r in suite["ratios"]), str(suite["rounds"]),
+                  collections["off"], collections["on"]]],
                 ["The test files the plugin traces (the others opt out with no_shapeguard); "
                  "off: `-o shapeguard=false`, the plugin installed and not asked. Medians of "
-                 "the rounds, each an off run then an on run; the ratio is the median pair's."],
+                 "the rounds, each an off run then an on run; the ratio is the median pair's. "
+                 "Collections: what the collector ran in each run (`gc.get_stats()`, the "
+                 "median run's), which the machine's speed does not move: a full one walks "
+                 "every object of the process, a third of the suite's time."],
             )
         )  # fmt: skip
         targets.append(
@@ -1250,7 +1283,8 @@ def run(quick: bool = False) -> Section:
                 "the project's own suite, plugin on vs off",
                 "<= 5% CPU",
                 f"{(suite['ratio'] - 1) * 100:+.1f}% (pairs {(min(suite['ratios']) - 1) * 100:+.1f}% "
-                f"to {(max(suite['ratios']) - 1) * 100:+.1f}%)",
+                f"to {(max(suite['ratios']) - 1) * 100:+.1f}%); full collections "
+                f"{collections['full']}",
                 suite["ratio"] <= SUITE_CPU,
                 "each traced test's first forward (a test traces a model once, so nothing "
                 "repeats); by own time (profile, first trace): " + _top(prof, "first trace"),

@@ -3,8 +3,8 @@ collections by generation, on one line the benchmark reads back.
 
 CPU time on a noisy machine scatters by more than the suite's 5% target; how often the
 collector ran does not (it counts tracked objects made and not yet freed), and its full
-collections, each a walk over every object of the process, are a third of the suite's
-time. Loaded on both sides of each pair, so it costs both the same (nothing per test).
+collections, each a walk over every object of the process, were a third of the suite's
+CPU time where this was written (2026-12). Loaded on both sides of each pair, so it costs both the same (nothing per test).
 """
 
 import gc

@@ -1274,8 +1274,8 @@ def run(quick: bool = False) -> Section:
                  "off: `-o shapeguard=false`, the plugin installed and not asked. Medians of "
                  "the rounds, each an off run then an on run; the ratio is the median pair's. "
                  "Collections: what the collector ran in each run (`gc.get_stats()`, the "
-                 "median run's), which the machine's speed does not move: a full one walks "
-                 "every object of the process, a third of the suite's time."],
+                 "median run's), which the machine's speed does not move; a full one walks "
+                 "every object of the process."],
             )
         )  # fmt: skip
         targets.append(

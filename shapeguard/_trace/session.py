@@ -53,58 +53,41 @@ def _is_compiling() -> bool:
 def _static(tensor, meta: TensorMeta | None = None) -> tuple:
     """What an event keeps of a tensor besides its meta: torch.Size holds ints, never the
     tensor; of a DTensor also its placements and local shape (`_tp_session.record_sharding`,
-    which gives its local shard the DTensor's axes when the meta is known). Shared between
-    the events of tensors alike (`_STATICS`)."""
-    shape = tensor.shape
+    which gives its local shard the DTensor's axes when the meta is known). One tuple
+    shared by the events of tensors alike (`_shared`)."""
     dtype = tensor.dtype
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
-    if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
-        facts = _dtype_facts(dtype)
-        sharded = _tp_session.record_sharding(tensor, meta, current_session())
-        return shape, facts[0], device, facts[1], sharded
-    key = (shape, dtype, device)
-    try:
-        found = _STATICS.get(key)
-    except TypeError:  # a symbolic size (a fake tensor of dynamic shape)
-        facts = _dtype_facts(dtype)
-        return shape, facts[0], device, facts[1]
-    if found is None:
-        facts = _dtype_facts(dtype)
-        found = (shape, facts[0], device, facts[1])
-        if len(_STATICS) > 4096:
-            _STATICS.clear()
-        _STATICS[key] = found
-    return found
-
-
-def _dtype_facts(dtype) -> tuple:
     facts = _DTYPE_FACTS.get(dtype)
     if facts is None:
         facts = _DTYPE_FACTS[dtype] = (_dtype_name(dtype), dtype.itemsize)
-    return facts
+    if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
+        sharded = _tp_session.record_sharding(tensor, meta, current_session())
+        return tensor.shape, facts[0], device, facts[1], sharded
+    return _shared((tensor.shape, facts[0], device, facts[1]))
 
 
 # (name, item size) by dtype: two reads of every tensor an event keeps, made once per dtype.
 _DTYPE_FACTS: dict = {}
-# An event's tuple per (shape, dtype, device): the collector tracks every tuple and
+# Tuples events keep, one of each value (`_shared`): the collector tracks every tuple and
 # torch.Size an event keeps, and a run makes a full collection per some 70,000 of them
 # kept (the 3.11 collector counts objects made and not yet freed), so a traced test or
 # training loop that kept four per tensor of each op paid for several more. Ops repeat
-# their shapes: one shared tuple each, bounded.
-_STATICS: dict = {}
-# The tuple of an op's inputs' (or outputs') static parts, shared alike (`_signature`).
-_SIGNATURES: dict = {}
+# their shapes and signatures: one tuple each, bounded.
+_SHARED: dict = {}
 
 
-def _signature(statics: tuple) -> tuple:
+def _shared(value: tuple) -> tuple:
+    """`value`, or the equal tuple an event already keeps: a tensor's static part
+    (`_static`), or the tuple of an op's inputs' or outputs' ones. An unhashable one (a
+    symbolic size, a DTensor's sharding) is its own."""
     try:
-        found = _SIGNATURES.get(statics)
-    except TypeError:  # a DTensor's sharding, or a symbolic size
-        return statics
+        found = _SHARED.get(value)
+    except TypeError:
+        return value
     if found is None:
-        if len(_SIGNATURES) > 4096:
-            _SIGNATURES.clear()
-        found = _SIGNATURES[statics] = statics
+        if len(_SHARED) > 8192:
+            _SHARED.clear()
+        found = _SHARED[value] = value
     return found
 
 
@@ -1089,8 +1072,8 @@ class Session:
                 path,
                 cls,
                 call.site,
-                _signature(tuple([_static(t) for t in tensors])),
-                _signature(tuple([_static(t) for t in outputs])),
+                _shared(tuple([_static(t) for t in tensors])),
+                _shared(tuple([_static(t) for t in outputs])),
             )
         self._append(step)
 
@@ -1249,8 +1232,8 @@ class Session:
             path,
             cls,
             call.site,
-            _signature(tuple([_static(t, m) for t, m in zip(in_tensors, in_metas, strict=True)])),
-            _signature(tuple([_static(t, m) for t, m in zip(outputs, out_metas, strict=True)])),
+            _shared(tuple([_static(t, m) for t, m in zip(in_tensors, in_metas, strict=True)])),
+            _shared(tuple([_static(t, m) for t, m in zip(outputs, out_metas, strict=True)])),
             (*in_metas, *out_metas),
         )
         return out_metas

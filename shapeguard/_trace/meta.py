@@ -7,6 +7,7 @@ query-key product names d_k) shows on every record of that axis.
 """
 
 import weakref as _weakref
+from typing import TYPE_CHECKING
 
 from .._names import dims as _dims
 from .._names.dims import Axis
@@ -38,6 +39,7 @@ class TensorMeta:
         "slot",
         "_names",
         "_epoch",
+        "_owed",
     )
 
     def __init__(
@@ -76,6 +78,9 @@ class TensorMeta:
         self.slot = 0
         self._names: tuple[str | None, ...] | None = None
         self._epoch = -1
+        # The weak reference of the ledger that still owes this meta its fields (None: it
+        # has them). See `_trace/owed.py`.
+        self._owed: _weakref.ref | None = None
 
     @classmethod
     def made(cls, dims, fields: tuple, slot) -> "TensorMeta":
@@ -97,7 +102,24 @@ class TensorMeta:
         meta.slot = slot
         meta._names = None
         meta._epoch = -1
+        meta._owed = None
         return meta
+
+    if not TYPE_CHECKING:  # (for mypy, a class with __getattr__ has every attribute)
+
+        def __getattr__(self, name: str):
+            # Only a field not set yet gets here: a meta whose replayed step is still owed
+            # (`_trace/owed.py`). Its ledger makes every step it owes, this one included.
+            if name != "_owed" and not name.startswith("__"):
+                try:
+                    owed = object.__getattribute__(self, "_owed")
+                except AttributeError:
+                    owed = None
+                ledger = owed() if owed is not None else None
+                if ledger is not None and not ledger.paying:
+                    ledger.pay()
+                    return object.__getattribute__(self, name)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def fields(self) -> tuple:
         """The values of `FIELDS`, in that order."""

@@ -171,6 +171,9 @@ class TraceData:
     # `Event`s only when read: most traces are read once, after the forward, if at all.
     _events: list[Event] = field(default_factory=list, repr=False)
     _pending: list[tuple] = field(default_factory=list, repr=False)
+    # Ledgers of closed sessions that still owe the metas of their replayed events
+    # (`_trace/owed.py`): paid before the events are built or compacted.
+    _ledgers: list = field(default_factory=list, repr=False)
     _live: int = field(default=0, repr=False)  # sessions recording into it now
     _finding_index: dict = field(default_factory=dict, repr=False)  # see `absorb`
     _suppressed_index: dict = field(default_factory=dict, repr=False)  # see `add_suppressed`
@@ -201,7 +204,13 @@ class TraceData:
         op it repeats."""
         self._pending.append((op, module, module_type, site, inputs, outputs, metas, None))
 
+    def _pay(self) -> None:
+        ledgers, self._ledgers = self._ledgers, []
+        for ledger in ledgers:
+            ledger.pay()
+
     def _build(self) -> None:
+        self._pay()
         events = self._events
         notes = self.axis_notes or None
 
@@ -245,6 +254,7 @@ class TraceData:
         name changes any more) and kept as shared tuples, so that the metas and the axes
         they hold are let go. Done for a trace of several forwards, whose events would
         otherwise keep every forward's axes alive; one forward's are few."""
+        self._pay()
         shared: dict = {}
         keep = shared.setdefault
         pending = self._pending

@@ -33,7 +33,6 @@ from torch.overrides import TorchFunctionMode
 
 from .. import _ops
 from .._names import dims as D
-from .meta import TensorMeta
 
 OP, ENTER, EXIT, NAME, BARRIER = range(5)
 # Outputs of one op that a template can name (torch.split into more parts is a barrier).
@@ -709,18 +708,19 @@ def _set_state(dim, state: tuple, objs: list) -> None:
     dim.origin = origin
 
 
-def apply(effects: Effects, objs: list | None, metas: list, slot: int) -> list:
-    """Make the step's effects on the dims `objs` (resolved from its inputs); return the
-    outputs' metas, numbered from `slot`."""
+def apply(effects: Effects, objs: list | None, metas: list, made) -> None:
+    """Make the step's effects on the dims `objs` (resolved from its inputs), and fill in
+    `made`, its outputs' metas (made with their slots only: `owed.pending`)."""
     if effects.simple:
-        return outputs(effects.outs, objs, metas, slot)
+        outputs(effects.outs, objs, metas, made)
+        return
     if objs is None:
         objs = []
     news = effects.news
     if news:
-        made = [D.Dim(size) for size, _, _ in news]
-        objs.extend(made)
-        for dim, (_, parent, state) in zip(made, news, strict=True):
+        dims = [D.Dim(size) for size, _, _ in news]
+        objs.extend(dims)
+        for dim, (_, parent, state) in zip(dims, news, strict=True):
             if parent is not None:
                 dim.parent = objs[parent]
             _set_state(dim, state, objs)
@@ -740,16 +740,12 @@ def apply(effects: Effects, objs: list | None, metas: list, slot: int) -> list:
         changed = True
     if changed:
         D._epoch[0] += 1
-    return outputs(effects.outs, objs, metas, slot)
+    outputs(effects.outs, objs, metas, made)
 
 
-def outputs(outs: tuple, objs: list | None, metas: list, slot: int) -> list:
-    """The outputs' metas of a step (`apply`), numbered from `slot`."""
-    out = []
-    new = TensorMeta.__new__
-    for build, fields in outs:
-        slot += 1
-        meta = new(TensorMeta)  # TensorMeta.made, inlined
+def outputs(outs: tuple, objs: list | None, metas: list, made) -> None:
+    """Fill in the outputs' metas of a step (`apply`)."""
+    for (build, fields), meta in zip(outs, made, strict=True):
         meta.dims = build(metas, objs)
         (
             meta.tags,
@@ -763,11 +759,9 @@ def outputs(outs: tuple, objs: list | None, metas: list, slot: int) -> list:
             meta.flagged,
             meta.laid_out,
         ) = fields
-        meta.slot = slot
         meta._names = None
         meta._epoch = -1
-        out.append(meta)
-    return out
+        meta._owed = None
 
 
 # Builders by template: templates repeat from layer to layer and from session to session,

@@ -27,6 +27,7 @@ from .._names import roots as _roots
 from . import composites as _composites
 from . import construction as _construction
 from . import flash as _flash
+from . import owed as _owed
 from . import replay as _replay
 from . import tp_session as _tp_session
 from .call import OpCall, _dtype_name
@@ -94,6 +95,7 @@ def _shared(value: tuple) -> tuple:
 _MISSED = object()  # a replayed op that was not the recording's next step
 _UNSET = object()  # the innermost module, not looked up yet
 _GENERIC = _replay.GENERIC
+_OWED = object()  # a replayed step's objects: not resolved, its effects owed (`_owed`)
 
 # (spelling, op) by the function torch hands the mode: two lookups made once per function.
 _SPECS: dict = {}
@@ -207,6 +209,8 @@ class Session:
         self.step = 0
         self.replayed = 0  # steps replayed (the trace sums them: `Trace._replayed`)
         self._fresh = 0  # tensors made outside the trace, numbered as first seen (negative)
+        # The replayed steps whose effects are made when first read (`_owed`).
+        self.ledger = _owed.Ledger()
         # What `observe` registered: told of every op the mode is handed (empty: none).
         self.observers: tuple = ()
         # Set once torch.distributed reduce-scatters a tensor: the user's elementwise ops
@@ -250,6 +254,8 @@ class Session:
         self.replay = None
         self.trace._replayed += self.replayed
         self.trace._steps += self.step
+        if not self.ledger.paid and self.ledger.steps:
+            self.trace._ledgers.append(self.ledger)  # its events' metas: paid when read
         try:
             _composites.release(self)  # a composite's suspended modes, before ours is popped
             # Dynamo's trace, into which `_compiled.check` runs a forward, can leave the
@@ -316,6 +322,8 @@ class Session:
         if first:
             self.enabled = _config.is_enabled()  # once per forward, not per op
             self.trace._forward += 1
+            if len(self.ledger.steps) > _owed.MAX_OWED:
+                self.ledger.pay()
         if self.replay is not None and self._replay_enter(module, first, args, kwargs):
             return
         recorder = self.recorder
@@ -430,6 +438,8 @@ class Session:
     def _diverge(self) -> None:
         """This session's step differs from the recording's: run it, and the rest, as usual
         (recording them after the replayed ones, unless the recording stopped here too)."""
+        # What runs from here reads and writes metas as usual: make the deferred steps.
+        self.ledger.pay()
         steps, self.replay = self.replay, None
         self._choices = []
         i = self.step
@@ -485,9 +495,10 @@ class Session:
             metas.append(m)
         return metas if self._same_firsts(step, tensors, metas) else None
 
-    def _resolve(self, step, tensors: list, metas: list) -> list | None:
+    def _resolve(self, step, tensors: list | None, metas: list) -> list | None:
         """Give tensors first seen here their metas, and find the dims the step's template
         needs; None (and nothing made) when they are not there."""
+        tensors = tensors or []  # (given whenever the step has inputs first seen here)
         made = [k for k, m in enumerate(metas) if m is None] if step.firsts else ()
         fresh = self._fresh
         firsts = iter(step.firsts)
@@ -509,25 +520,27 @@ class Session:
 
     def _replayed_fresh(self, tensor, nature: tuple) -> TensorMeta:
         """`_fresh_meta` for a tensor first seen in a replayed step, whose `_first_seen`
-        is `nature` (the state name is its second item): the same axes, origins and slot."""
-        name = nature[1]
-        param = isinstance(tensor, torch.nn.Parameter)
-        shape = tensor.shape
-        origins = _ORIGINS.get((name, param, len(shape)))
-        if origins is None:
-            origins = _origins(name, param, len(shape))
-        axes: list = []
-        for size, origin in zip(shape, origins, strict=True):
-            if size == 1:
-                axes.append(())  # `_dims.fresh`: size 1 has no atoms
-            else:
-                dim = _Dim(int(size))
-                dim.origin = origin
-                axes.append(((dim, 1, dim.size),))
-        meta = TensorMeta.made(tuple(axes), _FRESH_FIELDS[param], self._fresh - 1)
+        is `nature`: the same axes, origins and slot (`_owed.fill_fresh`)."""
         self._fresh -= 1
+        meta = _owed.pending(self._fresh, None)
+        _owed.fill_fresh(meta, tensor.shape, nature)
         self.metas[tensor] = meta
         return meta
+
+    def _owe_firsts(self, step, tensors: list | None, metas: list) -> None:
+        """Pending metas for the tensors first seen in a deferred step, numbered as
+        `_replayed_fresh` numbers them (`_owed.Ledger.pay` gives them their axes)."""
+        tensors = tensors or []  # (given whenever the step has inputs first seen here)
+        table = self.metas
+        owed = self.ledger.ref
+        for k, m in enumerate(metas):
+            if m is None:
+                tensor = tensors[k]
+                m = table.get(tensor)  # the same tensor given twice
+                if m is None:
+                    self._fresh -= 1
+                    m = table[tensor] = _owed.pending(self._fresh, owed)
+                metas[k] = m
 
     def _replay_enter(self, module, first: bool, args: tuple, kwargs: dict) -> bool:
         seen = id(module) in self._seen_modules
@@ -559,16 +572,23 @@ class Session:
                 metas = self._match_inputs(step, tensors)
                 if metas is None:
                     continue
-                objs = self._resolve(step, tensors, metas)
-                if objs is None:
-                    continue
+                if self.ledger.paid:
+                    objs = self._resolve(step, tensors, metas)
+                    if objs is None:
+                        continue
             self.replay = steps
             self.module_stack.append(module)
             if step.first:
                 self._seen_modules.add(id(module))
                 self.trace.modules_seen += 1
-            if first and objs is not None and metas is not None:
-                _replay.apply(step.effects, objs, metas, 0)
+            if first and metas is not None and tensors is not None:
+                ledger = self.ledger
+                if objs is not None:
+                    _replay.apply(step.effects, objs, metas, ())
+                else:
+                    self._owe_firsts(step, tensors, metas)
+                    ledger.steps.append(step)
+                    ledger.metas.append(tuple(metas))
             self.step += 1
             self.replayed += 1
             return True
@@ -649,6 +669,7 @@ class Session:
         An observed session neither replays nor records for a later replay (an observer
         needs every op run, and its composites run unsuspended: see `_observed`), also
         after the observer is gone."""
+        self.ledger.pay()
         self.replay = None
         self._choices = []
         self.recorder = None  # dropped, not remembered: the steps so far are not a recording
@@ -729,6 +750,7 @@ class Session:
         else:
             choices = (replay,) if replay is not None else ()
         get = self.metas._data.get
+        ledger = self.ledger
         for steps in choices:
             step = steps[i] if i < len(steps) else None
             if step is None or (step.func is not func and step.func != func):
@@ -783,21 +805,16 @@ class Session:
                 if found is None:
                     continue
                 if found is not _GENERIC:
-                    effects = step.effects
                     if step.firsts:
                         metas, tensors = found
-                        objs = self._resolve(step, tensors, metas)
-                        if objs is None:
-                            continue
-                    elif effects.find is not None:
-                        metas = found
-                        try:
-                            objs = effects.find(metas)
-                        except (IndexError, AttributeError, TypeError):  # as `_resolve`
-                            continue
                     else:
                         metas = found
-                        objs = None
+                    if not ledger.paid:
+                        objs = _OWED  # made when read (`_owed`)
+                        break
+                    objs = self._resolve(step, tensors, metas)
+                    if objs is None:
+                        continue
                     break
             if tensors is None:
                 tensors = []  # `OpCall.tensors`, inlined
@@ -841,13 +858,12 @@ class Session:
                     continue
                 if step.extras and not self._match_extras(step.extras):
                     continue
-                effects = step.effects
-                if unseen or effects.paths:
-                    objs = self._resolve(step, tensors, metas)
-                    if objs is None:
-                        continue
-                else:
-                    objs = None
+                if not ledger.paid:  # (`_values_pass` may have paid it)
+                    objs = _OWED
+                    break
+                objs = self._resolve(step, tensors, metas)
+                if objs is None:
+                    continue
                 break
         else:
             if _source.op_site() is _source.OPTIMIZER:
@@ -881,10 +897,19 @@ class Session:
             self.step += 1
             return out
         slot = i * _replay.MAX_OUTPUTS
-        if effects.simple:  # `_replay.apply`'s first test, made here
-            made = _replay.outputs(effects.outs, objs, metas, slot)
+        blank = _owed.pending
+        if objs is _OWED:
+            if step.firsts:
+                self._owe_firsts(step, tensors, metas)
+            owed = ledger.ref
+            made = [blank(slot + k, owed) for k in range(1, len(shapes) + 1)]
+            both = (*metas, *made)
+            ledger.steps.append(step)
+            ledger.metas.append(both)
         else:
-            made = _replay.apply(effects, objs, metas, slot)
+            made = [blank(slot + k, None) for k in range(1, len(shapes) + 1)]
+            _replay.apply(step.effects, typing.cast("list | None", objs), metas, made)
+            both = (*metas, *made)
         table = self.metas
         if outputs is None:
             table[out] = made[0]
@@ -898,7 +923,7 @@ class Session:
             if len(trace._events) + len(pending) >= trace.max_events:
                 trace.dropped_events += 1
             else:
-                pending.append((*event, (*metas, *made), None))  # `TraceData.record`
+                pending.append((*event, both, None))  # `TraceData.record`
         self.step = i + 1
         self.replayed += 1
         return out
@@ -1275,22 +1300,6 @@ class Session:
 
 # What `_fresh_meta` gives a tensor first seen besides its axes (TensorMeta's defaults,
 # in `TensorMeta.FIELDS` order), for a tensor and for a parameter.
-_FRESH_FIELDS: dict[bool, tuple] = {
-    flag: ((), None, None, "", "", False, False, flag, NO_FLAGS, False) for flag in (False, True)
-}
-_ORIGINS: dict = {}  # (state name, a parameter, ndim) -> `_fresh_meta`'s origin per axis
-_Dim = _dims.Dim
-
-
-def _origins(name: str, param: bool, ndim: int) -> tuple:
-    origin = "a parameter" if param else "a tensor made outside the trace"
-    found = tuple(f"axis {i} of {name}" if name else origin for i in range(ndim))
-    if len(_ORIGINS) > 4096:
-        _ORIGINS.clear()
-    _ORIGINS[(name, param, ndim)] = found
-    return found
-
-
 def _lift(previous: "Session | None") -> "Session | None":
     """Take a background session's mode off the stack while a session opened inside it is
     open: it steps aside then (it lets every call through to the inner one, which records

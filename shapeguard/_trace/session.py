@@ -95,6 +95,8 @@ def _shared(value: tuple) -> tuple:
 _MISSED = object()  # a replayed op that was not the recording's next step
 _UNSET = object()  # the innermost module, not looked up yet
 _GENERIC = _replay.GENERIC
+_new_meta = TensorMeta.__new__
+_weakref_ref = weakref.ref
 _OWED = object()  # a replayed step's objects: not resolved, its effects owed (`_owed`)
 
 # (spelling, op) by the function torch hands the mode: two lookups made once per function.
@@ -897,25 +899,33 @@ class Session:
             self.step += 1
             return out
         slot = i * _replay.MAX_OUTPUTS
-        blank = _owed.pending
         if objs is _OWED:
             if step.firsts:
                 self._owe_firsts(step, tensors, metas)
             owed = ledger.ref
-            made = [blank(slot + k, owed) for k in range(1, len(shapes) + 1)]
-            both = (*metas, *made)
+        else:
+            owed = None
+        table = self.metas
+        if outputs is None:
+            # `_owed.pending` and `TensorTable.__setitem__`, inlined for the one output.
+            meta = _new_meta(TensorMeta)
+            meta.slot = slot + 1
+            meta._owed = owed
+            made: list = [meta]
+            data = table._data
+            data[id(out)] = (_weakref_ref(out), meta)
+            if len(data) > table._limit:
+                table._sweep()
+        else:
+            made = [_owed.pending(slot + k, owed) for k in range(1, len(shapes) + 1)]
+            for tensor, meta in zip(outputs, made, strict=True):
+                table[tensor] = meta
+        both = (*metas, *made)
+        if owed is not None:
             ledger.steps.append(step)
             ledger.metas.append(both)
         else:
-            made = [blank(slot + k, None) for k in range(1, len(shapes) + 1)]
             _replay.apply(step.effects, typing.cast("list | None", objs), metas, made)
-            both = (*metas, *made)
-        table = self.metas
-        if outputs is None:
-            table[out] = made[0]
-        else:
-            for tensor, meta in zip(outputs, made, strict=True):
-                table[tensor] = meta
         event = step.event
         if event is not None:
             trace = self.trace

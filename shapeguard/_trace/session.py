@@ -92,6 +92,7 @@ def _shared(value: tuple) -> tuple:
     return found
 
 
+_ENTER, _EXIT = _replay.ENTER, _replay.EXIT
 _MISSED = object()  # a replayed op that was not the recording's next step
 _UNSET = object()  # the innermost module, not looked up yet
 _GENERIC = _replay.GENERIC
@@ -305,6 +306,28 @@ class Session:
     def _on_module_enter(self, module, args) -> None:
         if getattr(_local, "session", None) is not self:
             return  # an inner session is tracking modules now
+        stack = self.module_stack
+        replay = self.replay
+        if stack and replay is not None and not _torch_compiling():
+            # A module entered inside a replayed forward, not the root: `enter_module` and
+            # `_replay_enter` inlined (one call per module entered, not three). The stack
+            # holds the root, so the root is alive.
+            i = self.step
+            step = replay[i] if i < len(replay) else None
+            if (
+                step is not None
+                and step.kind == _ENTER
+                and not step.root
+                and step.first != (id(module) in self._seen_modules)
+                and step.module() is module
+            ):
+                stack.append(module)
+                if step.first:
+                    self._seen_modules.add(id(module))
+                    self.trace.modules_seen += 1
+                self.step = i + 1
+                self.replayed += 1
+                return
         if self.root is None:
             # The first module, or the first since the last root was dropped: paths and
             # state names are read from this one.
@@ -315,6 +338,17 @@ class Session:
     def _on_module_exit(self, module, args, output) -> None:
         _composites.leave(self, module, output)  # whichever session is current
         if getattr(_local, "session", None) is self:
+            stack = self.module_stack
+            replay = self.replay
+            if replay is not None and stack and stack[-1] is module:
+                # `exit_module` of a replayed exit from the innermost module, inlined.
+                i = self.step
+                step = replay[i] if i < len(replay) else None
+                if step is not None and step.kind == _EXIT and step.module() is module:
+                    self.replayed += 1
+                    self.step = i + 1
+                    del stack[-1]
+                    return
             self.exit_module(module)
 
     def enter_module(self, module, args: tuple, kwargs: dict) -> None:

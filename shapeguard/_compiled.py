@@ -2,12 +2,11 @@
 while dynamo traces them; nothing of shapeguard enters the graph.
 
 Dynamo traces the guard's forward wrapper (or, for torch's composites, its hooks) along
-with the module's forward, so the guard's pre-check (`_guard._pre_hook`) runs
-symbolically, once per graph it compiles (a new input signature, or one the graph's
-guards reject: a bad input always is one). There it calls `check` through
-`_guard._compiled_check`, which dynamo does not trace: marked as having a constant
-result, it is called at trace time with the real arguments, and its result (0) is a
-constant of the graph. `check` runs the module forward eagerly under shapeguard, as a
+with the module's forward, once per graph it compiles (a new input signature, or one the
+graph's guards reject: a bad input always is one). Its first call, `_guard._compiling`, is
+not traced: marked as having a constant result, it is called at trace time with the real
+arguments, calls `check` (through `_guard._compiled_check`), and its result (True: the
+guard steps aside) is a constant of the graph. `check` runs the module forward eagerly under shapeguard, as a
 guarded call would, with the RNG and the buffers put back afterwards; its findings are
 the eager ones (raised, warned, `last_trace`), and a compiled call with a signature
 already checked (compiled, or in an eager call) costs nothing.
@@ -26,8 +25,8 @@ _compiled_errors: dict[type, type] = {}
 
 def check(state, module, *args, **kwargs) -> int:
     """Check one call of a guarded module (`state`: its guard's) eagerly, once per input
-    signature (called through `_guard._compiled_check` while dynamo traces the guard's
-    pre-hook)."""
+    signature (called through `_guard._compiling` while dynamo traces the guard's
+    forward)."""
     __tracebackhide__ = True
     if state is None:
         return 0

@@ -1,12 +1,13 @@
 """`guard` and `unguard`: checks on every forward of a module.
 
 A guarded module gets a `forward` of its own (`_ForwardWrap`: the class's forward
-between `_pre_hook` and `_post_hook`, in the instance's dict), or, for torch's
+between `_pre_checks` and `_post_checks`, in the instance's dict), or, for torch's
 composites and for an instance that already has its own forward, one forward
-pre-hook (with kwargs) and one forward hook (`always_call=True`). `_pre_hook` checks
-the forward's shape contract (its jaxtyping annotations, see `_contract.decorator`)
-and opens a session when none is open; `_post_hook` checks the return value and
-closes the session, also when forward (or the pre-check) raises. Nothing else of
+pre-hook (with kwargs) and one forward hook (`always_call=True`) that run them. The
+pre-check checks the forward's shape contract (its jaxtyping annotations, see
+`_contract.decorator`) and opens a session when none is open; the post-check checks
+the return value and closes the session, also when forward (or the pre-check)
+raises. Under torch.compile both step aside (`_compiling`). Nothing else of
 the module changes: outputs are returned as they are, and `unguard` removes exactly
 what the guard put there.
 """
@@ -304,16 +305,19 @@ def _wrapped_forward(cls):
         @functools.wraps(forward)
         def guarded(self, *args, **kwargs):
             __tracebackhide__ = True
+            # Read at each call: a class's forward may be replaced after the wrap (and
+            # through type(self), not the class: the weak table's value keeps no class).
+            if _compiling(self, *args, **kwargs):
+                return type(self).forward(self, *args, **kwargs)
+            rt = _runtime or _load_runtime()
             try:
-                # As torch runs an always_call hook: also when the pre-hook raises.
-                _pre_hook(self, args, kwargs)
-                # Read at each call: a class's forward may be replaced after the wrap (and
-                # through type(self), not the class: the weak table's value keeps no class).
+                # As torch runs an always_call hook: also when the pre-check raises.
+                _pre_checks(rt, self, args, kwargs)
                 output = type(self).forward(self, *args, **kwargs)
             except BaseException:
-                _post_hook(self, args, kwargs, None)
+                _post_checks(rt, self, args, kwargs, None)
                 raise
-            _post_hook(self, args, kwargs, output)
+            _post_checks(rt, self, args, kwargs, output)
             return output
 
         guarded.__name__ = "forward"  # how pickle names a bound method: the class's forward
@@ -363,23 +367,39 @@ def _compiled_check(module, *args, **kwargs) -> int:
     return _compiled.check(_guarded.get(module), module, *args, **kwargs)
 
 
+def _compiling(module, *args, **kwargs) -> bool:
+    """Whether dynamo is tracing this call. Then the guard steps aside (jaxtyping + beartype
+    give false positives on fake tensors, the session's mode would break the graph) and has
+    the call checked eagerly instead, once per input signature (`_compiled.check`).
+
+    Dynamo does not trace this function: it calls it with the real arguments while it
+    traces the guard's forward and takes the result as a constant, so the compiled graph
+    holds nothing of shapeguard's and its guards only this function (two of them; reading
+    the checks' own compile flags in traced code cost sixteen)."""
+    __tracebackhide__ = True
+    rt = _runtime or _load_runtime()
+    if not rt.is_compiling():
+        return False
+    _compiled_check(module, *args, **kwargs)
+    return True
+
+
 # What `torch.compiler.assume_constant_result` sets, set here so that importing shapeguard
-# never imports torch._dynamo: dynamo calls this with the real arguments while it traces
-# the pre-check (`_pre_hook`), and takes its result (0) as a constant of the graph.
-_compiled_check._dynamo_marked_constant = True  # type: ignore[attr-defined]
+# never imports torch._dynamo.
+_compiling._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _pre_hook(module, args, kwargs):
+    """The pre-check as a module hook (torch's composites, whose forward is not wrapped)."""
     __tracebackhide__ = True
-    rt = _runtime or _load_runtime()
-    # Under torch.compile this hook is traced: it steps aside (jaxtyping + beartype give
-    # false positives on fake tensors, the session's mode would break the graph) and has
-    # the call checked eagerly instead, once per input signature (`_compiled.check`, which
-    # dynamo calls at trace time and does not trace).
-    if rt.is_compiling():
-        if getattr(_compiled_check, "_dynamo_marked_constant", False):
-            _compiled_check(module, *args, **kwargs)
+    if _compiling(module, *args, **kwargs):
         return None
+    _pre_checks(_runtime or _load_runtime(), module, args, kwargs)
+    return None
+
+
+def _pre_checks(rt, module, args, kwargs) -> None:
+    __tracebackhide__ = True
     state = _guarded.get(module)
     if state is None:
         return None
@@ -394,7 +414,7 @@ def _pre_hook(module, args, kwargs):
     if not _config.is_enabled():
         return None
     contract = state.contract
-    # Popped by _post_hook, which runs also when this hook or forward raises.
+    # Popped by the post-check, which runs also when this one or forward raises.
     call = rt.push_call(module, key)
     session = rt.current_session()
     if options.ops:
@@ -406,7 +426,7 @@ def _pre_hook(module, args, kwargs):
 
             trace = Trace(mode=options.mode, strict=options.strict, max_events=options.max_events)
             _last_traces[module] = trace
-            # Closed by _post_hook (or by `begin` itself, when entering the module raises).
+            # Closed by the post-check (or by `begin` itself, when entering the module raises).
             session = begin(trace, module, args, kwargs, opener=rt.opener("guard", module))
             _owned.count = getattr(_owned, "count", 0) + 1
             session.owner = module
@@ -438,6 +458,12 @@ def _post_hook(module, args, kwargs, output):
     rt = _runtime or _load_runtime()
     if rt.is_compiling():
         return None
+    _post_checks(rt, module, args, kwargs, output)
+    return None
+
+
+def _post_checks(rt, module, args, kwargs, output) -> None:
+    __tracebackhide__ = True
     try:
         call = rt.pop_call(module)
         if call is not None and not rt.forward_raised(call, output):

@@ -123,3 +123,31 @@ def test_the_check_leaves_the_rng_and_buffers_as_they_were():
     assert torch.equal(actual, expected)
     assert torch.equal(guarded.norm.running_mean, plain.norm.running_mean)
     assert shapeguard.last_trace(guarded).events
+
+
+def _dynamo_guards(model, x) -> list[str]:
+    """The guards dynamo installs on the compiled call: what every steady-state call of
+    the compiled module evaluates."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(x)
+    return [str(guard.name) for guard in explained.out_guards]
+
+
+def test_the_compiled_call_guards_only_the_guard_s_gate():
+    # A compiled guarded call pays dynamo's guards on what its traced forward read. The
+    # guard's forward reads one function that dynamo does not trace (`_guard._compiling`):
+    # two guards over a bare forward wrapper's, where reading the checks' own compile flags
+    # in traced code cost sixteen (the runtime module, a thread-local, the hooks).
+    x = torch.randn(B, S, D)
+    torch.manual_seed(0)
+    wrapped = HandAttention().eval()
+    forward = wrapped.forward
+    wrapped.forward = lambda *args, **kwargs: forward(*args, **kwargs)
+    bare = _dynamo_guards(wrapped, x)
+    torch.manual_seed(0)
+    guarded = _dynamo_guards(shapeguard.guard(HandAttention().eval()), x)
+    assert len(guarded) <= len(bare) + 4, sorted(set(guarded) - set(bare))
+    read = ("G['_runtime']", "_session_local", "G['_pre_hook']", "G['_post_hook']")
+    assert not [g for g in guarded if any(name in g for name in read)]
+    assert any("_compiling" in g for g in guarded)

@@ -208,3 +208,16 @@ def test_cost_piece_measures_every_workload_against_the_floors(report):
         skipped |= set(cost.TARGETS[:2])
     judged = [next(w for w in cost.TARGETS if t.what.startswith(w)) for t in section.targets]
     assert judged == [w for w in cost.TARGETS if w not in skipped]
+
+
+def test_the_depth_spread_is_paired_per_round():
+    import cost
+
+    # Round 2 ran on a machine twice as slow for every depth: the medians of the depths
+    # move apart, a ratio within a round does not.
+    two = [10.0, 20.0, 10.0]
+    twelve = [11.0, 22.0, 11.0]
+    assert cost.paired_spread([two, twelve]) == pytest.approx(1.1)
+    assert cost.paired_spread([two, two]) == 1.0
+    skewed = [10.0, 10.0, 30.0]
+    assert cost.paired_spread([skewed, [10.0, 10.0, 10.0]]) == pytest.approx(1.0)

@@ -84,26 +84,30 @@ class TensorMeta:
 
     @classmethod
     def made(cls, dims, fields: tuple, slot) -> "TensorMeta":
-        """A meta from `FIELDS` values, as a replayed op makes its outputs (no keywords)."""
+        """A meta from `FIELDS` values, as a recorded op makes its outputs (no keywords)."""
         meta = cls.__new__(cls)
-        meta.dims = dims
-        (
-            meta.tags,
-            meta.label,
-            meta.role,
-            meta.op,
-            meta.buffer,
-            meta.sliced,
-            meta.rotary,
-            meta.param,
-            meta.flagged,
-            meta.laid_out,
-        ) = fields
         meta.slot = slot
-        meta._names = None
-        meta._epoch = -1
-        meta._owed = None
+        meta.fill(dims, fields)
         return meta
+
+    def fill(self, dims, fields: tuple) -> None:
+        """Set the axes and the `FIELDS` values (of a meta made, or owed: `_trace/owed.py`)."""
+        self.dims = dims
+        (
+            self.tags,
+            self.label,
+            self.role,
+            self.op,
+            self.buffer,
+            self.sliced,
+            self.rotary,
+            self.param,
+            self.flagged,
+            self.laid_out,
+        ) = fields
+        self._names = None
+        self._epoch = -1
+        self._owed = None
 
     if not TYPE_CHECKING:  # (for mypy, a class with __getattr__ has every attribute)
 

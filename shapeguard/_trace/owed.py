@@ -72,10 +72,6 @@ def pending(slot: int, owed) -> TensorMeta:
     return meta
 
 
-def is_pending(meta: TensorMeta) -> bool:
-    return meta._owed is not None
-
-
 def fill_fresh(meta: TensorMeta, shape, nature: tuple) -> None:
     """Give `meta` the axes of a tensor first seen in a replayed step, whose `_first_seen`
     is `nature` (its type first, its state name second): `Session._fresh_meta`'s, made
@@ -93,7 +89,7 @@ def fill_fresh(meta: TensorMeta, shape, nature: tuple) -> None:
             dim = _dims.Dim(int(size))
             dim.origin = origin
             axes.append(((dim, 1, dim.size),))
-    _set(meta, tuple(axes), FRESH_FIELDS[param])
+    meta.fill(tuple(axes), FRESH_FIELDS[param])
 
 
 def _origins(name: str, param: bool, ndim: int) -> tuple:
@@ -103,25 +99,6 @@ def _origins(name: str, param: bool, ndim: int) -> tuple:
         _ORIGINS.clear()
     _ORIGINS[(name, param, ndim)] = found
     return found
-
-
-def _set(meta: TensorMeta, dims: tuple, fields: tuple) -> None:
-    meta.dims = dims
-    (
-        meta.tags,
-        meta.label,
-        meta.role,
-        meta.op,
-        meta.buffer,
-        meta.sliced,
-        meta.rotary,
-        meta.param,
-        meta.flagged,
-        meta.laid_out,
-    ) = fields
-    meta._names = None
-    meta._epoch = -1
-    meta._owed = None
 
 
 def _make(step, metas: tuple) -> None:
@@ -146,4 +123,4 @@ def _make(step, metas: tuple) -> None:
         # shapeguard's own fault. Unnamed axes of the right sizes, never a crash of a read.
         for meta, (_, fields), shape in zip(made, effects.outs, step.outputs, strict=False):
             if meta._owed is not None:
-                _set(meta, _dims.fresh_axes(tuple(shape)), fields)
+                meta.fill(_dims.fresh_axes(tuple(shape)), fields)

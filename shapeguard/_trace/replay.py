@@ -746,22 +746,7 @@ def apply(effects: Effects, objs: list | None, metas: list, made) -> None:
 def outputs(outs: tuple, objs: list | None, metas: list, made) -> None:
     """Fill in the outputs' metas of a step (`apply`)."""
     for (build, fields), meta in zip(outs, made, strict=True):
-        meta.dims = build(metas, objs)
-        (
-            meta.tags,
-            meta.label,
-            meta.role,
-            meta.op,
-            meta.buffer,
-            meta.sliced,
-            meta.rotary,
-            meta.param,
-            meta.flagged,
-            meta.laid_out,
-        ) = fields
-        meta._names = None
-        meta._epoch = -1
-        meta._owed = None
+        meta.fill(build(metas, objs), fields)
 
 
 # Builders by template: templates repeat from layer to layer and from session to session,

@@ -9,7 +9,13 @@ replay that diverges) the trace equals the one replay off gives.
 
 import pytest
 import torch
-from test_replay import Attention, _reference, _same, _trace
+from test_replay import (
+    Attention,
+    _fresh_recordings,  # noqa: F401  (autouse: no recordings kept between tests)
+    _reference,
+    _same,
+    _trace,
+)
 
 import shapeguard
 from shapeguard._names import dims as D
@@ -18,13 +24,6 @@ from shapeguard._trace import replay as _replay
 from shapeguard._trace.current import current_session
 
 pytestmark = pytest.mark.no_shapeguard  # the plugin's own session would hold every op
-
-
-@pytest.fixture(autouse=True)
-def _fresh_recordings():
-    _replay.forget_all()
-    yield
-    _replay.forget_all()
 
 
 def _guarded_forwards(model, x, count):

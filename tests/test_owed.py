@@ -88,8 +88,9 @@ def test_a_read_in_the_middle_pays_and_the_rest_is_made_at_once(monkeypatch):
     assert not traces[2]._ledgers  # nothing owed when the session closed
 
 
-def test_a_ledger_past_its_bound_is_paid_at_the_next_forward(monkeypatch):
-    monkeypatch.setattr(_owed, "MAX_OWED", 4)
+@pytest.mark.parametrize("bound, paid", [(4, True), (_owed.MAX_OWED, False)])
+def test_a_ledger_past_its_bound_is_paid_at_the_next_forward(bound, paid, monkeypatch):
+    monkeypatch.setattr(_owed, "MAX_OWED", bound)
     model = Attention()
     x = torch.randn(2, 5, 12)
 
@@ -97,11 +98,16 @@ def test_a_ledger_past_its_bound_is_paid_at_the_next_forward(monkeypatch):
         with torch.no_grad(), shapeguard.trace() as t:
             for _ in range(3):  # one session, three forwards of the root
                 model(x)
-        return t
+            # Read before the block closes (closing a trace of several forwards pays it).
+            session = current_session()
+            state = (session.ledger.paid, len(session.ledger.steps))
+        return t, state
 
-    first, _, third = run(), run(), run()
+    (first, _), _, (third, (was_paid, owed)) = run(), run(), run()
     assert third._replayed > 0
-    assert not third._ledgers  # paid at the second forward's start, then made at once
+    # Past the bound: paid at the second forward's start, the rest made at once.
+    assert was_paid is paid
+    assert (owed == 0) is paid
     _same(third, first)
 
 

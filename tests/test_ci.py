@@ -14,6 +14,41 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest" in test_command and test_command.startswith("pip install torch==2.13.0")
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test_command in ci
+    assert "-c constraints/test.txt" in test_command, "the test command installs the pinned versions"
+
+
+def test_the_newest_release_command_is_the_readmes():
+    """The second documented command (the suite against the newest releases) is the one
+    `.ci/newest` runs, and it tests the newest torch the README names."""
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"```text\n(pip install torch==.*?)\n```", readme, re.S)
+    assert len(commands) == 1, "the README gives the newest-release command once"
+    newest = commands[0].strip()
+    assert "--upgrade" in newest and "pytest" in newest and "constraints" not in newest
+    torch_pin = re.match(r"pip install (torch==[\d.]+)", newest).group(1)
+    assert newest.count(torch_pin) == 2, "torch stays at the tested release while the rest upgrades"
+    assert newest in (ROOT / ".ci" / "newest").read_text().splitlines()
+    assert torch_pin.split("==")[1] in readme.split("Tested:", 1)[1].split("\n\n", 1)[0]
+
+
+def test_the_constraints_pin_every_test_dependency_exactly():
+    """A fresh machine resolves what CI resolved: every package of the test group, and torch,
+    has an exact pin in constraints/test.txt, and torch's pin is the README's."""
+    import tomllib
+
+    pins = {}
+    for line in (ROOT / "constraints" / "test.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"not an exact pin: {line}"
+            pins[name.lower().replace("_", "-")] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    declared = [*project["project"]["dependencies"], *project["dependency-groups"]["test"]]
+    for spec in declared:
+        name = re.split(r"[<>=!~\[ ;]", spec, maxsplit=1)[0].lower().replace("_", "-")
+        assert name in pins, f"{name} is not pinned in constraints/test.txt"
+    assert pins["torch"] == "2.13.0"
 
 
 def test_the_suite_dogfoods_the_plugin_strictly():
@@ -84,7 +119,7 @@ def test_ci_type_checks_the_package():
     import tomllib
 
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert 'pip install "mypy>=1.11" && mypy' in ci
+    assert 'pip install "mypy>=1.11" -c constraints/test.txt && mypy' in ci
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     mypy = project["tool"]["mypy"]
     assert mypy["files"] == ["shapeguard"] and mypy["check_untyped_defs"] is True

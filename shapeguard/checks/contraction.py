@@ -10,15 +10,16 @@ from collections.abc import Iterator
 
 from .. import _ops
 from .._errors import Violation
+from .._names import subscripts
 from .._names.dims import FEATURE, TOKEN
-from . import WARNING, rule
+from . import WARNING, is_tensor, rule
 from ._view import CallView
 
 _PAIRED = {TOKEN, FEATURE}
 
 
 def _is_tensor(value) -> bool:
-    return hasattr(value, "shape") and hasattr(value, "dtype")
+    return is_tensor(value)
 
 
 def _clash(call, a, a_dim: int, b, b_dim: int) -> tuple[str, str] | None:
@@ -83,33 +84,28 @@ def product_axes(call: CallView) -> Iterator[Violation]:
 
 @rule(_ops.by_name("einsum"), kinds={"contraction_axes": WARNING}, order=1)
 def einsum_axes(call: CallView) -> Iterator[Violation]:
+    """Each contracted letter of a two-operand einsum pairs axes of one kind, whatever
+    positions the letters take (`...` included)."""
     args = call.args
     if not args or not isinstance(args[0], str):
         return
-    equation = args[0].replace(" ", "")
     operands = list(args[1:]) if len(args) > 2 else list(args[1]) if len(args) == 2 else []
-    if len(operands) != 2 or not all(_is_tensor(t) for t in operands) or "..." in equation:
+    if len(operands) != 2 or not all(_is_tensor(t) for t in operands):
         return
-    lhs, arrow, rhs = equation.partition("->")
-    specs = lhs.split(",")
-    if (
-        not arrow
-        or len(specs) != 2
-        or any(len(s) != t.dim() for s, t in zip(specs, operands, strict=True))
-    ):
+    product = subscripts.product(args[0], [t.dim() for t in operands])
+    if product is None or "->" not in args[0]:
         return
     a, b = operands
-    for letter in specs[0]:
-        if letter in rhs or letter not in specs[1]:
-            continue
-        i, j = specs[0].index(letter), specs[1].index(letter)
+    spec_a, spec_b = product.equation.specs
+    for letter in product.contracted:
+        i, j = spec_a.index(letter), spec_b.index(letter)
         if a.shape[i] != b.shape[j] or a.shape[i] < 2:
             return  # a loud mismatch (einsum_dim)
         clash = _clash(call, a, i, b, j)
         if clash is None:
             continue
         la, lb = call.label(1, "a"), call.label(2, "b")
-        fixed = _fixed_equation(call, specs, rhs, b, j, clash[0])
+        fixed = _fixed_equation(call, product, b, j, clash[0])
         hint = (
             f"give each axis the letter of what it holds: {lb} is "
             f"[{', '.join(n or '?' for n in call.axes(b))}]"
@@ -128,18 +124,22 @@ def einsum_axes(call: CallView) -> Iterator[Violation]:
         return
 
 
-def _fixed_equation(call, specs, rhs, b, j: int, kind: str) -> str | None:
+def _fixed_equation(call, product, b, j: int, kind: str) -> str | None:
     """The equation with b's contracted letter moved onto b's axis of the kind it meets in
     a (swapped with the letter there), when exactly one such axis has an output letter."""
-    spec = specs[1]
+    equation = product.equation
+    spec_a, spec = equation.specs
     candidates = [
         p
         for p in range(len(spec))
-        if p != j and spec[p] in rhs and spec[p] not in specs[0] and call.kind(b, p) == kind
+        if p != j
+        and spec[p] in product.cols
+        and subscripts.is_letter(spec[p])
+        and call.kind(b, p) == kind
     ]
     if len(candidates) != 1:
         return None
     p = candidates[0]
     letters = list(spec)
     letters[j], letters[p] = letters[p], letters[j]
-    return f"{specs[0]},{''.join(letters)}->{rhs}"
+    return equation.write((spec_a, "".join(letters)), equation.out)

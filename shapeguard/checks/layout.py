@@ -13,12 +13,13 @@ seq == heads == d_k. Softmax over the query axis is the softmax family's.
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 from .. import _ops
 from .._errors import Violation
+from .._names import subscripts
 from .._names.dims import BATCH, FEATURE, TOKEN
-from . import WARNING, rule
+from . import WARNING, is_tensor, rule
 from ._view import CallView
 
 if TYPE_CHECKING:
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     import torch
 
 
-def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return hasattr(value, "shape") and hasattr(value, "dtype")
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # a tensor, not a NumPy scalar or array
+    return is_tensor(value)
 
 
 def heads_on_seq(call, t) -> bool:
@@ -89,48 +90,96 @@ def sdpa_layout(call: CallView) -> Iterator[Violation]:
 )
 def product_layout(call: CallView) -> Iterator[Violation]:
     """`q @ k.transpose(-2, -1)` on `[batch, seq, heads, d_k]`: the scores pair the heads
-    of each token, not the tokens."""
-    operands = _qk_operands(call)
-    if operands is None:
+    of each token, not the tokens. What the product pairs is read from the einsum's letters
+    where there are letters (`bihd,bjhd->bhij` keeps the heads apart and pairs the tokens:
+    right), from the last two axes of a matmul otherwise."""
+    pairing = _qk_pairing(call)
+    if pairing is None:
         return
-    q, k, lq, lk, k_features, k_rows = operands
-    if not heads_on_seq(call, q) or not _head_split(call.dims(q)[-2], call.dims(q)[-1]):
+    q, k = pairing.q, pairing.k
+    # The queries' attended axis is a factor of a projection's features (by its parameters),
+    # the outer one of a head split whose inner one is contracted: heads, not positions.
+    if call.kind(q, pairing.q_rows, strong=True) != FEATURE:
         return
-    # k is laid out [..., seq, heads, d_k] too: its rows (the keys) are features as well.
-    if call.kind(k, k_features, strong=True) != FEATURE or call.kind(k, k_rows) != FEATURE:
+    if not _head_split(call.dims(q)[pairing.q_rows], call.dims(q)[pairing.q_features]):
+        return
+    tokens = next((i for i in pairing.q_kept if call.kind(q, i) == TOKEN), None)
+    if tokens is None:
+        return
+    # k is laid out the same way: its rows (the keys) are features as well.
+    if call.kind(k, pairing.k_features, strong=True) != FEATURE:
+        return
+    if call.kind(k, pairing.k_rows) != FEATURE:
         return
     out = call.output_labels(1)
     prefix = f"{out[0]} = " if out and out[0] else ""
-    yield Violation(
-        "layout_bshd",
-        f"{prefix}{lq} @ {lk}: {lq} is [{_bshd(call, q)}]: the product pairs the "
-        f"{q.shape[-2]} heads of each token with each other instead of the "
-        f"{q.shape[-3]} tokens, so softmax then mixes heads, not positions",
-        (call.operand(lq, q), call.operand(lk, k)),
+    lq, lk = pairing.q_label, pairing.k_label
+    what = f"einsum '{pairing.equation}'" if pairing.equation else f"{lq} @ {lk}"
+    split = (
         "split the heads with view(batch, seq, heads, d_k).transpose(1, 2), which makes "
         "[batch, heads, seq, d_k], for q, k and v alike, and transpose the context back with "
-        ".transpose(1, 2) before merging the heads",
+        ".transpose(1, 2) before merging the heads"
+    )
+    fixed = _fixed_einsum(pairing, tokens)
+    yield Violation(
+        "layout_bshd",
+        f"{prefix}{what}: {lq} is [{_bshd(call, q)}]: the product pairs the "
+        f"{q.shape[pairing.q_rows]} heads of each token with each other instead of the "
+        f"{q.shape[tokens]} tokens, so softmax then mixes heads, not positions",
+        (call.operand(lq, q), call.operand(lk, k)),
+        f"give each axis of {lq} and {lk} the letter of what it holds (the tokens are axis "
+        f"{tokens}): '{fixed}', and v's likewise where the weights meet it; or {split}"
+        if fixed
+        else split,
         severity="warning",
     )
 
 
-def _qk_operands(call):
-    """(q, k, their labels, k's contracted axis, k's key axis) of a two-operand
-    product, or None: `q @ k^T` gives k transposed, einsum gives it as it is."""
+class _Pairing(NamedTuple):
+    """What a two-operand product pairs: for each side, the axis its rows run along and its
+    contracted (feature) axis; for the queries, the axes the product keeps apart."""
+
+    q: Any
+    k: Any
+    q_label: str
+    k_label: str
+    q_rows: int
+    q_features: int
+    k_rows: int
+    k_features: int
+    q_kept: tuple[int, ...]
+    equation: str = ""  # the user's einsum equation
+    product: Any = None  # its letters (`subscripts.Product`)
+
+
+def _qk_pairing(call) -> _Pairing | None:
+    """The pairing of a query-key-like product, or None: an einsum's by its letters (one
+    contracted letter, one row letter on each side), a matmul's by its last two axes."""
     args = call.args
     if call.op == "einsum":
-        if len(args) != 3 or not isinstance(args[0], str) or "..." in args[0]:
+        operands = list(args[1:]) if len(args) > 2 else list(args[1]) if len(args) == 2 else []
+        if len(operands) != 2 or not all(_is_tensor(t) for t in operands):
             return None
-        lhs, _, rhs = args[0].replace(" ", "").partition("->")
-        specs = lhs.split(",")
-        a, b = args[1], args[2]
-        if len(specs) != 2 or not (_is_tensor(a) and _is_tensor(b)) or a.dim() < 3:
+        a, b = operands
+        product = subscripts.product(args[0], (a.dim(), b.dim()))
+        if product is None or a.dim() < 3:
             return None
-        contracted = [c for c in specs[0] if c in specs[1] and c not in rhs]
-        # Only the plain q-k form: q's last letter contracted with k's last letter.
-        if contracted != [specs[0][-1]] or specs[1][-1] != specs[0][-1]:
+        if not len(product.contracted) == len(product.rows) == len(product.cols) == 1:
             return None
-        return a, b, call.label(1, "q"), call.label(2, "k"), -1, -2
+        spec_a, spec_b = product.equation.specs
+        return _Pairing(
+            a,
+            b,
+            call.label(1, "q"),
+            call.label(2, "k"),
+            q_rows=spec_a.index(product.rows),
+            q_features=spec_a.index(product.contracted),
+            k_rows=spec_b.index(product.cols),
+            k_features=spec_b.index(product.contracted),
+            q_kept=tuple(spec_a.index(x) for x in product.batch),
+            equation=product.equation.text,
+            product=product,
+        )
     if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
         return None
     a, b = args[0], args[1]
@@ -139,7 +188,29 @@ def _qk_operands(call):
         a, b, la, lb = b, a, lb, la
     if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != b.shape[-2]:
         return None
-    return a, b, la, lb, -2, -1
+    # q @ k^T: k^T's contracted axis is -2, its keys -1; the axes before q's last two are
+    # kept apart (broadcast batch axes).
+    lead = tuple(range(a.dim() - 2))
+    return _Pairing(a, b, la, lb, a.dim() - 2, a.dim() - 1, b.dim() - 1, b.dim() - 2, lead)
+
+
+def _fixed_einsum(pairing: _Pairing, tokens: int) -> str | None:
+    """The equation with the queries' row letter and their token letter swapped, on both
+    sides, when k has the token letter where q does: the same product of `[batch, seq, heads,
+    d_k]` tensors, pairing the tokens."""
+    product = pairing.product
+    if product is None:
+        return None
+    spec_a, spec_b = product.equation.specs
+    token_letter = spec_a[tokens]
+    row, col = product.rows, product.cols
+    if not subscripts.is_letter(token_letter) or spec_b.find(token_letter) != tokens:
+        return None  # under `...` (no letter to move), or k's tokens elsewhere
+    swap_a = {row: token_letter, token_letter: row}
+    swap_b = {col: token_letter, token_letter: col}
+    fixed_a = "".join(swap_a.get(x, x) for x in spec_a)
+    fixed_b = "".join(swap_b.get(x, x) for x in spec_b)
+    return product.equation.write((fixed_a, fixed_b), product.equation.out)
 
 
 # -- nn.MultiheadAttention -------------------------------------------------------------

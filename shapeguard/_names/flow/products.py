@@ -2,6 +2,7 @@
 
 from ... import _ops
 from .. import dims as D
+from .. import subscripts
 from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
 from .base import Made, _claim, _is_tensor, _tag_of, _tags, propagates
 
@@ -13,7 +14,16 @@ _BADDBMM, _ADDMM = _ops.by_name("baddbmm"), _ops.by_name("addmm")
 def classify_product(
     call, a, b, a_meta, b_meta, contract_a: Axis, contract_b: Axis, rows: Axis, cols: Axis
 ) -> str | None:
-    """ "scores" for a query-key product, "context" for attention weights times values."""
+    """ "scores" for a query-key product, "context" for attention weights times values.
+
+    A product is a query-key product only where its structure says so: features contracted
+    with features (a parameter or structure says so of one side at least, or nothing is
+    known and the keys were transposed for it), and keys that are positions of each example:
+    more than one column (a state times a vector, `[B*H, head_dim, state] @ [B*H, state, 1]`,
+    pairs nothing), known from the model's inputs or laid out for the product, and every
+    example axis of the queries among the keys' axes (a weight shared by the examples, such
+    as MLA's absorbed `W_uk` [heads, d, rank] against q [batch, heads, seq, d], is no key).
+    """
     if D.size_of(contract_a) <= 1 or a_meta.param or b_meta.param:
         return None
     if a_meta.role == "attn":
@@ -23,6 +33,8 @@ def classify_product(
     ka, kb = D.strong_kind_of(contract_a), D.strong_kind_of(contract_b)
     if TOKEN in (ka, kb):
         return "context" if a_meta.role in ("attn", None) else None
+    if not _keys_per_example(a, b, a_meta, b_meta, cols):
+        return None
     kr, kc = D.strong_kind_of(rows), D.strong_kind_of(cols)
     if FEATURE in (kr, kc) or ka not in (FEATURE, None) or kb not in (FEATURE, None):
         return None
@@ -32,6 +44,23 @@ def classify_product(
         return "scores"
     # Nothing known: a product of a tensor with a transposed one along their last axes.
     return "scores" if b_meta.laid_out else None
+
+
+def _keys_per_example(a, b, a_meta, b_meta, cols: Axis) -> bool:
+    """The right operand can be the keys of the left one's queries: it has columns, they
+    are an activation's (a kind known for them, or laid out for this product by a transpose
+    in the trace), and it varies along every example axis the queries have."""
+    if not cols or (D.kind_of(cols) is None and not b_meta.laid_out):
+        return False
+    if b.dim() < a.dim():
+        return False  # shared along a leading axis of the queries: a weight
+    examples = {
+        id(root) for axis in a_meta.dims for atom in axis if (root := atom[0].find()).kind == BATCH
+    }
+    if not examples:
+        return True
+    keyed = {id(atom[0].find()) for axis in b_meta.dims for atom in axis}
+    return examples <= keyed
 
 
 def claim_scores(
@@ -213,64 +242,96 @@ def _linear(call):
 
 
 def _einsum(call):
+    """The output's axes by letter, and what a two-operand product's letters say: which
+    letter the queries run along, which the keys, which the product keeps apart (heads)."""
     args = call.args
     if not args or not isinstance(args[0], str):
         return None
-    equation = args[0].replace(" ", "")
     operands = (
         list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else list(args[1:])
     )
     if not operands or not all(_is_tensor(t) for t in operands):
         return None
-    lhs, _, rhs = equation.partition("->")
-    specs = lhs.split(",")
-    if len(specs) != len(operands) or "..." in equation:
+    equation = subscripts.parse(args[0], [t.dim() for t in operands])
+    if equation is None:
         return None
-    if not rhs and "->" not in equation:
-        counts: dict[str, int] = {}
-        for s in specs:
-            for c in s:
-                counts[c] = counts.get(c, 0) + 1
-        rhs = "".join(sorted(c for c, n in counts.items() if n == 1))
     letters: dict[str, Axis] = {}
-    seen_in: dict[str, list[int]] = {}
-    for index, (spec, t) in enumerate(zip(specs, operands, strict=True)):
-        if len(spec) != t.dim():
-            return None
+    for spec, t in zip(equation.specs, operands, strict=True):
         m = call.meta_of(t)
         for c, axis, size in zip(spec, m.dims, t.shape, strict=True):
-            seen_in.setdefault(c, []).append(index)
             if size == 1:
                 continue
             if c in letters and letters[c]:
                 D.line_up(letters[c], axis)
             else:
                 letters[c] = axis
-    dims = tuple(letters.get(c, ()) for c in rhs)
-    role = None
-    if len(operands) == 2:
-        contracted = [c for c in seen_in if c not in rhs and len(seen_in[c]) == 2]
-        only_a = [c for c in specs[0] if c in rhs and seen_in[c] == [0]]
-        only_b = [c for c in specs[1] if c in rhs and seen_in[c] == [1]]
-        if len(contracted) == 1 and len(only_a) == 1 and len(only_b) == 1:
-            am, bm = call.meta_of(operands[0]), call.meta_of(operands[1])
-            c = contracted[0]
-            ca = am.dims[specs[0].index(c)]
-            cb = bm.dims[specs[1].index(c)]
-            rows, cols = letters.get(only_a[0], ()), letters.get(only_b[0], ())
-            a, b = operands  # the two of them (checked above)
-            role = classify_product(call, a, b, am, bm, ca, cb, rows, cols)
-            if role == "scores" and not bm.laid_out:
-                role = role if D.kind_of(ca) == FEATURE or D.kind_of(rows) == TOKEN else None
-            if role == "scores":
-                shared = [x for x in rhs if x in specs[0] and x in specs[1]]
-                heads_a = am.dims[specs[0].index(shared[-1])] if shared else None
-                heads_b = bm.dims[specs[1].index(shared[-1])] if shared else None
-                claim_scores(rows, cols, ca, cb, heads_a, heads_b)
-                _claim_operand_roles(am, bm)
-                if rows and cols and D.roots_of(rows) == D.roots_of(cols):
-                    tags = tuple(
-                        "q" if x == only_a[0] else "k" if x == only_b[0] else None for x in rhs
-                    )
-                    return [Made(dims, tags, role)]
-    return [Made(dims, (), role)]
+    dims = tuple(letters.get(c, ()) for c in equation.out)
+    made = _einsum_product(call, operands, letters, dims) if len(operands) == 2 else None
+    return [made or Made(dims)]
+
+
+def _einsum_product(call, operands, letters: dict, dims) -> Made | None:
+    """A two-operand einsum with one contracted letter and one row letter per side: the
+    query-key product or attention weights times values, read from the letters."""
+    product = subscripts.product(call.args[0], [t.dim() for t in operands])
+    if product is None or not (
+        len(product.contracted) == len(product.rows) == len(product.cols) == 1
+    ):
+        return None
+    a, b = operands
+    am, bm = call.meta_of(a), call.meta_of(b)
+    spec_a, spec_b = product.equation.specs
+    c = product.contracted
+    ca, cb = am.dims[spec_a.index(c)], bm.dims[spec_b.index(c)]
+    rows, cols = letters.get(product.rows, ()), letters.get(product.cols, ())
+    role = classify_product(call, a, b, am, bm, ca, cb, rows, cols)
+    if role != "scores":
+        return Made(dims, (), role) if role else None
+    heads = _heads_letter(product.batch, spec_a, am.dims, ca)
+    heads_a = am.dims[spec_a.index(heads)] if heads else None
+    heads_b = bm.dims[spec_b.index(heads)] if heads else None
+    claim_scores(rows, cols, ca, cb, heads_a, heads_b)
+    _claim_operand_roles(am, bm)
+    out = product.equation.out
+    if rows and cols and out[-1] == product.rows:
+        _note_keys_first(rows, cols, product)
+    if rows and cols and D.roots_of(rows) == D.roots_of(cols):
+        tags = tuple("q" if x == product.rows else "k" if x == product.cols else None for x in out)
+        return Made(dims, tags, role)
+    return Made(dims, (), role)
+
+
+def _heads_letter(batch: str, spec: str, dims, contract: Axis) -> str | None:
+    """The batch letter of the heads: the one whose axis is the factor just outside the
+    contracted head size in the same dim (a head split), else the last batch letter."""
+    if len(contract) == 1:
+        for letter in batch:
+            if _sibling(dims[spec.index(letter)], contract[0]) is not None:
+                return letter
+    return batch[-1] if batch else None
+
+
+# Query-key einsums whose output puts the queries last (`... i d, ... j d -> ... j i`), by
+# the dims of their queries' and keys' axes: softmax(dim=-1) over such scores runs along the
+# queries, and its hint names the product to fix, with its subscripts (a memo for messages
+# only, bounded; dims are never reused, so an entry cannot name another product).
+_KEYS_FIRST: dict[tuple[int, ...], tuple[str, str]] = {}
+
+
+def _note_keys_first(rows: Axis, cols: Axis, product) -> None:
+    equation = product.equation
+    swap = {product.rows: product.cols, product.cols: product.rows}
+    fixed = equation.write(equation.specs, "".join(swap.get(x, x) for x in equation.out))
+    if len(_KEYS_FIRST) > 256:
+        _KEYS_FIRST.clear()
+    _KEYS_FIRST[_pair_key(rows, cols)] = (equation.text, fixed)
+
+
+def _pair_key(queries: Axis, keys: Axis) -> tuple[int, ...]:
+    return (*(r.serial for r in D.roots_of(queries)), 0, *(r.serial for r in D.roots_of(keys)))
+
+
+def keys_first_einsum(queries: Axis, keys: Axis) -> tuple[str, str] | None:
+    """(the user's equation, the same with the queries before the keys) of the query-key
+    einsum that put these keys before these queries, when one did."""
+    return _KEYS_FIRST.get(_pair_key(queries, keys))

@@ -52,6 +52,9 @@ class Op:
     family: str
     spellings: tuple[str, ...] = ()  # every name torch hands a mode for it
     params: tuple[str, ...] = ()  # positional parameters, the tensor first
+    # The Tensor method's positional parameters, self first, where they are not `params`
+    # (`x.where(cond, y)` is `torch.where(cond, x, y)`): empty when they are the same.
+    method_params: tuple[str, ...] = ()
     symbol: str = ""  # how source code spells it: "@", "+", "compare"
     reflected: frozenset[str] = frozenset()  # spellings whose operands arrive swapped
     keeps_label: bool = False  # the output is the same tensor under another form
@@ -256,6 +259,7 @@ _op(
     "where",
     BINARY,
     params=("condition", "input", "other"),
+    method_params=("input", "condition", "other"),
     keeps_label=True,
     keeps_value=True,
     shown=True,
@@ -501,9 +505,11 @@ def declared(spelling: str) -> Op | None:
     return _TABLE.get(spelling)
 
 
-def bind(op: Op, args: tuple, kwargs: dict) -> dict:
-    """The op's arguments by parameter name (positional first, keywords over them)."""
-    bound = dict(zip(op.params, args, strict=False))
+def bind(op: Op, args: tuple, kwargs: dict, method: bool = False) -> dict:
+    """The op's arguments by parameter name (positional first, keywords over them);
+    `method`: called as a Tensor method, self first (`Op.method_params`)."""
+    params = op.method_params if method and op.method_params else op.params
+    bound = dict(zip(params, args, strict=False))
     if kwargs:
         bound.update(kwargs)
     return bound

@@ -413,14 +413,20 @@ def test_softmax_warning_is_an_error_in_strict_mode():
 
 
 def test_bool_mask_added_to_scores_warns():
-    def add_mask(scores, mask):
+    """Scores by structure (a query-key product): the bool mask adds 0/1 to them."""
+
+    def add_mask(q, k, mask):
+        scores = q @ k.transpose(-2, -1)
         return scores + mask
 
     with pytest.warns(
         shapeguard.ShapeWarning, match="mask is a bool mask added to scores: it adds 0/1"
     ):
         shapeguard.trace(
-            add_mask, torch.randn(B, H, SQ, SK), torch.ones(B, 1, 1, SK, dtype=torch.bool)
+            add_mask,
+            torch.randn(B, H, SQ, 8),
+            torch.randn(B, H, SK, 8),
+            torch.ones(B, 1, 1, SK, dtype=torch.bool),
         )
 
 

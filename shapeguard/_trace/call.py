@@ -103,7 +103,7 @@ class OpCall:
     def bound(self) -> dict:
         """The arguments by parameter name, as the op table declares them."""
         if self._bound is None:
-            self._bound = _ops.bind(self.spec, self.args, self.kwargs)
+            self._bound = _ops.bind(self.spec, self.args, self.kwargs, self.is_method)
         return self._bound
 
     # -- naming ------------------------------------------------------------------

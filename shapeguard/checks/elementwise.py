@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, TypeGuard
 from .. import _ops
 from .._errors import Violation
 from .._names import axes as _axes
-from . import ERROR, WARNING, rule
+from .._names.flow import waiting
+from . import ERROR, WARNING, is_tensor, rule
 from ._view import CallView
 
 if TYPE_CHECKING:
@@ -20,8 +21,8 @@ _ARITHMETIC = tuple(
 )
 
 
-def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return hasattr(value, "shape") and hasattr(value, "dtype")
+def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # a tensor, not a NumPy scalar or array
+    return is_tensor(value)
 
 
 def ref(label: str) -> str:
@@ -125,21 +126,47 @@ def masked_fill(call: CallView) -> Iterator[Violation]:
         yield violation
 
 
-@rule(_ops.by_name("where"), kinds=_MASK_KINDS)
+_WHERE = _ops.by_name("where")
+
+
+def where_arguments(call) -> dict[str, tuple[object, str]]:
+    """torch.where's condition, input and other, each with its label, however it was
+    called: `x.where(cond, y)` arrives as `(x, cond, y)` and is `torch.where(cond, x, y)`
+    (the op table's binding of the method, `_ops.Op.method_params`)."""
+    params = _WHERE.method_params if call.is_method else _WHERE.params
+    bound = _ops.bind(_WHERE, call.args, call.kwargs, call.is_method)
+    found = {}
+    for name in params:
+        if name not in bound:
+            continue
+        index = params.index(name)
+        by_position = index < len(call.args) and name not in call.kwargs
+        found[name] = (bound[name], call.label(index, name) if by_position else name)
+    return found
+
+
+def where_spelling(call, cond_label: str) -> str:
+    """`torch.where(cond, ...)` or `x.where(cond, ...)`, as the user wrote it."""
+    if call.is_method:
+        x_label = where_arguments(call).get("input", (None, "input"))[1]
+        return f"{ref(x_label)}.where({cond_label}, ...)"
+    return f"torch.where({cond_label}, ...)"
+
+
+@rule(_WHERE, kinds=_MASK_KINDS)
 def where(call: CallView) -> Iterator[Violation]:
     """torch.where: a bool condition that broadcasts with both values."""
-    args = call.args
-    if len(args) < 3 or not _is_tensor(args[0]):
+    parts = where_arguments(call)
+    if not all(name in parts for name in ("condition", "input", "other")):
         return
-    cond = args[0]
-    cond_label = call.label(0, "condition")
-    tensors = [
-        (call.label(i, f"arg{i}"), a) for i, a in enumerate(args[1:3], start=1) if _is_tensor(a)
-    ]
+    cond, cond_label = parts["condition"]
+    if not _is_tensor(cond):
+        return
+    tensors = [(label, v) for v, label in (parts["input"], parts["other"]) if _is_tensor(v)]
     if not tensors:
         return
     value_label, value = max(tensors, key=lambda p: p[1].dim())
-    prefix = f"torch.where({cond_label}, ...)"
+    prefix = where_spelling(call, cond_label)
     if str(cond.dtype) != "torch.bool":
         yield Violation(
             "mask_dtype",
@@ -196,6 +223,25 @@ def arithmetic(call: CallView) -> Iterator[Violation]:
         yield violation
 
 
+def wait_for_softmax(call, findings, shape) -> None:
+    """Leave `findings`, made on a tensor of `shape` and true only once a softmax reads
+    its last axis, to the output of `call` (`_names.flow.waiting`). They live outside what
+    a replay of this step would make, so the step must not be replayed: a rule's look-up
+    of a tensor the trace never saw (here one made for it) tells the session so (a rule
+    that reads a tensor first seen makes its step not worth replaying)."""
+    import torch
+
+    waiting.hand(call, findings, shape)
+    call.meta(torch.empty(0))
+
+
+def _scores_by_structure(call, t) -> bool:
+    """Attention scores by structure: a query-key product made them (their role, which
+    names never give), and it named their last axis the keys."""
+    meta = call.meta(t)
+    return meta is not None and meta.role == "scores" and meta.tags[-1:] == ("k",)
+
+
 @rule(
     *(op for op in _ARITHMETIC if op.symbol in "+-"),
     kinds={"mask_dtype": WARNING},
@@ -203,28 +249,36 @@ def arithmetic(call: CallView) -> Iterator[Violation]:
     operands=2,
 )
 def bool_mask_added(call: CallView) -> Iterator[Violation]:
-    """A 0/1 mask added to (or subtracted from) float scores masks nothing."""
+    """A 0/1 mask added to (or subtracted from) attention scores masks nothing. Scores by
+    structure only (a query-key product's output): a bool added to anything else is a 0/1
+    value (a reset gate, a count), unless a softmax over the last axis then reads the sum,
+    where the warning waits for it."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
     if args[0].is_floating_point() == args[1].is_floating_point():
         return  # no integer or bool tensor meets a float one here
     a, b, la, lb = _operands(call)
-    if _axes.broadcast_shapes(tuple(a.shape), tuple(b.shape)) is None:
+    result = _axes.broadcast_shapes(tuple(a.shape), tuple(b.shape))
+    if result is None:
         return  # the broadcast error says it
     prefix = f"{la} {call.spec.symbol} {lb}"
     for label, tensor, other_label, other in ((la, a, lb, b), (lb, b, la, a)):
         if not other.is_floating_point() or tensor.is_floating_point():
             continue
-        role = call.role(tensor, label)
-        if str(tensor.dtype) == "torch.bool" or role == "mask":
-            yield Violation(
-                "mask_dtype",
-                f"{prefix}: {label} is a {str(tensor.dtype).removeprefix('torch.')} mask added "
-                f"to {other_label}: it adds 0/1 and masks nothing",
-                (call.operand(label, tensor),),
-                f"use masked_fill(~{label}, float('-inf')) for a bool keep-mask, or an additive "
-                f"float mask that is 0 where allowed and -inf where hidden",
-                severity="warning",
-            )
-            return
+        if str(tensor.dtype) != "torch.bool" and call.role(tensor, label) != "mask":
+            continue
+        violation = Violation(
+            "mask_dtype",
+            f"{prefix}: {label} is a {str(tensor.dtype).removeprefix('torch.')} mask added "
+            f"to {other_label}: it adds 0/1 and masks nothing",
+            (call.operand(label, tensor),),
+            f"use masked_fill(~{label}, float('-inf')) for a bool keep-mask, or an additive "
+            f"float mask that is 0 where allowed and -inf where hidden",
+            severity="warning",
+        )
+        if _scores_by_structure(call, other) and tuple(other.shape) == result:
+            yield violation
+        elif other.dim() >= 2 and tuple(other.shape) == result:
+            wait_for_softmax(call, (violation,), result)
+        return

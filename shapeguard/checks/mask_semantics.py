@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, TypeGuard, cast
 from .. import _ops
 from .._errors import Violation
 from .._names import axes as _axes
-from . import WARNING, rule
+from .._names.flow.waiting import read_along
+from . import WARNING, is_tensor, rule
 from ._view import CallView
-from .elementwise import ref
+from .elementwise import ref, wait_for_softmax, where_arguments
 from .mha import bind_arguments
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ MASKING = (
     _ops.SDPA,
     _ops.MHA,
 )
+_SOFTMAXES = (_ops.by_name("softmax"), _ops.by_name("log_softmax"))
 _MASK_KINDS = {
     kind: WARNING
     for kind in (
@@ -75,21 +77,50 @@ class _Use:
     # (with the bool [*target[:-1]] of those rows), so reading values costs nothing
     # on the ops that pass.
     effect: Callable[[object], str]
+    # The tensor masked_fill, where or an addition masks (None for SDPA and
+    # nn.MultiheadAttention, whose documented arguments say the axes and whose own
+    # softmax reads the mask).
+    scores: "torch.Tensor | None" = None
 
 
 @rule(*(op for op in MASKING if op.name != "add"), kinds=_MASK_KINDS, order=2)
 def check(call: CallView) -> Iterator[Violation]:
-    """What a mask hides, read from its values: polarity, direction, axis, empty rows."""
+    """What a mask hides, read from its values: polarity, direction, axis, empty rows.
+
+    SDPA and nn.MultiheadAttention say by their arguments which axes are the queries and
+    the keys, and their own softmax reads the mask: everything is reported there. A mask
+    applied to a tensor by masked_fill, where or an addition is judged on the tensor's
+    last two axes only where a query-key product made them the queries and the keys
+    (its tags); rows hidden whole are a claim about a softmax, so that finding waits for
+    the softmax that reads the tensor over its last axis (`_names.flow.waiting`), and so
+    does every finding on a tensor whose axes no product named."""
     import torch
 
     with torch.no_grad():
         found = False
+        waits: list[Violation] = []
         for use in mask_uses(call):
             if use.kind == "combined" and found:
                 break  # the rows are empty because of what was reported already
-            for violation in _findings(call, use):
-                found = True
-                yield violation
+            known = use.scores is None or _axes_known(call, use.scores)
+            patterns, rows = _findings(call, use, known)
+            if use.scores is None:
+                for violation in (*patterns, *([rows] if rows is not None else [])):
+                    found = True
+                    yield violation
+                continue
+            if known:
+                for violation in patterns:
+                    found = True
+                    yield violation
+            else:
+                waits.extend(patterns)
+            if rows is not None:
+                waits.append(rows)
+            if waits:
+                # One use per op that masks a tensor (masked_fill, where, an addition).
+                wait_for_softmax(call, waits, use.target)
+                break
         if call.spec is _ops.SDPA:
             yield from _check_is_causal(call)
 
@@ -100,9 +131,32 @@ def added_mask(call):
     yield from check(call)
 
 
+@rule(*_SOFTMAXES, kinds={**_MASK_KINDS, "mask_dtype": WARNING}, order=2)
+def read_by_softmax(call: CallView) -> Iterator[Violation]:
+    """The findings that waited for a softmax over the last axis of the masked tensor
+    (`check`, `elementwise.bool_mask_added`): this softmax makes them true."""
+    p = call.bound()
+    x, dim = p.get("input"), p.get("dim")
+    if not _has_shape(x) or not isinstance(dim, int) or isinstance(dim, bool):
+        return
+    waiting = read_along(x, dim)
+    if waiting is not None:
+        yield from waiting.findings
+
+
+def _axes_known(call, scores) -> bool:
+    """The last two axes of `scores` are the queries and the keys by structure: a
+    query-key product tagged them so, and the ops since kept the tags."""
+    meta = call.meta(scores)
+    if meta is None:
+        return False
+    tags = meta.tags
+    return len(tags) == scores.dim() >= 2 and tags[-2] == "q" and tags[-1] == "k"
+
+
 # -- reading values ------------------------------------------------------------------
 def _has_shape(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return hasattr(value, "shape")
+    return is_tensor(value)
 
 
 def _readable(t) -> TypeGuard["torch.Tensor"]:
@@ -153,9 +207,8 @@ def mask_uses(call):
             return
         if _readable(mask):
             effect = _fill_effect(fill, x.dtype)
-            yield _Use(
-                "masked_fill", call.label(1, "mask"), mask, mask, tuple(x.shape), "fill", effect
-            )
+            label = call.label(1, "mask")
+            yield _Use("masked_fill", label, mask, mask, tuple(x.shape), "fill", effect, x)
     elif op == "where":
         yield from _where_use(call)
     elif op == "add":
@@ -180,12 +233,14 @@ def _builds_a_mask(call, x) -> bool:
 
 
 def _where_use(call):
-    args = call.args
-    if len(args) < 3 or not hasattr(args[0], "dtype") or str(args[0].dtype) != "torch.bool":
+    parts = where_arguments(call)
+    if not all(name in parts for name in ("condition", "input", "other")):
         return
-    cond, a, b = args[0], args[1], args[2]
+    (cond, label), (a, _), (b, _) = parts["condition"], parts["input"], parts["other"]
+    if not hasattr(cond, "dtype") or str(cond.dtype) != "torch.bool":
+        return
     values = [(a, _scalar(a)), (b, _scalar(b))]
-    scores = [v for v, s in values if hasattr(v, "shape") and s is None]
+    scores = [v for v, s in values if is_tensor(v) and s is None]
     if len(scores) != 1 or scores[0].dim() < 2 or not _readable(cond):
         return
     target = tuple(scores[0].shape)
@@ -199,7 +254,7 @@ def _where_use(call):
         return
     # Not None: the branch that chose `fill` compared this scalar with _HIDING.
     effect = _fill_effect(cast(float, _scalar(fill)), _result_type(scores[0], fill))
-    yield _Use("torch.where", call.label(0, "mask"), cond, hidden, target, "where", effect)
+    yield _Use("torch.where", label, cond, hidden, target, "where", effect, scores[0])
 
 
 def _additive_use(call):
@@ -214,15 +269,17 @@ def _additive_use(call):
         if not _fits(mask.shape, target) or not _readable(mask):
             continue
         label = call.label(index, "mask")
-        roles = (call.role(mask, label), call.role(scores, call.label(1 - index, "scores")))
-        if roles[0] != "mask" and roles[1] not in ("scores", "attn"):
+        # Read the values only where the sum may be masked scores (this runs on every
+        # addition: a residual's values are not read): scores by structure, or a tensor
+        # named as a mask, whose findings then wait for a softmax (`check`).
+        if not _axes_known(call, scores) and call.role(mask, label) != "mask":
             continue
         hidden = mask <= _HIDING
         # An additive mask is 0 where a key is kept; anything else is a bias (ALiBi, ...).
         if not bool(((mask == 0) | hidden).all()):
             continue
         effect = _additive_effect(scores, mask, target)
-        yield _Use("scores + mask", label, mask, hidden, target, "add", effect)
+        yield _Use("scores + mask", label, mask, hidden, target, "add", effect, scores)
         return
 
 
@@ -293,36 +350,44 @@ def _mha_uses(call):
 
 
 # -- the rules -------------------------------------------------------------------------
-def _findings(call, use: _Use):
+def _findings(call, use: _Use, query_known: bool) -> tuple[list[Violation], Violation | None]:
+    """What the mask's pattern says (polarity, direction, axis, a causal buffer used
+    whole), and rows it hides whole (None when none, or when a pattern explains them).
+    Without the queries' axis known, only what needs no more than the key axis."""
     hidden = aligned(use.hidden, len(use.target))
     if hidden.dim() != len(use.target) or len(use.target) < 2:
-        return
+        return [], None
     if use.kind == "combined":
-        violation = _fully_masked(call, use, hidden)
-        if violation is not None:
-            yield violation
-        return
-    sq, sk = use.target[-2:]
-    hq, hk = hidden.shape[-2:]
-    shape = triangle(hidden) if (hq, hk) == (sq, sk) and sq > 1 and sk > 1 else None
-    buffer = _unsliced_buffer(call, use, shape)
-    if buffer is not None:
-        yield buffer
-    if shape in ("inverse", "past"):
-        yield _triangle_violation(call, use, shape)
-        return
-    if shape == "causal":
-        return
-    for reading in (_padding_polarity, _batch_as_query, _query_axis):
+        return [], _fully_masked(call, use, hidden)
+    patterns: list[Violation] = []
+    readings: tuple = (_padding_polarity,)
+    if query_known:
+        sq, sk = use.target[-2:]
+        hq, hk = hidden.shape[-2:]
+        square = (hq, hk) == (sq, sk) and sq > 1 and sk > 1
+        shape = triangle(hidden) if square else None
+        if square and shape is None:
+            # A causal mask ANDed with padding is judged by what the real queries see of
+            # the real keys: a swapped triangle is that bug, whatever rows padding empties.
+            among = _among_real(hidden)
+            shape = among if among in ("inverse", "past") else None
+        buffer = _unsliced_buffer(call, use, shape)
+        if buffer is not None:
+            patterns.append(buffer)
+        if shape in ("inverse", "past"):
+            patterns.append(_triangle_violation(call, use, shape))
+            return patterns, None
+        if shape == "causal":
+            return patterns, None
+        readings = (_padding_polarity, _batch_as_query, _query_axis)
+    for reading in readings:
         violation = reading(call, use, hidden)
         if violation is not None:
-            yield violation
-            return
-    if use.kind in ("hide", "keep") and use.op == "MultiheadAttention":
-        return  # the combined use reports rows of nn.MultiheadAttention
-    violation = _fully_masked(call, use, hidden)
-    if violation is not None:
-        yield violation
+            patterns.append(violation)
+            return patterns, None
+    if not query_known or (use.kind in ("hide", "keep") and use.op == "MultiheadAttention"):
+        return patterns, None  # the combined use reports rows of nn.MultiheadAttention
+    return patterns, _fully_masked(call, use, hidden)
 
 
 def triangle(hidden) -> str | None:
@@ -343,6 +408,36 @@ def triangle(hidden) -> str | None:
             ("past", step < offset),
         ):
             if bool((slices == pattern).all()):
+                return name
+    return None
+
+
+def _among_real(hidden) -> str | None:
+    """`triangle` on the real queries and keys only: the rows that hide every key (padded
+    queries) and the keys hidden from every query (padding) left out, slice by slice.
+    None unless some slice keeps at least two of each and padding left something out."""
+    import torch
+
+    sq, sk = hidden.shape[-2:]
+    slices = hidden.reshape(-1, sq, sk)
+    padded_q, padded_k = _all(slices, -1), _all(slices, -2)
+    real = ~padded_q[:, :, None] & ~padded_k[:, None, :]
+    if bool(real.all()):
+        return None
+    enough = ((~padded_q).sum(-1) >= 2) & ((~padded_k).sum(-1) >= 2)
+    if not bool(enough.any()):
+        return None
+    step = (
+        torch.arange(sk, device=hidden.device)[None, :]
+        - torch.arange(sq, device=hidden.device)[:, None]
+    )
+    for offset in sorted({0, sk - sq}):
+        for name, pattern in (
+            ("causal", step > offset),
+            ("inverse", step <= offset),
+            ("past", step < offset),
+        ):
+            if bool(((slices == pattern) | ~real).all()):
                 return name
     return None
 

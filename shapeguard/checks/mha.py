@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from .. import _ops
 from .._errors import Operand, Violation
+from .._names.dims import BATCH, TOKEN
 from . import ERROR, rule
 from ._view import CallView
 from .config import divisibility_violation
@@ -95,7 +96,30 @@ def mha_contract(call: CallView) -> Iterator[Violation]:
     yield from _check_key_padding_mask(
         p.get("key_padding_mask"), bsz, src_len, operands, batch_first, layout
     )
-    yield from _check_attn_mask(p.get("attn_mask"), bsz, num_heads, tgt_len, src_len, operands)
+    misread = _layout_misread(call, query, batch_first)
+    yield from _check_attn_mask(
+        p.get("attn_mask"), bsz, num_heads, tgt_len, src_len, operands, misread or batch_first
+    )
+
+
+def _layout_misread(call, query, batch_first: bool) -> str | None:
+    """A hint when structure shows the query is not in the layout the module reads it in:
+    its batch axis (a conv's examples, by its documented layout) where batch_first=False
+    reads the sequence, or its positions where it reads the batch. The query the checkers
+    see is [seq, batch, embed_dim] (the module transposes a batch_first one first), and
+    only the query the user passed carries what structure says; None without evidence."""
+    if batch_first or query.dim() != 3:
+        return None
+    on_seq, on_batch = call.kind(query, 0, strong=True), call.kind(query, 1, strong=True)
+    if not ((on_seq == BATCH and on_batch != BATCH) or (on_batch == TOKEN and on_seq != TOKEN)):
+        return None
+    label = call.label(0, "query")
+    return (
+        f"{label} is [batch, seq, embed_dim] (its axis 0 holds the examples): "
+        f"batch_first=False reads it as [seq, batch, embed_dim], so seq_q is the batch; pass "
+        f"{label}.permute(1, 0, 2) (and the same for key and value) and permute the output "
+        "back, or build nn.MultiheadAttention(..., batch_first=True)"
+    )
 
 
 def _layout_hint(batch_first: bool) -> str:
@@ -129,7 +153,9 @@ def _check_key_padding_mask(mask, bsz, src_len, operands, batch_first, layout):
     )
 
 
-def _check_attn_mask(mask, bsz, num_heads, tgt_len, src_len, operands):
+def _check_attn_mask(mask, bsz, num_heads, tgt_len, src_len, operands, layout: str | bool):
+    """`layout`: the hint when the query's layout is shown wrong (`_layout_misread`),
+    else the module's batch_first."""
     if mask is None:
         return
     actual = tuple(mask.shape)
@@ -139,15 +165,21 @@ def _check_attn_mask(mask, bsz, num_heads, tgt_len, src_len, operands):
         return
     if mask.dim() == 3 and bsz is None and actual == (num_heads, tgt_len, src_len):
         return
-    hint = (
-        f"attn_mask is [seq_q, seq_k] = [{tgt_len}, {src_len}] or [batch * num_heads, seq_q, seq_k] "
-        f"= [{(bsz or 1) * num_heads}, {tgt_len}, {src_len}]"
-    )
-    if mask.dim() == 3 and bsz is not None and actual == (bsz, tgt_len, src_len):
+    # The query's layout decides seq_q, so it comes before the mask: a mask reshaped to
+    # fit a query read in the wrong layout hides the real bug. Without evidence of the
+    # layout, the hint says how the module reads both, and proposes no reshaping.
+    misread = layout if isinstance(layout, str) else None
+    hint = misread or _reads(bool(layout), bsz is not None, tgt_len)
+    if (
+        misread is None
+        and mask.dim() == 3
+        and bsz is not None
+        and actual == (bsz, tgt_len, src_len)
+    ):
         hint = (
             f"a per-batch mask needs one copy per head: mask.repeat_interleave({num_heads}, dim=0)"
         )
-    elif mask.dim() == 4:
+    elif misread is None and mask.dim() == 4:
         hint = (
             "MultiheadAttention takes no 4-D mask; for padding pass key_padding_mask [batch, seq_k], "
             "for per-head masks reshape to [batch * num_heads, seq_q, seq_k]"
@@ -158,4 +190,21 @@ def _check_attn_mask(mask, bsz, num_heads, tgt_len, src_len, operands):
         f"nor [batch*heads={(bsz or 1) * num_heads}, seq_q={tgt_len}, seq_k={src_len}]",
         (*operands, Operand("attn_mask", str(list(actual)))),
         hint,
+    )
+
+
+def _reads(batch_first: bool, batched: bool, tgt_len: int) -> str:
+    if not batched:
+        where = "the query is [seq, embed_dim], so seq_q is its axis 0"
+    elif batch_first:
+        where = (
+            "batch_first=True reads the query as [batch, seq, embed_dim], so seq_q is its axis 1"
+        )
+    else:
+        where = (
+            "batch_first=False reads the query as [seq, batch, embed_dim], so seq_q is its axis 0"
+        )
+    return (
+        f"{where} ({tgt_len}): check the query's layout first, then that attn_mask is "
+        "[seq_q, seq_k] or [batch * num_heads, seq_q, seq_k]"
     )

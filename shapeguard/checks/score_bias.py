@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeGuard
 from .. import _ops
 from .._errors import Violation
 from .._names.flow import classify_product
-from . import WARNING, rule
+from . import WARNING, is_tensor, rule
 from ._view import CallView
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ _MAX_VALUES = 1 << 22
 
 
 def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return hasattr(value, "shape") and hasattr(value, "dtype")
+    return is_tensor(value)
 
 
 def _readable(t) -> bool:
@@ -51,21 +51,23 @@ def _a_bias(t) -> bool:
 
 
 def _key_axis(call, scores) -> int | None:
-    """The axis of the keys in a scores tensor: tagged by the query-key product, or its
-    last axis; None when the tensor is not scores."""
+    """The axis of the keys in a scores tensor, as the query-key product that made it
+    tagged it; None when the tensor is not scores or no product named its keys."""
     meta = call.meta(scores)
-    if meta is None or meta.role != "scores" or scores.dim() < 2:
+    if meta is None or meta.role != "scores" or scores.dim() < 2 or "k" not in meta.tags:
         return None
-    if "k" in meta.tags:
-        return meta.tags.index("k") - scores.dim()
-    return -1
+    return meta.tags.index("k") - scores.dim()
 
 
-def _constant_along(bias, target_ndim: int, key: int) -> bool:
-    """`bias`, aligned right to `target_ndim` axes, has one entry along axis `key` and
-    more than one along some other axis (a layout, not a scalar)."""
-    lead = target_ndim - bias.dim()
-    k = target_ndim + key - lead
+def _constant_along(bias, target_shape: tuple, key: int) -> bool:
+    """`bias`, aligned right to `target_shape`, has one entry along axis `key`, more than
+    one along some other axis (a layout, not a scalar), and the scores have more than one
+    key there (along one key, every bias is constant)."""
+    ndim = len(target_shape)
+    if int(target_shape[key]) < 2:
+        return False
+    lead = ndim - bias.dim()
+    k = ndim + key - lead
     along = bias.shape[k] if 0 <= k < bias.dim() else 1
     return along == 1 and any(int(s) > 1 for s in bias.shape)
 
@@ -109,7 +111,7 @@ def added_to_scores(call: CallView) -> Iterator[Violation]:
         key = _key_axis(call, scores)
         if key is None or bias.dim() > scores.dim():
             continue
-        if _constant_along(bias, scores.dim(), key) and _a_bias(bias):
+        if _constant_along(bias, tuple(scores.shape), key) and _a_bias(bias):
             where = f"{call.label(1 - index, 'scores')} + {call.label(index, 'bias')}"
             yield _violation(
                 call,
@@ -135,9 +137,9 @@ def baddbmm_input(call: CallView) -> Iterator[Violation]:
     d1, d2 = m1.dims, m2.dims
     if classify_product(call, b1, b2, m1, m2, d1[-1], d2[-2], d1[-2], d2[-1]) != "scores":
         return
-    if _constant_along(base, 3, -1) and _a_bias(base):
+    shape = (int(b1.shape[0]), int(b1.shape[1]), int(b2.shape[2]))
+    if _constant_along(base, shape, -1) and _a_bias(base):
         label = call.label(0, "input") if call.args else "input"
-        shape = (int(b1.shape[0]), int(b1.shape[1]), int(b2.shape[2]))
         yield _violation(call, "baddbmm", label, base, shape, -1)
 
 
@@ -154,8 +156,10 @@ def sdpa_bias(call: CallView) -> Iterator[Violation]:
     if not _readable(mask) or mask.dim() < 2 or q.dim() < 2:
         return
     target = (*q.shape[:-1], k.shape[-2])
+    if int(target[-1]) < 2:
+        return  # one key: any bias is constant along it, and the mask rules judge the rest
     label = call.label(3, "attn_mask") if len(call.args) > 3 else "attn_mask"
-    if _constant_along(mask, len(target), -1):
+    if _constant_along(mask, target, -1):
         if _a_bias(mask):
             yield _violation(call, "scaled_dot_product_attention", label, mask, target, -1)
         return

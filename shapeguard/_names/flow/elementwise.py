@@ -13,6 +13,7 @@ from .base import (
     _tensor_args,
     propagates,
 )
+from .waiting import carry
 
 
 # -- shape-preserving -----------------------------------------------------------------------------
@@ -32,6 +33,7 @@ def _same(call, outputs):
         if tuple(o.shape) != tuple(x.shape):
             return None
         out.append(Made(m.dims, m.tags, role, spec.rotary or m.rotary, m.param, laid_out))
+    carry(call, outputs)
     return out
 
 
@@ -73,8 +75,16 @@ def _binary(call, outputs):
                 tag = tag or _tag_of(m, k)
         axes.append(chosen)
         tags.append(tag)
-    # The operand the result stands for: the first input of the result's shape, else the first.
-    main_meta = next((m for sh, m in zip(shapes, metas, strict=True) if sh == out_shape), metas[0])
+    # The operand the result stands for: the first input of the result's shape, else the first
+    # (torch.where's result is its values, never its condition).
+    main_meta = next(
+        (
+            m
+            for t, sh, m in zip(tensors, shapes, metas, strict=True)
+            if sh == out_shape and not (call.spec is _WHERE and t is _condition(call))
+        ),
+        metas[0],
+    )
     role = main_meta.role if call.spec.keeps_label or call.spec.makes_mask else None
     # Attention's output (or its projection) added back onto the stream, x + context, leaves
     # attention: the sum is neither context nor tagged by query or key positions. The scores
@@ -91,7 +101,16 @@ def _binary(call, outputs):
     big = [m for t, m in zip(tensors, metas, strict=True) if t.numel() > 1]
     rotary = bool(big) and all(m.rotary for m in big)
     made = Made(tuple(axes), _tags(tags), role, rotary)
+    carry(call, outputs)
     return [made for _ in outputs]
+
+
+_WHERE = _ops.by_name("where")
+
+
+def _condition(call):
+    """torch.where's condition, called as a function or as a method (`x.where(cond, y)`)."""
+    return _ops.bind(_WHERE, call.args, call.kwargs, call.is_method).get("condition")
 
 
 # -- reductions -------------------------------------------------------------------------------------

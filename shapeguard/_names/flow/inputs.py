@@ -2,7 +2,7 @@
 
 from ... import _ops
 from .. import dims as D
-from ..dims import FEATURE, STRUCTURE, TOKEN
+from ..dims import BATCH, FEATURE, STRUCTURE, TOKEN
 from .base import Made, _first, _is_tensor, propagates
 
 
@@ -81,6 +81,10 @@ def _conv(call, outputs):
         return None
     xm, wm = call.meta_of(x), call.meta_of(w)
     lead = x.dim() - spatial - 1  # 1 with a batch axis, 0 without
+    if lead:
+        # A conv reads [batch, channels, *spatial] (its documented layout): the first axis
+        # holds the examples, each convolved on its own.
+        D.claim_atoms(xm.dims[0], BATCH, STRUCTURE)
     channels = xm.dims[lead]
     # The kind first: a conventional name of another kind (audio's mel bins read as seq)
     # goes with it, and the conv's own name comes in its place.

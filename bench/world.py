@@ -1,0 +1,134 @@
+"""The world corpus: shapeguard on correct attention code nobody here wrote.
+
+Every transformers architecture that builds from a tiny config, plus the attention models of
+other packages users run, through warn- and raise-mode traces, guard, generate and check, at
+three size settings with no, right and left padding. Prints crashes, findings, non-identical
+outputs, raise-mode raises, generate mismatches, check failures and inconclusive probes, and
+one summary line last; exit status 1 when a count that must be 0 is not. docs/world.md says
+what each count means and holds the results of the last full run.
+
+    python bench/world.py                        # everything (20-40 min on 2 shared cores)
+    python bench/world.py --quick                # a fixed sample of about 60 architectures
+    python bench/world.py --only xglm,wavlm,x-transformers
+    python bench/world.py --discover             # build and run plainly only
+    python bench/world.py --json world.json --write-docs
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+
+def _tasks(args):
+    from _world_candidates import candidates
+    from _world_packages import PACKAGES
+    from _world_sizes import QUICK
+
+    types = [c.model_type for c in candidates()[0]]
+    packages = list(PACKAGES)
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in types and n not in packages]
+        if unknown:
+            raise SystemExit(f"world: unknown architecture or package: {', '.join(unknown)}")
+        types = [t for t in types if t in wanted]
+        packages = [p for p in packages if p in wanted]
+    elif args.quick:
+        types = [t for t in types if t in QUICK]
+    if args.no_packages:
+        packages = []
+    return [("transformers", t, args.discover) for t in types] + [
+        ("package", p, args.discover) for p in packages
+    ]
+
+
+def versions(results) -> dict:
+    import numpy
+    import torch
+    import transformers
+
+    import shapeguard
+
+    out = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "shapeguard": shapeguard.__version__,
+    }
+    for r in results:
+        for name, version in r.get("versions", {}).items():
+            out[name] = version
+    return out
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _progress(result):
+    status = result.get("status")
+    seconds = result.get("seconds", "")
+    print(f"  {result['name']}: {status} {seconds}s", file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated model types and package names")
+    parser.add_argument("--quick", action="store_true", help="the fixed sample of about 60 architectures")
+    parser.add_argument("--discover", action="store_true", help="build and run plainly only")
+    parser.add_argument("--no-packages", action="store_true", help="transformers only")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes side by side (default 1)")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per subject (default 300)")
+    parser.add_argument("--json", help="write every result to this file")
+    parser.add_argument("--write-docs", action="store_true", help="regenerate the results of docs/world.md")
+    parser.add_argument("--worker-log", default=os.devnull, help="workers' stdout and stderr")
+    parser.add_argument("-v", "--verbose", action="store_true", help="one progress line per subject")
+    args = parser.parse_args(argv)
+
+    import _world_pool
+    import _world_report
+
+    tasks = _tasks(args)
+    start = time.perf_counter()
+    results = _world_pool.run_all(
+        tasks, jobs=args.jobs, timeout=args.timeout, log_path=args.worker_log,
+        on_result=_progress if args.verbose else None,
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    tallied = _world_report.tally(results)
+    lines = _world_report.lines(tallied)
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _commit(),
+        "command": "python bench/world.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "wall_s": round(wall, 1),
+        "versions": versions(results),
+    }
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"meta": meta, "counts": tallied["counts"], "results": results}, f, indent=1, default=str)
+    if args.write_docs:
+        import _world_docs
+
+        _world_docs.write(os.path.join(ROOT, "docs", "world.md"), meta, tallied, results)
+    print("\n".join(lines))
+    return 1 if _world_report.failed(tallied["counts"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -53,7 +53,9 @@ def _mha(batch_first):
         keep = _keep(s, padding)
         return (x, x, x), _with({}, key_padding_mask=None if keep is None else ~keep)
 
-    return Adapter(f"nn.MultiheadAttention(batch_first={batch_first})", build, inputs, ("n", "l", "r"))
+    return Adapter(
+        f"nn.MultiheadAttention(batch_first={batch_first})", build, inputs, ("n", "l", "r")
+    )
 
 
 def _encoder():
@@ -78,7 +80,9 @@ def _transformer():
         causal = nn.Transformer.generate_square_subsequent_mask(s.dec_seq)
         keep = _keep(s, padding)
         pad = None if keep is None else ~keep
-        return (src, tgt), _with({"tgt_mask": causal}, src_key_padding_mask=pad, memory_key_padding_mask=pad)
+        return (src, tgt), _with(
+            {"tgt_mask": causal}, src_key_padding_mask=pad, memory_key_padding_mask=pad
+        )
 
     return Adapter("nn.Transformer(batch_first=False)", build, inputs, ("n", "r"))
 
@@ -89,7 +93,8 @@ def _xt_decoder():
         from x_transformers import Decoder, TransformerWrapper
 
         layers = Decoder(dim=s.hidden, depth=2, heads=s.heads, attn_dim_head=s.head_dim,
-                         attn_kv_heads=s.kv_heads, rotary_pos_emb=True)  # fmt: skip
+                         attn_kv_heads=s.kv_heads, rotary_pos_emb=True,
+            rotary_emb_dim=max(4, s.head_dim // 2))  # fmt: skip
         return TransformerWrapper(num_tokens=VOCAB, max_seq_len=128, attn_layers=layers)
 
     def inputs(s, padding, g):
@@ -185,7 +190,9 @@ def _nystrom():
     def build(s):
         from nystrom_attention import Nystromformer
 
-        return Nystromformer(dim=s.hidden, dim_head=s.head_dim, heads=s.heads, depth=2, num_landmarks=4)
+        return Nystromformer(
+            dim=s.hidden, dim_head=s.head_dim, heads=s.heads, depth=2, num_landmarks=4
+        )
 
     def inputs(s, padding, g):
         return (_x(s, g),), _with({}, mask=_keep(s, padding))
@@ -229,7 +236,12 @@ def _linear_attention():
     def inputs(s, padding, g):
         return (_ids(s, g),), _with({}, input_mask=_keep(s, padding))
 
-    return Adapter("linear_attention_transformer LinearAttentionTransformerLM (causal)", build, inputs, ("n", "r"))
+    return Adapter(
+        "linear_attention_transformer LinearAttentionTransformerLM (causal)",
+        build,
+        inputs,
+        ("n", "r"),
+    )
 
 
 def _reformer():
@@ -282,7 +294,7 @@ def _rotary():
             self.heads = heads
             self.qkv = nn.Linear(dim, 3 * dim)
             self.out = nn.Linear(dim, dim)
-            self.rotary = RotaryEmbedding(dim=max(2, dim // heads // 2))
+            self.rotary = RotaryEmbedding(dim=max(4, dim // heads // 2))
 
         def forward(self, x):
             b, n, _ = x.shape
@@ -295,7 +307,46 @@ def _rotary():
     def inputs(s, padding, g):
         return (_x(s, g),), {}
 
-    return Adapter("rotary_embedding_torch RotaryEmbedding in causal attention", lambda s: RotaryAttention(s.hidden, s.heads), inputs)
+    return Adapter(
+        "rotary_embedding_torch RotaryEmbedding in causal attention",
+        lambda s: RotaryAttention(s.hidden, s.heads),
+        inputs,
+    )
+
+
+def _einops_attention():
+    """Multi-head attention written with einops as its documentation writes it: one
+    projection split by `rearrange`, `einops.einsum` for both products, a key padding mask."""
+
+    class EinopsAttention(nn.Module):
+        def __init__(self, dim, heads):
+            super().__init__()
+            self.heads, self.scale = heads, (dim // heads) ** -0.5
+            self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+            self.out = nn.Linear(dim, dim)
+
+        def forward(self, x, mask=None):
+            from einops import einsum, rearrange
+
+            q, k, v = rearrange(
+                self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads
+            )
+            dots = einsum(q, k, "b h i d, b h j d -> b h i j") * self.scale
+            if mask is not None:
+                dots = dots.masked_fill(~rearrange(mask, "b j -> b 1 1 j"), float("-inf"))
+            attn = dots.softmax(dim=-1)
+            out = einsum(attn, v, "b h i j, b h j d -> b h i d")
+            return self.out(rearrange(out, "b h n d -> b n (h d)"))
+
+    def inputs(s, padding, g):
+        return (_x(s, g),), _with({}, mask=_keep(s, padding))
+
+    return Adapter(
+        "einops attention (rearrange, einsum)",
+        lambda s: EinopsAttention(s.hidden, s.heads),
+        inputs,
+        ("n", "l", "r"),
+    )
 
 
 # -- diffusers ---------------------------------------------------------------------------
@@ -303,7 +354,9 @@ def _diffusers_attention():
     def build(s):
         from diffusers.models.attention_processor import Attention
 
-        return Attention(query_dim=s.hidden, cross_attention_dim=32, heads=s.heads, dim_head=s.head_dim)
+        return Attention(
+            query_dim=s.hidden, cross_attention_dim=32, heads=s.heads, dim_head=s.head_dim
+        )
 
     def inputs(s, padding, g):
         context = torch.randn(s.batch, s.dec_seq, 32, generator=g)
@@ -372,7 +425,9 @@ def _esm2():
         import esm
 
         alphabet = esm.data.Alphabet.from_architecture("ESM-1b")
-        return esm.model.esm2.ESM2(num_layers=2, embed_dim=s.hidden, attention_heads=s.heads, alphabet=alphabet)
+        return esm.model.esm2.ESM2(
+            num_layers=2, embed_dim=s.hidden, attention_heads=s.heads, alphabet=alphabet
+        )
 
     def inputs(s, padding, g):
         import esm

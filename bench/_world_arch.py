@@ -110,7 +110,11 @@ def run(candidate, *, discover=False) -> dict:
         for padding in _paddings(candidate, current):
             tag = f"{impl_tag}{size_tag}{padding}"
             inputs = _inputs(candidate, current, sizes, padding)
-            result["configs"][tag] = {"plain_only": True} if discover else run_config(current, (), inputs)
+            result["configs"][tag] = (
+                {"plain_only": True}
+                if discover
+                else run_config(current, (), inputs, guard=size_tag == "d")
+            )
         if key == ("-", "d"):
             models[key] = current
     if not discover:
@@ -124,4 +128,27 @@ def run(candidate, *, discover=False) -> dict:
         result["check"] = run_check(d_model, (), _inputs(candidate, d_model, SIZES["d"], padding))
         result["check"]["padding"] = padding
     result["seconds"] = round(time.perf_counter() - start, 2)
+    return result
+
+
+def run_tags(candidate, tags, *, generate=False) -> dict:
+    """Only the named settings (`-dl`, `ecr`, ...): the CI sample's slice of `run`."""
+    result: dict = {"name": candidate.model_type, "configs": {}}
+    models: dict = {}
+    for tag in tags:
+        impl_tag, size_tag, padding = tag
+        sizes = _sizes_for(candidate, size_tag)
+        key = (impl_tag, size_tag)
+        if key not in models:
+            models[key] = _first_forward(candidate, sizes, "eager" if impl_tag == "e" else None)
+        model = models[key]
+        if padding not in _paddings(candidate, model):
+            padding = "n"
+        inputs = _inputs(candidate, model, sizes, padding)
+        result["configs"][f"{impl_tag}{size_tag}{padding}"] = run_config(model, (), inputs)
+    if generate:
+        model = models.get(("-", "d")) or _first_forward(candidate, SIZES["d"], None)
+        if is_generator(candidate, model):
+            inputs = _inputs(candidate, model, SIZES["d"], "l")
+            result["generate"] = run_generate(model, inputs, pad_id(model.config))
     return result

@@ -74,9 +74,17 @@ def adapt(candidate, config, error: BaseException) -> bool:
     if split:
         section = [int(v) for v in split.group(2).split(",")]
         return _mrope(config, int(split.group(1)), section)
-    product = re.search(r"mat1 and mat2 shapes cannot be multiplied \(\d+x\d+ and (\d+)x\d+\)", text)
-    if product and candidate.model_type in fixes.FEATURE_INPUTS and not getattr(config, "world_feature_width", None):
+    product = re.search(
+        r"mat1 and mat2 shapes cannot be multiplied \(\d+x\d+ and (\d+)x\d+\)", text
+    )
+    if (
+        product
+        and candidate.model_type in fixes.FEATURE_INPUTS
+        and not getattr(config, "world_feature_width", None)
+    ):
         config.world_feature_width = int(product.group(1))
         return True
-    wanted = re.search(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", text)
+    wanted = re.search(
+        r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)", text
+    )
     return bool(wanted and _mrope(config, int(wanted.group(2)) // 2))

@@ -51,7 +51,9 @@ def _mappings():
     from transformers.models.auto import modeling_auto
 
     names = sorted(n for n in dir(modeling_auto) if n.endswith("_MAPPING_NAMES"))
-    return {n: getattr(modeling_auto, n) for n in names if isinstance(getattr(modeling_auto, n), dict)}
+    return {
+        n: getattr(modeling_auto, n) for n in names if isinstance(getattr(modeling_auto, n), dict)
+    }
 
 
 def _first(value):
@@ -68,10 +70,19 @@ def _classify(model_type: str, maps: dict, multimodal: set):
     """(Candidate, None) or (None, reason the type is not attempted)."""
     base = maps["MODEL_MAPPING_NAMES"]
     s2s = maps["MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"]
-    audio = {**maps["MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"], **maps["MODEL_FOR_CTC_MAPPING_NAMES"]}
-    image = {**maps["MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"], **maps["MODEL_FOR_IMAGE_MAPPING_NAMES"]}
+    audio = {
+        **maps["MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"],
+        **maps["MODEL_FOR_CTC_MAPPING_NAMES"],
+    }
+    image = {
+        **maps["MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"],
+        **maps["MODEL_FOR_IMAGE_MAPPING_NAMES"],
+    }
     if model_type in SPEECH:
-        name = SPEECH_CLASS.get(model_type) or maps["MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"][model_type]
+        name = (
+            SPEECH_CLASS.get(model_type)
+            or maps["MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"][model_type]
+        )
         return Candidate(model_type, "speech", _first(name)), None
     for kinds, kind in ((DUAL, "dual"), (VIDEO, "video")):
         if model_type in kinds:
@@ -94,10 +105,15 @@ def _classify(model_type: str, maps: dict, multimodal: set):
     if model_type in audio:
         return Candidate(model_type, "audio", _first(base.get(model_type, audio[model_type]))), None
     if model_type in image:
-        return Candidate(model_type, "vision", _first(base.get(model_type, image[model_type]))), None
+        return Candidate(
+            model_type, "vision", _first(base.get(model_type, image[model_type]))
+        ), None
     if model_type.endswith("_text") and model_type in base:
         return Candidate(model_type, "decoder_base", _first(base[model_type])), None
-    return None, "no plain forward of a kind the corpus feeds (detection, time series, codec, sub-tower, config only)"
+    return (
+        None,
+        "no plain forward of a kind the corpus feeds (detection, time series, codec, sub-tower, config only)",
+    )
 
 
 def _has_sub_config(model_type: str, names) -> bool:

@@ -192,7 +192,8 @@ def _gemma3n(config, sizes):
 def _cohere_compass(config, sizes):
     """The default config has empty rope_parameters, which the model indexes by layer type."""
     config.rope_parameters = {
-        kind: {"rope_type": "default", "rope_theta": 10000.0} for kind in ("full_attention", "sliding_attention")
+        kind: {"rope_type": "default", "rope_theta": 10000.0}
+        for kind in ("full_attention", "sliding_attention")
     }
 
 
@@ -265,7 +266,9 @@ def _decoder_ids(model, sizes, generator):
 def _whisper_inputs(model, sizes, padding, generator):
     c = model.config
     return {
-        "input_features": torch.randn(sizes.batch, c.num_mel_bins, 2 * c.max_source_positions, generator=generator),
+        "input_features": torch.randn(
+            sizes.batch, c.num_mel_bins, 2 * c.max_source_positions, generator=generator
+        ),
         "decoder_input_ids": _decoder_ids(model, sizes, generator),
     }
 
@@ -274,7 +277,9 @@ def _s2t_inputs(model, sizes, padding, generator):
     c = model.config
     frames = 4 * sizes.seq + 3
     out = {
-        "input_features": torch.randn(sizes.batch, frames, c.input_feat_per_channel * c.input_channels, generator=generator),
+        "input_features": torch.randn(
+            sizes.batch, frames, c.input_feat_per_channel * c.input_channels, generator=generator
+        ),
         "decoder_input_ids": _decoder_ids(model, sizes, generator),
     }
     mask = padding_mask(sizes.batch, frames, padding)
@@ -313,19 +318,35 @@ def _moonshine_inputs(model, sizes, padding, generator):
 def _video_inputs(model, sizes, padding, generator):
     c = model.config
     batch = sizes.vision_batch or sizes.batch
-    return {"pixel_values": torch.randn(batch, c.num_frames, 3, c.image_size, c.image_size, generator=generator)}
+    return {
+        "pixel_values": torch.randn(
+            batch, c.num_frames, 3, c.image_size, c.image_size, generator=generator
+        )
+    }
 
 
 def _ast_inputs(model, sizes, padding, generator):
     c = model.config
-    return {"input_values": torch.randn(sizes.batch, c.max_length, c.num_mel_bins, generator=generator)}
+    return {
+        "input_values": torch.randn(sizes.batch, c.max_length, c.num_mel_bins, generator=generator)
+    }
 
 
 def _feature_width(config):
     if getattr(config, "world_feature_width", None):  # read off the first forward's error
         return config.world_feature_width
-    for c in (config, getattr(config, "encoder_config", None), getattr(config, "audio_config", None)):
-        for name in ("feature_projection_input_dim", "num_mel_bins", "input_dim", "feature_size", "n_mels"):
+    for c in (
+        config,
+        getattr(config, "encoder_config", None),
+        getattr(config, "audio_config", None),
+    ):
+        for name in (
+            "feature_projection_input_dim",
+            "num_mel_bins",
+            "input_dim",
+            "feature_size",
+            "n_mels",
+        ):
             value = getattr(c, name, None) if c is not None else None
             if isinstance(value, int) and value > 1:
                 return value
@@ -336,7 +357,11 @@ def _features_inputs(model, sizes, padding, generator):
     """Audio encoders fed log-mel features [batch, frames, width] (a conv subsampling of 4
     or 8 follows): 8 frames per output position."""
     frames = 8 * sizes.seq
-    out = {"input_features": torch.randn(sizes.batch, frames, _feature_width(model.config), generator=generator)}
+    out = {
+        "input_features": torch.randn(
+            sizes.batch, frames, _feature_width(model.config), generator=generator
+        )
+    }
     if padding == "r":
         mask = torch.ones(sizes.batch, frames, dtype=torch.long)
         mask[0, frames - frames // 4 :] = 0
@@ -352,7 +377,9 @@ def _siglip2_inputs(model, sizes, padding, generator):
     batch = sizes.vision_batch or sizes.batch
     side = sizes.image // c.patch_size
     out = text(model.config, batch, sizes.seq, padding, generator)
-    out["pixel_values"] = torch.randn(batch, side * side, c.num_channels * c.patch_size**2, generator=generator)
+    out["pixel_values"] = torch.randn(
+        batch, side * side, c.num_channels * c.patch_size**2, generator=generator
+    )
     out["pixel_attention_mask"] = torch.ones(batch, side * side, dtype=torch.long)
     out["spatial_shapes"] = torch.tensor([[side, side]] * batch)
     return out

@@ -49,7 +49,9 @@ def vocab_of(config) -> int:
 
 def token_ids(config, batch, seq, generator):
     vocab = vocab_of(config)
-    allowed = torch.tensor([i for i in range(3, vocab) if i not in _special_ids(config)] or [vocab - 1])
+    allowed = torch.tensor(
+        [i for i in range(3, vocab) if i not in _special_ids(config)] or [vocab - 1]
+    )
     picks = torch.randint(0, len(allowed), (batch, seq), generator=generator)
     return allowed[picks]
 
@@ -116,10 +118,16 @@ def make(candidate, model, sizes, padding, generator, image_side):
         out["decoder_input_ids"] = token_ids(config, sizes.batch, sizes.dec_seq, generator)
         return out
     if kind == "vision":
-        return {"pixel_values": pixels(config, sizes.vision_batch or sizes.batch, image_side, generator)}
+        return {
+            "pixel_values": pixels(config, sizes.vision_batch or sizes.batch, image_side, generator)
+        }
     if kind == "dual":
-        out = text(config, sizes.vision_batch or sizes.batch, sizes.seq, padding, generator, mask_ok)
-        out["pixel_values"] = pixels(config, sizes.vision_batch or sizes.batch, image_side, generator)
+        out = text(
+            config, sizes.vision_batch or sizes.batch, sizes.seq, padding, generator, mask_ok
+        )
+        out["pixel_values"] = pixels(
+            config, sizes.vision_batch or sizes.batch, image_side, generator
+        )
         return out
     if kind == "audio":
         frames = 39 if sizes.tag == "d" else sizes.seq

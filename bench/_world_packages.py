@@ -16,6 +16,7 @@ from _world_sizes import SIZES
 
 PACKAGES = {
     "torch": ("torch", (lambda: a._mha(True), lambda: a._mha(False), a._encoder, a._transformer)),
+    "einops": ("einops", (a._einops_attention,)),
     "x-transformers": ("x_transformers", (a._xt_decoder, a._xt_encoder, a._xt_vit)),
     "local-attention": ("local_attention", (a._local_attention, a._local_transformer)),
     "perceiver-pytorch": ("perceiver_pytorch", (a._perceiver, a._perceiver_io)),
@@ -24,7 +25,10 @@ PACKAGES = {
     "performer-pytorch": ("performer_pytorch", (a._performer,)),
     "linear-attention-transformer": ("linear_attention_transformer", (a._linear_attention,)),
     "reformer-pytorch": ("reformer_pytorch", (a._reformer,)),
-    "memory-efficient-attention-pytorch": ("memory_efficient_attention_pytorch", (a._memory_efficient,)),
+    "memory-efficient-attention-pytorch": (
+        "memory_efficient_attention_pytorch",
+        (a._memory_efficient,),
+    ),
     "conformer": ("conformer", (a._conformer,)),
     "rotary-embedding-torch": ("rotary_embedding_torch", (a._rotary,)),
     "diffusers": ("diffusers", (a._diffusers_attention, a._diffusers_block, a._diffusers_2d)),
@@ -55,7 +59,13 @@ def _inputs(adapter, sizes, padding):
 def run(name, discover=False) -> dict:
     module, factories = PACKAGES[name]
     start = time.perf_counter()
-    result: dict = {"name": name, "source": "package", "package": name, "kind": "package", "configs": {}}
+    result: dict = {
+        "name": name,
+        "source": "package",
+        "package": name,
+        "kind": "package",
+        "configs": {},
+    }
     try:
         importlib.import_module(module)
     except Exception as error:
@@ -87,7 +97,9 @@ def run(name, discover=False) -> dict:
         result["check"] = _merge_checks(checks)
     if all("plain_error" in c or "build_error" in c for c in result["configs"].values()):
         result["status"] = "not built"
-        result["error"] = next(iter(result["configs"].values()), {}).get("plain_error", "no model ran")
+        result["error"] = next(iter(result["configs"].values()), {}).get(
+            "plain_error", "no model ran"
+        )
     result["seconds"] = round(time.perf_counter() - start, 2)
     return result
 
@@ -103,3 +115,19 @@ def _merge_checks(checks) -> dict:
         out["findings"] += c.get("findings", [])
         out["differences_after"] += [f"{label}: {d}" for d in c.get("differences_after", [])]
     return out
+
+
+def run_tags(name, index, tags) -> dict:
+    """One adapter of a package at the named settings (`dn`, `cr`, ...): the CI sample's."""
+    module, factories = PACKAGES[name]
+    importlib.import_module(module)
+    adapter = factories[index]()
+    result: dict = {"name": f"{name}: {adapter.label}", "configs": {}}
+    for size_tag, padding in tags:
+        sizes = SIZES[size_tag]
+        model = _build(adapter, sizes)
+        padding = padding if padding in adapter.paddings else "n"
+        result["configs"][f"{size_tag}{padding}"] = run_config(
+            model, *_inputs(adapter, sizes, padding)
+        )
+    return result

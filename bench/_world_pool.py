@@ -68,7 +68,12 @@ def _serve(conn, log_path):
         try:
             result = run_subject(*task)
         except Exception as error:  # the runner's own failure: recorded, the sweep goes on
-            result = {"name": task[1], "source": task[0], "status": "runner error", "error": repr(error)[:300]}
+            result = {
+                "name": task[1],
+                "source": task[0],
+                "status": "runner error",
+                "error": repr(error)[:300],
+            }
         conn.send(result)
 
 

@@ -124,7 +124,9 @@ def lines(tallied) -> list:
     details, counts = tallied["details"], tallied["counts"]
     out = []
     for name, entries in _by_subject(details["crashes"]).items():
-        out.append(f"CRASH {name}: {len(entries)} ({', '.join(w for w, _ in entries[:6])}) {_first_line(entries[0][1])}")
+        out.append(
+            f"CRASH {name}: {len(entries)} ({', '.join(w for w, _ in entries[:6])}) {_first_line(entries[0][1])}"
+        )
     for name, entries in _by_subject(details["findings"]).items():
         kinds: Counter = Counter()
         first = {}
@@ -133,11 +135,17 @@ def lines(tallied) -> list:
                 kinds[f["kind"]] += f["count"]
                 first.setdefault(f["kind"], f["message"])
         for kind, n in sorted(kinds.items()):
-            out.append(f"FINDING {name}: {kind} x{n} in {len(entries)} configs: {_first_line(first[kind])}")
+            out.append(
+                f"FINDING {name}: {kind} x{n} in {len(entries)} configs: {_first_line(first[kind])}"
+            )
     for name, entries in _by_subject(details["non-identical"]).items():
-        out.append(f"NON-IDENTICAL {name}: {entries[0][0]}: {_first_line('; '.join(entries[0][1]))}")
+        out.append(
+            f"NON-IDENTICAL {name}: {entries[0][0]}: {_first_line('; '.join(entries[0][1]))}"
+        )
     for name, entries in _by_subject(details["raise-mode raises"]).items():
-        out.append(f"RAISE {name}: {len(entries)} ({', '.join(w for w, _ in entries[:4])}): {_first_line(entries[0][1])}")
+        out.append(
+            f"RAISE {name}: {len(entries)} ({', '.join(w for w, _ in entries[:4])}): {_first_line(entries[0][1])}"
+        )
     for name, entries in _by_subject(details["generate mismatches"]).items():
         out.append(f"GENERATE MISMATCH {name}: {entries[0][1]}")
     for name, where, what in details["check failures"]:

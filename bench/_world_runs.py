@@ -49,8 +49,10 @@ def _is_shape_error(error: BaseException) -> bool:
     return isinstance(error, (shapeguard.ShapeError, shapeguard.ContractError))
 
 
-def run_config(model, args, kwargs) -> dict:
-    """One configuration. `plain_error` set: the model itself fails here (nothing counted)."""
+def run_config(model, args, kwargs, *, guard=True) -> dict:
+    """One configuration. `plain_error` set: the model itself fails here (nothing counted).
+    `guard` False leaves the guarded forward out (the sweep guards at sizes d only: the
+    guard runs the same checks as the raise-mode trace)."""
     out: dict = {}
     forward = lambda: model(*args, **kwargs)  # noqa: E731
     try:
@@ -81,8 +83,12 @@ def run_config(model, args, kwargs) -> dict:
         if _is_shape_error(error):
             out["raise"] = error_text(error)
         else:
-            out.setdefault("crash", {"mode": "raise", "error": error_text(error), "where": where(error)})
+            out.setdefault(
+                "crash", {"mode": "raise", "error": error_text(error), "where": where(error)}
+            )
     # guard: raise mode, on the instance; outputs bit-identical, hooks removed after.
+    if not guard:
+        return out
     try:
         shapeguard.guard(model)
         try:
@@ -95,7 +101,9 @@ def run_config(model, args, kwargs) -> dict:
         if _is_shape_error(error):
             out["guard_raise"] = error_text(error)
         else:
-            out.setdefault("crash", {"mode": "guard", "error": error_text(error), "where": where(error)})
+            out.setdefault(
+                "crash", {"mode": "guard", "error": error_text(error), "where": where(error)}
+            )
     return out
 
 
@@ -135,7 +143,9 @@ def run_generate(model, inputs, pad_id) -> dict:
         if _is_shape_error(error):
             out["guard_raise"] = error_text(error)
         else:
-            out.setdefault("crash", {"mode": "guard", "error": error_text(error), "where": where(error)})
+            out.setdefault(
+                "crash", {"mode": "guard", "error": error_text(error), "where": where(error)}
+            )
     return out
 
 

@@ -7,6 +7,7 @@ experts, windows, MLA ranks, image and patch sizes), cuts per-layer lists to the
 vocabulary and fills None defaults. Fields are found by name only; a family the names do not
 fit gets a fix in `_world_fixes.py`.
 """
+
 import contextlib
 
 WIDTH = (
@@ -41,7 +42,13 @@ HEADS = (
     "num_decoder_attention_heads",
     "index_n_heads",
 )
-KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "n_head_kv")
+KV_HEADS = (
+    "num_key_value_heads",
+    "num_kv_heads",
+    "n_kv_heads",
+    "multi_query_group_num",
+    "n_head_kv",
+)
 FFN = (
     "intermediate_size",
     "ffn_dim",
@@ -57,7 +64,13 @@ FFN = (
     "decoder_intermediate_size",
 )
 POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions")
-EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
+EXPERTS = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "num_routed_experts",
+)
 EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "num_selected_experts", "moe_k")
 WINDOWS = ("sliding_window", "attention_window", "window_size", "local_window_size")
 TOKEN_IDS = (
@@ -127,8 +140,16 @@ def _shrink_lists(config, old_layers, layers):
     for name, value in list(vars(config).items()):
         if name.startswith("_") or not isinstance(value, (list, tuple)) or not value:
             continue
-        if name == "layer_types" or (old_layers and len(value) == old_layers and old_layers > layers):
-            _set(config, name, type(value)(_cut(value, layers)) if isinstance(value, tuple) else _cut(value, layers))
+        if name == "layer_types" or (
+            old_layers and len(value) == old_layers and old_layers > layers
+        ):
+            _set(
+                config,
+                name,
+                type(value)(_cut(value, layers))
+                if isinstance(value, tuple)
+                else _cut(value, layers),
+            )
         elif name.endswith("_layers") and all(isinstance(v, int) for v in value):
             # Indices of special layers: keep those that still exist, at least one.
             kept = [v for v in value if v < layers] or [layers - 1]
@@ -137,7 +158,9 @@ def _shrink_lists(config, old_layers, layers):
 
 def _widths(config, sizes):
     hidden = sizes.hidden
-    old_heads = next((v for n in HEADS if isinstance(v := _get(config, n), int) and _has(config, n)), None)
+    old_heads = next(
+        (v for n in HEADS if isinstance(v := _get(config, n), int) and _has(config, n)), None
+    )
     for name in WIDTH:
         if isinstance(_get(config, name), int) and _has(config, name):
             _set(config, name, hidden)

@@ -33,7 +33,9 @@ SIZES = {
     "r": Sizes("r", batch=4, seq=64, dec_seq=16, heads=8, kv_heads=4, head_dim=64),
 }
 # Vision at sizes c: head_dim 16 so that batch == head_dim == patches.
-VISION_C = Sizes("c", batch=16, seq=16, dec_seq=8, heads=4, kv_heads=2, head_dim=16, vision_batch=16)
+VISION_C = Sizes(
+    "c", batch=16, seq=16, dec_seq=8, heads=4, kv_heads=2, head_dim=16, vision_batch=16
+)
 
 # Pad tokens of examples 0 and 1 (the others have none), at seq 7 / 8; at seq 64, 17 and 5.
 PAD_LEAD = (3, 1)

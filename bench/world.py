@@ -74,7 +74,11 @@ def versions(results) -> dict:
 def _commit() -> str:
     try:
         return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -89,15 +93,25 @@ def _progress(result):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated model types and package names")
-    parser.add_argument("--quick", action="store_true", help="the fixed sample of about 60 architectures")
+    parser.add_argument(
+        "--quick", action="store_true", help="the fixed sample of about 60 architectures"
+    )
     parser.add_argument("--discover", action="store_true", help="build and run plainly only")
     parser.add_argument("--no-packages", action="store_true", help="transformers only")
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes side by side (default 1)")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds per subject (default 300)")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="worker processes side by side (default 1)"
+    )
+    parser.add_argument(
+        "--timeout", type=int, default=300, help="seconds per subject (default 300)"
+    )
     parser.add_argument("--json", help="write every result to this file")
-    parser.add_argument("--write-docs", action="store_true", help="regenerate the results of docs/world.md")
+    parser.add_argument(
+        "--write-docs", action="store_true", help="regenerate the results of docs/world.md"
+    )
     parser.add_argument("--worker-log", default=os.devnull, help="workers' stdout and stderr")
-    parser.add_argument("-v", "--verbose", action="store_true", help="one progress line per subject")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="one progress line per subject"
+    )
     args = parser.parse_args(argv)
 
     import _world_pool
@@ -121,7 +135,12 @@ def main(argv=None) -> int:
     }
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"meta": meta, "counts": tallied["counts"], "results": results}, f, indent=1, default=str)
+            json.dump(
+                {"meta": meta, "counts": tallied["counts"], "results": results},
+                f,
+                indent=1,
+                default=str,
+            )
     if args.write_docs:
         import _world_docs
 

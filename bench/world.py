@@ -71,17 +71,22 @@ def versions(results) -> dict:
     return out
 
 
-def _commit() -> str:
+def _git(*args) -> str:
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return ""
+    return done.stdout.strip()
+
+
+def _commit() -> str:
+    """The commit, and how many files under shapeguard/ differed from it (others' work in
+    progress in a shared checkout runs too)."""
+    commit = _git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = [
+        line for line in _git("status", "--porcelain", "--", "shapeguard").splitlines() if line
+    ]
+    return commit + (f" + {len(dirty)} uncommitted files under shapeguard/" if dirty else "")
 
 
 def _progress(result):
@@ -108,6 +113,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--write-docs", action="store_true", help="regenerate the results of docs/world.md"
     )
+    parser.add_argument("--from-json", help="report (and --write-docs) from an earlier --json file")
     parser.add_argument("--worker-log", default=os.devnull, help="workers' stdout and stderr")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="one progress line per subject"
@@ -117,30 +123,32 @@ def main(argv=None) -> int:
     import _world_pool
     import _world_report
 
-    tasks = _tasks(args)
-    start = time.perf_counter()
-    results = _world_pool.run_all(
-        tasks, jobs=args.jobs, timeout=args.timeout, log_path=args.worker_log,
-        on_result=_progress if args.verbose else None,
-    )  # fmt: skip
-    wall = time.perf_counter() - start
+    if args.from_json:
+        with open(args.from_json, encoding="utf-8") as f:
+            saved = json.load(f)
+        results, meta = saved["results"], saved["meta"]
+    else:
+        start = time.perf_counter()
+        results = _world_pool.run_all(
+            _tasks(args),
+            jobs=args.jobs,
+            timeout=args.timeout,
+            log_path=args.worker_log,
+            on_result=_progress if args.verbose else None,
+        )
+        meta = {
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": _commit(),
+            "command": "python bench/world.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "wall_s": round(time.perf_counter() - start, 1),
+            "versions": versions(results),
+        }
     tallied = _world_report.tally(results)
     lines = _world_report.lines(tallied)
-    meta = {
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": _commit(),
-        "command": "python bench/world.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "wall_s": round(wall, 1),
-        "versions": versions(results),
-    }
-    if args.json:
+    if args.json and not args.from_json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(
-                {"meta": meta, "counts": tallied["counts"], "results": results},
-                f,
-                indent=1,
-                default=str,
-            )
+            saved = {"meta": meta, "counts": tallied["counts"], "results": results}
+            json.dump(saved, f, indent=1, default=str)
     if args.write_docs:
         import _world_docs
 

@@ -9,7 +9,9 @@ own, right-aligned across the operands as torch broadcasts them; einops' `einsum
 torch the same equation with one letter per word.
 """
 
-from collections.abc import Sequence
+import ast
+import string
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 # Stand-ins for the axes under `...` (torch's letters are ASCII, so these never clash).
@@ -24,8 +26,13 @@ class Equation(NamedTuple):
     out: str
     text: str  # as the user wrote it
 
-    def write(self, specs: Sequence[str], out: str) -> str:
-        """`specs -> out` spelled as the user spelled this equation (spaces, `...`)."""
+    def write(self, specs: Sequence[str], out: str, words: Mapping[str, str] | None = None) -> str:
+        """`specs -> out` spelled as the user spelled this equation (spaces, `...`), or in
+        the user's words for einops' letters (`words_of`)."""
+        if words is not None:
+            return (
+                ", ".join(_spell(s, True, words) for s in specs) + " -> " + _spell(out, True, words)
+            )
         spaced = " " in self.text.split("->")[0].strip().split(",")[0].strip()
         sep = ", " if ", " in self.text else ","
         arrow = " -> " if " -> " in self.text else "->"
@@ -116,12 +123,42 @@ def _letters_only(spec: str) -> bool:
     return all(c.isascii() and c.isalpha() for c in spec)
 
 
-def _spell(spec: str, spaced: bool) -> str:
-    words: list[str] = []
+def einops_pattern(site_args: Sequence[str], operands: int) -> str | None:
+    """The pattern of the user's `einops.einsum(*tensors, pattern)`, read from the source
+    expressions of the call's arguments, when it is that call with a literal pattern (torch
+    then gets the pattern with one letter per word: `words_of`)."""
+    if len(site_args) != operands + 1 or literal(site_args[0]) is not None:
+        return None
+    pattern = literal(site_args[-1])
+    return pattern if pattern is not None and "->" in pattern else None
+
+
+def words_of(pattern: str) -> dict[str, str]:
+    """torch's letter -> the user's word, as einops renames an einsum pattern's words: each
+    new word of the inputs, left to right, gets the next of a-z, A-Z."""
+    words: dict[str, str] = {}
+    for part in pattern.split("->")[0].split(","):
+        for word in part.split():
+            if word != "..." and word not in words.values() and len(words) < 52:
+                words[string.ascii_letters[len(words)]] = word
+    return words
+
+
+def literal(expr: str) -> str | None:
+    """The value of a string literal in the source (`"b i d"`), else None."""
+    try:
+        value = ast.literal_eval(expr.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _spell(spec: str, spaced: bool, words: Mapping[str, str] | None = None) -> str:
+    parts: list[str] = []
     for c in spec:
         if c in _ELLIPSIS:
-            if not words or words[-1] != "...":
-                words.append("...")
+            if not parts or parts[-1] != "...":
+                parts.append("...")
         else:
-            words.append(c)
-    return (" " if spaced else "").join(words)
+            parts.append(words.get(c, c) if words is not None else c)
+    return (" " if spaced else "").join(parts)

@@ -13,6 +13,7 @@ from .._errors import Violation
 from .._names import subscripts
 from .._names.dims import FEATURE, TOKEN
 from . import WARNING, is_tensor, rule
+from ._einsum import written
 from ._view import CallView
 
 _PAIRED = {TOKEN, FEATURE}
@@ -104,8 +105,10 @@ def einsum_axes(call: CallView) -> Iterator[Violation]:
         clash = _clash(call, a, i, b, j)
         if clash is None:
             continue
-        la, lb = call.label(1, "a"), call.label(2, "b")
-        fixed = _fixed_equation(call, product, b, j, clash[0])
+        user = written(call, operands)
+        la, lb = user.labels
+        fixed = _fixed_equation(call, product, b, j, clash[0], user)
+        shown = user.words.get(letter, letter) if user.words else letter
         hint = (
             f"give each axis the letter of what it holds: {lb} is "
             f"[{', '.join(n or '?' for n in call.axes(b))}]"
@@ -114,7 +117,7 @@ def einsum_axes(call: CallView) -> Iterator[Violation]:
             hint += f", so write '{fixed}'"
         yield Violation(
             "contraction_axes",
-            f"einsum '{args[0]}': '{letter}' contracts {la}.{call.axis(a, i)} ({a.shape[i]}) "
+            f"einsum '{user.equation}': '{shown}' contracts {la}.{call.axis(a, i)} ({a.shape[i]}) "
             f"with {lb}.{call.axis(b, j)} ({b.shape[j]}): a {clash[0]} axis with a {clash[1]} "
             "axis, which runs only because their sizes are equal",
             (call.operand(la, a), call.operand(lb, b)),
@@ -124,7 +127,7 @@ def einsum_axes(call: CallView) -> Iterator[Violation]:
         return
 
 
-def _fixed_equation(call, product, b, j: int, kind: str) -> str | None:
+def _fixed_equation(call, product, b, j: int, kind: str, user) -> str | None:
     """The equation with b's contracted letter moved onto b's axis of the kind it meets in
     a (swapped with the letter there), when exactly one such axis has an output letter."""
     equation = product.equation
@@ -142,4 +145,4 @@ def _fixed_equation(call, product, b, j: int, kind: str) -> str | None:
     p = candidates[0]
     letters = list(spec)
     letters[j], letters[p] = letters[p], letters[j]
-    return equation.write((spec_a, "".join(letters)), equation.out)
+    return user.write(equation, (spec_a, "".join(letters)), equation.out)

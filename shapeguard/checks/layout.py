@@ -20,6 +20,7 @@ from .._errors import Violation
 from .._names import subscripts
 from .._names.dims import BATCH, FEATURE, TOKEN
 from . import WARNING, is_tensor, rule
+from ._einsum import written
 from ._view import CallView
 
 if TYPE_CHECKING:
@@ -113,14 +114,21 @@ def product_layout(call: CallView) -> Iterator[Violation]:
         return
     out = call.output_labels(1)
     prefix = f"{out[0]} = " if out and out[0] else ""
-    lq, lk = pairing.q_label, pairing.k_label
-    what = f"einsum '{pairing.equation}'" if pairing.equation else f"{lq} @ {lk}"
+    user = written(call, [q, k]) if pairing.product is not None else None
+    if user is not None:
+        lq, lk = user.labels
+        what = f"einsum '{user.equation}'"
+    else:
+        lq, lk = call.label(0, "q"), call.label(1, "k")
+        if call.op in call.spec.reflected:
+            lq, lk = lk, lq
+        what = f"{lq} @ {lk}"
     split = (
         "split the heads with view(batch, seq, heads, d_k).transpose(1, 2), which makes "
         "[batch, heads, seq, d_k], for q, k and v alike, and transpose the context back with "
         ".transpose(1, 2) before merging the heads"
     )
-    fixed = _fixed_einsum(pairing, tokens)
+    fixed = _fixed_einsum(pairing, tokens, user)
     yield Violation(
         "layout_bshd",
         f"{prefix}{what}: {lq} is [{_bshd(call, q)}]: the product pairs the "
@@ -141,15 +149,12 @@ class _Pairing(NamedTuple):
 
     q: Any
     k: Any
-    q_label: str
-    k_label: str
     q_rows: int
     q_features: int
     k_rows: int
     k_features: int
     q_kept: tuple[int, ...]
-    equation: str = ""  # the user's einsum equation
-    product: Any = None  # its letters (`subscripts.Product`)
+    product: Any = None  # an einsum's letters (`subscripts.Product`)
 
 
 def _qk_pairing(call) -> _Pairing | None:
@@ -170,31 +175,27 @@ def _qk_pairing(call) -> _Pairing | None:
         return _Pairing(
             a,
             b,
-            call.label(1, "q"),
-            call.label(2, "k"),
             q_rows=spec_a.index(product.rows),
             q_features=spec_a.index(product.contracted),
             k_rows=spec_b.index(product.cols),
             k_features=spec_b.index(product.contracted),
             q_kept=tuple(spec_a.index(x) for x in product.batch),
-            equation=product.equation.text,
             product=product,
         )
     if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
         return None
     a, b = args[0], args[1]
-    la, lb = call.label(0, "q"), call.label(1, "k")
     if call.op in call.spec.reflected:
-        a, b, la, lb = b, a, lb, la
+        a, b = b, a
     if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != b.shape[-2]:
         return None
     # q @ k^T: k^T's contracted axis is -2, its keys -1; the axes before q's last two are
     # kept apart (broadcast batch axes).
     lead = tuple(range(a.dim() - 2))
-    return _Pairing(a, b, la, lb, a.dim() - 2, a.dim() - 1, b.dim() - 1, b.dim() - 2, lead)
+    return _Pairing(a, b, a.dim() - 2, a.dim() - 1, b.dim() - 1, b.dim() - 2, lead)
 
 
-def _fixed_einsum(pairing: _Pairing, tokens: int) -> str | None:
+def _fixed_einsum(pairing: _Pairing, tokens: int, user) -> str | None:
     """The equation with the queries' row letter and their token letter swapped, on both
     sides, when k has the token letter where q does: the same product of `[batch, seq, heads,
     d_k]` tensors, pairing the tokens."""
@@ -210,7 +211,7 @@ def _fixed_einsum(pairing: _Pairing, tokens: int) -> str | None:
     swap_b = {col: token_letter, token_letter: col}
     fixed_a = "".join(swap_a.get(x, x) for x in spec_a)
     fixed_b = "".join(swap_b.get(x, x) for x in spec_b)
-    return product.equation.write((fixed_a, fixed_b), product.equation.out)
+    return user.write(product.equation, (fixed_a, fixed_b), product.equation.out)
 
 
 # -- nn.MultiheadAttention -------------------------------------------------------------

@@ -419,7 +419,13 @@ class XTransformersAttend(nn.Module):
 
         q, k, v = self.to_qkv(x).chunk(3, dim=-1)
         q, k, v = (rearrange(t, "b n (h d) -> b h n d", h=self.heads) for t in (q, k, v))
-        sim = torch.einsum(self.scores_eq, q, k) * q.shape[-1] ** -0.5
+        if self.scores_eq == "einops":  # einops' einsum, with words
+            import einops
+
+            sim = einops.einsum(q, k, "batch heads i d, batch heads j d -> batch heads j i")
+            sim = sim * q.shape[-1] ** -0.5
+        else:
+            sim = torch.einsum(self.scores_eq, q, k) * q.shape[-1] ** -0.5
         attn = sim.softmax(dim=-1)
         out = torch.einsum("b h i j, b h j d -> b h i d", attn, v)
         return self.to_out(rearrange(out, "b h n d -> b n (h d)"))
@@ -431,8 +437,9 @@ class XTransformersAttend(nn.Module):
     [
         ("b h i d, b h j d -> b h j i", "'b h i d, b h j d -> b h i j'"),
         ("... i d, ... j d -> ... j i", "'... i d, ... j d -> ... i j'"),
+        ("einops", "'batch heads i d, batch heads j d -> batch heads i j'"),
     ],
-    ids=["letters", "ellipsis"],
+    ids=["letters", "ellipsis", "einops_words"],
 )
 def test_keys_laid_first_by_an_einsum_get_the_einsum_fixed_not_the_softmax(
     transposed, fixed, sizes
@@ -444,6 +451,8 @@ def test_keys_laid_first_by_an_einsum_get_the_einsum_fixed_not_the_softmax(
     (finding,) = found
     assert finding.message.startswith("softmax over seq_q (dim -1) of sim")
     assert "use softmax" not in finding.hint
+    if transposed == "einops":
+        transposed = "batch heads i d, batch heads j d -> batch heads j i"
     assert (
         f"sim is [batch, heads, seq_k, seq_q]: the einsum '{transposed}' that made it puts the "
         f"keys at dim -2 and the queries last; write {fixed} and keep softmax(..., dim=-1)"

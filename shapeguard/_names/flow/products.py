@@ -152,7 +152,7 @@ def _matmul(call, a, b, outputs) -> list[Made] | None:
         k_heads = b_dims[-3] if b.dim() >= 3 else None
         claim_scores(rows, cols, ca, cb, q_heads, k_heads)
         _claim_operand_roles(am, bm)
-        if rows and cols:
+        if not (a_vec or b_vec):  # a one-token step's query axis (size 1) is the queries too
             tags[-2:] = ["q", "k"]
     elif role == "context":
         if bm.role is None:
@@ -294,7 +294,7 @@ def _einsum_product(call, operands, letters: dict, dims) -> Made | None:
     _claim_operand_roles(am, bm)
     out = product.equation.out
     if rows and cols and out[-1] == product.rows:
-        _note_keys_first(rows, cols, product)
+        _note_keys_first(call, rows, cols, product)
     if rows and cols and D.roots_of(rows) == D.roots_of(cols):
         tags = tuple("q" if x == product.rows else "k" if x == product.cols else None for x in out)
         return Made(dims, tags, role)
@@ -318,13 +318,23 @@ def _heads_letter(batch: str, spec: str, dims, contract: Axis) -> str | None:
 _KEYS_FIRST: dict[tuple[int, ...], tuple[str, str]] = {}
 
 
-def _note_keys_first(rows: Axis, cols: Axis, product) -> None:
+def _note_keys_first(call, rows: Axis, cols: Axis, product) -> None:
     equation = product.equation
     swap = {product.rows: product.cols, product.cols: product.rows}
-    fixed = equation.write(equation.specs, "".join(swap.get(x, x) for x in equation.out))
+    out = "".join(swap.get(x, x) for x in equation.out)
+    site = call.site
+    pattern = (
+        subscripts.einops_pattern(site.args, 2)
+        if site is not None and call.site_matches()
+        else None
+    )
+    words = subscripts.words_of(pattern) if pattern is not None else None
     if len(_KEYS_FIRST) > 256:
         _KEYS_FIRST.clear()
-    _KEYS_FIRST[_pair_key(rows, cols)] = (equation.text, fixed)
+    _KEYS_FIRST[_pair_key(rows, cols)] = (
+        pattern or equation.text,
+        equation.write(equation.specs, out, words),
+    )
 
 
 def _pair_key(queries: Axis, keys: Axis) -> tuple[int, ...]:

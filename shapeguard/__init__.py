@@ -13,6 +13,7 @@ from ._config import is_enabled as is_enabled
 from ._errors import ContractError as ContractError
 from ._errors import Finding as Finding
 from ._errors import ShapeError as ShapeError
+from ._errors import ShapeguardInternalWarning as ShapeguardInternalWarning
 from ._errors import ShapeWarning as ShapeWarning
 from ._guard import guard as guard
 from ._guard import is_guarded as is_guarded
@@ -65,6 +66,7 @@ __all__ = [
     "ProbeResult",
     "ShapeError",
     "ShapeWarning",
+    "ShapeguardInternalWarning",
     "TensorRecord",
     "Trace",
     "__version__",

@@ -67,6 +67,14 @@ def is_enabled() -> bool:
     return os.environ.get("SHAPEGUARD", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+def internal_errors_raise() -> bool:
+    """Whether a failure of shapeguard's own code is raised (`SHAPEGUARD_INTERNAL_ERRORS=raise`,
+    as shapeguard's own test suite runs) instead of contained (the default: the op runs as
+    without shapeguard, the failure is kept on the trace and warned once). Read only when
+    such a failure happens."""
+    return os.environ.get("SHAPEGUARD_INTERNAL_ERRORS", "").strip().lower() == "raise"
+
+
 def validate_mode(mode: str) -> str:
     from ._errors import ContractError
 

@@ -182,6 +182,20 @@ class ContractError(Exception):
     """The contract itself, or the way shapeguard is called, is wrong (not a shape bug)."""
 
 
+class ShapeguardInternalWarning(RuntimeWarning):
+    """shapeguard itself failed (a bug in one of its rules or in its recording): the op ran
+    exactly as without shapeguard and the check was skipped there. Shown once per place in
+    shapeguard and error type; a warning filter that turns it into an error only silences
+    it (a shapeguard bug never fails the user's run). The trace keeps every one
+    (`Trace.internal_errors`)."""
+
+
+class InternalError(RuntimeError):
+    """A bug in shapeguard, raised instead of contained when `SHAPEGUARD_INTERNAL_ERRORS=raise`
+    (shapeguard's own test suite): a RuntimeError, never a TypeError, which torch would turn
+    into `NotImplemented` inside an operator and so hide."""
+
+
 @dataclass(slots=True)
 class Finding:
     """A violation recorded in a trace: its parts, as the message is written from them
@@ -243,6 +257,6 @@ class Finding:
         }
 
 
-for _cls in (ShapeError, ShapeWarning, ContractError):
+for _cls in (ShapeError, ShapeWarning, ContractError, ShapeguardInternalWarning):
     # Tracebacks then read `shapeguard.ShapeError: ...`, the public name.
     _cls.__module__ = "shapeguard"

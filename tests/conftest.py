@@ -1,9 +1,16 @@
 """Shared test setup: pytester runs real pytest sessions (the plugin's tests use it)."""
 
+import os
+
 import pytest
 import torch
 
 pytest_plugins = ["pytester"]
+
+# shapeguard's own failures (a rule's or the recording's bug) fail loudly here: users' runs
+# contain them (`shapeguard/_trace/internal.py`), so the suite could otherwise go green on
+# a swallowed bug. Set before any test, and inherited by the CLI subprocesses.
+os.environ["SHAPEGUARD_INTERNAL_ERRORS"] = "raise"
 
 # One torch thread for the whole suite, as CI runs it (two cores, used by pytest-xdist's two
 # workers when asked): the ops are tiny, and with a second thread its OpenMP worker spins

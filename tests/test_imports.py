@@ -41,3 +41,7 @@ def test_errors_read_as_public_names():
     assert shapeguard.ShapeError.__module__ == "shapeguard"
     assert issubclass(shapeguard.ShapeError, RuntimeError)
     assert issubclass(shapeguard.ShapeWarning, UserWarning)
+    # shapeguard's own failure, contained: not a ShapeWarning (strict mode fails on those).
+    assert shapeguard.ShapeguardInternalWarning.__module__ == "shapeguard"
+    assert issubclass(shapeguard.ShapeguardInternalWarning, RuntimeWarning)
+    assert not issubclass(shapeguard.ShapeguardInternalWarning, shapeguard.ShapeWarning)

@@ -9,6 +9,8 @@ query-key product names d_k) shows on every record of that axis.
 import weakref as _weakref
 from typing import TYPE_CHECKING
 
+import torch
+
 from .._names import dims as _dims
 from .._names.dims import Axis
 from .._names.roles import canonical_role
@@ -214,6 +216,7 @@ def _buffer_name(tensor, modules: list) -> str:
 
 
 _SWEEP_AT = 4096  # entries a table holds before its first sweep
+_Tensor = torch.Tensor
 
 
 class TensorTable:
@@ -242,6 +245,10 @@ class TensorTable:
         return self.get(tensor) is not None
 
     def __setitem__(self, tensor, meta) -> None:
+        if not isinstance(tensor, _Tensor):
+            # Only tensors have metas: a NumPy scalar or array, a number, an fx Proxy is
+            # not stored (a NumPy scalar cannot even be weakly referenced).
+            return
         data = self._data
         data[id(tensor)] = (_weakref.ref(tensor), meta)
         if len(data) > self._limit:

@@ -149,6 +149,31 @@ def _named_record(shape, dtype: str, device: str, itemsize: int, names: tuple) -
     return TensorRecord(label, role, tuple(shape), axes, dtype, numel * itemsize, device)
 
 
+@dataclass(slots=True)
+class InternalFailure:
+    """A failure of shapeguard's own code that the trace contained (`_trace/internal.py`):
+    the op ran as without shapeguard. Text only: no exception, traceback or tensor is kept."""
+
+    where: str  # what failed: "rule elementwise.arithmetic", "recording", "module entry"
+    op: str  # the op (or module class) it failed on
+    error: str  # "TypeError: cannot create weak reference to 'numpy.float64' object"
+    raised_at: str  # file:line in shapeguard (else the innermost frame) that raised it
+    location: str = ""  # the user's file:line, when known
+    count: int = 1  # how often the trace met the same failure at the same places
+
+    @property
+    def message(self) -> str:
+        where = f" (the user's code at {self.location})" if self.location else ""
+        return (
+            f"{self.where} failed on {self.op or 'a call'}: {self.error}, raised at "
+            f"{self.raised_at}{where}"
+        )
+
+
+# Distinct internal failures a trace keeps (the same one again only counts).
+MAX_INTERNAL = 64
+
+
 @dataclass(eq=False)
 class TraceData:
     """What a shapeguard trace saw, as plain data: events, findings, and the queries and
@@ -184,6 +209,9 @@ class TraceData:
     # the rank, world size and sharded modules of a multi-rank run (None otherwise).
     axis_notes: dict = field(default_factory=dict, repr=False)
     distributed: dict | None = None
+    # Failures of shapeguard's own code that the trace contained (`_trace/internal.py`):
+    # none in a healthy run; each op it concerns ran as without shapeguard.
+    internal_errors: list[InternalFailure] = field(default_factory=list)
 
     @property
     def events(self) -> list[Event]:
@@ -296,6 +324,23 @@ class TraceData:
             return
         self._suppressed_index[key] = finding
         self.suppressed.append(finding)
+
+    def add_internal(self, failure: InternalFailure) -> None:
+        """Keep `failure`; the same one again (same place, op, error and user line) only
+        counts. At most `MAX_INTERNAL` distinct ones are kept (the warning told of the
+        first of each kind already)."""
+        for known in self.internal_errors:
+            if (known.where, known.op, known.error, known.raised_at, known.location) == (
+                failure.where,
+                failure.op,
+                failure.error,
+                failure.raised_at,
+                failure.location,
+            ):
+                known.count += failure.count
+                return
+        if len(self.internal_errors) < MAX_INTERNAL:
+            self.internal_errors.append(failure)
 
     def absorb(self, finding: Finding) -> None:
         """Keep `finding`, unless a forward before this one (of a long trace) made the

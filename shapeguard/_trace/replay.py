@@ -250,22 +250,25 @@ def _compile_matcher(count: int, names: tuple, checks: tuple, where_tensors: lis
     metas, tensors = [], []
     for j, where in enumerate(where_tensors):
         d, sh, sl, nat = (len(checks) + 4 * j + x for x in range(4))
+        # Which tensor before what shape: a fake tensor (make_fx, export) is never the
+        # recorded one, and its symbolic sizes are never compared (that would specialize them).
         lines.append(f"t{j} = t = {value(where)}")
-        lines.append(
-            f"if not isinstance(t, Tensor) or t.dtype is not c[{d}] or t.shape != c[{sh}]:"
-            " return None"
-        )
+        lines.append("if not isinstance(t, Tensor): return None")
         lines.append("e = g(id(t))")
+        same = f"t.dtype is not c[{d}] or t.shape != c[{sh}]"
         if unseen[j]:
             # `Session._same_firsts`: the recorded tensor, in the recorded layout.
             lines.append("if e is not None and e[0]() is t: return None")
             lines.append(f"if c[{sl}]() is not t: return generic")
             lines.append(
-                f"if (t.stride(), t.device.type, t.requires_grad) != c[{nat}]: return None"
+                f"if (t.stride(), t.device.type, t.requires_grad) != c[{nat}] or {same}:"
+                " return None"
             )
             metas.append("None")
         else:
-            lines.append(f"if e is None or e[0]() is not t or e[1].slot != c[{sl}]: return None")
+            lines.append(
+                f"if e is None or e[0]() is not t or e[1].slot != c[{sl}] or {same}: return None"
+            )
             metas.append("e[1]" if j == len(where_tensors) - 1 else f"m{j}")
             if j != len(where_tensors) - 1:
                 lines.append(f"m{j} = e[1]")

@@ -27,6 +27,7 @@ from .._names import roots as _roots
 from . import composites as _composites
 from . import construction as _construction
 from . import flash as _flash
+from . import internal as _internal
 from . import owed as _owed
 from . import replay as _replay
 from . import tp_session as _tp_session
@@ -43,6 +44,24 @@ _site_epoch = _source.site_epoch
 _Tensor = torch.Tensor
 _SEQUENCES = (tuple, list)
 _torch_compiling = torch.compiler.is_compiling
+_transforms_active = torch._C._are_functorch_transforms_active
+_dispatch_mode = torch._C._get_dispatch_mode
+_PROXY, _FAKE = torch._C._TorchDispatchModeKey.PROXY, torch._C._TorchDispatchModeKey.FAKE
+
+
+def _not_running() -> bool:
+    """Whether torch transforms or traces the ops instead of running them: a functorch
+    transform (vmap, grad, jvp: flex_attention's block masks are made under vmap), or
+    make_fx / export tracing (a proxy mode, fake tensors with symbolic sizes). shapeguard
+    steps aside there: a rule's read of a value fails (`.item()` under vmap) or is traced
+    into the graph, and comparing a symbolic size with a number specializes it. Asked on the
+    paths that check or record an op, not on the replay's hot path (a replayed step matches
+    only tensors that shapeguard recorded, and they are never recorded here)."""
+    return (
+        _transforms_active()
+        or _dispatch_mode(_PROXY) is not None
+        or _dispatch_mode(_FAKE) is not None
+    )
 
 
 def _is_compiling() -> bool:
@@ -336,7 +355,11 @@ class Session:
         self.enter_module(module, args, {})
 
     def _on_module_exit(self, module, args, output) -> None:
-        _composites.leave(self, module, output)  # whichever session is current
+        try:
+            _composites.leave(self, module, output)  # whichever session is current
+        except Exception as error:
+            if not _internal.contained(self.trace, error, "leaving a composite", _class(module)):
+                raise
         if getattr(_local, "session", None) is self:
             stack = self.module_stack
             replay = self.replay
@@ -354,55 +377,69 @@ class Session:
     def enter_module(self, module, args: tuple, kwargs: dict) -> None:
         if _is_compiling():
             return
-        first = not self.module_stack
-        if first:
-            self.enabled = _config.is_enabled()  # once per forward, not per op
-            self.trace._forward += 1
-            if len(self.ledger.steps) > _owed.MAX_OWED:
-                self.ledger.pay()
-        if self.replay is not None and self._replay_enter(module, first, args, kwargs):
-            return
-        recorder = self.recorder
-        findings = len(self.trace.findings)
-        self.module_stack.append(module)
-        key = id(module)
-        new = key not in self._seen_modules
-        if new:
-            self._seen_modules.add(key)
-            self.trace.modules_seen += 1
-            _construction.check_entered(self, module)  # head counts, before its first op
-        step = None
-        if recorder is not None:
-            step = _replay.Step(_replay.ENTER)
-            step.module = _weak(module)
-            step.first = new
-            step.root = first
-        if first:
-            self._name_inputs(module, args, kwargs, step)
-        _composites.enter(self, module, args, kwargs)
-        if self.recorder is not None:
-            clean = len(self.trace.findings) == findings and not _composites.suspended(self)
-            self._append(
-                step if clean and step is not None and step.kind == _replay.ENTER else None
-            )
-        self.step += 1
+        if _not_running():
+            return  # a module run under vmap or make_fx: its ops go through (`_dispatch`)
+        try:
+            first = not self.module_stack
+            if first:
+                self.enabled = _config.is_enabled()  # once per forward, not per op
+                self.trace._forward += 1
+                if len(self.ledger.steps) > _owed.MAX_OWED:
+                    self.ledger.pay()
+            if self.replay is not None and self._replay_enter(module, first, args, kwargs):
+                return
+            recorder = self.recorder
+            findings = len(self.trace.findings)
+            self.module_stack.append(module)
+            key = id(module)
+            new = key not in self._seen_modules
+            if new:
+                self._seen_modules.add(key)
+                self.trace.modules_seen += 1
+                _construction.check_entered(self, module)  # head counts, before its first op
+            step = None
+            if recorder is not None:
+                step = _replay.Step(_replay.ENTER)
+                step.module = _weak(module)
+                step.first = new
+                step.root = first
+            if first:
+                self._name_inputs(module, args, kwargs, step)
+            _composites.enter(self, module, args, kwargs)
+            if self.recorder is not None:
+                clean = len(self.trace.findings) == findings and not _composites.suspended(self)
+                self._append(
+                    step if clean and step is not None and step.kind == _replay.ENTER else None
+                )
+            self.step += 1
+        except Exception as error:
+            if not _internal.contained(self.trace, error, "entering a module", _class(module)):
+                raise
+            self._abandon_replay()
 
     def exit_module(self, module) -> None:
-        replayed = False
-        if self.replay is not None:
-            steps, i = self.replay, self.step
-            step = steps[i] if i < len(steps) else None
-            if step is not None and step.kind == _replay.EXIT and step.module() is module:
-                replayed = True
-                self.replayed += 1
-            else:
-                self._diverge()
-        if not replayed and self.recorder is not None:
-            step = _replay.Step(_replay.EXIT)
-            step.module = _weak(module)
-            self._append(step)
-        self.step += 1
         stack = self.module_stack
+        if _not_running() and not any(m is module for m in stack):
+            return  # entered under vmap or make_fx, so never entered (`enter_module`)
+        try:
+            replayed = False
+            if self.replay is not None:
+                steps, i = self.replay, self.step
+                step = steps[i] if i < len(steps) else None
+                if step is not None and step.kind == _replay.EXIT and step.module() is module:
+                    replayed = True
+                    self.replayed += 1
+                else:
+                    self._diverge()
+            if not replayed and self.recorder is not None:
+                step = _replay.Step(_replay.EXIT)
+                step.module = _weak(module)
+                self._append(step)
+        except Exception as error:
+            if not _internal.contained(self.trace, error, "leaving a module", _class(module)):
+                raise
+            self._abandon_replay()
+        self.step += 1
         if stack and stack[-1] is module:
             del stack[-1]  # the innermost module: the usual case
             return
@@ -520,13 +557,12 @@ class Session:
         table = self.metas
         metas = []
         for t, (slot, shape, dtype) in zip(tensors, inputs, strict=True):
-            if t.dtype is not dtype or t.shape != shape:
-                return None
+            # Which tensor before what shape (`_same_firsts`: never a symbolic size compared).
             m = table.get(t)
             if slot is None:
                 if m is not None:
                     return None
-            elif m is None or m.slot != slot:
+            elif m is None or m.slot != slot or t.dtype is not dtype or t.shape != shape:
                 return None
             metas.append(m)
         return metas if self._same_firsts(step, tensors, metas) else None
@@ -645,6 +681,10 @@ class Session:
 
     def _fresh_meta(self, tensor, name: str) -> TensorMeta:
         """New axes for a tensor first seen here, `name` its state name (or "")."""
+        if not isinstance(tensor, _Tensor):
+            # A caller (a rule) took a non-tensor for a tensor: its bug, contained where
+            # it runs (`_internal`) and loud in shapeguard's own suite.
+            raise TypeError(f"shapeguard asked for the axes of a {type(tensor).__name__}")
         param = isinstance(tensor, torch.nn.Parameter)
         origin = "a parameter" if param else "a tensor made outside the trace"
         axes = _dims.fresh_axes(tuple(tensor.shape))
@@ -721,8 +761,8 @@ class Session:
         torch calls go through unrecorded, as checkers' do. A composite is not suspended in
         an observed session (`_composites.enter`), so observers see its ops one by one."""
         __tracebackhide__ = True
-        if spec.family == _QUERY:
-            return func(*args, **kwargs)
+        if spec.family == _QUERY or _not_running():
+            return func(*args, **kwargs)  # (under vmap no observer may read a value)
         observers = self.observers
         count = len(self.trace.events)
         quiet = self._dispatching
@@ -787,203 +827,237 @@ class Session:
             choices = (replay,) if replay is not None else ()
         get = self.metas._data.get
         ledger = self.ledger
-        for steps in choices:
-            step = steps[i] if i < len(steps) else None
-            if step is None or (step.func is not func and step.func != func):
-                continue
-            if module is _UNSET:
-                # The user's frame, found as `_source.user_site` finds it; its site is looked
-                # up only when the frame is not where the step's site was last seen.
-                frame: FrameType | None = _getframe(2)
-                in_module = False
-                while frame is not None:
-                    code = frame.f_code
-                    known = _code_kinds.get(id(code))
-                    kind = known[1] if known is not None and known[0] is code else _code_kind(code)
-                    if not kind:
-                        break
-                    if kind == _FLOOR:
-                        frame = None
-                        break
-                    if kind == _OPTIMIZER and not in_module:
-                        return func(*args, **kwargs)  # torch.optim's own (`_source.op_site`)
-                    if kind == _IN_MODULE:
-                        in_module = True
-                    frame = frame.f_back
-                if frame is None:
-                    site = None
-                else:
-                    lasti = frame.f_lasti
-                    where = step.where
-                    if (
-                        where is not None
-                        and where[0] is code
-                        and where[1] == lasti
-                        and where[2] is in_module
-                        and where[3] == _site_epoch[0]
-                    ):
-                        site = step.site
-                    else:
-                        site = _source.frame_site(frame, in_module)
-                        if site is step.site:
-                            step.where = _source.site_key(code, lasti, in_module, site)
-                stack = self.module_stack
-                module = stack[-1] if stack else None
-            ref = step.module
-            if step.site is not site or (ref() if ref is not None else None) is not module:
-                continue
-            match = step.match
-            if match is None:
-                match = step.match = _replay.matcher(step)
-            if match:
-                # The arguments and inputs compared in straight code (`_replay.matcher`).
-                found = match(args, kwargs, get)
-                if found is None:
+        plain = False  # the op runs unchecked: its error is torch's, not ours
+        try:
+            for steps in choices:
+                step = steps[i] if i < len(steps) else None
+                if step is None or (step.func is not func and step.func != func):
                     continue
-                if found is not _GENERIC:
-                    if step.firsts:
-                        metas, tensors = found
+                if module is _UNSET:
+                    # The user's frame, found as `_source.user_site` finds it; its site is looked
+                    # up only when the frame is not where the step's site was last seen.
+                    frame: FrameType | None = _getframe(2)
+                    in_module = False
+                    while frame is not None:
+                        code = frame.f_code
+                        known = _code_kinds.get(id(code))
+                        kind = (
+                            known[1] if known is not None and known[0] is code else _code_kind(code)
+                        )
+                        if not kind:
+                            break
+                        if kind == _FLOOR:
+                            frame = None
+                            break
+                        if kind == _OPTIMIZER and not in_module:
+                            plain = True  # torch.optim's own (`_source.op_site`)
+                            return func(*args, **kwargs)
+                        if kind == _IN_MODULE:
+                            in_module = True
+                        frame = frame.f_back
+                    if frame is None:
+                        site = None
                     else:
-                        metas = found
-                    if not ledger.paid:
-                        objs = _OWED  # made when read (`_owed`)
+                        lasti = frame.f_lasti
+                        where = step.where
+                        if (
+                            where is not None
+                            and where[0] is code
+                            and where[1] == lasti
+                            and where[2] is in_module
+                            and where[3] == _site_epoch[0]
+                        ):
+                            site = step.site
+                        else:
+                            site = _source.frame_site(frame, in_module)
+                            if site is step.site:
+                                step.where = _source.site_key(code, lasti, in_module, site)
+                    stack = self.module_stack
+                    module = stack[-1] if stack else None
+                ref = step.module
+                if step.site is not site or (ref() if ref is not None else None) is not module:
+                    continue
+                match = step.match
+                if match is None:
+                    match = step.match = _replay.matcher(step)
+                if match:
+                    # The arguments and inputs compared in straight code (`_replay.matcher`).
+                    found = match(args, kwargs, get)
+                    if found is None:
+                        continue
+                    if found is not _GENERIC:
+                        if step.firsts:
+                            metas, tensors = found
+                        else:
+                            metas = found
+                        if not ledger.paid:
+                            objs = _OWED  # made when read (`_owed`)
+                            break
+                        objs = self._resolve(step, tensors, metas)
+                        if objs is None:
+                            continue
+                        break
+                if tensors is None:
+                    tensors = []  # `OpCall.tensors`, inlined
+                    for a in args:
+                        if isinstance(a, _Tensor):
+                            tensors.append(a)
+                        elif isinstance(a, _SEQUENCES):
+                            tensors.extend([t for t in a if isinstance(t, _Tensor)])
+                    if kwargs:
+                        tensors += [v for v in kwargs.values() if isinstance(v, _Tensor)]
+                count, names, checks = step.args
+                if len(args) != count or (tuple(kwargs) != names if kwargs else names):
+                    continue
+                if checks and not _replay.same_checks(checks, args, kwargs):
+                    continue
+                inputs = step.inputs
+                if len(tensors) != len(inputs):
+                    continue
+                metas = []
+                unseen = False
+                for t, (slot, shape, dtype) in zip(tensors, inputs, strict=True):
+                    # Which tensor before what shape (`_same_firsts` compares a tensor
+                    # first seen here): a fake tensor's symbolic sizes are never compared.
+                    entry = get(id(t))
+                    m = entry[1] if entry is not None and entry[0]() is t else None
+                    if slot is None:
+                        if m is not None:
+                            break
+                        unseen = True
+                    elif m is None or m.slot != slot or t.dtype is not dtype or t.shape != shape:
+                        break
+                    metas.append(m)
+                else:
+                    if unseen and not self._same_firsts(step, tensors, metas):
+                        continue
+                    if step.values and (
+                        # Under vmap no value may be read: a step whose rules read some is
+                        # not this op (which `_dispatch` would let through unrecorded).
+                        _not_running()
+                        or (
+                            not all(_replay.same_values(tensors[k], v) for k, v in step.values)
+                            and not self._values_pass(func, op, spec, args, kwargs, site)
+                        )
+                    ):
+                        continue
+                    if step.extras and not self._match_extras(step.extras):
+                        continue
+                    if not ledger.paid:  # (`_values_pass` may have paid it)
+                        objs = _OWED
                         break
                     objs = self._resolve(step, tensors, metas)
                     if objs is None:
                         continue
                     break
-            if tensors is None:
-                tensors = []  # `OpCall.tensors`, inlined
-                for a in args:
-                    if isinstance(a, _Tensor):
-                        tensors.append(a)
-                    elif isinstance(a, _SEQUENCES):
-                        tensors.extend([t for t in a if isinstance(t, _Tensor)])
-                if kwargs:
-                    tensors += [v for v in kwargs.values() if isinstance(v, _Tensor)]
-            count, names, checks = step.args
-            if len(args) != count or (tuple(kwargs) != names if kwargs else names):
-                continue
-            if checks and not _replay.same_checks(checks, args, kwargs):
-                continue
-            inputs = step.inputs
-            if len(tensors) != len(inputs):
-                continue
-            metas = []
-            unseen = False
-            for t, (slot, shape, dtype) in zip(tensors, inputs, strict=True):
-                if t.dtype is not dtype or t.shape != shape:
-                    break
-                entry = get(id(t))
-                m = entry[1] if entry is not None and entry[0]() is t else None
-                if slot is None:
-                    if m is not None:
-                        break
-                    unseen = True
-                elif m is None or m.slot != slot:
-                    break
-                metas.append(m)
             else:
-                if unseen and not self._same_firsts(step, tensors, metas):
-                    continue
-                if (
-                    step.values
-                    and not all(_replay.same_values(tensors[k], v) for k, v in step.values)
-                    and not self._values_pass(func, op, spec, args, kwargs, site)
-                ):
-                    continue
-                if step.extras and not self._match_extras(step.extras):
-                    continue
-                if not ledger.paid:  # (`_values_pass` may have paid it)
-                    objs = _OWED
-                    break
-                objs = self._resolve(step, tensors, metas)
-                if objs is None:
-                    continue
-                break
-        else:
-            if _source.op_site() is _source.OPTIMIZER:
-                return func(*args, **kwargs)  # never recorded, so never a step to match
-            self._diverge()
-            return _MISSED
+                if _not_running() or _source.op_site() is _source.OPTIMIZER:
+                    # Never recorded (`_dispatch`), so never a step to match: the replay
+                    # goes on after it (vmap's or make_fx's ops, torch.optim's own).
+                    plain = True
+                    return func(*args, **kwargs)
+                self._diverge()
+                return _MISSED
+        except Exception as error:
+            if plain or not _internal.contained(self.trace, error, "replaying", op):
+                raise
+            self._abandon_replay()
+            return _MISSED  # run as usual (`_dispatch`)
         self.replay = steps
         try:
             out = func(*args, **kwargs)
         except ShapeError:
             raise
         except RuntimeError as error:
-            raise self._torch_error(
-                error, OpCall(self, func, op, args, kwargs, site, spec)
-            ) from error
-        shapes = step.outputs
-        if type(out) is torch.Tensor:
-            outputs = None  # the one output: `out`
-            same = len(shapes) == 1 and out.shape == shapes[0]
-        else:
-            outputs = _tensors_of(out)
-            same = len(outputs) == len(shapes) and all(
-                o.shape == s for o, s in zip(outputs, shapes, strict=True)
-            )
-        if not same:
-            # Output shapes the inputs' do not decide (nonzero, a boolean index): as usual.
-            self._diverge()
-            self._record(OpCall(self, func, op, args, kwargs, site, spec), out)
-            if self.recorder is not None:
-                self._append(None)
-            self.step += 1
-            return out
-        slot = i * _replay.MAX_OUTPUTS
-        if objs is _OWED:
-            if step.firsts:
-                self._owe_firsts(step, tensors, metas)
-            owed = ledger.ref
-        else:
-            owed = None
-        table = self.metas
-        if outputs is None:
-            # `_owed.pending` and `TensorTable.__setitem__`, inlined for the one output.
-            meta = _new_meta(TensorMeta)
-            meta.slot = slot + 1
-            meta._owed = owed
-            made: list = [meta]
-            data = table._data
-            data[id(out)] = (_weakref_ref(out), meta)
-            if len(data) > table._limit:
-                table._sweep()
-        else:
-            made = [_owed.pending(slot + k, owed) for k in range(1, len(shapes) + 1)]
-            for tensor, meta in zip(outputs, made, strict=True):
-                table[tensor] = meta
-        both = (*metas, *made)
-        if owed is not None:
-            ledger.steps.append(step)
-            ledger.metas.append(both)
-        else:
-            _replay.apply(step.effects, typing.cast("list | None", objs), metas, made)
-        event = step.event
-        if event is not None:
-            trace = self.trace
-            pending = trace._pending
-            if len(trace._events) + len(pending) >= trace.max_events:
-                trace.dropped_events += 1
+            if type(error) is not RuntimeError:
+                raise  # torch's own kind of failure, kept as it is (as in `_dispatch`)
+            explained = self._explain(error, OpCall(self, func, op, args, kwargs, site, spec))
+            if explained is None:
+                raise
+            try:
+                raise explained from error
+            finally:
+                explained = None
+        try:
+            shapes = step.outputs
+            if type(out) is torch.Tensor:
+                outputs = None  # the one output: `out`
+                same = len(shapes) == 1 and out.shape == shapes[0]
             else:
-                pending.append((*event, both, None))  # `TraceData.record`
+                outputs = _tensors_of(out)
+                same = len(outputs) == len(shapes) and all(
+                    o.shape == s for o, s in zip(outputs, shapes, strict=True)
+                )
+            if not same:
+                # Output shapes the inputs' do not decide (nonzero, a boolean index): as usual.
+                self._diverge()
+                self._record(OpCall(self, func, op, args, kwargs, site, spec), out)
+                if self.recorder is not None:
+                    self._append(None)
+                self.step += 1
+                return out
+            slot = i * _replay.MAX_OUTPUTS
+            if objs is _OWED:
+                if step.firsts:
+                    self._owe_firsts(step, tensors, metas)
+                owed = ledger.ref
+            else:
+                owed = None
+            table = self.metas
+            if outputs is None:
+                # `_owed.pending` and `TensorTable.__setitem__`, inlined for the one output.
+                meta = _new_meta(TensorMeta)
+                meta.slot = slot + 1
+                meta._owed = owed
+                made: list = [meta]
+                data = table._data
+                data[id(out)] = (_weakref_ref(out), meta)
+                if len(data) > table._limit:
+                    table._sweep()
+            else:
+                made = [_owed.pending(slot + k, owed) for k in range(1, len(shapes) + 1)]
+                for tensor, meta in zip(outputs, made, strict=True):
+                    table[tensor] = meta
+            both = (*metas, *made)
+            if owed is not None:
+                ledger.steps.append(step)
+                ledger.metas.append(both)
+            else:
+                _replay.apply(step.effects, typing.cast("list | None", objs), metas, made)
+            event = step.event
+            if event is not None:
+                trace = self.trace
+                pending = trace._pending
+                if len(trace._events) + len(pending) >= trace.max_events:
+                    trace.dropped_events += 1
+                else:
+                    pending.append((*event, both, None))  # `TraceData.record`
+        except Exception as error:
+            if not _internal.contained(self.trace, error, "replaying", op, site):
+                raise
+            self._abandon_replay()
+            self.step = i + 1
+            return out
         self.step = i + 1
         self.replayed += 1
         return out
 
     def _same_firsts(self, step, tensors: list, metas: list) -> bool:
         """The tensors first seen here are the recorded ones: the same object (a parameter
-        of the same module), or one of the same kind and layout."""
+        of the same module), or one of the same kind and layout; then of the same dtype and
+        shape. Kind first: the sizes of a fake tensor (make_fx, export) are symbolic, and
+        comparing one with a number would specialize what torch traces."""
         firsts = iter(step.firsts)
-        for t, m in zip(tensors, metas, strict=True):
+        for t, m, (_, shape, dtype) in zip(tensors, metas, step.inputs, strict=True):
             if m is not None:
                 continue
             ref, nature = next(firsts)
             if ref is not None and ref() is t:
                 if (t.stride(), t.device.type, t.requires_grad) != nature[3:]:
                     return False
-            elif self._first_seen(t) != nature:
+            elif self._first_seen(t) != nature:  # its type first: a FakeTensor stops here
+                return False
+            if t.dtype is not dtype or t.shape != shape:
                 return False
         return True
 
@@ -1017,23 +1091,42 @@ class Session:
 
     def _dispatch(self, func, op: str, spec, args: tuple, kwargs: dict):
         __tracebackhide__ = True
-        site = _source.op_site()
-        if site is _source.PLUMBING:
-            return _tp_session.plumbing(self, func, spec, args, kwargs)
-        if site is _source.OPTIMIZER:
+        if _not_running():
+            return func(*args, **kwargs)  # vmap, make_fx: never checked nor recorded
+        # Failures of shapeguard's own code are contained (`_internal`): before the op, it
+        # runs unchecked; in a rule, that rule is skipped; after it, its output is returned.
+        call = None
+        try:
+            site = _source.op_site()
+            if site is not _source.PLUMBING and site is not _source.OPTIMIZER:
+                call = OpCall(self, func, op, args, kwargs, site, spec)
+                upstream: frozenset = NO_FLAGS  # `_flagged`, inlined: once per op
+                read = call.meta
+                tensors = call.tensors()
+                for t in tensors:
+                    if t._has_symbolic_sizes_strides:
+                        # A fake tensor of symbolic sizes, outside the tracing modes (make_fx
+                        # making its inputs): comparing a size would specialize it.
+                        call = site = None
+                        break
+                    known = read(t)
+                    if known is not None and known.flagged:
+                        upstream = upstream | known.flagged
+                else:
+                    call.flagged = upstream
+                    rules = _checks.rules_for(op, _checks.distributed_now())
+                    step = self._begin_step(call, rules) if self.recorder is not None else None
+                    reads = _replay.ValueReads(tensors) if step is not None else None
+        except Exception as error:
+            if not _internal.contained(self.trace, error, "preparing the checks", op):
+                raise
+            self._abandon_replay()
             return func(*args, **kwargs)
-        call = OpCall(self, func, op, args, kwargs, site, spec)
+        if call is None:
+            if site is _source.PLUMBING:
+                return _tp_session.plumbing(self, func, spec, args, kwargs)
+            return func(*args, **kwargs)  # torch.optim's own, symbolic sizes
         broken = None  # the first error warn mode let through
-        rules = _checks.rules_for(op, _checks.distributed_now())
-        step = self._begin_step(call, rules) if self.recorder is not None else None
-        reads = _replay.ValueReads(call.tensors()) if step is not None else None
-        upstream: frozenset = NO_FLAGS  # `_flagged`, inlined: once per op
-        read = call.meta
-        for t in call.tensors():
-            known = read(t)
-            if known is not None and known.flagged:
-                upstream = upstream | known.flagged
-        call.flagged = upstream
         yielded = False
         if rules:
             here = id(self.module_stack[-1]) if self.module_stack else None
@@ -1047,31 +1140,47 @@ class Session:
                 reads.__enter__()
             try:
                 for rule in rules:
-                    if rule.operands:
-                        if lead < 0:
-                            lead = _checks.leading_operands(args)
-                        if lead < rule.operands:
-                            continue
-                    for violation in rule.check(call):
-                        yielded = True
-                        violation.severity = _checks.severity(rule, violation)
-                        if violation.severity == "warning" and consequence:
-                            # A tensor of this block already carries a warning: what follows
-                            # from it is that bug again, in other words.
-                            continue
-                        reported.add((violation.kind, here))
-                        found = self.report(violation, call)
-                        broken = broken or found
+                    try:
+                        if rule.operands:
+                            if lead < 0:
+                                lead = _checks.leading_operands(args)
+                            if lead < rule.operands:
+                                continue
+                        for violation in rule.check(call):
+                            yielded = True
+                            violation.severity = _checks.severity(rule, violation)
+                            if violation.severity == "warning" and consequence:
+                                # A tensor of this block already carries a warning: what
+                                # follows from it is that bug again, in other words.
+                                continue
+                            reported.add((violation.kind, here))
+                            found = self.report(violation, call)
+                            broken = broken or found
+                    except Exception as error:
+                        # The rule's own failure (its findings, raised, pass: `contained`).
+                        if not _internal.contained(
+                            self.trace, error, _rule_name(rule), op, call.site
+                        ):
+                            raise
+                        yielded = True  # not a clean verdict: never replayed as one
             finally:
                 if reads is not None:
                     reads.__exit__(None, None, None)
             if reported:
                 call.flagged = frozenset(reported) | upstream
             call.reported = bool(reported)
-        if step is not None and reads is not None and reads.read:
-            # Before the op: an op in place changes what it writes into.
-            tensors = call.tensors()
-            step.values = tuple((k, _replay.fingerprint(tensors[k])) for k in sorted(reads.read))
+        try:
+            if step is not None and reads is not None and reads.read:
+                # Before the op: an op in place changes what it writes into.
+                tensors = call.tensors()
+                step.values = tuple(
+                    (k, _replay.fingerprint(tensors[k])) for k in sorted(reads.read)
+                )
+        except Exception as error:
+            if not _internal.contained(self.trace, error, "recording", op, call.site):
+                raise
+            step = None
+            self._abandon_replay()
         try:
             out = func(*args, **kwargs)
         except ShapeError:
@@ -1083,18 +1192,51 @@ class Session:
                 # `except` clauses in the user's code look for: kept as it is.
                 raise
             # torch fails where a rule said it would: shapeguard's own account of it.
+            explained = broken or self._explain(error, call)
+            broken = found = None  # no frame -> error cycle (`_reporting.deliver`)
+            if explained is None:
+                raise  # shapeguard could not describe it: torch's own error
             try:
-                raise (broken or self._torch_error(error, call)) from error
+                raise explained from error
             finally:
-                broken = found = None  # no frame -> error cycle (`_reporting.deliver`)
-        if step is None or yielded or upstream:
-            self._record(call, out)
-            if self.recorder is not None:
-                self._append(None)
-        else:
-            self._record_step(step, call, out, reads)
+                explained = None
+        try:
+            if not tensors and _symbolic(out):
+                # A factory of symbolic sizes (make_fx making a fake input): not recorded.
+                if self.recorder is not None:
+                    self._append(None)
+            elif step is None or yielded or upstream:
+                self._record(call, out)
+                if self.recorder is not None:
+                    self._append(None)
+            else:
+                self._record_step(step, call, out, reads)
+        except Exception as error:
+            if not _internal.contained(self.trace, error, "recording", op, call.site):
+                raise
+            self._abandon_replay()
         self.step += 1
         return out
+
+    def _explain(self, error: RuntimeError, call: OpCall) -> ShapeError | None:
+        """`_torch_error`, or None when describing the failure failed (contained: torch's
+        own error is raised then)."""
+        try:
+            return self._torch_error(error, call)
+        except Exception as failure:
+            if not _internal.contained(
+                self.trace, failure, "describing torch's error", call.op, call.site
+            ):
+                raise
+            return None
+
+    def _abandon_replay(self) -> None:
+        """After a failure of shapeguard's own code: neither replay nor record from here in
+        this session (a recording cut at a failure is no recording to follow). What a
+        replay owes is made when read, as after a divergence."""
+        self.replay = None
+        self._choices = []
+        self.recorder = None  # dropped, not remembered
 
     def _begin_step(self, call: OpCall, rules):
         """The step a recorded op will be, as far as it is known before its rules run."""
@@ -1361,6 +1503,14 @@ def _lift(previous: "Session | None") -> "Session | None":
     return previous
 
 
+def _class(module) -> str:
+    return type(module).__name__
+
+
+def _rule_name(rule) -> str:
+    return f"rule {rule.family}.{getattr(rule.check, '__qualname__', '?')}"
+
+
 def _weak(module):
     try:
         return weakref.ref(module)
@@ -1386,6 +1536,11 @@ def _nested_tensors(name: str, value, depth: int = 0) -> list:
     for key, item in items:
         found += _nested_tensors(f"{name}.{key}", item, depth + 1)
     return found
+
+
+def _symbolic(out) -> bool:
+    """Whether an output has symbolic sizes (a fake tensor: make_fx, export)."""
+    return any(t._has_symbolic_sizes_strides for t in _tensors_of(out))
 
 
 def _tensors_of(out) -> list:

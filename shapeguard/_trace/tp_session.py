@@ -11,6 +11,8 @@ import dataclasses
 import weakref
 from dataclasses import dataclass
 
+import torch
+
 from .. import _ops
 from .._names import axes as _axes
 from .._names import flow as _flow
@@ -107,7 +109,7 @@ def _mark_replicated(session, func, args, out) -> None:
             for i, piece in enumerate(out):
                 state.pieces[piece] = (found, i, len(out))
         return
-    if name == "cat" and isinstance(args[0], tuple | list) and hasattr(out, "shape"):
+    if name == "cat" and isinstance(args[0], tuple | list) and isinstance(out, torch.Tensor):
         parts = [state.pieces.get(t) for t in args[0]]
         first = parts[0] if parts else None
         if first is not None and all(
@@ -116,7 +118,7 @@ def _mark_replicated(session, func, args, out) -> None:
         ):
             state.replicated[out] = first[0]
         return
-    if not hasattr(out, "shape") or is_dtensor(out):
+    if not isinstance(out, torch.Tensor) or is_dtensor(out):
         return
     if name in _REPLICATING:
         group = next((a for a in args[1:] if isinstance(a, str) and a not in _REDUCE_OPS), None)
@@ -137,7 +139,7 @@ def _mark_replicated(session, func, args, out) -> None:
         state.replicated[out] = Replicated(group, name, path, axes, shape)
         return
     source = args[0]
-    if not hasattr(source, "shape") or tuple(source.shape) != tuple(out.shape):
+    if not isinstance(source, torch.Tensor) or tuple(source.shape) != tuple(out.shape):
         return
     found = state.replicated.get(source)
     if found is not None:
@@ -207,7 +209,7 @@ def _mark_split(session, func, args, kwargs, out) -> None:
     name = getattr(func, "__name__", "")
     state = _state(session)
     source = args[0]
-    if name == "chunk" and isinstance(out, tuple | list) and hasattr(source, "shape"):
+    if name == "chunk" and isinstance(out, tuple | list) and isinstance(source, torch.Tensor):
         dim = _dim_of(args, kwargs, 2, source.dim())
         if dim is not None:
             size = state.unpadded.get(source) or int(source.shape[dim])
@@ -218,11 +220,16 @@ def _mark_split(session, func, args, kwargs, out) -> None:
             for i, piece in enumerate(out):
                 state.cuts[piece] = (cut, i)
         return
-    if name in ("contiguous", "pad") and hasattr(out, "shape"):
+    if name in ("contiguous", "pad") and isinstance(out, torch.Tensor):
         found = state.cuts.get(source)  # padding the last piece of an uneven split
         if found is not None:
             state.cuts[out] = found
-    if name == "cat" and isinstance(source, tuple | list) and source and hasattr(out, "shape"):
+    if (
+        name == "cat"
+        and isinstance(source, tuple | list)
+        and source
+        and isinstance(out, torch.Tensor)
+    ):
         parts = [state.cuts.get(t) for t in source]
         first = parts[0]
         if first is None or len(parts) != first[0].n:
@@ -232,13 +239,13 @@ def _mark_split(session, func, args, kwargs, out) -> None:
             return
         _join(state, joined, _dim_of(args, kwargs, 1, out.dim()), out)
         return
-    if not hasattr(out, "shape") or is_dtensor(out):
+    if not isinstance(out, torch.Tensor) or is_dtensor(out):
         return
     if name == "reduce_scatter_tensor" and len(args) == 4 and args[1] in _REDUCE_OPS:
         # _c10d_functional.reduce_scatter_tensor(input, op, group_size, group): it scatters
         # dim 0; funcol moves another scatter dim there with a chunk and a cat first.
         group = args[3]
-        if not isinstance(group, str) or not hasattr(source, "shape"):
+        if not isinstance(group, str) or not isinstance(source, torch.Tensor):
             return
         moved = state.moved.get(source)
         if moved is not None:
@@ -265,7 +272,7 @@ def _mark_split(session, func, args, kwargs, out) -> None:
             shape = tuple(int(n) for n in out.shape)
             state.gathered[out] = Gathered(split, 0, path, local, shape)
         return
-    if not hasattr(source, "shape"):
+    if not isinstance(source, torch.Tensor):
         return
     split = state.split.get(source)
     if name == "narrow" and split is not None:  # unpadding this rank's piece

@@ -20,10 +20,14 @@ import pkgutil
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeGuard
 
 from .. import _ops
 from .._errors import Violation
 from ._view import CallView
+
+if TYPE_CHECKING:
+    import torch
 
 ERROR = "error"
 WARNING = "warning"
@@ -201,12 +205,31 @@ def _never() -> bool:
 _initialized: Callable[[], bool] | None = None
 
 
+# torch.Tensor, once a rule has asked (the checks run only in a trace, so torch is loaded).
+_Tensor: type | None = None
+
+
+def is_tensor(value) -> TypeGuard["torch.Tensor"]:
+    """Whether `value` is a torch tensor (a subclass too: a Parameter, a DTensor). Never
+    duck-typed: a NumPy scalar or array, or an fx Proxy, has a `shape` and a `dtype` too,
+    and goes to torch as it is (a rule that took it for a tensor would read its axes)."""
+    return isinstance(value, _Tensor or _tensor_class())
+
+
+def _tensor_class() -> type:
+    global _Tensor
+    import torch
+
+    _Tensor = torch.Tensor
+    return _Tensor
+
+
 def applies(r: Rule, args: tuple) -> bool:
     """Whether rule `r` reads a call with these positional arguments (`Rule.operands`)."""
     n = r.operands
     if not n:
         return True
-    return len(args) >= n and all(hasattr(a, "shape") and hasattr(a, "dtype") for a in args[:n])
+    return len(args) >= n and all(is_tensor(a) for a in args[:n])
 
 
 def leading_operands(args: tuple) -> int:
@@ -214,7 +237,7 @@ def leading_operands(args: tuple) -> int:
     `applies(r, args)` is `leading_operands(args) >= r.operands` for a rule with operands."""
     count = 0
     for a in args:
-        if not (hasattr(a, "shape") and hasattr(a, "dtype")):
+        if not is_tensor(a):
             break
         count += 1
     return count

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .. import _ops, _reporting
 from .._errors import Context, Operand, ShapeError, Violation
 from .._names import axes as _axes
-from . import ERROR, WARNING, Severities
+from . import ERROR, WARNING, Severities, is_tensor
 
 # Every kind flash-attn's contract reports (the entry points, the kernels, varlen).
 KINDS: dict[str, Severities] = {
@@ -109,7 +109,7 @@ def spec(name: str, tensor) -> Spec:
 
 
 def _is_tensor(value) -> bool:
-    return hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "stride")
+    return is_tensor(value)
 
 
 # -- dense: q, k, v as [batch, seq, heads, d_k] ----------------------------------------

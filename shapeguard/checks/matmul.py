@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, TypeGuard
 from .. import _ops, _source
 from .._errors import Operand, Violation
 from .._names import axes as _axes
-from . import ERROR, rule
+from . import ERROR, is_tensor, rule
 from ._view import CallView
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def products(call: CallView) -> Iterator[Violation]:
 
 
 def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return hasattr(value, "shape") and hasattr(value, "dim")
+    return is_tensor(value)
 
 
 def _out_prefix(call) -> str:

@@ -15,7 +15,7 @@ from .. import _ops
 from .._errors import Violation
 from .._names import dims as D
 from .._names.dims import BATCH, COPY
-from . import WARNING, rule
+from . import WARNING, is_tensor, rule
 from ._view import CallView
 from .mha import bind_arguments
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def _has_shape(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return hasattr(value, "shape")
+    return is_tensor(value)
 
 
 @rule(_ops.MHA, kinds={"batch_mixing": WARNING}, order=1)

@@ -28,7 +28,7 @@ from math import prod
 from .. import _ops, _tp
 from .._errors import Violation
 from .._names import axes as _axes
-from . import ERROR, WARNING, declare, rule
+from . import ERROR, WARNING, declare, is_tensor, rule
 from ._view import CallView
 
 # Raised through the view rule (heads_view), which explains its own failures in TP terms.
@@ -130,7 +130,7 @@ def view_violation(call: CallView, x, target, expr: str, label: str) -> Violatio
     """A view whose element count is wrong because of tensor parallelism: the global head
     count on this rank's shard (`tp_global_heads`), or the local count on a DTensor
     (`tp_local_heads`). None when TP does not explain it."""
-    if _tp.dtensor_class() is None or not hasattr(x, "shape") or x.dim() < 1:
+    if _tp.dtensor_class() is None or not is_tensor(x) or x.dim() < 1:
         return None
     module, split = call.tp_owner()
     if split is None or split.head_dim is None:
@@ -209,7 +209,7 @@ def _local_on_dtensor(call: CallView, x, split, count, features, expr, label, op
 def carve_note(call: CallView, x, label: str, count: int | None = None) -> str | None:
     """For the T5 spelling `view(bs, -1, n_heads, d)` of a local shard, which folds the
     missing tp factor into the sequence axis: what tp did, for the hint."""
-    if _tp.dtensor_class() is None or _tp.is_dtensor(x) or not hasattr(x, "shape"):
+    if _tp.dtensor_class() is None or _tp.is_dtensor(x) or not is_tensor(x):
         return None
     module, split = call.tp_owner()
     if split is None or split.head_dim is None:
@@ -317,14 +317,14 @@ def _implicit_replication() -> bool:
 def _labels(call: CallView) -> dict[int, str]:
     found: dict[int, str] = {}
     for i, arg in enumerate(call.args):
-        if hasattr(arg, "shape") and hasattr(arg, "dtype"):
+        if is_tensor(arg):
             found.setdefault(id(arg), call.label(i, f"arg{i}"))
         elif isinstance(arg, tuple | list):
             for j, t in enumerate(arg):
-                if hasattr(t, "shape"):
+                if is_tensor(t):
                     found.setdefault(id(t), call.label_of(t, f"arg{i}[{j}]"))
     for name, value in call.kwargs.items():
-        if hasattr(value, "shape") and hasattr(value, "dtype"):
+        if is_tensor(value):
             found.setdefault(id(value), call.label_of(value, name))
     return found
 
@@ -485,9 +485,9 @@ def shard_axis_mismatch(call: CallView) -> Iterator[Violation]:
     if projection is None or projection.style != "column" or not _first_reader(split, projection):
         return
     x = call.bound().get("input")
-    if x is None or not hasattr(x, "shape"):
+    if x is None or not is_tensor(x):
         return
-    gathered = call.gathered(x._local_tensor if _tp.is_dtensor(x) else x)
+    gathered = call.gathered(x._local_tensor if _tp.is_dtensor(x) else x)  # type: ignore[attr-defined]
     if gathered is None or gathered.dim == gathered.split.dim:
         return
     yield _gathered_across(call, x, gathered, call.module_path(module), projection.name)

@@ -185,7 +185,7 @@ def test_a_padding_mask_read_as_seq_by_seq_is_the_trace_s_finding_and_probes_fol
 
 
 @pytest.mark.no_shapeguard
-def test_length_change_catches_code_that_only_runs_at_one_length():
+def test_length_change_is_inconclusive_on_code_that_only_runs_at_one_length():
     class FixedLength(Attention):
         def forward(self, x, mask=None):
             y = super().forward(x, mask)
@@ -193,14 +193,20 @@ def test_length_change_catches_code_that_only_runs_at_one_length():
 
     model = FixedLength()
     model.register_buffer("mix", torch.eye(S))  # only this sequence length fits
-    failed = result(check(model, torch.randn(B, S, D)), "length change")
-    assert failed.status == "failed"
+    got = result(check(model, torch.randn(B, S, D)), "length change")
+    # A length the module does not take is no counterexample: a fixed window grid or a
+    # learned table of one length rejects it by design. The reason keeps what shapeguard
+    # reads of the failure.
+    assert got.status == "inconclusive"
     # 4: the first length under 5 that is not another size (3 is the head count)
-    assert failed.message.startswith(
-        "at seq 4 instead of 5, the module fails: output = y.transpose(1, 2) @ mix: "
-        "y.transpose(1, 2).seq_q (4) != mix.dim -2 (5)"
+    assert got.message.splitlines()[0] == (
+        "the module rejects the probe's input (seq 4 instead of 5): output = "
+        "y.transpose(1, 2) @ mix: y.transpose(1, 2).seq_q (4) != mix.dim -2 (5)"
     )
-    assert failed.op == f"matmul at tests/test_probes.py:{_line('@ self.mix')} (FixedLength)"
+    assert got.op == f"matmul at tests/test_probes.py:{_line('@ self.mix')} (FixedLength)"
+    assert got.message.splitlines()[-1] == (
+        "  an input the module does not run is no counterexample"
+    )
 
 
 # -- what decides which probes run --------------------------------------------------------
@@ -336,7 +342,7 @@ def test_report_renders_a_plain_table_and_each_failure_in_full():
         line.startswith("│ head-permutation invariance") and "failed" in line for line in lines
     )
     assert "head-permutation invariance: permuting the 3 heads of Attention" in text
-    assert lines[-1] == "6 of 9 checks ran in float64, 3 skipped; failed (3 of 6)"
+    assert lines[-1] == "9 checks in float64: 3 passed, 3 failed, 3 n/a; failed"
     assert str(report) == report.render()
     assert report.to_dict()["passed"] is False
 
@@ -347,12 +353,12 @@ def test_report_as_json_carries_every_probe_with_its_reason_and_verdict():
 
     report = check(Attention("merge"), torch.randn(B, S, D))
     data = json.loads(report.to_json())
-    assert data["schema"] == "shapeguard.check" and data["schema_version"] == 1
+    assert data["schema"] == "shapeguard.check" and data["schema_version"] == 2
     assert data["verdict"] == "failed" and data["passed"] is False
     assert [r["name"] for r in data["results"]] == [r.name for r in report.results]
     assert data["counts"] == {
         status: sum(r.status == status for r in report.results)
-        for status in ("passed", "failed", "skipped")
+        for status in ("passed", "failed", "inconclusive", "skipped")
     }
     failed = next(r for r in data["results"] if r["name"] == "head-permutation invariance")
     assert failed["status"] == "failed" and failed["deviation"] > failed["tolerance"]
@@ -360,6 +366,7 @@ def test_report_as_json_carries_every_probe_with_its_reason_and_verdict():
     assert "merged by reshape at" in failed["op"]
     skipped = next(r for r in data["results"] if r["status"] == "skipped")
     assert skipped["reason"] == skipped["message"].splitlines()[0]
+    assert skipped["applicable"] is False  # "skipped" is kept for n/a only
     assert data["summary"] == report.summary()
 
 
@@ -370,7 +377,7 @@ def test_the_summary_never_says_passed_when_no_probe_ran():
 
     report = check(Constant(), torch.randn(B, D))
     assert report.passed and report.verdict == "not probed"
-    assert report.summary().endswith("no probe ran, so only the shape checks passed")
+    assert report.summary().endswith("no probe applied, so only the shape checks passed")
     assert report.to_dict()["verdict"] == "not probed"
 
 

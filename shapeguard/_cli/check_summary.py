@@ -1,11 +1,12 @@
 """The rows of `shapeguard check`'s summary: the trace's result, then each semantic probe's.
 
-A row is `(check, status, detail)` with status `pass`, `FAIL`, `skip` (a probe that
-could have run and did not) or `n/a` (one whose property does not hold for this kind of
-module by design, `applicable: false`), the detail saying why; details are
-the full messages of failures, printed under the table. The probes come from
-`probe_runner`, so the summary reads their results
-in several shapes (`probe_rows`).
+A row is `(check, status, detail)` with status `pass`, `FAIL`, `inconclusive` (a probe
+that proves nothing either way: the detail says why; it fails nothing), `n/a` (one whose
+property does not hold for this kind of module by design, `applicable: false`) or `skip`
+(the probes did not run at all: `--device meta`, a failed trace); details are the full
+messages of failures, printed under the table, then the summary line (`Summary.line`).
+The probes come from `probe_runner`, so the summary reads their results in several
+shapes (`probe_rows`).
 """
 
 import contextlib
@@ -27,12 +28,32 @@ class Summary:
     def failures(self) -> int:
         return sum(1 for _, status, _ in self.rows if status == "FAIL")
 
+    @property
+    def inconclusive(self) -> int:
+        """The rows that prove nothing either way (they fail nothing)."""
+        return sum(1 for _, status, _ in self.rows if status == INCONCLUSIVE)
+
+    def line(self) -> str:
+        """The summary under the table: how many checks passed, failed, were inconclusive
+        or did not apply; the exit status follows the failures alone."""
+        counts: dict[str, int] = {}
+        for _, status, _ in self.rows:
+            counts[status] = counts.get(status, 0) + 1
+        words = [("pass", "passed"), ("FAIL", "failed"), (INCONCLUSIVE, INCONCLUSIVE)]
+        words += [("n/a", "n/a"), ("skip", "skipped")]
+        parts = [f"{counts[key]} {word}" for key, word in words if counts.get(key)]
+        verdict = "failed" if self.failures else "passed"
+        if not self.failures and self.inconclusive:
+            verdict += f" ({self.inconclusive} inconclusive: see the reasons above)"
+        return f"{len(self.rows)} checks: {', '.join(parts)}; {verdict}"
+
     def to_dict(self) -> dict:
         """The `check` object of the JSON schema (docs/json-schema.md)."""
         to_dict = getattr(self.report, "to_dict", None)
         return {
             "passed": not self.failures,
             "failed": self.failures,
+            "inconclusive": self.inconclusive,
             "results": [
                 {"name": name, "status": status, "detail": detail}
                 for name, status, detail in self.rows
@@ -95,6 +116,7 @@ def probe_runner():
     return importlib.import_module("shapeguard._probes.check").run_check
 
 
+INCONCLUSIVE = "inconclusive"
 _STATUS = {
     "passed": "pass",
     "ok": "pass",
@@ -102,6 +124,7 @@ _STATUS = {
     "fail": "FAIL",
     "skipped": "skip",
     "error": "FAIL",
+    "inconclusive": INCONCLUSIVE,
 }
 
 

@@ -270,7 +270,8 @@ def check(target):
     """Trace the model in FILE, run the semantic probes, and summarize pass / fail.
 
     The probes (batch independence, causality, ...) need real values, so they are
-    skipped on --device meta. Exit status 1 on any failure.
+    skipped on --device meta. A probe that proves nothing either way is inconclusive,
+    with its reason, and fails nothing. Exit status 1 on any failure.
     """
     from .run import Freezer
 
@@ -303,6 +304,7 @@ def _check_and_report(target, hold) -> None:
         lambda: (
             render_check(summary.rows, width=width, color=color)
             + "".join(f"\n{d}\n" for d in summary.details)
+            + f"{summary.line()}\n"
             + "".join(f"note: {note}\n" for note in _notes(target, picked, inputs))
         ),
         check=summary,

@@ -11,8 +11,8 @@ from typing import cast
 import torch
 
 from .edits import distinct_length, padded, perturbed, sizes_in_play, sliced
-from .locate import crashed, locate, region_batch, region_prefix
-from .result import ProbeResult, not_applicable, skipped
+from .locate import locate, region_batch, region_prefix
+from .result import ProbeResult, inconclusive, not_applicable
 from .subject import Subject
 
 
@@ -29,7 +29,7 @@ def batch_independence(s: Subject) -> ProbeResult:
     changed = perturbed(s.layout, s.inputs, s.generator, example=j)
     changed, masks = _one_more_pad(s, changed, j)
     others = list(range(j))
-    got = s.run_all(changed)
+    got = s.run_all(changed, f"example {j} of {b} changed")
     dev = s.measure(got, s.refs, s.outputs(batch=True), examples=others)
 
     def point():
@@ -55,13 +55,12 @@ def sub_batch(s: Subject) -> ProbeResult:
     cannot = _cannot_run(s, name)
     if cannot is not None:
         return cannot
+    if s.layout.unbatched:
+        return inconclusive(name, s.layout.unbatched)
     b = cast(int, s.layout.batch_size)  # not None: _cannot_run passed
     k = distinct_length(b, sizes_in_play(s.layout, s.declared)) or 1
     small = sliced(s.layout, s.inputs, batch=k)
-    try:
-        got = s.run_all(small)
-    except Exception as error:  # the module itself fails: that is the finding
-        return crashed(name, f"the first {k} of {b} examples run alone", error, s, small)
+    got = s.run_all(small, f"the first {k} of {b} examples alone")
     first = list(range(k))
     dev = s.measure(got, s.refs, s.outputs(batch=True), want_examples=first, pad_examples=first)
 
@@ -109,11 +108,11 @@ def _of_one(s: Subject, name: str, probe) -> ProbeResult:
     the other)."""
     grown = s.grown() if callable(s.grown) else None
     if grown is None:
-        return skipped(name, "a batch of one, and no second example could be made")
+        return inconclusive(name, "a batch of one, and no second example could be made")
     if isinstance(grown, str):
-        return skipped(name, f"a batch of one, grown to two: {grown}")
+        return inconclusive(name, f"a batch of one, grown to two: {grown}")
     result = probe(grown)
-    if result.status == "skipped":
+    if not result.conclusive:
         result.message = f"a batch of one, grown to two: {result.message}"
         return result
     made = "a second example made like example 0 (other ids and data, the same masks)"
@@ -122,14 +121,14 @@ def _of_one(s: Subject, name: str, probe) -> ProbeResult:
 
 
 def _cannot_run(s: Subject, name: str) -> ProbeResult | None:
-    """Why a batch probe cannot run on this subject (a skipped result), or None."""
+    """Why a batch probe cannot run on this subject (an inconclusive or n/a result), or None."""
     b = s.layout.batch_size
     if b is None:
         return not_applicable(name, "no input has a batch axis")
     if b < 2:
-        return skipped(name, "needs a batch of 2 or more")  # grown first: see _of_one
+        return inconclusive(name, "needs a batch of 2 or more")  # grown first: see _of_one
     if not s.outputs(batch=True):
         return not_applicable(name, "no output has a batch axis whose examples can be told apart")
     if s.layout.ambiguous_batch:
-        return skipped(name, s.layout.ambiguous_batch)
+        return inconclusive(name, s.layout.ambiguous_batch)
     return None

@@ -9,16 +9,21 @@ module is copied (float64 where it can be), and the RNG states, train/eval modes
 and requires_grad flags are restored even if a probe fails. See docs/check.md.
 """
 
+import contextlib
 import copy
 import random
 import warnings
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from .. import _probes
 from . import ProbeResult
+from .report import SCHEMA_VERSION as SCHEMA_VERSION
+from .report import CheckReport as CheckReport
+from .result import FAILED, PASSED, demoted, inconclusive
+from .runs import NoDropout, Rejected, describe_crash, first_line, pin
 
 if TYPE_CHECKING:
     from .._tracer import Trace
@@ -34,132 +39,17 @@ PROBES = (
     _probes.length_change,
     _probes.decode_consistency,
 )
-
-
-SCHEMA_VERSION = 1
-
-
-@dataclass(slots=True)
-class CheckReport:
-    """What `check` found: the trace's findings as one result, then one result per probe.
-
-    Attributes:
-        model: the module's class name.
-        results: `ProbeResult`s (name, status, message, deviation, tolerance, op).
-        findings: the trace's `Finding`s.
-        dtype: the dtype the probes ran in ("float64" unless the module refused it; ""
-            when no probe ran).
-    """
-
-    model: str
-    results: list[ProbeResult] = field(default_factory=list)
-    findings: list = field(default_factory=list)
-    dtype: str = ""
-
-    @property
-    def passed(self) -> bool:
-        """True when no probe failed and the trace found nothing (see `verdict`: a
-        report where no probe ran passes, but says so)."""
-        return all(r.passed for r in self.results)
-
-    @property
-    def failed(self) -> list[ProbeResult]:
-        return [r for r in self.results if not r.passed]
-
-    @property
-    def probes(self) -> list[ProbeResult]:
-        """The semantic probes' results (every result but the trace's)."""
-        return [r for r in self.results if r.name != "shape checks"]
-
-    @property
-    def verdict(self) -> str:
-        """ "failed", "passed", or "not probed" (nothing failed, but no probe ran)."""
-        if not self.passed:
-            return "failed"
-        if not any(r.ran for r in self.probes):
-            return "not probed"
-        return "passed"
-
-    def summary(self) -> str:
-        """The last line of the table: what ran, and the verdict."""
-        ran = [r for r in self.results if r.ran]
-        skipped = len(self.results) - len(ran)
-        where = f" in {self.dtype}" if self.dtype else ""
-        more = f", {skipped} skipped" if skipped else ""
-        head = f"{len(ran)} of {len(self.results)} checks ran{where}{more}"
-        if self.verdict == "failed":
-            return f"{head}; failed ({len(self.failed)} of {len(ran)})"
-        if self.verdict == "not probed":
-            return f"{head}; no probe ran, so only the shape checks passed"
-        return f"{head}; passed"
-
-    def render(self, width: int | None = 100, *, color: bool = False) -> str:
-        """The report as a table (plain text unless `color`), then each failure in full."""
-        from rich.console import Console
-        from rich.table import Table
-        from rich.text import Text
-
-        table = Table(title=f"shapeguard check: {self.model}", title_justify="left")
-        table.add_column("probe", no_wrap=True)
-        table.add_column("result", no_wrap=True)
-        table.add_column("deviation", justify="right", no_wrap=True)
-        table.add_column("detail")
-        styles = {"passed": "green", "failed": "bold red", "skipped": "dim"}
-        for r in self.results:
-            dev = "" if r.deviation is None else f"{r.deviation:.1e}"
-            detail = r.message.splitlines()[0] if r.status != "failed" else (r.op or "see below")
-            status = "n/a" if r.status == "skipped" and not r.applicable else r.status
-            table.add_row(r.name, Text(status, style=styles[r.status]), dev, Text(detail))
-        console = Console(
-            width=width or 100,
-            color_system="auto" if color else None,
-            force_terminal=color,
-            record=True,
-            file=cast(IO[str], _Sink()),  # rich only writes to it and flushes it
-        )
-        console.print(table)
-        for r in self.failed:
-            console.print(Text(f"{r.name}: {r.message}"), soft_wrap=True)
-        console.print(Text(self.summary()))
-        return console.export_text(styles=color).rstrip() + "\n"
-
-    def __str__(self) -> str:
-        return self.render()
-
-    def to_dict(self) -> dict:
-        """The report as JSON-ready values: every probe's result, the trace's findings
-        and the verdict (schema "shapeguard.check", docs/json-schema.md)."""
-        from .._version import __version__
-
-        counts = {status: 0 for status in ("passed", "failed", "skipped")}
-        for r in self.results:
-            counts[r.status] = counts.get(r.status, 0) + 1
-        return {
-            "schema": "shapeguard.check",
-            "schema_version": SCHEMA_VERSION,
-            "shapeguard_version": __version__,
-            "model": self.model,
-            "passed": self.passed,
-            "verdict": self.verdict,
-            "dtype": self.dtype or None,
-            "counts": counts,
-            "summary": self.summary(),
-            "results": [r.to_dict() for r in self.results],
-            "findings": [f.to_dict() for f in self.findings],
-        }
-
-    def to_json(self, indent: int | None = 2) -> str:
-        import json
-
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-
-
-class _Sink:
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
+# Each probe's name in the report (its results say it too; a probe that crashes does not).
+NAMES = {
+    _probes.batch_independence: "batch independence",
+    _probes.sub_batch: "sub-batch consistency",
+    _probes.causality: "causality",
+    _probes.key_padding: "key-padding invariance",
+    _probes.token_permutation: "token-permutation equivariance",
+    _probes.head_permutation: "head-permutation invariance",
+    _probes.length_change: "length change",
+    _probes.decode_consistency: "decode consistency",
+}
 
 
 def check(model, *inputs, causal: bool | None = None, seed: int = 0, **kwargs) -> CheckReport:
@@ -177,9 +67,11 @@ def check(model, *inputs, causal: bool | None = None, seed: int = 0, **kwargs) -
         seed: seeds the probes' random changes.
 
     Returns:
-        A `CheckReport`; `report.passed` is False when a probe failed or the trace found
-        something, `report.verdict` is "not probed" when no probe ran. Print it for a
-        table; `report.to_dict()` for JSON.
+        A `CheckReport`; `report.passed` is False when a probe failed (it found a
+        counterexample) or the trace found something; a probe that proves nothing either
+        way is "inconclusive", with its reason, and fails nothing. `report.verdict` is
+        "passed", "failed", "inconclusive" or "not probed". Print it for a table;
+        `report.to_dict()` for JSON.
 
     Examples:
         >>> import torch, shapeguard
@@ -204,7 +96,6 @@ def run_check(
     """`check` with the inputs as a tuple and a dict (for the CLI and the pytest plugin)."""
     import torch
 
-    from .. import _config
     from .._errors import ContractError
 
     if not isinstance(model, torch.nn.Module):
@@ -217,21 +108,90 @@ def run_check(
         report.results.append(_shape_result(traced))
         if traced.error is not None:
             return report
-        # Probe runs are plain forwards, guarded or not (the traced re-runs some probes
-        # ask for switch checks back on for themselves: _probes.locate).
-        with _config.disabled():
-            try:
-                subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
-            except Exception as error:
-                subject = ProbeResult(
-                    "probes", "failed", f"the module fails outside the trace: {error}"
-                )
-            if isinstance(subject, ProbeResult):
-                report.results.append(subject)
-                return report
-            for probe in PROBES:
-                report.results.append(_run_probe(probe, subject))
+        cannot = _cannot_probe(traced, (args, kwargs))
+        if cannot is not None:
+            report.results.append(cannot)
+            return report
+        hook = pin(work, seed)
+        try:
+            _probe(work, model, args, kwargs, traced, causal, seed, report)
+        finally:
+            if hook.handle is not None:
+                hook.handle.remove()  # `work` is the caller's module when it could not be copied
     return report
+
+
+def _probe(work, model, args, kwargs, traced, causal, seed, report) -> None:
+    """Run every probe on the subject `_subject` makes, into `report`."""
+    from .. import _config
+
+    # Probe runs are plain forwards, guarded or not (the traced re-runs some probes ask
+    # for switch checks back on for themselves: _probes.locate), with dropout off where
+    # the trace saw one that eval() did not reach.
+    quiet = NoDropout() if traced.watch.dropout else contextlib.nullcontext()
+    with _config.disabled(), quiet:
+        try:
+            subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
+        except Rejected as rejected:
+            subject = inconclusive(
+                "probes",
+                f"the module fails outside the trace ({first_line(rejected.error)}), where "
+                "it ran under it: no probe can compare its runs",
+            )
+        except Exception as error:
+            subject = inconclusive("probes", _own_crash(error))
+        if isinstance(subject, ProbeResult):
+            report.results.append(subject)
+            return
+        for probe in PROBES:
+            report.results.append(_run_probe(probe, subject))
+        _hear_attention(subject, report)
+
+
+def _cannot_probe(traced: "_Traced", inputs) -> ProbeResult | None:
+    """Why no probe can run (an inconclusive result), or None."""
+    from .steady import held_state
+
+    if traced.watch.broken:
+        return inconclusive(
+            "probes",
+            f"shapeguard's own probe code failed while watching the forward "
+            f"({traced.watch.broken}): what it read of the inputs cannot be trusted, so no "
+            "probe ran (this is shapeguard's fault, not the module's: please report it)",
+        )
+    held = held_state(inputs)
+    if held:
+        return inconclusive(
+            "probes",
+            f"the inputs hold the module's own cache or state ({', '.join(held)}): the "
+            "probes cannot cut, change or copy it with the examples and tokens, and each run "
+            "changes it; check the module without it",
+        )
+    return None
+
+
+def _own_crash(error: Exception) -> str:
+    return (
+        f"shapeguard's probe code failed: {describe_crash(error)}; this says nothing about "
+        "the module (it is shapeguard's fault: please report it)"
+    )
+
+
+def _hear_attention(subject, report: CheckReport) -> None:
+    """Make the passed probes inconclusive when the outputs do not depend on the
+    attention (`liveness`): a pass there proves nothing about it."""
+    from .liveness import deaf
+
+    if subject.void or not any(r.status == PASSED for r in report.results[1:]):
+        return
+    try:
+        why = deaf(subject)
+    except Exception:
+        return  # no evidence either way: the passes stand
+    if why:
+        report.results[1:] = [
+            demoted(r, why) if r.status == PASSED else r for r in report.results[1:]
+        ]
 
 
 # -- leaving the caller's module as it was ----------------------------------------------
@@ -243,6 +203,11 @@ def _untouched(model):
     import torch
 
     rng = torch.get_rng_state()
+    cuda = (
+        torch.cuda.get_rng_state_all()
+        if torch.cuda.is_available() and torch.cuda.is_initialized()
+        else None
+    )
     py_rng = random.getstate()
     modes = {m: m.training for m in model.modules()}
     grads = {p: p.requires_grad for p in model.parameters()}
@@ -257,6 +222,8 @@ def _untouched(model):
         yield work
     finally:
         torch.set_rng_state(rng)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
         random.setstate(py_rng)
         if saved is not None:
             with torch.no_grad():
@@ -354,8 +321,8 @@ def _shape_result(traced: _Traced) -> ProbeResult:
 
 # -- the probes -------------------------------------------------------------------------
 def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
-    """The float64 copy, its inputs and reference outputs, for the probes; or a skipped
-    result saying why the probes cannot run."""
+    """The float64 copy, its inputs and reference outputs, for the probes; or a result
+    saying why the probes cannot run."""
     import inspect
 
     import torch
@@ -370,33 +337,26 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
     names = [params[i] if i < len(params) else f"arg{i}" for i in range(len(args))]
     found = _probes.leaves((args, kwargs))
     if not found:
-        return _probes.skipped("probes", "the module takes no tensor input")
+        return _probes.not_applicable("probes", "the module takes no tensor input")
     leaf_names = {path: _leaf_name(path, names) for path, _ in found}
     layout = read_layout(found, leaf_names, traced.in_metas, traced.watch, traced.out_metas)
     if isinstance(layout, str):
-        return _probes.skipped("probes", layout)
+        return inconclusive("probes", layout)
     for pending in layout.pending:
         _settle_pending(work, args, kwargs, layout, pending, leaf_names, traced)
+    _avoid_pad_ids(work, layout)
     generator = torch.Generator().manual_seed(seed)
-    for dtype in (torch.float64, None):
-        try:
-            candidate = work if dtype is None else _copy_as(work, dtype)
-            inputs = (args, kwargs) if dtype is None else _inputs_as((args, kwargs), dtype)
-            output = candidate(*inputs[0], **inputs[1])
-        except Exception:
-            if dtype is None:
-                raise
-            continue  # float64 refused (a float32 constant, an op without double): as given
-        break
+    candidate, inputs, output, refs, void = _reference(work, args, kwargs, layout)
     reference = _probes.first_output(output)
     if reference is None:
-        return _probes.skipped("probes", "the module returned no floating-point tensor")
+        return _probes.not_applicable("probes", "the module returned no floating-point tensor")
     report.dtype = str(reference.dtype).removeprefix("torch.")
-    refs = {}
-    for leaf in layout.outputs:
-        value = _probes.pick(output, leaf.path)
-        if isinstance(value, torch.Tensor):
-            refs[leaf.path] = value
+    random_ = ""
+    if not void:
+        from .steady import steadiness
+
+        rtol = _probes.rtol_for(reference.dtype)
+        void, random_ = steadiness(candidate, inputs, refs, list(refs), _pin_of(work), rtol)
     out_batch, out_seq = _first_axes(layout, output, reference)
     if causal is True:
         why = "declared with causal=True"
@@ -421,6 +381,8 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
         refs=refs,
         findings=traced.trace.findings,
         distributed=intent.sharded(work, (args, kwargs)),
+        void=void,
+        random=random_,
     )
     subject.rtol = _tolerance(subject)
     if candidate is not work:
@@ -434,6 +396,74 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
             lambda: _grown(work, model, args, kwargs, layout, causal, seed, traced)
         )
     return subject
+
+
+def _reference(work, args, kwargs, layout):
+    """(module, inputs, output, reference leaves, why they prove nothing) of the run every
+    probe compares with: the float64 copy's, or the module as given where float64 is
+    refused (a float32 constant, an op without double) or gives outputs that are not
+    finite where the given dtype's are."""
+    import torch
+
+    from .subject import not_finite
+
+    try:
+        candidate = _copy_as(work, torch.float64)
+        inputs = _inputs_as((args, kwargs), torch.float64)
+        output = candidate(*inputs[0], **inputs[1])
+    except Exception:
+        candidate = None  # float64 refused: as given
+    if candidate is not None:
+        refs = _refs(layout, output)
+        bad = not_finite(layout, refs)
+        if not bad:
+            return candidate, inputs, output, refs, ""
+    output = work(*args, **kwargs)
+    refs = _refs(layout, output)
+    bad = not_finite(layout, refs)
+    why = (
+        f"{bad}: a comparison proves nothing (weights left uninitialised, an overflow)"
+        if bad
+        else ""
+    )
+    return work, (args, kwargs), output, refs, why
+
+
+def _refs(layout, output) -> dict:
+    import torch
+
+    refs = {}
+    for leaf in layout.outputs:
+        value = _probes.pick(output, leaf.path)
+        if isinstance(value, torch.Tensor):
+            refs[leaf.path] = value
+    return refs
+
+
+def _pin_of(model):
+    from .runs import Pin
+
+    return next(h for h in model._forward_pre_hooks.values() if isinstance(h, Pin))
+
+
+def _avoid_pad_ids(model, layout) -> None:
+    """Token ids a probe must not draw: the model's pad id (its config's, every embedding's
+    padding_idx), which a module may read as padding, not as a token."""
+    import torch
+
+    avoid = set()
+    config = getattr(model, "config", None)
+    for holder in (config, getattr(config, "text_config", None)):
+        pad = getattr(holder, "pad_token_id", None)
+        for value in pad if isinstance(pad, list | tuple) else (pad,):
+            if isinstance(value, int) and not isinstance(value, bool):
+                avoid.add(value)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and module.padding_idx is not None:
+            avoid.add(int(module.padding_idx) % module.num_embeddings)
+    for leaf in layout.leaves.values():
+        if leaf.kind == "ids":
+            leaf.avoid = frozenset(avoid)
 
 
 def _memo(make):
@@ -461,11 +491,10 @@ def _given(subject, work, args, kwargs, seed):
     reference = _probes.first_output(output)
     if reference is None:
         return None
-    refs = {}
-    for leaf in subject.layout.outputs:
-        value = _probes.pick(output, leaf.path)
-        if isinstance(value, torch.Tensor):
-            refs[leaf.path] = value
+    refs = _refs(subject.layout, output)
+    from .subject import not_finite
+
+    bad = not_finite(subject.layout, refs)
     # From the grown memo, not the subject (whose as_given memo holds this one): a cycle.
     grown = subject.grown
     given = dataclasses.replace(
@@ -478,6 +507,7 @@ def _given(subject, work, args, kwargs, seed):
         generator=torch.Generator().manual_seed(seed),
         as_given=None,
         grown=_memo(lambda: _grown_as_given(grown)) if grown else None,
+        void=subject.void or (f"{bad}: a comparison proves nothing" if bad else ""),
     )
     given.rtol = _tolerance(given)
     return given
@@ -575,25 +605,61 @@ def _inputs_as(inputs, dtype):
 
 
 def _run_probe(probe, subject) -> ProbeResult:
-    name = probe.__name__.replace("_", " ")
+    """One probe's result, judged: a failure needs a counterexample the module runs, in
+    the dtype it was given where the float64 copy disagrees; anything less is
+    inconclusive, with its reason."""
+    name = NAMES.get(probe, probe.__name__.replace("_", " "))
+    result, rejected = _attempt(probe, subject, name)
+    if subject.as_given is not None and (result.status == FAILED or rejected):
+        result = _as_given(probe, subject, name, result, rejected)
+    if subject.void:
+        return demoted(result, subject.void)
+    if subject.random and result.status == FAILED:
+        return demoted(result, subject.random)
+    return result
+
+
+def _attempt(probe, subject, name: str) -> tuple[ProbeResult, bool]:
+    """(the probe's result, whether the module rejected the probe's input). The module's
+    own error on an edited input and a crash of the probe's code are inconclusive."""
+    from .locate import locate_crash
+
     try:
-        result = probe(subject)
+        return probe(subject), False
+    except Rejected as rejected:
+        op, relation = ("", "")
+        if rejected.inputs is not None:
+            op, relation = locate_crash(subject, rejected.inputs)
+        what = f" ({rejected.what})" if rejected.what else ""
+        where = f"\n  raised at {op}" if op else ""
+        message = (
+            f"the module rejects the probe's input{what}: "
+            f"{relation or first_line(rejected.error)}{where}\n"
+            "  an input the module does not run is no counterexample"
+        )
+        return inconclusive(name, message, op=op), True
     except Exception as error:  # a probe must not take the report down
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return ProbeResult(name, "failed", f"the probe could not run the module: {first}")
-    if result.status != "failed" or subject.as_given is None:
-        return result
-    # The float64 copy failed: confirm in the dtype the module was given. A module can
-    # compute differently in float64 (a mask of finfo(float64).min that adds to -inf, a
-    # NaN the float32 path never makes); its users run it as given.
+        return inconclusive(name, _own_crash(error)), False
+
+
+def _as_given(probe, subject, name: str, result: ProbeResult, rejected: bool) -> ProbeResult:
+    """The probe again in the dtype the module was given, where the float64 copy failed
+    or was rejected: a module can compute differently in float64 (a mask of
+    finfo(float64).min that adds to -inf, a float32 buffer that does not take float64
+    data); its users run it as given."""
     try:
         given = subject.as_given()
-        again = probe(given) if given is not None else None
+        again, _ = _attempt(probe, given, name) if given is not None else (None, False)
     except Exception:
         return result
-    if again is None or again.status != "passed":
+    if again is None or not again.conclusive:
         return result
+    if again.status == FAILED and not rejected:
+        return result  # failed both ways: the float64 copy's message stands
     dtype = str(given.reference.dtype).removeprefix("torch.")
     first = result.message.splitlines()[0]
-    again.message += f" (in {dtype}, as given; the float64 copy differs: {first})"
+    how = "differs" if not rejected else "is rejected"
+    head, *rest = again.message.split("\n", 1)
+    head += f" (in {dtype}, as given; the float64 copy {how}: {first})"
+    again.message = "\n".join([head, *rest])
     return again

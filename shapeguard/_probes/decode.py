@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 
 from .. import _ops
-from .result import ProbeResult, not_applicable, skipped
+from .result import ProbeResult, inconclusive, not_applicable
 from .subject import Subject
 from .tree import pick, rebuild
 
@@ -159,6 +159,14 @@ def _decode(s: Subject, protocol: Protocol, prefill: int, length: int) -> _Run:
             run.error, run.failed_step = error, step
             return run
         run.outputs.append({leaf.path: pick(out, leaf.path) for leaf in leaves})
+        if step == 0 and protocol.kind == "dict" and isinstance(state, dict) and not state:
+            # It took the dict but kept nothing in it: its `cache` is something else.
+            run.error = RuntimeError(
+                "the module put nothing into its cache= dict: it does not follow the cache "
+                "protocol (its cache argument is its own)"
+            )
+            run.failed_step = 1
+            return run
     return run
 
 
@@ -182,10 +190,10 @@ def decode_consistency(s: Subject) -> ProbeResult:
     if not layout.queries or not _leaves(s):
         return not_applicable(NAME, layout.made_inside or "no output keeps the tokens' positions")
     if s.distributed:
-        return skipped(NAME, f"{s.distributed}: its cache is sharded")
+        return inconclusive(NAME, f"{s.distributed}: its cache is sharded")
     length = layout.lengths[0]
     if length < 2:
-        return skipped(NAME, "needs 2 or more tokens")
+        return inconclusive(NAME, "needs 2 or more tokens")
     start = _prefill(length)
     worst = 0.0
     ran = []
@@ -199,7 +207,7 @@ def decode_consistency(s: Subject) -> ProbeResult:
         worst = max(worst, failure)
         ran.append(protocol.describe())
     if not ran:
-        return skipped(NAME, "the module's cache could not be built")
+        return inconclusive(NAME, "the module's cache could not be built")
     findings = _traced_findings(s, found[0], start, start + 1)
     if findings:
         return _failed(s, found[0], start, start + 1, 1, None, findings=findings)
@@ -272,6 +280,13 @@ def _failed(s, protocol, lo, hi, step, dev, *, first=None, error=None, findings=
             f"{where} {how} moved {tokens} by {_fmt(dev)} of the output's scale against one "
             f"forward over the whole sequence (tolerance {s.rtol:.0e}); the first position "
             f"that differs is {at}"
+        )
+    if error is not None and not findings:
+        # The module raised on a step: no outputs to compare, no counterexample.
+        return inconclusive(
+            NAME,
+            f"the module rejects a step of the decoding: {head}\n  likely cause: {cause}\n"
+            "  a step the module does not run is no counterexample",
         )
     return ProbeResult(
         NAME,

@@ -107,7 +107,8 @@ def redrawn(leaf: Leaf, t: torch.Tensor, where: torch.Tensor, generator) -> torc
         new = torch.randint(lo, hi + 1, t.shape, generator=generator, dtype=t.dtype)
         if hi > lo:  # always a different id, so every redrawn token changes
             new = torch.where(new.to(t.device) == t, (new - lo + 1) % (hi - lo + 1) + lo, new)
-        return torch.where(where, new.to(t.device), t)
+        new = _not_pad(new.to(t.device), t, lo, hi, leaf.avoid)
+        return torch.where(where, new, t)
     scale = t.detach().double().std().clamp(min=1e-3).item() if t.numel() > 1 else 1.0
     noise = torch.randn(t.shape, generator=generator, dtype=torch.float64) * scale
     return torch.where(where, noise.to(t.dtype).to(t.device), t)
@@ -149,6 +150,22 @@ def perturbed(
         return redrawn(leaf, t, where, generator)
 
     return rebuild(inputs, change)
+
+
+def _not_pad(new: torch.Tensor, old: torch.Tensor, lo: int, hi: int, avoid) -> torch.Tensor:
+    """`new` ids with every id in `avoid` (a pad id, which the module may read as padding)
+    replaced by the next id in [lo, hi] that is neither avoided nor the old one."""
+    banned = [a for a in avoid if lo <= a <= hi]
+    if not banned:
+        return new
+    n = hi - lo + 1
+    for _ in range(len(banned) + 1):
+        hit = torch.isin(new, torch.tensor(banned, dtype=new.dtype, device=new.device))
+        hit |= (new == old) & (n > len(banned) + 1)
+        if not bool(hit.any()):
+            break
+        new = torch.where(hit, (new - lo + 1) % n + lo, new)
+    return new
 
 
 def grown(layout: Layout, inputs, generator):

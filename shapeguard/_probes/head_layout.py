@@ -73,6 +73,9 @@ class _State:
         self.entangled = entangled or {}  # head_sites.HeadWatch.entangled
         self.assumed: list[str] = []  # see Plan.assumed
         self.sigma: dict[Key, torch.Tensor] = {}
+        # The same factors by the projection rows they cover (`_canon`): a layer called
+        # twice (shared across depth) cuts its projection anew each time, into new dims.
+        self.canon: dict[tuple, torch.Tensor] = {}
         self.atoms: dict[Key, tuple] = {}
         self.dims: dict[int, D.Dim] = {}
         self.columns: dict[int, torch.Tensor] = {}  # id of a weight's input dim -> index
@@ -109,11 +112,12 @@ def plan_heads(watch, generator: torch.Generator) -> Plan | tuple[str, bool]:
         if why:
             return why, True
         if not watch.sites:
-            return "the trace saw no attention op (a query-key product or SDPA)", True
+            return "the trace saw no attention op (a query-key product or SDPA)", False
         return "every attention op runs one head: there are no heads to permute", False
     try:
         maps = _maps(state)
         _clash(state, maps, watch, skipped)
+        _unreached(state, maps, watch.joins)
     except _Refused as error:
         return str(error), True
     for name, axes in watch.params.items():
@@ -134,6 +138,7 @@ def _copy(state: _State) -> _State:
     new = _State(state.roots, state.entangled)
     new.assumed = list(state.assumed)
     new.sigma, new.atoms, new.dims = dict(state.sigma), dict(state.atoms), dict(state.dims)
+    new.canon = dict(state.canon)
     new.columns, new.output = dict(state.columns), list(state.output)
     return new
 
@@ -297,6 +302,9 @@ def _reuse(digit: _Digit, covers, state: _State) -> torch.Tensor | None:
         if atom.kind != "head" or digit not in ds:
             continue
         sigma = state.sigma.get(_key(atom.atom))
+        canon = _canon(atom.atom) if sigma is None else None
+        if canon is not None:
+            sigma = state.canon.get(canon)
         if sigma is None:
             continue
         inner = digit.lo // atom.lo
@@ -323,6 +331,21 @@ def _key(atom) -> Key:
     return (id(atom[0].find()), atom[1], atom[2])
 
 
+def _canon(atom) -> tuple | None:
+    """A factor by the rows of the dim it was cut from that it covers, and its digit in
+    each: the same for the factors two calls of one layer cut from its projection."""
+    root = atom[0].find()
+    if root.cut is None:
+        return None
+    top = _top(root)
+    coords = _coords(root, top) if top is not None else None
+    if coords is None:
+        return None
+    stride, size = atom[1], atom[2]
+    digits = torch.where(coords >= 0, (coords.clamp(min=0) // stride) % size, -1)
+    return (id(top), stride, size, digits.numpy().tobytes())
+
+
 def _note(state: _State, atom, sigma: torch.Tensor) -> None:
     """Give a factor its permutation (and the factor a whole dim lines up with, its own)."""
     root = atom[0].find()
@@ -333,6 +356,9 @@ def _note(state: _State, atom, sigma: torch.Tensor) -> None:
             f"{root.origin or 'a heads axis'} feeds two attention ops in different head orders"
         )
     state.sigma[key] = sigma
+    canon = _canon(atom)
+    if canon is not None:
+        state.canon.setdefault(canon, sigma)
     state.atoms[key] = (root, atom[1], atom[2])
     state.dims[id(root)] = root
     if root.alias is not None and D.is_whole(atom) and root.cut is None:
@@ -360,8 +386,7 @@ def _merge(site: Site, state: _State, q_digits: list[_Digit], covers, out_axes) 
         if index[1] and note not in state.assumed:
             state.assumed.append(note)
         key = id(read.weight_axis.find())
-        before = state.columns.get(key)
-        state.columns[key] = index[0] if before is None else before[index[0]]
+        state.columns[key] = _columns(state.columns.get(key), index[0], site)
     if site.reaches_output and out_axes is not None:
         found = False
         for axis, ax in enumerate(out_axes):
@@ -423,6 +448,22 @@ def _axis_index(axis, state: _State, positions, d_v: int, *, fallback: bool = Tr
     return positions[h] * d_v + d, True
 
 
+def _columns(before, index: torch.Tensor, site: Site) -> torch.Tensor:
+    """The columns' permutation once a site's `index` joins what other sites chose: the
+    same one again (a layer shared across depth, called twice), or one over other columns
+    (contexts concatenated before one projection) composed with it."""
+    if before is None:
+        return index
+    identity = torch.arange(len(index))
+    both = (before != identity) & (index != identity)
+    if not torch.equal(before[both], index[both]):
+        raise _Refused(
+            f"{site.where}: the projection that reads its context reads another attention "
+            "op's heads in the same columns, in a different order"
+        )
+    return _union(before, index)
+
+
 # -- index maps of dims -----------------------------------------------------------------------
 def _maps(state: _State) -> dict[int, torch.Tensor]:
     """Per dim, the index map its factors' permutations make (new = old[map]), carried
@@ -438,13 +479,28 @@ def _maps(state: _State) -> dict[int, torch.Tensor]:
         for _ in range(16):
             dims[id(dim)] = dim
             before = maps.get(id(dim))
-            maps[id(dim)] = m if before is None else before[m]
+            maps[id(dim)] = m if before is None else _union(before, m)
             if dim.cut is None:
                 break
             m, dim = _lift(dim, m)
     for key, (root, stride, size) in state.atoms.items():
         _check(root, stride, size, state.sigma[key], maps, dims)
     return maps
+
+
+def _union(before: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Two index maps of one dim as one: each moves its own rows (Q's, K's and V's of a
+    packed projection), and rows both move must move alike (a layer called twice cuts
+    its projection anew: the same permutation again, not applied twice). Where they
+    disagree, composed (`_check` refuses what does not hold)."""
+    identity = torch.arange(len(m))
+    moved = m != identity
+    both = moved & (before != identity)
+    if not bool(torch.equal(before[both], m[both])):
+        return before[m]
+    out = before.clone()
+    out[moved] = m[moved]
+    return out
 
 
 def _lift(dim: D.Dim, m: torch.Tensor) -> tuple[torch.Tensor, D.Dim]:
@@ -525,6 +581,67 @@ def _clash(state: _State, maps, watch, skipped: list[Site]) -> None:
                             f"{site.where}: its heads come from a projection another attention "
                             "op permutes, but the trace cannot read its own"
                         )
+
+
+def _unreached(state: _State, maps, joins) -> None:
+    """Every tensor that meets a permuted heads axis in an elementwise op or a join (a
+    gate, a value residual, a positional query concatenated per head) must be permuted
+    with it: made from the permuted projections too, or the same for every head (a
+    broadcast, a copy, batch or tokens). A per-head term from anything else (another
+    projection, a table, the input's features) keeps its order: permuting the heads is
+    no symmetry of the module as the probe can apply it."""
+    for join in joins:
+        for pos in range(join.rank):
+            if pos == join.skip:
+                continue
+            moved, kept = False, False
+            for axes, sizes in join.operands:
+                k = pos - (join.rank - len(axes))
+                if k < 0 or sizes[k] == 1:
+                    continue
+                atoms = axes[k]
+                if any(_moved(atom, state, maps) for atom in atoms):
+                    moved = True
+                elif any(_per_head(atom) for atom in atoms):
+                    kept = True
+            if moved and kept:
+                raise _Refused(
+                    f"{join.where}: the heads meet a term of their own that the permutation "
+                    "does not reach (made by another projection, a table or the input, not "
+                    "by the projections whose rows are permuted): a per-head gate, value "
+                    "residual or positional query"
+                )
+
+
+def _source(atom):
+    """The dim an atom was cut from, followed through cuts and line-ups from the atom's
+    own dim (not its union's root: a dim lined up with a head factor keeps its origin)."""
+    dim = atom[0]
+    for _ in range(16):
+        if dim.cut is not None:
+            dim = dim.cut[0][0]
+        elif dim.alias is not None and D.is_whole(atom):
+            atom = dim.alias
+            dim = atom[0]
+        else:
+            break
+    return dim
+
+
+def _moved(atom, state: _State, maps) -> bool:
+    """Whether the plan permutes this atom: it is a heads factor the plan chose an order
+    for, and the projection rows it came from are the ones permuted (a factor only
+    lined up with those heads, from another projection, is not)."""
+    if _key(atom) not in state.sigma:
+        return False
+    source = _source(atom)
+    return id(source) in maps or id(source.find()) in maps
+
+
+def _per_head(atom) -> bool:
+    """An atom that differs from head to head (not a broadcast copy, batch or tokens)."""
+    root = atom[0].find()
+    return root.kind not in (D.COPY, D.BATCH, D.TOKEN)
 
 
 def _top(dim: D.Dim, depth: int = 0):

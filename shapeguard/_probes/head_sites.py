@@ -54,6 +54,17 @@ class Site:
     name: str = ""  # the module's path, set when the trace ends
 
 
+@dataclass(slots=True)
+class Join:
+    """An elementwise op or a join: the axes each operand brings, right-aligned with the
+    output's `rank` axes (`skip`: a join's own axis, whose operands are not lined up)."""
+
+    where: str
+    rank: int
+    operands: list  # (axes, sizes) per tensor operand
+    skip: int | None = None
+
+
 _LINEAR = _ops.by_name("linear")
 _ADDMM = _ops.by_name("addmm")
 _MATMULS = frozenset((_ops.by_name("matmul"), _ops.by_name("mm"), _ops.by_name("bmm")))
@@ -79,6 +90,9 @@ class HeadWatch:
         # A view that cut a whole dim across its factors (`x.view(b, heads, s, d_k)` of
         # [b, s, d_model]): id of each new dim -> (the atom it was cut from, the view).
         self.entangled: dict[int, tuple] = {}
+        # Elementwise ops and joins of tensors of 3 or more axes: where a heads axis may
+        # meet a per-head term of its own (a gate, a value residual, a positional query).
+        self.joins: list[Join] = []
 
     def after(self, session, op: str, args, kwargs, out, where) -> None:
         """Note what op `op` did for the heads; `where()` describes it."""
@@ -94,6 +108,8 @@ class HeadWatch:
                 return
         if spec.family == _ops.VIEW and isinstance(out, torch.Tensor):
             self._view(session, args, out, where)
+        if spec.family in (_ops.BINARY, _ops.JOIN) and isinstance(out, torch.Tensor):
+            self._join(session, spec, args, kwargs, out, where)
         if "normalized_shape" in spec.params:
             self._norm(session, spec, args, kwargs)
         if self._scores or self._context:
@@ -176,10 +192,37 @@ class HeadWatch:
         meta = session.metas.get(x)
         if meta is None or not meta.dims or len(meta.dims[-1]) != 1:
             return
+        if not D.is_whole(meta.dims[-1][0]):
+            return  # a norm over a factor (d_k of every head): the same for every head
         for name in ("weight", "bias"):
             t = bound.get(name)
             if isinstance(t, torch.Tensor) and t.dim() == 1 and t.shape[0] == x.shape[-1]:
                 self._paired.append((id(t), meta.dims[-1][0][0]))
+
+    def _join(self, session, spec, args, kwargs, out, where) -> None:
+        """Note the axes each operand brings to an elementwise op or a join (right-aligned
+        with the output's; a join's own axis left out)."""
+        if out.dim() < 3:
+            return
+        if spec.family == _ops.JOIN:
+            bound = _ops.bind(spec, args, kwargs)
+            found = bound.get("tensors")
+            tensors = list(found) if isinstance(found, list | tuple) else []
+            dim = bound.get("dim", 0)
+            skip = dim % out.dim() if isinstance(dim, int) else None
+        else:
+            tensors = [*args, *kwargs.values()]
+            skip = None
+        operands = []
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.dim() == 0:
+                continue
+            meta = session.metas.get(t)
+            if meta is None or len(meta.dims) != t.dim():
+                return  # an operand the trace cannot read: nothing to say about it
+            operands.append((meta.dims, tuple(int(n) for n in t.shape)))
+        if len(operands) >= 2:
+            self.joins.append(Join(where(), out.dim(), operands, skip))
 
     def _view(self, session, args, out, where) -> None:
         """Note the new dims of a view whose input's last axis is one whole dim: the view

@@ -1,7 +1,5 @@
 """The head-permutation probe: permuting heads in the projections leaves the output alone."""
 
-from typing import cast
-
 import torch
 
 from .. import _ops
@@ -10,7 +8,8 @@ from .edits import derangement, take
 from .head_bias import per_head_bias
 from .head_groups import HeadGroup, mha_groups
 from .head_layout import Plan, plan_heads
-from .result import ProbeResult, not_applicable, skipped
+from .result import ProbeResult, inconclusive, not_applicable
+from .runs import call
 from .subject import Subject
 from .tree import first_output
 from .watch import describe_event
@@ -54,7 +53,9 @@ def head_permutation(s: Subject) -> ProbeResult:
 
     name = "head-permutation invariance"
     if s.distributed:
-        return skipped(name, f"{s.distributed}: permuting its rows would move heads across shards")
+        return inconclusive(
+            name, f"{s.distributed}: permuting its rows would move heads across shards"
+        )
     bias = per_head_bias(s.events)
     if bias:
         return not_applicable(
@@ -64,11 +65,11 @@ def head_permutation(s: Subject) -> ProbeResult:
     plan = plan_heads(s.watch.heads, s.generator)
     if isinstance(plan, tuple) and not groups:
         why, applies = plan
-        return skipped(name, why) if applies else not_applicable(name, why)
+        return inconclusive(name, why) if applies else not_applicable(name, why)
     try:
         model = copy.deepcopy(s.model)
     except Exception as error:
-        return skipped(name, f"the module cannot be copied to permute its heads ({error})")
+        return inconclusive(name, f"the module cannot be copied to permute its heads ({error})")
     expected = s.reference
     described = []
     for group in groups:
@@ -77,14 +78,17 @@ def head_permutation(s: Subject) -> ProbeResult:
         described.append(f"{group.heads} heads of {group.name or type(model).__name__}")
     assumed: list[str] = []
     if isinstance(plan, Plan):
+        misfit = _misfit(model, plan.params)
+        if misfit:
+            return inconclusive(name, misfit)
         permute_params(model, plan.params)
         for axis, index in plan.outputs:
             expected = take(expected, axis, index)
         described += plan.described
         assumed = plan.assumed
-    args, kwargs = s.inputs
-    # A tensor: the same forward gave `s.reference`.
-    out = cast(torch.Tensor, first_output(model(*args, **kwargs)))
+    out = first_output(call(model, s.inputs, "the heads permuted"))
+    if out is None or out.shape != expected.shape:
+        return inconclusive(name, "the module with its heads permuted returns another output")
     dev = deviation(out, expected, scale_of(s.reference))
     return s.result(
         name,
@@ -97,6 +101,23 @@ def head_permutation(s: Subject) -> ProbeResult:
         lambda: _head_ops(s.events, assumed),
         lead="",
     )
+
+
+def _misfit(model, params: dict) -> str:
+    """Why the permutation read for some parameter does not fit its shape ("" when all
+    fit): the head layout the trace read is not that parameter's."""
+    found = dict(model.named_parameters())
+    for name, moves in params.items():
+        param = found.get(name)
+        if param is None:
+            continue
+        for axis, index in moves:
+            if axis >= param.dim() or len(index) != param.shape[axis]:
+                return (
+                    f"the heads read for {name} {list(param.shape)} do not fit its axis "
+                    f"{axis}: the trace's head layout is not that parameter's"
+                )
+    return ""
 
 
 def permute_params(model, params: dict) -> None:

@@ -40,6 +40,7 @@ class Leaf:
     batch: int | None = None
     seq: dict[int, int] = field(default_factory=dict)  # axis -> token group
     ids_range: tuple[int, int] | None = None  # ids: the values new ids are drawn from
+    avoid: frozenset = frozenset()  # ids: values never drawn (the model's pad id)
     polarity: str = ""  # padding mask: "keep" (nonzero = a real token) or "hide"
     padding: bool = False  # a [batch, seq] padding mask (one token axis), polarity known
     dtype: str = ""  # "float", "bool" or "int"; "additive" for a 0 / -inf float mask
@@ -66,6 +67,9 @@ class Layout:
     leaves: dict[tuple, Leaf]
     ambiguous: str = ""  # why some token axes cannot be told apart, if they cannot
     ambiguous_batch: str = ""  # why some input's batch axis cannot be told, if it cannot
+    # Why the batch cannot be resized (a sub-batch, copies of one example): an input of
+    # ids or data has an axis as long as the batch that the trace does not show is it.
+    unbatched: str = ""
     batch_dim: int = 0
     seq_dim: int = 1
     outputs: list[OutLeaf] = field(default_factory=list)
@@ -273,10 +277,32 @@ def read_layout(
                     f"{leaf.name} {list(t.shape)}: batch and seq (or two sequences) are both "
                     f"{int(t.shape[applied[0]])}, so its axes cannot be told apart; use distinct sizes"
                 )
+    layout.unbatched = _unbatched(layout, found)
     layout.outputs = _out_leaves(outputs, batch_roots, group_of, batch_size, lengths)
     if not layout.queries and any(leaf.seq for leaf in layout.outputs):
         layout.queries, layout.made_inside = True, ""
     return layout
+
+
+def _unbatched(layout: Layout, found) -> str:
+    """Why the probes cannot resize the batch: an input of ids or data with no batch axis
+    the trace knows but an axis as long as the batch (raw audio whose first axis the
+    trace never took for the batch): cut with the others, or not, is a guess."""
+    b = layout.batch_size
+    if not b or b < 2:
+        return ""
+    for path, t in found:
+        leaf = layout.leaves[path]
+        if leaf.kind not in ("ids", "data") or leaf.batch is not None:
+            continue
+        hits = [d for d in range(t.dim()) if d not in leaf.seq and int(t.shape[d]) == b]
+        if hits:
+            return (
+                f"{leaf.name} {list(t.shape)}: its axis {hits[0]} is as long as the batch "
+                f"({b}), but the trace does not show it is the batch, so a probe that "
+                "resizes the batch cannot keep it consistent with the other inputs"
+            )
+    return ""
 
 
 def _by_length(outputs, group_roots: list, batch_size) -> dict[int, int]:
@@ -405,7 +431,10 @@ def _read_masks(layout: Layout, found, dims, watch, group_roots) -> None:
         rows, seq_axis, candidates = fit
         polarity, group = _polarity(rows, candidates, uses, group_roots, layout)
         uniform = bool(rows.all()) or not bool(rows.any())
-        if polarity is None and uniform and len(candidates) > 1:
+        if polarity is None and uniform:
+            # No op applied it (SDPA's is_causal path skips an all-ones mask), or its
+            # values tell nothing: whether it is a padding mask at all, and of which
+            # sequence, is read from a retrace with one key marked (`settle_pending`).
             layout.pending.append((path, seq_axis, candidates, "keep" if rows.all() else "hide"))
             continue
         if polarity is None:
@@ -491,14 +520,6 @@ def _polarity(rows, candidates, uses, group_roots, layout):
         chosen = {(p, g) for strength, p, g in fits if strength == best}
         if len(chosen) == 1 and (best > 0 or len(candidates) == 1):
             return chosen.pop()
-        return None, None
-    if not any(u.unseen.shape[-1] == length for u in uses):
-        # No op applied it (SDPA is_causal with an all-ones mask): nothing was hidden, so
-        # a uniform mask marks no padding under one polarity only.
-        if bool(rows.all()) and len(candidates) == 1:
-            return "keep", candidates[0]
-        if not bool(rows.any()) and len(candidates) == 1:
-            return "hide", candidates[0]
     return None, None
 
 

@@ -6,7 +6,6 @@ import torch
 
 from .compare import deviation, scale_of
 from .edits import take
-from .result import ProbeResult
 from .subject import Subject
 from .watch import Watch
 
@@ -78,16 +77,6 @@ def locate_crash(s: Subject, inputs) -> tuple[str, str]:
     except Exception:
         return "", ""
     return "", ""
-
-
-def crashed(name: str, what: str, error: Exception, s: Subject, inputs) -> ProbeResult:
-    """The module raised: rerun under shapeguard for the op, line and an explanation."""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    op, relation = locate_crash(s, inputs)
-    where = f"\n  raised at {op}" if op else ""
-    return ProbeResult(
-        name, "failed", f"{what}, the module fails: {relation or first}{where}", op=op
-    )
 
 
 def _named(axes, names) -> list[int]:

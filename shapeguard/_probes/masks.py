@@ -96,9 +96,10 @@ def causal_pattern(hidden: torch.Tensor, target: tuple[int, ...]) -> str | None:
             return None  # nothing after any query to hide: cannot tell
         diag = q + offset
         # The query's own key may itself be padding: compare with the last real key
-        # at or before the diagonal.
+        # at or before the diagonal. More queries than keys (a Perceiver's latents) put
+        # the first queries' diagonals before every key: they own none (-1).
         reals = torch.cummax(torch.where(real_keys, index, -1), 0).values
-        own = reals[diag.clamp(max=sk - 1)]
+        own = torch.where(diag >= 0, reals[diag.clamp(0, sk - 1)], -1)
         if bool(((last - own).abs() > 1).any()) or bool((last[1:] < last[:-1]).any()):
             return None
         seen = True

@@ -20,8 +20,8 @@ from .edits import (
     take,
     take_examples,
 )
-from .locate import crashed, locate, region_padding, region_permuted, region_prefix
-from .result import ProbeResult, not_applicable, skipped
+from .locate import locate, region_padding, region_permuted, region_prefix
+from .result import ProbeResult, inconclusive, not_applicable
 from .subject import Subject
 
 # Every split is tested up to this many tokens; beyond, LONG_SPLITS splits spread evenly
@@ -40,12 +40,12 @@ def _group_names(s: Subject, group: int) -> str:
 
 
 def _queries(s: Subject, name: str) -> ProbeResult | None:
-    """Why a probe over the queries cannot run (a skipped result), or None."""
+    """Why a probe over the queries cannot run (an inconclusive or n/a result), or None."""
     if not s.layout.queries:
         why = s.layout.made_inside or "no input has a token axis that the outputs keep"
         return not_applicable(name, why)
     if s.layout.lengths[0] < 2:
-        return skipped(name, "needs 2 or more tokens")
+        return inconclusive(name, "needs 2 or more tokens")
     if not s.outputs(group=0):
         return not_applicable(name, "no output keeps the tokens' positions")
     return None
@@ -81,33 +81,18 @@ def causality(s: Subject) -> ProbeResult:
     leaves = [leaf for leaf in s.outputs(group=0) if len(leaf.batch) <= 1]
     if not leaves:
         return not_applicable(name, "no output keeps the tokens' positions per example")
-    n = len(cuts) + 1
-    if layout.batch_size:
-        stacked = take_examples(layout, s.inputs, torch.full((n,), e, dtype=torch.long))
-        later = torch.zeros(n, length, dtype=torch.bool)
-        for c, t in enumerate(cuts, 1):
-            later[c, t:] = True
-        changed = perturbed(layout, stacked, s.generator, group=0, cells=later)
-        got = s.run_all(changed)
-        pads = {0: pad[[e] * n]} if pad is not None else {}
-        devs = [
-            s.measure(
-                got,
-                got,
-                leaves,
-                examples=[c],
-                want_examples=[0],
-                positions={0: list(range(t))},
-                pad_examples=[c],
-                pads=pads,
-            )
-            for c, t in enumerate(cuts, 1)
-        ]
-    else:
+    # Copies of one example in one batch, where every compared output has its batch axis
+    # (a batch of one's outputs may have none: its copies could not be told apart).
+    batched = layout.batch_size and all(len(leaf.batch) == 1 for leaf in leaves)
+    devs = _copies(s, cuts, e, leaves) if batched and not layout.unbatched else None
+    copies = devs is not None
+    if devs is None:
+        # One run per split, on the batch as given (a module with a fixed number of cache
+        # rows, or an input whose batch axis is unknown, takes no batch of copies).
         devs = []
         for t in cuts:
             changed = perturbed(layout, s.inputs, s.generator, group=0, positions=range(t, length))
-            got = s.run_all(changed)
+            got = s.run_all(changed, f"tokens {t}..{length - 1} changed")
             devs.append(s.measure(got, s.refs, leaves, positions={0: list(range(t))}))
     failing = [i for i, d in enumerate(devs) if d > s.rtol]
     tokens = _group_names(s, 0)
@@ -129,9 +114,9 @@ def causality(s: Subject) -> ProbeResult:
     # split before it passed, so that token is t - 1.
     i = min(failing)
     t = cuts[i]
-    single = take_examples(layout, s.inputs, torch.tensor([e])) if layout.batch_size else s.inputs
+    single = take_examples(layout, s.inputs, torch.tensor([e])) if copies else s.inputs
     moved = perturbed(layout, single, s.generator, group=0, positions=range(t, length))
-    example = f" (example {e})" if layout.batch_size else ""
+    example = f" (example {e})" if copies else ""
 
     def point():
         return locate(s, single, moved, region_prefix("seq", length, t, same_size=True))
@@ -149,6 +134,41 @@ def causality(s: Subject) -> ProbeResult:
     )
 
 
+def _copies(s: Subject, cuts: list[int], e: int, leaves) -> list[float] | None:
+    """Each split's deviation from one batch of copies of example `e` (the first left
+    unchanged, copy c changed from token cuts[c-1] on); None when the module rejects a
+    batch of that many rows."""
+    from .runs import Rejected
+
+    layout = s.layout
+    length = layout.lengths[0]
+    pad = layout.padded(0)
+    n = len(cuts) + 1
+    stacked = take_examples(layout, s.inputs, torch.full((n,), e, dtype=torch.long))
+    later = torch.zeros(n, length, dtype=torch.bool)
+    for c, t in enumerate(cuts, 1):
+        later[c, t:] = True
+    changed = perturbed(layout, stacked, s.generator, group=0, cells=later)
+    try:
+        got = s.run_all(changed, f"{n} copies of example {e} in one batch")
+    except Rejected:
+        return None
+    pads = {0: pad[[e] * n]} if pad is not None else {}
+    return [
+        s.measure(
+            got,
+            got,
+            leaves,
+            examples=[c],
+            want_examples=[0],
+            positions={0: list(range(t))},
+            pad_examples=[c],
+            pads=pads,
+        )
+        for c, t in enumerate(cuts, 1)
+    ]
+
+
 def length_change(s: Subject) -> ProbeResult:
     """The module runs at a shorter length; a causal one gives a prefix's outputs unchanged."""
     name = "length change"
@@ -158,15 +178,14 @@ def length_change(s: Subject) -> ProbeResult:
     layout = s.layout
     length = layout.lengths[0]
     if layout.ambiguous:
-        return skipped(name, layout.ambiguous)
+        return inconclusive(name, layout.ambiguous)
     t = distinct_length(length, sizes_in_play(layout, s.declared))
     if t is None:
-        return skipped(name, f"no shorter length than {length} that differs from the other sizes")
+        return inconclusive(
+            name, f"no shorter length than {length} that differs from the other sizes"
+        )
     short = sliced(layout, s.inputs, group=0, length=t)
-    try:
-        got = s.run_all(short)
-    except Exception as error:
-        return crashed(name, f"at seq {t} instead of {length}", error, s, short)
+    got = s.run_all(short, f"seq {t} instead of {length}")
     leaves = s.outputs(group=0)
     for leaf in leaves:
         out = got.get(leaf.path)
@@ -204,17 +223,17 @@ def key_padding(s: Subject) -> ProbeResult:
     masks = [leaf for leaf in layout.leaves.values() if leaf.padding]
     if not masks:
         if layout.polarity_unknown:
-            return skipped(name, layout.polarity_unknown)
+            return inconclusive(name, layout.polarity_unknown)
         return not_applicable(name, "no input is a padding mask ([batch, seq], applied to keys)")
     if layout.batch_size is None:
-        return skipped(name, "the padding mask has no batch axis")
+        return inconclusive(name, "the padding mask has no batch axis")
     mask = masks[0]
     (group,) = set(mask.seq.values())
     length = layout.lengths[group]
     if length < 2:
-        return skipped(name, "needs 2 or more tokens")
+        return inconclusive(name, "needs 2 or more tokens")
     if not any(group in leaf.seq.values() for leaf in layout.leaves_of("ids", "data")):
-        return skipped(name, f"no input holds the tokens {mask.name} pads")
+        return inconclusive(name, f"no input holds the tokens {mask.name} pads")
     # Not None: `Layout` records the padding of a group with each padding mask of it.
     pad = cast(torch.Tensor, layout.padded(group))
     counts = pad.sum(1)
@@ -238,10 +257,10 @@ def key_padding(s: Subject) -> ProbeResult:
         inputs = padded(layout, s.inputs, group, cells)
         pads = dict(layout.pads)
         pads[group] = pad | cells
-        reference = s.run_all(inputs)
+        reference = s.run_all(inputs, f"{mask.name} with padding added to example 0")
         how = "added"
     changed = perturbed(layout, inputs, s.generator, group=group, cells=cells)
-    got = s.run_all(changed)
+    got = s.run_all(changed, f"the padded tokens of example {e} changed")
     dev = s.measure(got, reference, s.outputs(batch=True), pads=pads)
     positions = cells[e].nonzero().flatten().tolist()
     value = _pad_value(mask)
@@ -303,10 +322,10 @@ def token_permutation(s: Subject) -> ProbeResult:
     if cannot is not None:
         return cannot
     if s.layout.ambiguous:
-        return skipped(name, s.layout.ambiguous)
+        return inconclusive(name, s.layout.ambiguous)
     perms = {g: derangement(n, s.generator) for g, n in enumerate(s.layout.lengths) if n > 1}
     moved = permuted(s.layout, s.inputs, perms)
-    got = s.run_all(moved)
+    got = s.run_all(moved, "the tokens permuted")
     leaves = s.outputs(group=0)
     expected = {}
     for leaf in leaves:
@@ -317,6 +336,12 @@ def token_permutation(s: Subject) -> ProbeResult:
         expected[leaf.path] = t
     pads = {g: p[:, perms[g]] for g, p in s.layout.pads.items() if g in perms}
     dev = s.measure(got, expected, leaves, pads=pads)
+    if dev > s.rtol:
+        from .position_terms import position_term
+
+        term = position_term(s, s.inputs, moved, perms[0])
+        if term:
+            return inconclusive(name, term, deviation=dev)
 
     def point():
         return locate(s, s.inputs, moved, region_permuted(s.layout.lengths[0], perms[0]))

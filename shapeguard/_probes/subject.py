@@ -15,6 +15,7 @@ from .compare import deviation, scale_of
 from .edits import take
 from .layout import Layout, OutLeaf
 from .result import ProbeResult
+from .runs import Rejected, call
 from .tree import first_output, pick
 from .watch import Watch
 
@@ -47,19 +48,25 @@ class Subject:
     # For a batch of one: a function giving the subject of the batch grown to two
     # (example 0, then one made like it: `edits.grown`), or why there is none.
     grown: object = None
+    # Why no probe proves anything on this module, whatever it measures (outputs that are
+    # not finite on the unmodified input, a forward that is not deterministic): every
+    # conclusive result is made inconclusive with it (`check._run_probe`).
+    void: str = ""
+    # Why a failure is no counterexample (the forward draws from the global RNG: runs
+    # with the same RNG state draw alike only where the shapes and rows are alike).
+    random: str = ""
 
-    def run(self, inputs) -> torch.Tensor:
-        """The first floating output of one forward."""
-        args, kwargs = inputs
-        out = first_output(self.model(*args, **kwargs))
+    def run(self, inputs, what: str = "") -> torch.Tensor:
+        """The first floating output of one forward (`runs.Rejected` if the module raises)."""
+        out = first_output(call(self.model, inputs, what))
         if out is None:
-            raise RuntimeError("the module returned no floating-point tensor")
+            raise Rejected(RuntimeError("the module returned no floating-point tensor"), what)
         return out
 
-    def run_all(self, inputs) -> dict:
-        """Every compared output leaf of one forward, by path."""
-        args, kwargs = inputs
-        out = self.model(*args, **kwargs)
+    def run_all(self, inputs, what: str = "") -> dict:
+        """Every compared output leaf of one forward, by path (`runs.Rejected` if the
+        module raises on the inputs: `what` says what the probe did to them)."""
+        out = call(self.model, inputs, what)
         found = {}
         for leaf in self.layout.outputs:
             value = pick(out, leaf.path)
@@ -172,25 +179,32 @@ def _restrict(t: torch.Tensor, leaf: OutLeaf, examples, positions):
 
 def _real(t: torch.Tensor, leaf: OutLeaf, pads: dict, examples, positions):
     """True where an output row belongs to a real token (its example and position read
-    from the group's padding); None when nothing is padded."""
-    if len(leaf.batch) != 1:
+    from the group's padding); None when nothing is padded. An output without a batch
+    axis (a batch of one) takes the padding of its one example."""
+    if len(leaf.batch) > 1:
         return None
     keep = None
-    (batch,) = leaf.batch
     for d, g in leaf.seq.items():
         pad = pads.get(g)
         if pad is None or not bool(pad.any()):
             continue
-        if examples is not None:
+        if examples is not None and leaf.batch:
             pad = pad[torch.as_tensor(examples, dtype=torch.long)]
         if positions and positions.get(g) is not None:
             pad = pad[:, torch.as_tensor(positions[g], dtype=torch.long)]
-        if tuple(pad.shape) != (t.shape[batch], t.shape[d]):
-            continue
         shape = [1] * t.dim()
-        shape[batch], shape[d] = pad.shape
-        real = (~pad).view(shape) if batch < d else (~pad).t().contiguous().view(shape)
-        real = real.expand(t.shape)
+        if not leaf.batch:
+            if pad.shape[0] != 1 or pad.shape[1] != t.shape[d]:
+                continue
+            shape[d] = -1
+            real = (~pad[0]).view(shape).expand(t.shape)
+        else:
+            (batch,) = leaf.batch
+            if tuple(pad.shape) != (t.shape[batch], t.shape[d]):
+                continue
+            shape[batch], shape[d] = pad.shape
+            real = (~pad).view(shape) if batch < d else (~pad).t().contiguous().view(shape)
+            real = real.expand(t.shape)
         keep = real if keep is None else keep & real
     return keep
 
@@ -203,6 +217,24 @@ def _fmt(dev: float, mismatch: str = "") -> str:
 
 def _path(path: tuple) -> str:
     return "the output" if not path else "the output " + ".".join(map(str, path))
+
+
+def not_finite(layout: Layout, refs: dict) -> str:
+    """Where the reference outputs hold NaN or inf on real tokens ("" where they do not):
+    a comparison with them proves nothing."""
+    for leaf in layout.outputs:
+        t = refs.get(leaf.path)
+        if t is None or not t.is_floating_point():
+            continue
+        keep = _real(t, leaf, layout.pads, None, None)
+        values = t[keep.to(t.device)] if keep is not None else t
+        bad = ~torch.isfinite(values)
+        if bool(bad.any()):
+            share = (
+                "every value" if bool(bad.all()) else f"{int(bad.sum())} of {values.numel()} values"
+            )
+            return f"{_path(leaf.path)} is not finite on the unmodified input ({share} NaN or inf)"
+    return ""
 
 
 def out_rows(subject: Subject, out: torch.Tensor, *, examples=None, positions=None):

@@ -20,6 +20,9 @@ _EMBEDDING = _ops.by_name("embedding")
 # FalconLinear's @); elementwise ops, which may mask attention weights after the softmax.
 _PROJECTING = _ops.family_ops(_ops.PRODUCT)
 _WEIGHT_MASKING = _ops.family_ops(_ops.BINARY)
+_DROPOUTS = frozenset(
+    ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
+)
 
 
 class Watch:
@@ -42,6 +45,10 @@ class Watch:
         self._last_mask: tuple | None = None  # (mask, how it was applied, its MaskUse): read once
         self.values: list[tuple] | None = [] if keep_values else None
         self.heads = HeadWatch()  # the attention ops' heads, for head permutation
+        self.dropout = ""  # where a dropout ran in training mode (eval() did not reach it)
+        # A crash of this watch's own code (`runs.describe_crash`): what it noted is not to
+        # be trusted, and the probes say so instead of running on it.
+        self.broken = ""
         self._observation = None
 
     def __enter__(self):
@@ -60,8 +67,32 @@ class Watch:
             return describe_event(events[-1])
         return op
 
-    # `before` and `after`: the session's observer calls (`_trace.session.Observer`).
+    # `before` and `after`: the session's observer calls (`_trace.session.Observer`). A
+    # crash of the watch's own code never reaches the module's forward: it is noted.
     def before(self, func, op: str, args, kwargs) -> None:
+        if self.broken:
+            return
+        try:
+            self._before(func, op, args, kwargs)
+        except Exception as error:
+            self._broke(error)
+
+    def after(self, func, op: str, args, kwargs, out, count: int) -> None:
+        if self.broken:
+            return
+        try:
+            self._after(func, op, args, kwargs, out, count)
+        except Exception as error:
+            self._broke(error)
+
+    def _broke(self, error: Exception) -> None:
+        from .runs import describe_crash
+
+        self.broken = describe_crash(error)
+
+    def _before(self, func, op: str, args, kwargs) -> None:
+        if op in _DROPOUTS and not self.dropout:
+            self._dropout(op, args, kwargs)
         if _ops.declared(op) is _EMBEDDING:
             self._embedding(args, kwargs)
         if op not in _MASKING_OPS and op not in _WEIGHT_MASKING:
@@ -69,8 +100,12 @@ class Watch:
         from .._trace.call import OpCall
 
         call = OpCall(self.session, func, op, args, kwargs, None)
-        if call.bound().get("is_causal") is True and not self.causal:
+        bound = call.bound()
+        if bound.get("is_causal") is True and not self.causal:
             self.causal = f"{op}(is_causal=True)"
+        p = bound.get("dropout_p")
+        if isinstance(p, int | float) and p > 0 and not self.dropout:
+            self.dropout = f"{op}(dropout_p={p})"
         for use in mask_uses(call):
             self.masked = self.masked or use.op
             self._mask_use(call, use)
@@ -133,7 +168,14 @@ class Watch:
         if meta is not None and table.dim() == 2:
             self.embedded.append((meta.dims, int(table.shape[0])))
 
-    def after(self, func, op: str, args, kwargs, out, count: int) -> None:
+    def _dropout(self, op: str, args, kwargs) -> None:
+        """A dropout in training mode with p > 0 (F.dropout(x, p, training))."""
+        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+        training = args[2] if len(args) > 2 else kwargs.get("training", kwargs.get("train", True))
+        if training is True and isinstance(p, int | float) and p > 0:
+            self.dropout = f"{op}(p={p}, training=True)"
+
+    def _after(self, func, op: str, args, kwargs, out, count: int) -> None:
         session = self.session
         self.heads.after(session, op, args, kwargs, out, lambda: self._where(count, op))
         if op in _POSITIONAL_OPS or (op in _TABLE_READS and _reads_a_table(session, args)):

@@ -36,7 +36,14 @@ _FIT_STEPS = (
 )
 # As wide as a table can be when the output is not cut to a width.
 _UNLIMITED = 100_000
-_CHECK_STYLES = {"pass": "green", "FAIL": "bold red", "warn": "yellow", "skip": "dim", "n/a": "dim"}
+_CHECK_STYLES = {
+    "pass": "green",
+    "FAIL": "bold red",
+    "warn": "yellow",
+    "inconclusive": "magenta",
+    "skip": "dim",
+    "n/a": "dim",
+}
 # A layer index: an all-digit part of a module path (`blocks.7.attn`).
 _LAYER_INDEX = re.compile(r"(?:(?<=\.)|^)\d+(?=\.|$)")
 

@@ -594,3 +594,60 @@ def test_the_suite_runs_with_internal_errors_raised():
     import os
 
     assert os.environ.get("SHAPEGUARD_INTERNAL_ERRORS") == "raise"
+
+
+# -- the models of the field report (C1): a NumPy scale inside transformers' code -----------
+def _ctrl():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "ctrl", n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=128, dff=128
+    )
+    return AutoModelForCausalLM.from_config(config), {"input_ids": (2, 7)}
+
+
+def _pegasus_x():
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    config = AutoConfig.for_model(
+        "pegasus_x", d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=128,
+        max_position_embeddings=64, block_size=4, num_global_tokens=2,
+    )  # fmt: skip
+    return AutoModelForSeq2SeqLM.from_config(config), {
+        "input_ids": (2, 8),
+        "decoder_input_ids": (2, 8),
+    }
+
+
+def _reformer():
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    config = AutoConfig.for_model(
+        "reformer", hidden_size=64, num_attention_heads=2, attention_head_size=16,
+        axial_pos_embds_dim=(32, 32), axial_pos_shape=(4, 8), max_position_embeddings=32,
+        vocab_size=128, feed_forward_size=64, attn_layers=["local", "lsh"], num_hashes=1,
+        local_attn_chunk_length=8, lsh_attn_chunk_length=8, num_buckets=4, is_decoder=False,
+    )  # fmt: skip
+    return AutoModelForMaskedLM.from_config(config), {"input_ids": (2, 32)}  # the axial grid
+
+
+@pytest.mark.parametrize(
+    "build", [_ctrl, _pegasus_x, _reformer], ids=["ctrl", "pegasus_x", "reformer"]
+)
+def test_field_report_models_run_as_plainly(build):
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model, shapes = build()
+    model.eval()
+    g = torch.Generator().manual_seed(1)
+    kwargs = {name: torch.randint(0, 128, shape, generator=g) for name, shape in shapes.items()}
+    with torch.no_grad():
+        torch.manual_seed(2)  # Reformer's LSH draws its random rotations
+        plain = model(**kwargs).logits
+        for mode in ("warn", "raise"):
+            torch.manual_seed(2)
+            with shapeguard.trace(mode=mode) as trace:
+                out = model(**kwargs).logits
+            assert type(out) is torch.Tensor and torch.equal(out, plain), mode
+            assert not trace.findings and not trace.internal_errors, mode

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from .. import _ops, _source
 from .._errors import Violation
 from .._names import dims as D
-from . import ERROR, WARNING, rule
+from . import ERROR, WARNING, is_tensor, rule
 from ._view import CallView
 
 _HIDING = -1e4
@@ -49,7 +49,7 @@ def cache_grown_along(call: CallView) -> Iterator[Violation]:
     dim = bound.get("dim", 0)
     if not isinstance(tensors, list | tuple) or len(tensors) != 2 or not isinstance(dim, int):
         return
-    if not all(hasattr(t, "shape") for t in tensors):
+    if not all(is_tensor(t) for t in tensors):
         return
     past, new = tensors
     if not (_outside(call, past) and not _outside(call, new)):
@@ -60,7 +60,9 @@ def cache_grown_along(call: CallView) -> Iterator[Violation]:
         return
     d = dim % new.dim()
     axes = call.dims(new)
-    kind = D.kind_of(axes[d])
+    # What the cache grows along is known from a parameter or structure (heads and d_k are
+    # factors of a projection's features), never from an input's usual layout.
+    kind = D.strong_kind_of(axes[d])
     if kind not in (D.FEATURE, D.BATCH):
         return
     tokens = [e for e, axis in enumerate(axes) if e != d and D.kind_of(axis) == D.TOKEN]
@@ -92,26 +94,29 @@ def _masked(call):
     """(mask, its label, the keys (or scores), their label, the scores' shape) of a
     masking op, or None."""
     spec, args = call.spec, call.args
-    if spec is _ops.by_name("masked_fill") and len(args) >= 3 and hasattr(args[1], "shape"):
+    if spec is _ops.by_name("masked_fill") and len(args) >= 3 and is_tensor(args[1]):
         fill = args[2]
-        if isinstance(fill, int | float) and fill <= _HIDING and args[0].dim() >= 2:
+        meta = call.meta(args[0])
+        # The keys are the last axis where a query-key product tagged them so.
+        keys_last = meta is not None and meta.tags[-1:] == ("k",)
+        if isinstance(fill, int | float) and fill <= _HIDING and keys_last and args[0].dim() >= 2:
             scores = call.label(0, "scores")
             return args[1], call.label(1, "mask"), args[0], scores, tuple(args[0].shape)
         return None
     if spec is _ops.SDPA:
         bound = call.bound()
         q, k, mask = bound.get("query"), bound.get("key"), bound.get("attn_mask")
-        if not all(hasattr(t, "shape") for t in (q, k, mask)) or q.dim() < 2:
+        if not all(is_tensor(t) for t in (q, k, mask)) or q.dim() < 2:
             return None
         label = call.label(3, "attn_mask") if len(args) > 3 else "attn_mask"
         return mask, label, k, call.label(1, "k"), (*q.shape[:-1], k.shape[-2])
     if spec is _ops.by_name("add") and len(args) >= 2:
         a, b = args[0], args[1]
-        if not (hasattr(a, "shape") and hasattr(b, "shape")):
+        if not (is_tensor(a) and is_tensor(b)):
             return None
         for scores, mask, index in ((a, b, 1), (b, a, 0)):
             meta = call.meta(scores)
-            is_scores = meta is not None and meta.role == "scores"
+            is_scores = meta is not None and meta.role == "scores" and meta.tags[-1:] == ("k",)
             if is_scores and mask.is_floating_point() and mask.dim() >= 2:
                 if mask.numel() >= scores.numel():
                     continue
@@ -123,7 +128,7 @@ def _masked(call):
 
 def _cached_keys(call, keys) -> bool:
     """The scores' keys are cached + new: their axis was made by concatenating."""
-    axes = call.dims(keys) if hasattr(keys, "shape") else ()
+    axes = call.dims(keys) if is_tensor(keys) else ()
     if not axes:
         return False
     axis = axes[-2] if call.spec is _ops.SDPA else axes[-1]

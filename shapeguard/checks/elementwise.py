@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, TypeGuard
 from .. import _ops
 from .._errors import Violation
 from .._names import axes as _axes
+from .._names.dims import FEATURE, TOKEN
 from .._names.flow import waiting
 from . import ERROR, WARNING, is_tensor, rule
 from ._view import CallView
@@ -46,8 +47,10 @@ def mask_hint(call, mask, mask_label: str, target_shape: tuple[int, ...]) -> str
     """The usual fix for a mask that does not line up with [batch, heads, seq_q, seq_k]."""
     m = tuple(mask.shape)
     mask_label = _base_name(mask_label)
-    if len(target_shape) != 4:
+    if len(target_shape) != 4 or not m:
         return None
+    if call.kind(mask, 0, strong=True) in (TOKEN, FEATURE):
+        return None  # its first axis is positions or features by structure: not the batch
     b, _, _, sk = target_shape
     if len(m) == 2 and m == (b, sk):
         return (

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, TypeGuard, cast
 from .. import _ops
 from .._errors import Violation
 from .._names import axes as _axes
+from .._names.dims import BATCH
 from .._names.flow.waiting import read_along
 from . import WARNING, is_tensor, rule
 from ._view import CallView
@@ -548,6 +549,8 @@ def _batch_as_query(call, use: _Use, hidden) -> Violation | None:
     batch, sq = target[0], target[-2]
     if batch < 2 or tuple(use.mask.shape)[0] != batch or batch != sq:
         return None
+    if call.kind(use.mask, 0) != BATCH:
+        return None  # nothing says its rows are examples: a [seq_q, seq_k] mask it may be
     rows = _rows(hidden)
     if not _monotone(rows) or bool((rows == rows[:1]).all()):
         return None

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, TypeGuard
 from .. import _ops
 from .._errors import Violation
 from .._names import axes as _axes
-from . import ERROR, rule
+from .._names.dims import FEATURE
+from . import ERROR, is_tensor, rule
 from ._view import CallView
 from .elementwise import mask_hint
 
@@ -29,7 +30,7 @@ _KINDS = {
 
 
 def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return hasattr(value, "shape") and hasattr(value, "dtype")
+    return is_tensor(value)
 
 
 @rule(_ops.SDPA, kinds=_KINDS)
@@ -89,11 +90,15 @@ def sdpa_contract(call: CallView) -> Iterator[Violation]:
 
 
 def _layout_hint(call, q, k, lq: str) -> str:
-    """A hint when q looks like flash-attn's [batch, seq, heads, d_k] layout."""
+    """A hint when q is in flash-attn's [batch, seq, heads, d_k] layout: axis 2 a factor
+    of a projection's features (by its parameters, not its size) as long as the module's
+    declared head count, axis 1 not one."""
     if q.dim() != 4:
         return ""
     heads = call.declared().get("heads")
-    if heads is not None and q.shape[2] == heads[1] and q.shape[1] != heads[1]:
+    if heads is None or q.shape[2] != heads[1] or q.shape[1] == heads[1]:
+        return ""
+    if call.kind(q, 2, strong=True) == FEATURE and call.kind(q, 1, strong=True) != FEATURE:
         return (
             f"{lq} looks like [batch, seq, heads, d_k] (heads={heads[1]} on axis 2); SDPA wants "
             f"[batch, heads, seq, d_k]: pass {lq}.transpose(1, 2) (and the same for k and v)"

@@ -450,7 +450,11 @@ def _whisper():
         dims = ModelDimensions(n_mels=16, n_audio_ctx=s.seq, n_audio_state=s.hidden, n_audio_head=s.heads,
                                n_audio_layer=2, n_vocab=VOCAB, n_text_ctx=32, n_text_state=s.hidden,
                                n_text_head=s.heads, n_text_layer=2)  # fmt: skip
-        return Whisper(dims)
+        model = Whisper(dims)
+        # The text positions are torch.empty (a checkpoint fills them): filled here, as a
+        # checkpoint would, so the outputs are finite and the probes can compare them.
+        nn.init.normal_(model.decoder.positional_embedding, std=0.02)
+        return model
 
     def inputs(s, padding, g):
         mel = torch.randn(s.batch, 16, 2 * s.seq, generator=g)

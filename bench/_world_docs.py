@@ -153,6 +153,7 @@ def render(meta, tallied, results) -> str:
     out += _section(
         f"Inconclusive probes ({counts['inconclusive']}), by reason", _inconclusive(details)
     )
+    out += _section("Past the timeout", _simple(details["timeouts"], "timeout"))
     out += _section(f"Not built ({counts['not built']})", _not_built(details))
     out += _section("Per subject", _per_subject(results))
     out.append(END)

@@ -4,7 +4,8 @@ Every count but `inconclusive` must be 0 on correct code (the models and package
 as correct: a finding is a false alarm until shown to be a real bug of the model):
 
 - crashes: configurations (and generate runs) where shapeguard raised an exception that is
-  not a ShapeError while the plain forward ran, plus subjects whose worker hung or died;
+  not a ShapeError while the plain forward ran, plus subjects whose worker died (a subject
+  past its timeout is listed apart: slow is not a crash, and its time says which);
 - findings: configurations (and generate runs) with at least one finding in warn mode;
 - non-identical: configurations whose outputs under a trace or guard (or after `check`)
   are not bit-identical to the plain forward's;
@@ -37,12 +38,16 @@ def tally(results) -> dict:
     arch = [r for r in ran if r["source"] == "transformers"]
     packages = sorted({r.get("package", r["name"]) for r in ran if r["source"] != "transformers"})
     t: dict = {"architectures": len(arch), "packages": len(packages), "configs": 0}
-    details: dict = {k: [] for k in (*MUST_BE_ZERO, "inconclusive", "not built", "n/a")}
+    details: dict = {k: [] for k in (*MUST_BE_ZERO, "inconclusive", "not built", "n/a", "timeouts")}
     inconclusive = 0
     for r in results:
         name = r["name"]
-        if r.get("status") in ("timeout", "died", "runner error"):
+        if r.get("status") in ("died", "runner error"):
             details["crashes"].append((name, r["status"], r.get("error", "")))
+            continue
+        if r.get("status") == "timeout":
+            # Slow, not necessarily hung: listed apart (see the subject's plain forward time).
+            details["timeouts"].append((name, r["status"], r.get("error", "")))
             continue
         if r.get("status") != "ok":
             details["not built"].append((name, r.get("status", "?"), r.get("error", "")))
@@ -156,6 +161,8 @@ def lines(tallied) -> list:
             out.append(f"CHECK FAILED {name}: {where}: {_first_line(what)}")
     for name, probe, message in details["inconclusive"]:
         out.append(f"INCONCLUSIVE {name}: {probe}: {_first_line(message)}")
+    for name, _status, error in details["timeouts"]:
+        out.append(f"TIMEOUT {name}: {error}")
     for name, _status, error in details["not built"]:
         out.append(f"NOT BUILT {name}: {_first_line(error, 160)}")
     out.append(summary_line(counts))

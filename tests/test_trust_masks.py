@@ -582,3 +582,52 @@ def test_triu_for_tril_is_the_direction_bug_with_padding_too(size, style, padded
         "later keys only"
     )
     assert found.hint.startswith("tril and triu are swapped")
+
+
+# -- cache_axis: the sequence axis named only where structure or the shapes say which --------------
+class CacheStep(nn.Module):
+    """One decode step that grows a cache of keys held in a buffer along the heads (the
+    bug), batch-first [batch, heads, seq, d_k] or seq-first [seq, batch, heads, d_k]."""
+
+    def __init__(self, heads, d_k, batch, seq_first, cached=4):
+        super().__init__()
+        self.n_heads, self.seq_first = heads, seq_first
+        self.W_k = nn.Linear(heads * d_k, heads * d_k)
+        shape = (cached, batch, heads, d_k) if seq_first else (batch, heads, cached, d_k)
+        self.register_buffer("past_k", torch.randn(shape))
+
+    def forward(self, x):
+        if self.seq_first:  # x: [1, batch, width]
+            k = self.W_k(x).view(x.shape[0], x.shape[1], self.n_heads, -1)
+            return torch.cat([self.past_k, k], dim=2)
+        k = heads_of(self.W_k(x), self.n_heads)  # x: [batch, 1, width]
+        return torch.cat([self.past_k, k], dim=1)
+
+
+@sizes
+@pytest.mark.parametrize("seq_first", [False, True], ids=["batch_first", "seq_first"])
+def test_a_cache_grown_along_the_heads_names_the_sequence_only_where_it_is_known(size, seq_first):
+    """Batch-first, the cache is longer than the new keys on one axis: the sequence, where
+    it grew before (dim=2). Seq-first, only the input's usual layout would name an axis,
+    and it would name the batch: the hint gives no dim."""
+    batch, heads, _, d_k = size
+    model = CacheStep(heads, d_k, batch, seq_first)
+    x = torch.randn(1, batch, heads * d_k) if seq_first else torch.randn(batch, 1, heads * d_k)
+    with pytest.raises(ShapeError) as info:
+        shapeguard.trace(model, x)
+    assert info.value.kind == "cache_axis"
+    first = str(info.value).splitlines()[0]
+    if seq_first:
+        assert first.endswith(
+            "a cache of keys or values grows along the sequence, one position per new token"
+        )
+        assert info.value.hint == (
+            "concatenate along the sequence axis, the one each new token adds a position to"
+        )
+    else:
+        assert first.endswith(
+            "a cache of keys or values grows along the sequence, axis 2, one position per new token"
+        )
+        assert info.value.hint == (
+            "concatenate along the sequence axis: torch.cat([past_k, k], dim=2)"
+        )

@@ -65,13 +65,22 @@ def cache_grown_along(call: CallView) -> Iterator[Violation]:
     kind = D.strong_kind_of(axes[d])
     if kind not in (D.FEATURE, D.BATCH):
         return
-    tokens = [e for e, axis in enumerate(axes) if e != d and D.kind_of(axis) == D.TOKEN]
+    # The sequence axis, for the message and the fix: by structure first (positions a
+    # rotary table or an attention ran along), else by the input's usual layout or as the
+    # one axis of no kind, which the hint then does not turn into a `dim=` (a seq-first
+    # cache would get the batch's).
+    tokens = [e for e, axis in enumerate(axes) if e != d and D.strong_kind_of(axis) == D.TOKEN]
+    certain = bool(tokens)
+    if not tokens:
+        tokens = [e for e, axis in enumerate(axes) if e != d and D.kind_of(axis) == D.TOKEN]
     if not tokens:
         # A one-token step's sequence axis has size 1 and carries nothing: the axis the
         # cache is longer on, or the one axis of no kind.
         longer = [e for e in range(new.dim()) if e != d and past.shape[e] != new.shape[e]]
         unknown = [e for e, axis in enumerate(axes) if e != d and D.kind_of(axis) is None]
-        tokens = longer if len(longer) == 1 else unknown
+        # The one axis the cache is longer on is where it grew before: the sequence.
+        certain = len(longer) == 1
+        tokens = longer if certain else unknown
     if len(tokens) != 1:
         return
     (e,) = tokens
@@ -81,12 +90,15 @@ def cache_grown_along(call: CallView) -> Iterator[Violation]:
     grows, seq = (
         f"{name} (axis {i})" if (name := D.axis_name(axes[i])) else f"axis {i}" for i in (d, e)
     )
+    sequence = f"the sequence, {seq}," if certain else "the sequence,"
     yield Violation(
         "cache_axis",
         f"torch.cat: the cache {past_label} grows along {grows} with {new_label}: "
-        f"a cache of keys or values grows along the sequence, {seq}, one position per new token",
+        f"a cache of keys or values grows along {sequence} one position per new token",
         (call.operand(past_label, past), call.operand(new_label, new)),
-        f"concatenate along the sequence axis: torch.cat([{past_label}, {new_label}], dim={e})",
+        f"concatenate along the sequence axis: torch.cat([{past_label}, {new_label}], dim={e})"
+        if certain
+        else "concatenate along the sequence axis, the one each new token adds a position to",
     )
 
 

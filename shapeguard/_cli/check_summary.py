@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 from ..report.text import summary_line
 
+# A probe that proves nothing either way: shown with its reason, it fails nothing.
+INCONCLUSIVE = "inconclusive"
+
 
 @dataclass(slots=True)
 class Summary:
@@ -97,8 +100,10 @@ def _run_probes(model, inputs, run, device: str, find_runner, progress) -> Summa
     except ShapeError as error:
         return Summary([(error.kind, "FAIL", error.relation)], [error.render()])
     except Exception as error:
+        # The probes' own crash says nothing about the model: inconclusive, never a failure.
         first = str(error).splitlines()[0] if str(error) else ""
-        return Summary([("semantic probes", "FAIL", f"raised {type(error).__name__}: {first}")])
+        why = f"the probes crashed ({type(error).__name__}: {first}): shapeguard's fault, not the model's"
+        return Summary([("semantic probes", INCONCLUSIVE, why)])
     # The probes' own "shape checks" row repeats the trace row above.
     rows = [row for row in probe_rows(result) if row[0] != "shape checks"]
     details = [message for _, status, message in rows if status == "FAIL" and "\n" in message]
@@ -116,7 +121,6 @@ def probe_runner():
     return importlib.import_module("shapeguard._probes.check").run_check
 
 
-INCONCLUSIVE = "inconclusive"
 _STATUS = {
     "passed": "pass",
     "ok": "pass",

@@ -271,9 +271,11 @@ def _additive_use(call):
             continue
         label = call.label(index, "mask")
         # Read the values only where the sum may be masked scores (this runs on every
-        # addition: a residual's values are not read): scores by structure, or a tensor
-        # named as a mask, whose findings then wait for a softmax (`check`).
-        if not _axes_known(call, scores) and call.role(mask, label) != "mask":
+        # addition: a residual's values are not read): scores or their weights by data flow,
+        # or a tensor named as a mask. `check` judges the axes only where a product tagged
+        # them; anything else waits for a softmax.
+        roles = (call.role(mask, label), call.role(scores, call.label(1 - index, "scores")))
+        if roles[0] != "mask" and roles[1] not in ("scores", "attn"):
             continue
         hidden = mask <= _HIDING
         # An additive mask is 0 where a key is kept; anything else is a bias (ALiBi, ...).

@@ -570,3 +570,37 @@ def test_sequence_first_bmm_attention_gives_no_finding(style, padded, sizes):
     padding = (zoo.attention_mask(sizes) == 0) if padded else None
     found = trace(model, x, padding).findings
     assert found == [], describe(found)
+
+
+# -- a kind from the input's usual layout alone decides no contraction ---------------------------
+class ChannelPooling(nn.Module):
+    """A query from a conditioning vector meets the channels of a [batch, channels, length]
+    feature map (attention pooling over channels). The input's usual layout reads axis 1 as
+    positions; nothing in the code says so, and the product is right."""
+
+    def __init__(self, cond, channels, style):
+        super().__init__()
+        self.to_q = nn.Linear(cond, channels)
+        self.style = style
+
+    def forward(self, x, z):
+        q = self.to_q(z)  # [batch, channels]
+        if self.style == "bmm":
+            weights = torch.bmm(q.unsqueeze(1), x)  # [batch, 1, length]
+        else:
+            weights = torch.einsum("bc,bcl->bl", q, x)
+        return weights.softmax(dim=-1)
+
+
+@SETTINGS
+@pytest.mark.parametrize("style", ["bmm", "einsum"])
+def test_a_product_against_an_axis_only_the_input_layout_names_gives_no_finding(style, sizes):
+    """contraction_axes needs each contracted axis's kind established: by a parameter or
+    structure, or by identity with an axis the other operand keeps (`q @ k` without the
+    transpose contracts the very positions q's rows run along: still found, see the zoo's
+    `contraction` bugs in tests/test_invariants.py)."""
+    torch.manual_seed(0)
+    model = ChannelPooling(7, sizes.d_model, style)
+    x = torch.randn(sizes.batch, sizes.d_model, sizes.seq)
+    found = trace(model, x, torch.randn(sizes.batch, 7)).findings
+    assert found == [], describe(found)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 from .. import _ops
 from .._errors import Violation
+from .._names import dims as D
 from .._names import subscripts
 from .._names.dims import FEATURE, TOKEN
 from . import WARNING, is_tensor, rule
@@ -24,14 +25,34 @@ def _is_tensor(value) -> bool:
 
 
 def _clash(call, a, a_dim: int, b, b_dim: int) -> tuple[str, str] | None:
-    """(a's kind, b's kind) when the two contracted axes are of different kinds that
-    both are known, one of them from structure or a parameter (not a convention)."""
+    """(a's kind, b's kind) when the two contracted axes are of different kinds, each
+    established: from structure or a parameter, or, for a kind the model input's usual
+    layout gave, corroborated by identity (the axis is one the other operand keeps: `q @ k`
+    contracts k's positions, the very positions q's rows run along, with q's features)."""
     ka, kb = call.kind(a, a_dim), call.kind(b, b_dim)
     if ka == kb or ka not in _PAIRED or kb not in _PAIRED:
         return None
-    if call.kind(a, a_dim, strong=True) is None and call.kind(b, b_dim, strong=True) is None:
+    strong_a = call.kind(a, a_dim, strong=True) is not None
+    strong_b = call.kind(b, b_dim, strong=True) is not None
+    if not (strong_a or strong_b):
+        return None
+    if not strong_a and not _kept_by(call, a, a_dim, b, b_dim):
+        return None
+    if not strong_b and not _kept_by(call, b, b_dim, a, a_dim):
         return None
     return ka, kb
+
+
+def _kept_by(call, t, dim: int, other, other_dim: int) -> bool:
+    """Axis `dim` of `t` is, dim for dim, an axis `other` keeps (not the one it contracts)."""
+    roots = D.roots_of(call.dims(t)[dim])
+    kept = {
+        id(root)
+        for i, axis in enumerate(call.dims(other))
+        if i != other_dim % other.dim()
+        for root in D.roots_of(axis)
+    }
+    return bool(roots) and all(id(root) in kept for root in roots)
 
 
 @rule(_ops.by_name("matmul"), _ops.by_name("bmm"), kinds={"contraction_axes": WARNING}, order=1)

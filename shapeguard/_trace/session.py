@@ -419,7 +419,11 @@ class Session:
 
     def exit_module(self, module) -> None:
         stack = self.module_stack
-        if _not_running() and not any(m is module for m in stack):
+        if (
+            (not stack or stack[-1] is not module)
+            and _not_running()
+            and not any(m is module for m in stack)
+        ):
             return  # entered under vmap or make_fx, so never entered (`enter_module`)
         try:
             replayed = False

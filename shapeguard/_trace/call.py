@@ -203,7 +203,7 @@ class OpCall:
         mask or a bias to the scores), its unnamed axes read as the axes they meet there."""
         shape = tuple(tensor.shape)
         axes = self.axes(tensor)
-        if like is not None and hasattr(like, "shape"):
+        if isinstance(like, torch.Tensor):
             target = self.axes(like)
             lead = len(target) - len(axes)
             axes = tuple(

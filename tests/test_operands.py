@@ -527,6 +527,11 @@ def test_a_broken_rule_leaves_the_op_as_it_is(broken, users_mode):
         assert failure.error == "TypeError: a rule's bug"
         assert failure.raised_at.startswith("shapeguard/_trace/session.py:")
     assert len(trace.events) == 2  # the ops were recorded all the same
+    assert (
+        trace.table()
+        .splitlines()[-1]
+        .endswith("; 2 internal errors (shapeguard's own, contained: trace.internal_errors)")
+    )
 
 
 def test_other_rules_still_run_beside_a_broken_one(broken, users_mode):

@@ -171,12 +171,20 @@ def _human_bytes(n: int) -> str:
 
 
 def summary_line(trace) -> str:
-    """`20 ops in 5 modules; 0 errors, 0 warnings` (and `; 1 suppressed`)."""
+    """`20 ops in 5 modules; 0 errors, 0 warnings` (and `; 1 suppressed`, and the failures
+    of shapeguard's own code it contained: `; 1 internal error (...)`)."""
     suppressed = len(getattr(trace, "suppressed", ()))
+    internal = sum(f.count for f in getattr(trace, "internal_errors", ()))
     return (
         f"{_count(len(trace.events), 'op')} in {_count(trace.modules_seen, 'module')}; "
         f"{_count(len(trace.errors), 'error')}, {_count(len(trace.warnings), 'warning')}"
         + (f"; {suppressed} suppressed" if suppressed else "")
+        + (
+            f"; {_count(internal, 'internal error')} (shapeguard's own, contained: "
+            "trace.internal_errors)"
+            if internal
+            else ""
+        )
     )
 
 

@@ -39,9 +39,10 @@ SDPA_EVEN = (
     "SDPA spreads those rows evenly over every key, hidden ones included (each gives the mean of V)"
 )
 REAL_HINT = (
-    "each query must see at least one key, and these are real tokens' queries (other queries "
-    "see their keys): check the mask's polarity ({}) and that a causal mask hides only the "
-    "keys after each query, never its own"
+    "each query must see at least one key, and other queries see these rows' own positions as "
+    "keys, so the mask treats them as real tokens: if they are padding, hide them as keys too "
+    "(padding goes on the key axis, [batch, 1, 1, seq_k]); else check the mask's polarity ({}) "
+    "and that a causal mask hides only the keys after each query, never its own"
 )
 EMPTY_HINT = (
     "each query must see at least one key: an example whose queries see no key is all "

@@ -584,6 +584,37 @@ def test_triu_for_tril_is_the_direction_bug_with_padding_too(size, style, padded
     assert found.hint.startswith("tril and triu are swapped")
 
 
+@sizes
+@pytest.mark.parametrize("style", ["masked_fill", "where"])
+def test_query_axis_padding_on_the_left_gets_a_hint_that_names_both_readings(size, style):
+    """Left-padded targets with padding on the query axis only: the padded rows hide every
+    key while real queries still see the padded keys. Nothing in the mask tells those rows
+    from real queries left with nothing, so the hint says what the mask shows (other
+    queries see these positions as keys) and gives the fix for each reading."""
+    batch, heads, seq, d_k = size
+    trg = targets(size).flip(-1)
+    found = only(findings(PaddedDecoder(heads, d_k, style), trg), "mask_fully_masked")
+    op = "masked_fill" if style == "masked_fill" else "torch.where"
+    padded = seq // 2
+    assert found.message.splitlines()[0] == (
+        f"{op}: mask == 0 hides every key from {padded * heads} of {batch * heads * seq} query "
+        "rows (first at batch 0, heads 0, query 0): softmax spreads those rows evenly over "
+        "every key, hidden ones included"
+    )
+    reads = (
+        "masked_fill hides where the mask is True"
+        if style == "masked_fill"
+        else "torch.where puts the fill where the condition is True"
+    )
+    assert found.hint == (
+        "each query must see at least one key, and other queries see these rows' own "
+        "positions as keys, so the mask treats them as real tokens: if they are padding, "
+        "hide them as keys too (padding goes on the key axis, [batch, 1, 1, seq_k]); else "
+        f"check the mask's polarity ({reads}) and that a causal mask hides only the keys "
+        "after each query, never its own"
+    )
+
+
 # -- cache_axis: the sequence axis named only where structure or the shapes say which --------------
 class CacheStep(nn.Module):
     """One decode step that grows a cache of keys held in a buffer along the heads (the

@@ -73,7 +73,10 @@ class _Use:
     mask: "torch.Tensor | None"  # the mask tensor as given
     hidden: "torch.Tensor"  # bool tensor, True = hidden, right-aligned to len(target) axes
     target: tuple[int, ...]  # the scores' shape [..., seq_q, seq_k]
-    kind: str  # "keep" (True attends: SDPA), "hide" (True hides), "fill", "where", "add"
+    # "keep" (True attends: SDPA), "hide" (True hides), "fill", "where" (True keeps the
+    # scores: torch.where(keep, scores, fill)), "where_fill" (True takes the fill:
+    # torch.where(hide, fill, scores)), "add"
+    kind: str
     # What a row that hides every key gives: called only when such rows are reported
     # (with the bool [*target[:-1]] of those rows), so reading values costs nothing
     # on the ops that pass.
@@ -248,14 +251,14 @@ def _where_use(call):
     if not _fits(cond.shape, target):
         return
     if values[1][1] is not None and values[1][1] <= _HIDING:
-        hidden, fill = ~cond, b
+        hidden, fill, kind = ~cond, b, "where"
     elif values[0][1] is not None and values[0][1] <= _HIDING:
-        hidden, fill = cond, a
+        hidden, fill, kind = cond, a, "where_fill"
     else:
         return
     # Not None: the branch that chose `fill` compared this scalar with _HIDING.
     effect = _fill_effect(cast(float, _scalar(fill)), _result_type(scores[0], fill))
-    yield _Use("torch.where", label, cond, hidden, target, "where", effect, scores[0])
+    yield _Use("torch.where", label, cond, hidden, target, kind, effect, scores[0])
 
 
 def _additive_use(call):
@@ -465,6 +468,7 @@ def _triangle_violation(call, use: _Use, triangle: str) -> Violation:
             "hide": "nn.MultiheadAttention hides the keys where attn_mask is True (or -inf)",
             "fill": "masked_fill fills (hides) where the mask is True",
             "where": "torch.where keeps the scores where the condition is True",
+            "where_fill": "torch.where puts the fill where the condition is True",
             "add": "the additive mask is -inf where keys are hidden",
         }[use.kind]
         fix = (
@@ -524,6 +528,7 @@ def _padding_polarity(call, use: _Use, hidden) -> Violation | None:
         "hide": "key_padding_mask is True where a key is padding",
         "fill": "masked_fill hides where the mask is True",
         "where": "torch.where keeps the scores where the condition is True",
+        "where_fill": "torch.where puts the fill where the condition is True",
         "add": "an additive mask is -inf where a key is padding",
     }[use.kind]
     marks = {
@@ -595,6 +600,7 @@ _READS = {
     "hide": "nn.MultiheadAttention hides the keys where a bool mask is True",
     "fill": "masked_fill hides where the mask is True",
     "where": "torch.where keeps the scores where the condition is True",
+    "where_fill": "torch.where puts the fill where the condition is True",
     "add": "an additive mask is 0 where a key is kept and very negative where it is hidden",
     "combined": "nn.MultiheadAttention hides the keys where attn_mask or key_padding_mask "
     "is True, or -inf in a float mask",
@@ -618,10 +624,16 @@ def _fully_masked(call, use: _Use, hidden) -> Violation | None:
     at = ", ".join(f"{n} {i}" for n, i in zip(names, first, strict=True)) if names else str(first)
     reads = _READS[use.kind]
     if bool((real & ~empty).any()):
+        # Other queries see these rows' own positions as keys: the mask treats them as real
+        # tokens. They may be real queries left with nothing (a shifted triangle, a flipped
+        # mask), or padding hidden on the query axis only (hyunwoongko's [batch, 1, seq, 1]
+        # with left padding): the hint names both, and claims neither.
         hint = (
-            "each query must see at least one key, and these are real tokens' queries (other "
-            f"queries see their keys): check the mask's polarity ({reads}) and that a causal "
-            "mask hides only the keys after each query, never its own"
+            "each query must see at least one key, and other queries see these rows' own "
+            "positions as keys, so the mask treats them as real tokens: if they are padding, "
+            "hide them as keys too (padding goes on the key axis, [batch, 1, 1, seq_k]); else "
+            f"check the mask's polarity ({reads}) and that a causal mask hides only the keys "
+            "after each query, never its own"
         )
         if bool(empty.any()):
             hint += "; an example whose queries see no key at all is empty: drop it from the batch"

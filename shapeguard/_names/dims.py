@@ -159,6 +159,17 @@ def claim_kind(dim: Dim, kind: str, rank: int) -> bool:
     return False
 
 
+def accepts_kind(dim: Dim, kind: str, rank: int) -> bool:
+    """Whether `claim_kind(dim, kind, rank)` would take (or already has) the kind: to claim
+    an axis of several factors all or nothing."""
+    root = dim.find()
+    if root.kind == kind:
+        return True
+    if root.kind is not None and root.kind_rank >= PARAM:
+        return False
+    return rank > root.kind_rank
+
+
 def claim_part(atom: Atom, name: str, rank: int) -> None:
     """Name the factor `atom` of its dim (the dim itself, when the atom is whole)."""
     dim, stride, size = atom
@@ -349,6 +360,47 @@ def strong_kind_of(axis: Axis) -> str | None:
     """The axis's kind, when all its atoms have it on strong evidence (not a convention)."""
     kinds = {strong_kind(atom) for atom in axis}
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def copy_of(copy: Axis, axis: Axis) -> None:
+    """A broadcast copy whose count the user read from `axis` (`x.repeat(bsz, 1, 1)` after
+    `bsz, T, _ = h.size()`): the copy stands for that axis in what the user's names say
+    (`stands_for`), for naming only; its identity and kind stay a copy's."""
+    if len(copy) != 1 or len(axis) != 1 or copy[0][2] != axis[0][2]:
+        return
+    root = copy[0][0].find()
+    if root.kind != COPY or root.alias is not None:
+        return
+    if _touched is not None:
+        _touched.append(root)
+    root.alias = axis[0]
+    _epoch[0] += 1
+
+
+def stands_for(atom: Atom) -> Atom:
+    """The atom an atom stands for in the user's names: itself, or for a copy counted from
+    an axis the user read (`copy_of`), that axis's atom."""
+    root = atom[0].find()
+    if root.kind == COPY and root.alias is not None:
+        return normalize((root.alias,))[0]
+    return (root, atom[1], atom[2])
+
+
+def established_kind(atom: Atom) -> str | None:
+    """`strong_kind`, unless the evidence disagrees with itself: a dim cut from an axis
+    whose own kind is established as another (a slice of a projection's features that
+    attention then runs along as its rows: grouped heads packed as queries) is established
+    as neither."""
+    root = atom[0].find()
+    kind = root.kind if root.kind_rank >= PARAM else None
+    for _ in range(4):
+        if kind is None or root.cut is None:
+            return kind
+        source = root.cut[0][0].find()
+        if source.kind_rank >= PARAM and source.kind not in (kind, COPY):
+            return None
+        root = source
+    return kind
 
 
 def is_factor(axis: Axis) -> bool:

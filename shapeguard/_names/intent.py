@@ -58,6 +58,15 @@ def view_intents(call, count: int) -> list[Intent | None]:
     return found
 
 
+def count_sources(call, count: int) -> list[Axis | None]:
+    """For `repeat` and `expand`: per size argument, the axis the user read it from whole
+    (`bsz` of `bsz, T, _ = h.size()`), or None."""
+    return [
+        intent.axis if intent is not None and not intent.part else None
+        for intent in view_intents(call, count)
+    ]
+
+
 # What a site's text says of each target size, read once per (site, the call is the
 # site's own, count): an Intent, None, or (text, tensor name, index, part) for a shape
 # read, whose tensor is looked up in the frame of each call. Keyed by the site's id and
@@ -79,7 +88,7 @@ def _plan(site, matches: bool, count: int) -> list:
 
 def _read_plan(site, matches: bool, count: int) -> list:
     texts: Sequence[str | None]
-    if site.callee in _EINOPS and not site.in_module:
+    if site.callee in _EINOPS and not site.receiver and not site.in_module:
         texts = _einops_texts(site, count)
     elif matches:
         texts = list(site.args)
@@ -89,7 +98,7 @@ def _read_plan(site, matches: bool, count: int) -> list:
         return []
     if len(texts) != count:
         return []
-    aliases, assigned = _aliases(site)
+    bindings = _aliases(site)
     plan: list = []
     for text in texts:
         if text is None:
@@ -100,7 +109,7 @@ def _read_plan(site, matches: bool, count: int) -> list:
         except SyntaxError:
             plan.append(None)
             continue
-        read = _read(node, aliases, 0)
+        read = _read(node, bindings, 0, site.lineno)
         if read is None:
             plan.append(None)
             continue
@@ -110,8 +119,9 @@ def _read_plan(site, matches: bool, count: int) -> list:
             continue
         _, tensor_name, index, part, line = read
         # The shape was read at `line`; the tensor now under that name is the one read only
-        # if nothing was assigned to the name in between (q = q.transpose(1, 2) would be).
-        if any(line < at <= site.lineno for at in assigned.get(tensor_name, ())):
+        # if nothing was assigned to the name in between (q = q.transpose(1, 2) would be;
+        # the view's own statement, `x = x.view(...)`, assigns after the view).
+        if any(line < b.line and b.end < site.lineno for b in bindings.get(tensor_name, ())):
             plan.append(None)
             continue
         plan.append((text, tensor_name, index, part))
@@ -152,27 +162,44 @@ def _shape_intent(call, frame, text: str, tensor_name: str, index: int, part: bo
     return Intent(text, D.kind_of(axis), D.axis_name(axis), axis, part)
 
 
-def _read(node: ast.AST, aliases: dict, depth: int):
-    """("attr", name) or ("shape", tensor, index, part, line read), or None."""
+def _read(node: ast.AST, bindings: dict, depth: int, line: int):
+    """("attr", name) or ("shape", tensor, index, part, line read), or None. A name is read
+    as its last assignment before `line` (the line being read), and that assignment's value
+    as of its own line: what the name held when the code at `line` ran."""
     if depth > _DEPTH:
         return None
     if isinstance(node, ast.Attribute) and _is_self(node.value):
         return ("attr", node.attr)
     if isinstance(node, ast.Name):
-        value = aliases.get(node.id)
-        if isinstance(value, tuple):
-            return value
-        return _read(value, aliases, depth + 1) if value is not None else None
+        binding = _binding(bindings.get(node.id, ()), line)
+        if binding is None or binding.value is None:
+            return None
+        if isinstance(binding.value, tuple):
+            return binding.value
+        return _read(binding.value, bindings, depth + 1, binding.line)
     shape = _shape_read(node)
     if shape is not None:
         return ("shape", *shape, False, getattr(node, "lineno", 0))
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-        reads = [_read(side, aliases, depth + 1) for side in (node.left, node.right)]
+        reads = [_read(side, bindings, depth + 1, line) for side in (node.left, node.right)]
         shapes = [r for r in reads if r is not None and r[0] == "shape"]
         if len(shapes) == 1:
-            _, tensor, index, _, line = shapes[0]
-            return ("shape", tensor, index, True, line)
+            _, tensor, index, _, read_line = shapes[0]
+            return ("shape", tensor, index, True, read_line)
     return None
+
+
+def _binding(candidates, line: int):
+    """The assignment a read at `line` sees: the last one that ended before it, provided
+    it runs on every path to the read (its block holds the read's line). One in a branch
+    or loop the read is outside of may or may not have run: then nothing is known."""
+    seen = None
+    for binding in candidates:
+        if binding.end < line and (seen is None or binding.line > seen.line):
+            seen = binding
+    if seen is None or not seen.block[0] <= line <= seen.block[1]:
+        return None
+    return seen
 
 
 def _shape_read(node: ast.AST) -> tuple[str, int] | None:
@@ -210,43 +237,92 @@ def _is_self(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id == "self"
 
 
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    """One assignment to a name: its value (an ast node, a shape read, or None where it is
+    not a plain assignment), its first and last lines, and the lines of the block it is in."""
+
+    value: object
+    line: int
+    end: int
+    block: tuple[int, int]
+
+
 # (filename, scope) -> `_aliases`: its values are nodes of the function's tree, so only the
 # latest functions are kept, as `_source` keeps its trees.
-_alias_cache: dict[tuple[str, int], tuple[dict, dict]] = {}
+_alias_cache: dict[tuple[str, int], dict] = {}
 _ALIASES_KEPT = 64
 
 
-def _aliases(site) -> tuple[dict, dict]:
-    """The function's simple assignments, name -> its value (an ast node) or a shape read
-    (`B, S, _ = x.shape` gives B -> ("shape", "x", 0, False, line)); and the lines at which
-    each name is assigned (to tell whether a tensor name still holds the tensor read)."""
+def _aliases(site) -> dict:
+    """The function's assignments, name -> every `_Binding` of it: a plain assignment keeps
+    its value, `B, S, _ = x.shape` gives B the shape read ("shape", "x", 0, False, line),
+    and any other assignment (`n += 1`, a loop's target) is known to be there only."""
     key = (site.filename, site.scope)
     found = _alias_cache.get(key)
     if found is not None:
         return found
-    aliases: dict = {}
-    assigned: dict[str, list[int]] = {}
+    bindings: dict[str, list[_Binding]] = {}
     func = _source.function_node(site.filename, site.scope)
     if func is not None:
-        for node in ast.walk(func):
-            if not isinstance(node, ast.stmt | ast.expr):
-                continue  # no assignment: arguments, keywords, comprehensions
-            for target in _targets(node):
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        assigned.setdefault(name.id, []).append(node.lineno)
-            if not isinstance(node, ast.Assign) or len(node.targets) != 1:
-                continue
-            target, value = node.targets[0], node.value
-            if isinstance(target, ast.Name):
-                aliases[target.id] = value
-            elif isinstance(target, ast.Tuple):
-                _unpack(target, value, aliases)
-    found = (aliases, assigned)
+        for stmt, block in _statements(func):
+            for node in _own_nodes(stmt):
+                _bind(node, block, bindings)
     while len(_alias_cache) >= _ALIASES_KEPT:
         del _alias_cache[next(iter(_alias_cache))]  # the oldest
-    _alias_cache[key] = found
-    return found
+    _alias_cache[key] = bindings
+    return bindings
+
+
+def _statements(func: ast.AST):
+    """Every statement of the function (nested ones too), with the lines of its block."""
+    stack = [func]
+    while stack:
+        node = stack.pop()
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            stmts = [s for s in block if isinstance(s, ast.stmt)]
+            span = (
+                (stmts[0].lineno, max(s.end_lineno or s.lineno for s in stmts)) if stmts else None
+            )
+            for child in block:
+                if span is not None and isinstance(child, ast.stmt):
+                    yield child, span
+                if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    stack.append(child)  # its own blocks; handlers and cases hold bodies
+
+
+def _own_nodes(stmt: ast.stmt):
+    """The statement and its expressions, not the statements nested in it (their own)."""
+    stack: list[ast.AST] = [stmt]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(
+            child
+            for child in ast.iter_child_nodes(node)
+            if not isinstance(child, ast.stmt | ast.excepthandler | ast.match_case)
+        )
+
+
+def _bind(node: ast.AST, block: tuple[int, int], bindings: dict) -> None:
+    values: dict[str, object] = {}
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target, value = node.targets[0], node.value
+        if isinstance(target, ast.Name):
+            values[target.id] = value
+        elif isinstance(target, ast.Tuple):
+            _unpack(target, value, values)
+    line = getattr(node, "lineno", 0)
+    for target in _targets(node):
+        # A loop's or a with's target is bound at its header, not when its body ends.
+        header = isinstance(node, ast.For | ast.AsyncFor | ast.With | ast.AsyncWith)
+        end = getattr(target if header else node, "end_lineno", None) or line
+        for name in _bound_names(target):
+            binding = _Binding(values.get(name), line, end, block)
+            bindings.setdefault(name, []).append(binding)
 
 
 def _targets(node: ast.AST) -> list:
@@ -258,6 +334,18 @@ def _targets(node: ast.AST) -> list:
         return [item.optional_vars for item in node.items if item.optional_vars is not None]
     if isinstance(node, ast.NamedExpr):
         return [node.target]
+    return []
+
+
+def _bound_names(target: ast.AST) -> list[str]:
+    """The names an assignment target rebinds: `a`, `a, (b, *c)`; not the names read in
+    `x[:n] = ...` or `self.k = ...`, which change an object and rebind nothing."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, ast.Tuple | ast.List):
+        return [name for item in target.elts for name in _bound_names(item)]
+    if isinstance(target, ast.Starred):
+        return _bound_names(target.value)
     return []
 
 

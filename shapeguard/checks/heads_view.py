@@ -8,7 +8,7 @@ from math import prod
 from .. import _ops
 from .._errors import Violation
 from .._names import axes as _axes
-from . import ERROR, rule
+from . import ERROR, is_tensor, rule
 from . import tp as _tp_checks
 from ._view import CallView
 from .config import divisibility_violation
@@ -39,7 +39,7 @@ def view(call: CallView) -> Iterator[Violation]:
     """view / reshape: the element count, and the strides view needs (what the regrouping
     does to the axes is the regroup family's)."""
     args = call.args
-    if not args or not hasattr(args[0], "shape"):
+    if not args or not is_tensor(args[0]):
         return
     x = args[0]
     target = target_shape(args, call.kwargs)
@@ -61,7 +61,7 @@ def view(call: CallView) -> Iterator[Violation]:
         and not x.is_contiguous()
         and not view_compatible(shape, tuple(x.stride()), resolved)
     ):
-        yield _noncontiguous_violation(call, x, label, expr, shape, resolved)
+        yield _noncontiguous_violation(call, x, label, expr, shape, target, resolved)
         return
 
 
@@ -113,7 +113,7 @@ def _numel_violation(call, x, label: str, expr: str, shape, target) -> Violation
     return Violation("view_numel", relation, operands, hint)
 
 
-def _noncontiguous_violation(call, x, label: str, expr: str, shape, resolved) -> Violation:
+def _noncontiguous_violation(call, x, label: str, expr: str, shape, target, resolved) -> Violation:
     axes = call.axes(x)
     meta = call.meta(x)
     made_by = f" (it comes from {meta.op})" if meta is not None and meta.op else ""
@@ -125,11 +125,15 @@ def _noncontiguous_violation(call, x, label: str, expr: str, shape, resolved) ->
             merged = [f"{axes[i]}" if axes and axes[i] else f"dim {i}" for i in real]
             break
     what = f" and view cannot merge {' and '.join(merged)}" if merged else ""
+    # The regroup family knows whether the view moves data across axes, where .reshape
+    # would run and be wrong (heads carved out of the sequence of a split's column slice).
+    from .regroup import noncontiguous_hint
+
     return Violation(
         "noncontiguous_view",
         f"{expr}: {label} is not contiguous{made_by}{what}",
         (call.operand(label, x),),
-        f"use {label}.contiguous().view(...) or {label}.reshape(...)",
+        noncontiguous_hint(call, x, target, shape, resolved, label),
     )
 
 

@@ -90,8 +90,12 @@ def _claim(axis: Axis, kind: str, name: str | None = None, side: str = "") -> No
     """What attention says of an axis; never against a kind a parameter already gave it."""
     if not axis:
         return
-    if any(not D.claim_kind(atom[0], kind, STRUCTURE) for atom in axis):
+    # All factors or none: a folded [batch * heads] axis whose heads refuse to be positions
+    # must not leave its batch claimed as positions (SpeechT5's relative bias product).
+    if not all(D.accepts_kind(atom[0], kind, STRUCTURE) for atom in axis):
         return
+    for atom in axis:
+        D.claim_kind(atom[0], kind, STRUCTURE)
     if name is not None and len(axis) == 1:
         D.claim_part(axis[0], name, STRUCTURE)
     if side in ("q", "k"):

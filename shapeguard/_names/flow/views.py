@@ -6,6 +6,7 @@ from ... import _ops
 from .. import axes as _axes
 from .. import dims as D
 from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
+from ..intent import count_sources
 from .base import (
     Made,
     _dim,
@@ -433,6 +434,17 @@ def _copy(size: int) -> Axis:
     return D.fresh(size, kind=COPY, kind_rank=STRUCTURE, origin="a broadcast copy")
 
 
+def _count_copies(call, axes: list[Axis], copies: list[bool]) -> None:
+    """Copy axes whose count the user read from an axis (`.repeat(bsz, 1, 1, 1)` after
+    `bsz, T, _ = h.size()`) stand for that axis in the user's names (`dims.copy_of`)."""
+    if not any(copies):
+        return
+    sources = count_sources(call, len(axes))
+    for axis, copy, source in zip(axes, copies, sources, strict=False):
+        if copy and source:
+            D.copy_of(axis, source)
+
+
 @propagates(_ops.GROW)
 def _grow(call, outputs):
     x = _first(call)
@@ -449,6 +461,7 @@ def _grow(call, outputs):
         axes: list[Axis] = [_copy(s) for s in new[:lead]]
         for k, (old, size) in enumerate(zip(shape, new[lead:], strict=True)):
             axes.append(m.dims[k] if old == size else _copy(size))
+        _count_copies(call, axes, [k < lead or shape[k - lead] != new[k] for k in range(len(new))])
         tags = (None,) * lead + m.tags if m.tags else ()
         return [Made(tuple(axes), tags, m.role, m.rotary)]
     if op == "repeat":
@@ -463,6 +476,8 @@ def _grow(call, outputs):
         for k, r in enumerate(reps[lead:]):
             # repeat tiles whole blocks: the copy is the outer factor.
             axes.append(D.normalize((*_copy(r), *m.dims[k])) if r > 1 else m.dims[k])
+        copies = [k < lead or (reps[k] > 1 and not m.dims[k - lead]) for k in range(len(reps))]
+        _count_copies(call, axes, copies)
         return [Made(tuple(axes), (), m.role)]
     if op == "repeat_interleave":
         bound = _ops.bind(call.spec, call.args, call.kwargs)

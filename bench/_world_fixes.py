@@ -84,6 +84,30 @@ def _ssm_heads(config, sizes, heads="num_heads", head_dim="head_dim", expand="ex
             setattr(config, name, 16)
 
 
+def _falcon_h1(config, sizes):
+    """The SSM width (`mamba_d_ssm`, 1024) and its 128 heads are not shrunk by name, and the
+    reference scan pads to chunks of 256: a 7-token forward took 18 s."""
+    config.mamba_d_ssm = config.mamba_expand * sizes.hidden
+    config.mamba_d_head = 16
+    config.mamba_n_heads = config.mamba_d_ssm // 16
+    config.mamba_d_state = 16
+    config.mamba_chunk_size = 8
+
+
+def _nemotron_h(config, sizes):
+    """128 SSM heads of 64 (8192 wide) and chunks of 128, not shrunk by name."""
+    config.mamba_num_heads = 2 * sizes.hidden // 16
+    config.mamba_head_dim = 16
+    config.ssm_state_size = 16
+    config.chunk_size = 8
+
+
+def _bailing_hybrid(config, sizes):
+    """The linear-attention (KDA) layers have their own heads and width (32 x 128)."""
+    config.linear_num_heads = sizes.heads
+    config.linear_head_dim = sizes.head_dim
+
+
 def _mamba2(config, sizes):
     _ssm_heads(config, sizes)
 
@@ -219,6 +243,9 @@ def _mobilevitv2(config, sizes):
 
 FAMILY = {
     "audio-spectrogram-transformer": _ast,
+    "bailing_hybrid": _bailing_hybrid,
+    "falcon_h1": _falcon_h1,
+    "nemotron_h": _nemotron_h,
     "bamba": _bamba,
     "cohere_compass_text": _cohere_compass,
     "conditional_detr": _detr,

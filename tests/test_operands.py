@@ -557,6 +557,21 @@ def test_a_broken_rule_never_fails_a_run_under_W_error(broken, users_mode):
     assert len(trace.internal_errors) == 1
 
 
+def test_a_background_trace_collects_the_failures_inside_it(broken, users_mode):
+    # The pytest plugin's trace, around a block traced on its own: it sees the findings of
+    # the block, and its failures too.
+    from shapeguard._tracer import Trace
+
+    broken("mul", ValueError("a rule's bug"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShapeguardInternalWarning)
+        with Trace(mode="warn", background=True) as outer, shapeguard.trace() as inner:
+            torch.ones(2) * np.float64(2.0)
+    assert [f.where for f in inner.internal_errors] == ["rule broken.broken"]
+    assert [f.error for f in outer.internal_errors] == ["ValueError: a rule's bug"]
+    assert outer.internal_errors[0] is not inner.internal_errors[0]
+
+
 def test_a_broken_recording_leaves_the_op_as_it_is(monkeypatch, users_mode):
     from shapeguard._names import flow
 

@@ -7,6 +7,7 @@ function, Tensor method and operator call in this thread goes through
 before torch raises), then the op, then its output is named and recorded.
 """
 
+import dataclasses
 import inspect
 import typing
 import weakref
@@ -293,6 +294,8 @@ class Session:
             previous, self._previous = self._previous, None
             if previous is not None and previous.background:
                 previous.trace.findings.extend(self.trace.findings)
+                for failure in self.trace.internal_errors:
+                    previous.trace.add_internal(dataclasses.replace(failure))
             self.trace._live -= 1
             if not self.trace._live:
                 self.trace.settle()

@@ -604,3 +604,40 @@ def test_a_product_against_an_axis_only_the_input_layout_names_gives_no_finding(
     x = torch.randn(sizes.batch, sizes.d_model, sizes.seq)
     found = trace(model, x, torch.randn(sizes.batch, 7)).findings
     assert found == [], describe(found)
+
+
+# -- the operand order of a query-key product ----------------------------------------------------
+class KeysTimesQueries(nn.Module):
+    """The scores written keys first, softmax over the keys: correct, and the operand order
+    (which is all that says the left operand holds the queries) is no evidence here."""
+
+    def __init__(self, d_model, n_heads, style):
+        super().__init__()
+        self.heads, self.style = n_heads, style
+        self.to_q = nn.Linear(d_model, d_model)
+        self.to_k = nn.Linear(d_model, d_model)
+        self.to_v = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        from einops import rearrange
+
+        q = rearrange(self.to_q(x), "b n (h d) -> b h n d", h=self.heads)
+        k = rearrange(self.to_k(x), "b n (h d) -> b h n d", h=self.heads)
+        v = rearrange(self.to_v(x), "b n (h d) -> b h n d", h=self.heads)
+        if self.style == "einsum":
+            sim = torch.einsum("bhjd,bhid->bhij", k, q)  # [b, h, query, key]
+            attn = sim.softmax(dim=-1)
+            out = torch.einsum("bhij,bhjd->bhid", attn, v)
+        else:
+            sim = torch.matmul(k, q.transpose(-2, -1))  # [b, h, key, query]
+            attn = sim.softmax(dim=-2)
+            out = attn.transpose(-2, -1) @ v
+        return rearrange(out, "b h n d -> b n (h d)")
+
+
+@SETTINGS
+@pytest.mark.parametrize("style", ["einsum", "matmul"])
+def test_keys_times_queries_gives_no_finding(style, sizes):
+    torch.manual_seed(0)
+    found = trace(KeysTimesQueries(sizes.d_model, sizes.heads, style), x_of(sizes)).findings
+    assert found == [], describe(found)

@@ -23,6 +23,8 @@ def classify_product(
     pairs nothing), known from the model's inputs or laid out for the product, and every
     example axis of the queries among the keys' axes (a weight shared by the examples, such
     as MLA's absorbed `W_uk` [heads, d, rank] against q [batch, heads, seq, d], is no key).
+    The left operand holds the queries by the order `q @ k^T` is written in: where the
+    operands' names say the opposite (`k @ q^T`), that order is no evidence either.
     """
     if D.size_of(contract_a) <= 1 or a_meta.param or b_meta.param:
         return None
@@ -34,6 +36,10 @@ def classify_product(
     if TOKEN in (ka, kb):
         return "context" if a_meta.role in ("attn", None) else None
     if not _keys_per_example(a, b, a_meta, b_meta, cols):
+        return None
+    if a_meta.role == "K" or b_meta.role == "Q":
+        # Which operand holds the queries is the order `q @ k^T` is written in; where the
+        # names say keys times queries, that order is no evidence, and nothing is claimed.
         return None
     kr, kc = D.strong_kind_of(rows), D.strong_kind_of(cols)
     if FEATURE in (kr, kc) or ka not in (FEATURE, None) or kb not in (FEATURE, None):

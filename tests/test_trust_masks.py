@@ -615,6 +615,49 @@ def test_query_axis_padding_on_the_left_gets_a_hint_that_names_both_readings(siz
     )
 
 
+class FoldedHeads(nn.Module):
+    """fairseq's attention: scores [batch * heads, seq_q, seq_k] viewed as [batch, heads,
+    seq_q, seq_k] for the key padding mask, then folded back (view or reshape) for the
+    softmax."""
+
+    def __init__(self, heads, d_k, style):
+        super().__init__()
+        self.n_heads, self.style = heads, style
+        self.scores = Scores(heads, d_k)
+
+    def forward(self, x, key_padding_mask):
+        scores, _ = self.scores(x)
+        batch, heads, seq, _ = scores.shape
+        folded = scores.reshape(batch * heads, seq, seq)
+        unfolded = folded.view(batch, heads, seq, seq)
+        hidden = key_padding_mask[:, None, None, :]
+        masked = unfolded.masked_fill(hidden, float("-inf"))
+        if self.style == "view":
+            folded = masked.view(batch * heads, seq, seq)
+        else:
+            folded = masked.reshape(batch * heads, seq, seq)
+        return F.softmax(folded, dim=-1)
+
+
+@sizes
+@pytest.mark.parametrize("style", ["view", "reshape"])
+def test_rows_hidden_whole_are_found_through_a_fold_of_the_heads(size, style):
+    """An example whose every key is padding, masked on [batch, heads, seq_q, seq_k] and
+    read by a softmax on [batch * heads, seq_q, seq_k]: the rows reach the softmax."""
+    batch, heads, seq, d_k = size
+    padding = torch.zeros(batch, seq, dtype=torch.bool)
+    silent(FoldedHeads(heads, d_k, style), torch.randn(batch, seq, heads * d_k), padding)
+    padding[-1] = True
+    model = FoldedHeads(heads, d_k, style)
+    found = only(
+        findings(model, torch.randn(batch, seq, heads * d_k), padding), "mask_fully_masked"
+    )
+    assert found.message.splitlines()[0] == (
+        f"masked_fill: hidden hides every key from {heads * seq} of {batch * heads * seq} query "
+        f"rows (first at batch {batch - 1}, heads 0, query 0): softmax gives NaN there"
+    )
+
+
 # -- cache_axis: the sequence axis named only where structure or the shapes say which --------------
 class CacheStep(nn.Module):
     """One decode step that grows a cache of keys held in a buffer along the heads (the

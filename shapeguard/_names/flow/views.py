@@ -56,8 +56,13 @@ def _view(call, outputs):
         return [Made((*m.dims, D.fresh(2, origin="real and imaginary")), (), m.role, m.rotary)]
     axes, _ = regroup_view(m, x.shape, out.shape)
     _name_head_split(call, m, x.shape, out.shape, axes)
-    by_axis = {a: _tag_of(m, i) for i, a in enumerate(m.dims) if a}
-    tags = _tags([by_axis.get(a) for a in axes])
+    # A view keeps the order of whole axes: self-attention's scores hold one axis twice
+    # (queries, then keys), so each occurrence takes its own tag, in order.
+    by_axis: dict = {}
+    for i, a in enumerate(m.dims):
+        if a:
+            by_axis.setdefault(a, []).append(_tag_of(m, i))
+    tags = _tags([by_axis[a].pop(0) if by_axis.get(a) else None for a in axes])
     return [Made(tuple(axes), tags, m.role, m.rotary, m.param)]
 
 

@@ -30,7 +30,9 @@ class Waiting(NamedTuple):
 _HANDED: dict[int, tuple[object, Waiting]] = {}
 # id(tensor) -> (weak reference, what waits on it).
 _WAITING: dict[int, tuple[weakref.ref, Waiting]] = {}
-_MAX_HANDED = 64  # a call whose op raised never reaches its axis rule: forget such hands
+# A call whose op raised never reaches its axis rule: such hands are forgotten past a few
+# (each holds its call, and so its session, until then).
+_MAX_HANDED = 16
 
 _SOFTMAXES = (_ops.by_name("softmax"), _ops.by_name("log_softmax"))
 _MASKS = (_ops.by_name("masked_fill"), _ops.by_name("where"))

@@ -9,7 +9,6 @@ module is copied (float64 where it can be), and the RNG states, train/eval modes
 and requires_grad flags are restored even if a probe fails. See docs/check.md.
 """
 
-import contextlib
 import copy
 import random
 import warnings
@@ -23,7 +22,7 @@ from . import ProbeResult
 from .report import SCHEMA_VERSION as SCHEMA_VERSION
 from .report import CheckReport as CheckReport
 from .result import FAILED, PASSED, demoted, inconclusive
-from .runs import NoDropout, Rejected, describe_crash, first_line, pin
+from .runs import Rejected, describe_crash, first_line, pin
 
 if TYPE_CHECKING:
     from .._tracer import Trace
@@ -126,10 +125,8 @@ def _probe(work, model, args, kwargs, traced, causal, seed, report) -> None:
     from .. import _config
 
     # Probe runs are plain forwards, guarded or not (the traced re-runs some probes ask
-    # for switch checks back on for themselves: _probes.locate), with dropout off where
-    # the trace saw one that eval() did not reach.
-    quiet = NoDropout() if traced.watch.dropout else contextlib.nullcontext()
-    with _config.disabled(), quiet:
+    # for switch checks back on for themselves: _probes.locate).
+    with _config.disabled():
         try:
             subject = _subject(work, model, args, kwargs, traced, causal, seed, report)
         except Rejected as rejected:
@@ -199,7 +196,9 @@ def _hear_attention(subject, report: CheckReport) -> None:
 def _untouched(model):
     """A private copy of `model` in eval mode; RNG states, modes and requires_grad
     restored afterwards. Without a copy (deepcopy failed), the module itself,
-    with its parameters and buffers restored too."""
+    with its parameters and buffers restored too. The caller's module is in eval mode
+    while the check runs as well: a copy can still call its modules through a closure
+    (minGPT's `mlpf` lambda calls the original's Dropout), and the probes test eval mode."""
     import torch
 
     rng = torch.get_rng_state()
@@ -218,6 +217,7 @@ def _untouched(model):
         work = model
         saved = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
     try:
+        model.eval()
         work.eval()
         yield work
     finally:
@@ -358,12 +358,15 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
         rtol = _probes.rtol_for(reference.dtype)
         void, random_ = steadiness(candidate, inputs, refs, list(refs), _pin_of(work), rtol)
     out_batch, out_seq = _first_axes(layout, output, reference)
+    elsewhere = ""
     if causal is True:
         why = "declared with causal=True"
     elif causal is False:
         why = ""
     else:
         why = traced.watch.causal or intent.declared_causal(work)
+        elsewhere = intent.causal_elsewhere(layout, traced.watch) if why else ""
+        why = "" if elsewhere else why
     subject = _probes.Subject(
         model=candidate,
         inputs=inputs,
@@ -383,6 +386,7 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
         distributed=intent.sharded(work, (args, kwargs)),
         void=void,
         random=random_,
+        not_causal=elsewhere,
     )
     subject.rtol = _tolerance(subject)
     if candidate is not work:

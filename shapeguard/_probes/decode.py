@@ -178,7 +178,9 @@ def decode_consistency(s: Subject) -> ProbeResult:
     """Prefill then token-by-token decoding with the module's cache gives the outputs of
     one forward over the whole sequence."""
     if not s.causal:
-        return not_applicable(NAME, "the module is not causal: decoding with a cache needs one")
+        return not_applicable(
+            NAME, s.not_causal or "the module is not causal: decoding with a cache needs one"
+        )
     found = protocols(s.model)
     if not found:
         return not_applicable(

@@ -19,6 +19,23 @@ def declared_causal(model) -> str:
     return ""
 
 
+def causal_elsewhere(layout, watch) -> str:
+    """Why the causal evidence is not about the queries the probes test (group 0): every
+    causal mask (or is_causal) was over other queries, and a mask over these was not
+    causal (an encoder-decoder whose outputs keep the encoder's tokens); "" otherwise."""
+    if not layout.roots or not watch.causal_queries:
+        return ""
+    queries = layout.roots[0].find()
+    if any(r.find() is queries for r in watch.causal_queries):
+        return ""
+    if not any(r.find() is queries for r in watch.open_queries):
+        return ""  # nothing says how the attention over these queries is masked
+    return (
+        f"the attention over {layout.group_names[0]} is not causal: its mask is not, and the "
+        f"causal one ({watch.causal}) is over other queries"
+    )
+
+
 def sharded(model, inputs) -> str:
     """Why the module's weights, state or inputs are DTensors (sharded), or ""."""
     from .tree import leaves

@@ -75,6 +75,7 @@ class Layout:
     outputs: list[OutLeaf] = field(default_factory=list)
     queries: bool = False  # group 0 is a sequence the outputs keep
     group_names: list[str] = field(default_factory=list)  # "input_ids", "memory", ...
+    roots: list = field(default_factory=list)  # each group's dim (`_names.dims.Dim`)
     pads: dict[int, torch.Tensor] = field(default_factory=dict)  # group -> bool [batch, len]
     made_inside: str = ""  # why no group is kept by the outputs (patches of an image, ...)
     polarity_unknown: str = ""  # a mask whose polarity the trace could not read
@@ -228,6 +229,7 @@ def read_layout(
         outputs=[],
         queries=bool(out_groups),
         group_names=group_names,
+        roots=list(group_roots),
     )
     if group_roots and not out_groups:
         axes = ", ".join(

@@ -4,65 +4,49 @@ A probe passes when the edited run leaves the outputs where they were. Where the
 attention's result never reaches them (an output projection initialised to zero, as
 diffusion U-Nets' `zero_module` and DiT's adaLN-Zero start; a gate at zero), every
 deviation is 0 whatever the attention does, and a pass says nothing about it. One run
-adds noise to the output of every attention op (SDPA's, or a product that reads softmax
-weights: the context); where no compared output moves, the passes are inconclusive.
+adds noise to the output of every attention op (SDPA's, flash attention's, or a product
+that reads softmax weights: the context); where no compared output moves, the passes
+are inconclusive.
 Where the run finds no attention op, nothing is said.
 """
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from .. import _ops
 from .subject import Subject
 from .tree import pick
 
-_SOFTMAX = frozenset((F.softmax, torch.softmax, torch.Tensor.softmax, torch._softmax))
-_ATTENTION = frozenset((F.scaled_dot_product_attention,))
-_PRODUCTS = frozenset(
-    (
-        torch.matmul,
-        torch.Tensor.matmul,
-        torch.Tensor.__matmul__,
-        torch.Tensor.__rmatmul__,
-        torch.bmm,
-        torch.Tensor.bmm,
-        torch.einsum,
-        torch.baddbmm,
-        torch.Tensor.baddbmm,
-    )
-)
+_SOFTMAX = frozenset(("softmax", "_softmax"))
+_ATTENTION = (_ops.ATTENTION, _ops.FLASH)
 
 
-class _Noise(TorchFunctionMode):
-    """Adds noise of its own scale to each attention op's output, in place (a private
-    copy's forward, under no_grad). Softmax weights are followed through whatever reads
-    them (masking, dropout, casts, views) to the product with V."""
+class _Noise:
+    """An observer of one forward (`_trace.tracing.run_observed`) that adds noise of its
+    own scale to each attention op's output, in place (a private copy's forward, under
+    no_grad). Softmax weights are followed through whatever reads them (masking, dropout,
+    casts, views) to the product with V."""
 
     def __init__(self, generator: torch.Generator) -> None:
-        super().__init__()
         self.generator = generator
         self.hits = 0
         self.weights = WeakTensorKeyDictionary()  # softmax outputs and what follows them
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+    def before(self, func, op: str, args, kwargs) -> None:
+        pass
+
+    def after(self, func, op: str, args, kwargs, out, count: int) -> None:
         first = out[0] if isinstance(out, tuple | list) and out else out
         if not isinstance(first, torch.Tensor) or not first.is_floating_point():
-            return out
-        try:
-            known = func in _SOFTMAX or func in _ATTENTION or func in _PRODUCTS
-        except TypeError:  # an unhashable callable
-            known = False
+            return
+        family = _ops.lookup(op).family
         reads = any(_is_weights(self.weights, a) for a in (*args, *kwargs.values()))
-        if known and func in _SOFTMAX:
+        if op in _SOFTMAX:
             self.weights[first] = True
-        elif (known and func in _ATTENTION) or (reads and known and func in _PRODUCTS):
+        elif family in _ATTENTION or (reads and family == _ops.PRODUCT):
             self._shake(first)
         elif reads:
             self.weights[first] = True
-        return out
 
     def _shake(self, t: torch.Tensor) -> None:
         if not t.numel():
@@ -85,13 +69,14 @@ def _is_weights(table, value) -> bool:
 def deaf(s: Subject) -> str:
     """Why the compared outputs do not depend on the attention ("" where they do, or
     where no attention op was found to test it with)."""
+    from .._trace.tracing import run_observed
+
     leaves = [leaf for leaf in s.layout.outputs if leaf.path in s.refs]
     if not leaves:
         return ""
     args, kwargs = s.inputs
     noise = _Noise(torch.Generator().manual_seed(0))
-    with noise:
-        out = s.model(*args, **kwargs)
+    out = run_observed(s.model, args, kwargs, lambda session: noise)
     if not noise.hits:
         return ""
     got = {leaf.path: pick(out, leaf.path) for leaf in leaves}

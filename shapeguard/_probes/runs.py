@@ -4,9 +4,6 @@
   the private copy), so a module that draws from the global RNG (random masking, noise)
   draws the same numbers in the reference run and the edited one: where the shapes are
   the same, the two runs compare like with like.
-- Dropout is off in every probe run (`NoDropout`): the probes test the module in eval
-  mode, and a Dropout that `eval()` on the copy does not reach (one called through a
-  closure over the original module, as minGPT's `mlpf` lambda does) is in eval mode too.
 - A module that raises on an input a probe made (`Rejected`) has not shown a
   counterexample: the probe is inconclusive, with the module's own error. A probe's own
   crash (shapeguard's code) is inconclusive too, and says where it happened
@@ -16,7 +13,6 @@
 import traceback
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 
 class Rejected(Exception):
@@ -79,53 +75,3 @@ def pin(model, seed: int) -> Pin:
     hook = Pin(seed)
     hook.handle = model.register_forward_pre_hook(hook)
     return hook
-
-
-# -- dropout off ------------------------------------------------------------------------------
-def _training_off(position: int, keyword: str):
-    def off(args: tuple, kwargs: dict):
-        if len(args) > position:
-            return (*args[:position], False, *args[position + 1 :]), kwargs
-        return args, {**kwargs, keyword: False}
-
-    return off
-
-
-def _no_dropout_p(args: tuple, kwargs: dict):
-    if len(args) > 4:
-        return (*args[:4], 0.0, *args[5:]), kwargs
-    if kwargs.get("dropout_p"):
-        return args, {**kwargs, "dropout_p": 0.0}
-    return args, kwargs
-
-
-def _dropouts() -> dict:
-    F = torch.nn.functional
-    found = {}
-    for name in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout"):
-        found[getattr(F, name)] = _training_off(2, "training")
-    found[F.feature_alpha_dropout] = _training_off(2, "training")
-    for name in ("dropout", "alpha_dropout", "feature_dropout", "feature_alpha_dropout"):
-        fn = getattr(torch, name, None)
-        if fn is not None:
-            found[fn] = _training_off(2, "train")
-    found[F.scaled_dot_product_attention] = _no_dropout_p
-    return found
-
-
-class NoDropout(TorchFunctionMode):
-    """Every dropout of the block runs as in eval mode (`training=False`, `dropout_p=0`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._off = _dropouts()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        try:
-            off = self._off.get(func)
-        except TypeError:  # an unhashable callable
-            off = None
-        if off is not None:
-            args, kwargs = off(tuple(args), dict(kwargs))
-        return func(*args, **kwargs)

@@ -67,7 +67,8 @@ def causality(s: Subject) -> ProbeResult:
     if not s.causal:
         return not_applicable(
             name,
-            "the module is not causal (no is_causal, no causal mask, no causal attention "
+            s.not_causal
+            or "the module is not causal (no is_causal, no causal mask, no causal attention "
             "layer, not declared with causal=True)",
         )
     cannot = _queries(s, name)

@@ -55,6 +55,9 @@ class Subject:
     # Why a failure is no counterexample (the forward draws from the global RNG: runs
     # with the same RNG state draw alike only where the shapes and rows are alike).
     random: str = ""
+    # Why the module's causal mask is not about the queries the probes test ("" where it
+    # is, or where the module is not causal at all).
+    not_causal: str = ""
 
     def run(self, inputs, what: str = "") -> torch.Tensor:
         """The first floating output of one forward (`runs.Rejected` if the module raises)."""

@@ -20,9 +20,6 @@ _EMBEDDING = _ops.by_name("embedding")
 # FalconLinear's @); elementwise ops, which may mask attention weights after the softmax.
 _PROJECTING = _ops.family_ops(_ops.PRODUCT)
 _WEIGHT_MASKING = _ops.family_ops(_ops.BINARY)
-_DROPOUTS = frozenset(
-    ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
-)
 
 
 class Watch:
@@ -33,6 +30,10 @@ class Watch:
     def __init__(self, session, *, keep_values: bool = False) -> None:
         self.session = session
         self.causal = ""  # why the module is causal, when it is
+        # The query axes (root dims) of the attention a causal mask or is_causal applied
+        # to, and of those a mask applied to that is not causal: which sequence is causal.
+        self.causal_queries: list = []
+        self.open_queries: list = []
         self.masked = ""  # where a mask is applied
         self.positional = ""  # where a positional term is computed
         self.linears: list[tuple] = []  # (module, input role, output role)
@@ -42,10 +43,10 @@ class Watch:
         self.first_use: dict[int, tuple] = {}
         self._made_by = WeakTensorKeyDictionary()
         self.mask_uses: list = []  # masks.MaskUse: how each op applied its mask
-        self._last_mask: tuple | None = None  # (mask, how it was applied, its MaskUse): read once
+        # (mask, how it was applied, its MaskUse, its causal pattern): read once
+        self._last_mask: tuple | None = None
         self.values: list[tuple] | None = [] if keep_values else None
         self.heads = HeadWatch()  # the attention ops' heads, for head permutation
-        self.dropout = ""  # where a dropout ran in training mode (eval() did not reach it)
         # A crash of this watch's own code (`runs.describe_crash`): what it noted is not to
         # be trusted, and the probes say so instead of running on it.
         self.broken = ""
@@ -91,8 +92,6 @@ class Watch:
         self.broken = describe_crash(error)
 
     def _before(self, func, op: str, args, kwargs) -> None:
-        if op in _DROPOUTS and not self.dropout:
-            self._dropout(op, args, kwargs)
         if _ops.declared(op) is _EMBEDDING:
             self._embedding(args, kwargs)
         if op not in _MASKING_OPS and op not in _WEIGHT_MASKING:
@@ -101,11 +100,11 @@ class Watch:
 
         call = OpCall(self.session, func, op, args, kwargs, None)
         bound = call.bound()
-        if bound.get("is_causal") is True and not self.causal:
-            self.causal = f"{op}(is_causal=True)"
-        p = bound.get("dropout_p")
-        if isinstance(p, int | float) and p > 0 and not self.dropout:
-            self.dropout = f"{op}(dropout_p={p})"
+        if bound.get("is_causal") is True:
+            from . import masks
+
+            self.causal = self.causal or f"{op}(is_causal=True)"
+            _note_root(self.causal_queries, masks.key_axis(call, op)[1])
         for use in mask_uses(call):
             self.masked = self.masked or use.op
             self._mask_use(call, use)
@@ -133,31 +132,32 @@ class Watch:
         # Every layer applies the same mask tensor: read its values once.
         same = self._last_mask
         if same is not None and same[0] is use.mask and same[1] == (use.op, use.target, use.kind):
+            keys, queries = masks.key_axis(call, use.op)
             if same[2] is not None:
-                keys, queries = masks.key_axis(call, use.op)
                 prev = same[2]
                 self.mask_uses.append(
                     masks.MaskUse(
                         use.op, use.target, prev.unseen, keys, queries, prev.hidden, prev.extra
                     )
                 )
+            _note_root(self.causal_queries if same[3] else self.open_queries, queries)
             return
         summary = None
+        keys, queries = masks.key_axis(call, use.op)
         if use.kind != "combined":
-            keys, queries = masks.key_axis(call, use.op)
             unseen = masks.unseen_keys(use.hidden, use.target)
             hidden = masks.kept(use.hidden, self.mask_uses)
             extra = masks.beyond_padding(use.hidden, use.target, unseen)
             summary = masks.MaskUse(use.op, use.target, unseen, keys, queries, hidden, extra)
             self.mask_uses.append(summary)
+        shape = masks.causal_pattern(use.hidden, use.target)
         if use.mask is not None:
-            self._last_mask = (use.mask, (use.op, use.target, use.kind), summary)
-        if not self.causal:
-            shape = masks.causal_pattern(use.hidden, use.target)
-            if shape == "triangle":
-                self.causal = f"a triangular mask in {use.op}"
-            elif shape == "band":
-                self.causal = f"a mask near the diagonal in {use.op}"
+            self._last_mask = (use.mask, (use.op, use.target, use.kind), summary, shape)
+        _note_root(self.causal_queries if shape else self.open_queries, queries)
+        if shape == "triangle":
+            self.causal = self.causal or f"a triangular mask in {use.op}"
+        elif shape == "band":
+            self.causal = self.causal or f"a mask near the diagonal in {use.op}"
 
     def _embedding(self, args, kwargs) -> None:
         ids = args[0] if args else kwargs.get("input")
@@ -167,13 +167,6 @@ class Watch:
         meta = self.session.metas.get(ids)
         if meta is not None and table.dim() == 2:
             self.embedded.append((meta.dims, int(table.shape[0])))
-
-    def _dropout(self, op: str, args, kwargs) -> None:
-        """A dropout in training mode with p > 0 (F.dropout(x, p, training))."""
-        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
-        training = args[2] if len(args) > 2 else kwargs.get("training", kwargs.get("train", True))
-        if training is True and isinstance(p, int | float) and p > 0:
-            self.dropout = f"{op}(p={p}, training=True)"
 
     def _after(self, func, op: str, args, kwargs, out, count: int) -> None:
         session = self.session
@@ -212,6 +205,16 @@ class Watch:
             meta = session.metas.get(out)
             axes = meta.axes if meta else ()
             self.values.append((op, self._where(count, op), out.detach().clone(), axes))
+
+
+def _note_root(roots: list, axis) -> None:
+    """Keep the dim of a scores' query axis (one whole dim), once."""
+    if len(axis) != 1:
+        return
+    atom = axis[0]
+    root = atom[0].find()
+    if atom[1] == 1 and atom[2] == root.size and not any(r is root for r in roots):
+        roots.append(root)
 
 
 def _reads_a_table(session, args) -> bool:

@@ -1075,12 +1075,13 @@ class Session:
         on values); a finding: run it as usual."""
         call = OpCall(self, func, op, args, kwargs, site, spec)
         call.flagged = self._flagged(call)
+        call.extras = []  # as when recorded: a rule that reads a tensor first seen
         for rule in _checks.rules_for(op, _checks.distributed_now()):
             if rule.operands and not _checks.applies(rule, args):
                 continue
             for _ in rule.check(call):
                 return False
-        return True
+        return all(known for _, known in call.extras)  # ... makes it not worth replaying
 
     def _match_extras(self, extras: tuple) -> bool:
         """The tensors the rules read from the user's frame are the recorded ones."""

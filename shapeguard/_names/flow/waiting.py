@@ -13,6 +13,7 @@ runs: the output does not exist yet), which leaves it on the output (`carry`). T
 are held weakly, by id checked against a weak reference, as the session's table does.
 """
 
+import threading
 import weakref
 from typing import NamedTuple
 
@@ -26,13 +27,14 @@ class Waiting(NamedTuple):
     shape: tuple[int, ...]
 
 
-# id(call) -> (call, what its rules handed): read by the call's own axis rule, after the op.
-_HANDED: dict[int, tuple[object, Waiting]] = {}
+# id(call) -> (call, what its rules handed, the thread): read by the call's own axis rule,
+# after the op. A call's rules and its axis rule run in one dispatch on one thread, with no
+# other call's between them: a hand of another call of the same thread is stale (its op
+# raised, or a replay ran the rules only to compare values) and is dropped.
+_HANDED: dict[int, tuple[object, Waiting, int]] = {}
 # id(tensor) -> (weak reference, what waits on it).
 _WAITING: dict[int, tuple[weakref.ref, Waiting]] = {}
-# A call whose op raised never reaches its axis rule: such hands are forgotten past a few
-# (each holds its call, and so its session, until then).
-_MAX_HANDED = 16
+_MAX_HANDED = 16  # threads' stale hands, at most
 
 _SOFTMAXES = (_ops.by_name("softmax"), _ops.by_name("log_softmax"))
 _MASKS = (_ops.by_name("masked_fill"), _ops.by_name("where"))
@@ -40,11 +42,24 @@ _MASKS = (_ops.by_name("masked_fill"), _ops.by_name("where"))
 
 def hand(call, findings, shape) -> None:
     """Leave `findings` (made on a tensor of `shape`) to the output of `call`."""
+    known = _take(call)
+    before = known.findings if known is not None else ()
     if len(_HANDED) > _MAX_HANDED:
         _HANDED.clear()
-    known = _HANDED.get(id(call))
-    before = known[1].findings if known is not None and known[0] is call else ()
-    _HANDED[id(call)] = (call, Waiting((*before, *findings), tuple(shape)))
+    _HANDED[id(call)] = (call, Waiting((*before, *findings), tuple(shape)), threading.get_ident())
+
+
+def _take(call) -> Waiting | None:
+    """What `call`'s rules handed, removed, and this thread's stale hands dropped."""
+    found = None
+    thread = threading.get_ident()
+    for key, (other, waiting, owner) in list(_HANDED.items()):
+        if other is call:
+            found = waiting
+        elif owner != thread:
+            continue
+        _HANDED.pop(key, None)
+    return found
 
 
 def waiting_on(tensor) -> Waiting | None:
@@ -102,10 +117,10 @@ def carry(call, outputs) -> None:
     if not (_HANDED or _WAITING) or len(outputs) != 1:
         return
     out = outputs[0]
-    handed = _HANDED.pop(id(call), None)
-    if handed is not None and handed[0] is call:
-        if tuple(out.shape) == handed[1].shape:
-            _leave(out, handed[1])
+    handed = _take(call) if _HANDED else None
+    if handed is not None:
+        if tuple(out.shape) == handed.shape:
+            _leave(out, handed)
         return
     spec = call.spec
     if not _WAITING or spec in _SOFTMAXES or not _keeps_rows(spec):

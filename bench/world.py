@@ -89,6 +89,23 @@ def _commit() -> str:
     return commit + (f" + {len(dirty)} uncommitted files under shapeguard/" if dirty else "")
 
 
+def _load(paths):
+    """Saved runs, merged: a later file's result replaces an earlier one of the same name
+    (a rerun of the subjects that ran past their timeout, say)."""
+    by_name, meta = {}, None
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        by_name.update({r["name"]: r for r in saved["results"]})
+        if meta is None:
+            meta = saved["meta"]
+        else:
+            names = ",".join(r["name"] for r in saved["results"])
+            meta["command"] += f"\n{saved['meta']['command']}  # rerun of {names}, results merged"
+            meta["wall_s"] += saved["meta"]["wall_s"]
+    return sorted(by_name.values(), key=lambda r: (r["source"] != "transformers", r["name"])), meta
+
+
 def _progress(result):
     status = result.get("status")
     seconds = result.get("seconds", "")
@@ -113,7 +130,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--write-docs", action="store_true", help="regenerate the results of docs/world.md"
     )
-    parser.add_argument("--from-json", help="report (and --write-docs) from an earlier --json file")
+    parser.add_argument(
+        "--from-json",
+        help="report (and --write-docs) from earlier --json files, comma-separated, merged",
+    )
     parser.add_argument("--worker-log", default=os.devnull, help="workers' stdout and stderr")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="one progress line per subject"
@@ -124,9 +144,7 @@ def main(argv=None) -> int:
     import _world_report
 
     if args.from_json:
-        with open(args.from_json, encoding="utf-8") as f:
-            saved = json.load(f)
-        results, meta = saved["results"], saved["meta"]
+        results, meta = _load(args.from_json.split(","))
     else:
         start = time.perf_counter()
         results = _world_pool.run_all(

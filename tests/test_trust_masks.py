@@ -242,6 +242,33 @@ def test_a_bool_mask_added_to_scores_is_still_reported(size):
     assert found.hint.startswith("use masked_fill(~keep, float('-inf')) for a bool keep-mask")
 
 
+class IntegersAdded(nn.Module):
+    """Integers added to query-key scores: a 0/1 attention_mask (the bug), or a bias of
+    whole numbers (a distance), whatever the tensor is named."""
+
+    def __init__(self, heads, d_k):
+        super().__init__()
+        self.scores = Scores(heads, d_k)
+
+    def forward(self, x, mask):
+        scores, v = self.scores(x)
+        return (scores + mask).softmax(dim=-1) @ v
+
+
+@sizes
+def test_integers_added_to_scores_are_a_mask_by_their_values_not_their_name(size):
+    batch, heads, seq, d_k = size
+    x = torch.randn(batch, seq, heads * d_k)
+    keep = torch.ones(batch, 1, 1, seq, dtype=torch.long)
+    keep[0, ..., seq // 2 :] = 0
+    found = only(findings(IntegersAdded(heads, d_k), x, keep), "mask_dtype")
+    assert found.message.splitlines()[0] == (
+        "scores + mask: mask is a int64 mask added to scores: it adds 0/1 and masks nothing"
+    )
+    distance = torch.arange(seq)[None, :] - torch.arange(seq)[:, None]
+    silent(IntegersAdded(heads, d_k), x, distance)
+
+
 # -- F11: a masked decay matrix with a trailing feature axis -----------------------------------
 class DecayMatrix(nn.Module):
     """Kimi-Linear's chunked gated delta rule: a per-feature decay between the positions of

@@ -245,6 +245,17 @@ def _scores_by_structure(call, t) -> bool:
     return meta is not None and meta.role == "scores" and meta.tags[-1:] == ("k",)
 
 
+def _zeros_and_ones(t) -> bool:
+    """An integer tensor of 0s and 1s (HF's attention_mask): a 0/1 mask by its values, not
+    by its name. Read only from small CPU tensors."""
+    import torch
+
+    if t.dtype.is_complex or t.device.type != "cpu" or t.numel() > 1 << 20 or not t.numel():
+        return False
+    with torch.no_grad():
+        return bool(((t == 0) | (t == 1)).all())
+
+
 @rule(
     *(op for op in _ARITHMETIC if op.symbol in "+-"),
     kinds={"mask_dtype": WARNING},
@@ -252,10 +263,10 @@ def _scores_by_structure(call, t) -> bool:
     operands=2,
 )
 def bool_mask_added(call: CallView) -> Iterator[Violation]:
-    """A 0/1 mask added to (or subtracted from) attention scores masks nothing. Scores by
-    structure only (a query-key product's output): a bool added to anything else is a 0/1
-    value (a reset gate, a count), unless a softmax over the last axis then reads the sum,
-    where the warning waits for it."""
+    """A 0/1 mask (bool, or integers that are all 0 and 1) added to (or subtracted from)
+    attention scores masks nothing. Scores by structure only (a query-key product's
+    output): a bool added to anything else is a 0/1 value (a reset gate, a count), unless a
+    softmax over the last axis then reads the sum, where the warning waits for it."""
     args = call.args
     if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
         return
@@ -269,8 +280,10 @@ def bool_mask_added(call: CallView) -> Iterator[Violation]:
     for label, tensor, other_label, other in ((la, a, lb, b), (lb, b, la, a)):
         if not other.is_floating_point() or tensor.is_floating_point():
             continue
-        if str(tensor.dtype) != "torch.bool" and call.role(tensor, label) != "mask":
-            continue
+        if other.dim() < 2 or tuple(other.shape) != result:
+            return  # the mask grows the sum: not scores plus a mask
+        if str(tensor.dtype) != "torch.bool" and not _zeros_and_ones(tensor):
+            return
         violation = Violation(
             "mask_dtype",
             f"{prefix}: {label} is a {str(tensor.dtype).removeprefix('torch.')} mask added "
@@ -280,8 +293,8 @@ def bool_mask_added(call: CallView) -> Iterator[Violation]:
             f"float mask that is 0 where allowed and -inf where hidden",
             severity="warning",
         )
-        if _scores_by_structure(call, other) and tuple(other.shape) == result:
+        if _scores_by_structure(call, other):
             yield violation
-        elif other.dim() >= 2 and tuple(other.shape) == result:
+        else:
             wait_for_softmax(call, (violation,), result)
         return

@@ -546,6 +546,28 @@ def test_the_modules_own_cache_passed_in_is_inconclusive():
     assert report.passed and report.verdict == "inconclusive"
 
 
+def test_a_transformers_model_with_its_cache_filled_is_inconclusive():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = transformers.MistralForCausalLM(config).eval()
+    filled = model(torch.randint(0, 50, (2, 4)), use_cache=True).past_key_values
+    report = check(model, torch.randint(0, 50, (2, 1)), cache=filled)
+    got = result(report, "probes")
+    assert got.status == "inconclusive"
+    assert got.message.startswith(
+        f"the inputs hold the module's own cache or state (cache ({type(filled).__name__})): "
+    )
+    assert report.passed
+
+
 def test_without_its_cache_the_same_model_still_fails_batch_mixing():
     torch.manual_seed(0)
     got = result(check(OwnCache(bug="mix_batch"), ids()), "batch independence")
@@ -596,6 +618,53 @@ def test_a_model_that_returns_no_cache_is_inconclusive_for_decoding():
         "fails: the module returned no cache with use_cache=True"
     )
     assert report.passed
+
+
+class EncoderDecoder(nn.Module):
+    """An encoder over `src` (a padding mask, no causal mask) and a causal decoder over
+    `tgt` reading it; the outputs keep the encoder's tokens first (`decoder_first`: the
+    decoder's). `leak`: the decoder's causal mask one key too wide."""
+
+    def __init__(self, heads, d_k, decoder_first=False, leak=False):
+        super().__init__()
+        self.encoder = Attention(heads, d_k, style="matmul")
+        self.decoder = Attention(heads, d_k, causal=True, bug="leak" if leak else None)
+        self.decoder_first = decoder_first
+
+    def forward(self, src, src_mask, tgt):
+        B, S, C = src.shape
+        q, k, v = self.encoder.heads(src)
+        keep = src_mask[:, None, None, :].bool()
+        memory = attend(q, k, v, "matmul", keep=keep).transpose(1, 2).reshape(B, S, C)
+        out = self.decoder(tgt + memory[:, :1])  # the first source token, real in every example
+        return (out, memory) if self.decoder_first else (memory, out)
+
+
+def enc_dec_inputs(size):
+    b, h, s, dk = SIZES[size]
+    torch.manual_seed(0)
+    mask = torch.ones(b, s, dtype=torch.long)
+    mask[0, -1] = 0
+    return torch.randn(b, s, h * dk), mask, torch.randn(b, s + 1, h * dk)
+
+
+@pytest.mark.parametrize("size", ["distinct", "realistic"])
+def test_a_causal_mask_over_other_queries_is_not_the_tested_tokens_causality(size):
+    report = check(build(EncoderDecoder, size), *enc_dec_inputs(size))
+    got = result(report, "causality")
+    assert got.status == "skipped" and not got.applicable, report.render(width=200)
+    assert got.message == (
+        "the attention over src is not causal: its mask is not, and the causal one (a "
+        "triangular mask in scaled_dot_product_attention) is over other queries"
+    )
+    assert report.passed
+
+
+@pytest.mark.parametrize("size", ["distinct", "realistic"])
+def test_causality_still_fails_a_decoders_leak_where_its_tokens_are_tested(size):
+    model = build(EncoderDecoder, size, decoder_first=True, leak=True)
+    got = result(check(model, *enc_dec_inputs(size)), "causality")
+    assert got.status == "failed"
 
 
 # -- randomness ---------------------------------------------------------------------------------
@@ -728,14 +797,12 @@ def test_a_dtype_the_module_does_not_take_is_confirmed_as_given():
     report = check(build(Float32Scratch, "distinct", seq), data("distinct"))
     got = result(report, "length change")
     assert got.status == "passed", report.render(width=200)
-    head = got.message.splitlines()[0]
-    assert (
-        head.endswith(
-            "(in float32, as given; the float64 copy is rejected: the module rejects the probe's "
-            f"input (seq 3 instead of {seq}): index_copy_(): self and source expected to have the "
-            "same dtype, but got (self) Float and (source) Double)"
-        )
-        or "(in float32, as given; the float64 copy is rejected: " in head
+    assert got.message == (
+        "running the first 3 of 5 tokens alone left their outputs unchanged (deviation "
+        f"{got.deviation:.1e}) (in float32, as given; the float64 copy is rejected: the module "
+        "rejects the probe's input (seq 3 instead of 5): index_copy_ failed in torch: "
+        "index_copy_(): self and source expected to have the same dtype, but got (self) Float "
+        "and (source) Double)"
     )
 
 

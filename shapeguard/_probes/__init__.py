@@ -21,12 +21,21 @@ those axes apart, or does not apply to the module, says so and is skipped.
 
 Everything here runs on a private copy of the module, in float64 when it can.
 
-The framework: `result` (ProbeResult), `tree` and `layout` (the inputs and outputs
-and their axes, from provenance), `masks` (how the trace applied each mask),
-`intent` (declared causality, sharded state), `edits` (changed inputs), `compare`
-(deviation and tolerance), `watch` (what the trace saw), `subject` (the module under
-probe) and `locate` (the op where a difference first appears). The probes: `batch`,
-`sequence`, `decode`, and `heads` (with `head_groups`, which finds the head blocks to
+A probe passes, fails only with a counterexample (an edited input the unmodified
+module runs, outputs moved beyond tolerance where the property says they must not), or
+is inconclusive with its reason (docs/check.md); a probe with nothing to act on is not
+applicable.
+
+The framework: `result` (ProbeResult and its outcomes), `report` (CheckReport), `tree`
+and `layout` (the inputs and outputs and their axes, from provenance), `masks` (how the
+trace applied each mask), `intent` (declared causality, sharded state), `edits`
+(changed inputs), `compare` (deviation and tolerance), `watch` (what the trace saw),
+`subject` (the module under probe), `runs` (one RNG state per run, a module's refusal
+told from a probe's crash), `steady` (state passed in, a forward that is not
+deterministic or draws from the RNG), `liveness` (whether the outputs depend on the
+attention at all) and `locate` (the op where a difference first appears). The probes:
+`batch`, `sequence` (with `position_terms`, which tells a position term from a token
+mixing bug), `decode`, and `heads` (with `head_groups`, which finds the head blocks to
 permute, and `head_bias`, which tells when permuting heads is no symmetry).
 """
 
@@ -36,7 +45,7 @@ from .decode import decode_consistency
 from .edits import take_examples
 from .heads import head_permutation
 from .layout import read_layout
-from .result import ProbeResult, not_applicable, skipped
+from .result import ProbeResult, inconclusive, not_applicable, skipped
 from .sequence import causality, key_padding, length_change, token_permutation
 from .subject import Subject, declared_sizes
 from .tree import first_output, leaves, pick, rebuild
@@ -53,6 +62,7 @@ __all__ = [
     "decode_consistency",
     "first_output",
     "head_permutation",
+    "inconclusive",
     "key_padding",
     "leaves",
     "length_change",

@@ -201,12 +201,28 @@ class _View:
             if intent.axis is not None:
                 if not {a[0].find() for a in intent.axis} <= source:
                     continue  # a read of an axis this tensor does not hold says nothing here
+                if self._size_reused(j, intent):
+                    continue
                 if entangled[j] or not _holds(axes[j], intent.axis, whole=not intent.part):
                     broken.add(j)
                     self._misplaced |= {a[0].find() for a in intent.axis}
             elif intent.kind == FEATURE and (entangled[j] or self._heads_elsewhere(j, intent.name)):
                 broken.add(j)
         return broken
+
+    def _size_reused(self, j: int, intent) -> bool:
+        """The same read names another target axis, which holds the axis read: the user
+        spends one length on two axes by design (`view(-1, tgt_len, tgt_len)` for queries
+        and keys of self-attention), and only one of them can be that axis."""
+        axes, entangled = self.target
+        return any(
+            k != j
+            and other is not None
+            and other.text == intent.text
+            and not entangled[k]
+            and _holds(axes[k], intent.axis, whole=not intent.part)
+            for k, other in enumerate(self.intents)
+        )
 
     def _heads_elsewhere(self, j: int, name: str | None) -> bool:
         """Target axis j is declared the heads (`self.n_heads`) but holds no established

@@ -102,12 +102,6 @@ def _nemotron_h(config, sizes):
     config.chunk_size = 8
 
 
-def _bailing_hybrid(config, sizes):
-    """The linear-attention (KDA) layers have their own heads and width (32 x 128)."""
-    config.linear_num_heads = sizes.heads
-    config.linear_head_dim = sizes.head_dim
-
-
 def _mamba2(config, sizes):
     _ssm_heads(config, sizes)
 
@@ -243,7 +237,6 @@ def _mobilevitv2(config, sizes):
 
 FAMILY = {
     "audio-spectrogram-transformer": _ast,
-    "bailing_hybrid": _bailing_hybrid,
     "falcon_h1": _falcon_h1,
     "nemotron_h": _nemotron_h,
     "bamba": _bamba,

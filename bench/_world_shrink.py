@@ -41,6 +41,7 @@ HEADS = (
     "decoder_attention_heads",
     "num_decoder_attention_heads",
     "index_n_heads",
+    "linear_num_heads",
 )
 KV_HEADS = (
     "num_key_value_heads",
@@ -179,8 +180,11 @@ def _widths(config, sizes):
             _set(config, name, kind)
         elif value is None and _has(config, name):
             _set(config, name, sizes.heads)
-    if any(_has(config, n) for n in ("head_dim", "attention_head_dim", "index_head_dim")):
-        for name in ("head_dim", "attention_head_dim", "index_head_dim"):
+    if any(
+        _has(config, n)
+        for n in ("head_dim", "attention_head_dim", "index_head_dim", "linear_head_dim")
+    ):
+        for name in ("head_dim", "attention_head_dim", "index_head_dim", "linear_head_dim"):
             if _has(config, name):
                 _set(config, name, sizes.head_dim)
     for name in FFN:

@@ -472,6 +472,31 @@ def test_the_batch_of_an_audio_encoder_stays_the_batch(size, frontend):
     silent(SpeechToText(heads, d_k, frontend), audio, ids)
 
 
+@pytest.mark.parametrize("batch, seq", [(3, 7), (4, 4), (2, 16)], ids=list(SIZES))
+def test_the_encoder_batch_of_led_stays_the_batch(batch, seq):
+    """LED's encoder (Longformer's sliding chunks: its [batch * heads] axis padded by F.pad,
+    an op that makes its axes anew) adds its output back onto the input: the input's batch
+    keeps its kind, and the decoder's cross-attention view by its own `bsz` is silent."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LEDConfig(
+        vocab_size=128,
+        d_model=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=96,
+        decoder_ffn_dim=96,
+        max_encoder_position_embeddings=128,
+        max_decoder_position_embeddings=128,
+        attention_window=[4],
+    )
+    torch.manual_seed(0)
+    model = transformers.LEDForConditionalGeneration(config).eval()
+    ids = torch.randint(5, 120, (batch, seq))
+    silent(model, input_ids=ids, decoder_input_ids=ids[:, :5])
+
+
 # -- channels-last feature maps --------------------------------------------------------------------
 class ChannelsLast(nn.Module):
     """[B, H, W, C] flattened to its H * W positions (`reshape(B, H * W, C)`, or

@@ -240,9 +240,9 @@ def line_up(x: Axis, y: Axis) -> None:
             return
         # A whole dim of its own (a rotary table, a bias, a cache) lined up with a factor
         # of another: it reads as that factor, and is of its kind.
-        if x_whole and not y_whole and _anonymous(rx):
+        if x_whole and not y_whole and _anonymous(rx) and _agrees(rx, y[0]):
             _alias(rx, y[0])
-        elif y_whole and not x_whole and _anonymous(ry):
+        elif y_whole and not x_whole and _anonymous(ry) and _agrees(ry, x[0]):
             _alias(ry, x[0])
 
 
@@ -258,6 +258,14 @@ def _alias(root: Dim, atom: Atom) -> None:
 
 def _anonymous(root: Dim) -> bool:
     return root.alias is None and root.rank < PARAM and root.kind_rank < PARAM
+
+
+def _agrees(root: Dim, atom: Atom) -> bool:
+    """A whole dim and a factor it lines up with say the same of what the axis is: a dim
+    whose usual layout makes it the batch (a model input's) is no table to read as a factor
+    of features, whatever made those (a fold of batch and heads an unknown op made anew)."""
+    other = atom[0].find()
+    return root.kind is None or other.kind in (None, COPY, root.kind)
 
 
 # -- axes ---------------------------------------------------------------------------------

@@ -72,7 +72,34 @@ CAUSES = {
         ): "key padding moves the outputs through a convolution over positions: accurate, not an attention bug"
         for n in ("convbert", "mobilebert", "nystromformer", "conformer")
     },  # fmt: skip
-    ("siglip", "check"): "SigLIP's text tower pools the last token, a pad under right padding",
+    (
+        "siglip",
+        "check",
+    ): "SigLIP's text tower pools the last token, a pad under right padding: accurate",
+    (
+        "siglip2",
+        "check",
+    ): "SigLIP's text tower pools the last token, a pad under right padding: accurate",
+    (
+        "recurrent_gemma",
+        "check",
+    ): "a recurrence that ignores the mask (field report): accurate, not an attention bug",
+    (
+        "deepseek_v4",
+        "check",
+    ): "DeepSeek-V4's compressor mixes padded positions (field report: not investigated further)",
+    (
+        "prophetnet",
+        "check",
+    ): "T1: a real transformers bug (predict-stream positions gathered in the wrong order)",
+    ("led", "check"): (
+        "W3: a view_mixes_axes finding in check's own trace only (LED's decoder cross-attention "
+        "`key_states.view(bsz, -1, H, D)` read against input_ids' axis 0); the forward traces are clean"
+    ),
+    (
+        "pegasus_x",
+        "check",
+    ): "not diagnosed: key padding moves PEGASUS-X's outputs by 0.27 (its block-local and global tokens?)",
     ("perceiver-pytorch", "view_mixes_axes"): (
         "W1: a channels-last input [B, H, W, C] flattened to its H*W positions, read as channels-first"
     ),

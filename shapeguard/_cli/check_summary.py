@@ -46,7 +46,9 @@ class Summary:
         words += [("n/a", "n/a"), ("skip", "skipped")]
         parts = [f"{counts[key]} {word}" for key, word in words if counts.get(key)]
         verdict = "failed" if self.failures else "passed"
-        if not self.failures and self.inconclusive:
+        if getattr(self.report, "verdict", None) == "inconclusive" and not self.failures:
+            verdict = "inconclusive: no probe could conclude, nothing failed"
+        elif not self.failures and self.inconclusive:
             verdict += f" ({self.inconclusive} inconclusive: see the reasons above)"
         return f"{len(self.rows)} checks: {', '.join(parts)}; {verdict}"
 

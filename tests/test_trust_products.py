@@ -500,12 +500,13 @@ class FairseqAttention(nn.Module):
         x1, x2 = x.chunk(2, dim=-1)
         return x * emb.cos()[None] + torch.cat((-x2, x1), dim=-1) * emb.sin()[None]
 
-    def forward(self, query, key_padding_mask=None, attn_mask=None):
+    def forward(self, query, key=None, key_padding_mask=None, attn_mask=None):
         tgt_len, bsz, embed_dim = query.size()
+        key = query if key is None else key  # [src_len, bsz, embed]: a memory
         if self.packed:
             q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
         else:
-            q, k, v = self.q_proj(query), self.k_proj(query), self.v_proj(query)
+            q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(key)
         q = q * self.scaling
         if self.bias_k is not None:
             k = torch.cat([k, self.bias_k.repeat(1, bsz, 1)])
@@ -537,17 +538,22 @@ class FairseqAttention(nn.Module):
 
 
 class SeqFirstLayer(nn.Module):
-    def __init__(self, d_model, n_heads, causal=False, **options):
+    def __init__(self, d_model, n_heads, causal=False, cross=False, **options):
         super().__init__()
         self.self_attn = FairseqAttention(d_model, n_heads, **options)
+        self.cross_attn = FairseqAttention(d_model, n_heads) if cross else None
         self.norm = nn.LayerNorm(d_model)
         self.causal = causal
 
-    def forward(self, x, padding=None):
+    def forward(self, x, padding=None, memory=None):
         T = x.size(0)
         mask = torch.triu(torch.full((T, T), float("-inf")), 1) if self.causal else None
         h, _ = self.self_attn(x, key_padding_mask=padding, attn_mask=mask)
-        return self.norm(x + h)
+        x = self.norm(x + h)
+        if self.cross_attn is not None:  # memory: [src_len, bsz, embed], an input of its own
+            h, _ = self.cross_attn(x, memory)
+            x = x + h
+        return x
 
 
 SEQ_FIRST = {
@@ -555,6 +561,8 @@ SEQ_FIRST = {
     "fairseq_packed": {"packed": True},
     "fairseq_bias_kv_causal": {"bias_kv": True, "causal": True},
     "esm_rotary": {"rotary": True},
+    # bsz is read from the query and folds the memory's batch with the heads.
+    "fairseq_cross": {"cross": True},
 }
 
 
@@ -568,7 +576,10 @@ def test_sequence_first_bmm_attention_gives_no_finding(style, padded, sizes):
     model = SeqFirstLayer(sizes.heads * d_k, sizes.heads, **options)
     x = torch.randn(sizes.seq, sizes.batch, sizes.heads * d_k)
     padding = (zoo.attention_mask(sizes) == 0) if padded else None
-    found = trace(model, x, padding).findings
+    memory = (
+        torch.randn(sizes.seq_k, sizes.batch, sizes.heads * d_k) if "cross" in options else None
+    )
+    found = trace(model, x, padding, memory).findings
     assert found == [], describe(found)
 
 

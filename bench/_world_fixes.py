@@ -102,6 +102,16 @@ def _nemotron_h(config, sizes):
     config.chunk_size = 8
 
 
+def _perceiver(config, sizes):
+    """The latents have their own width (1280) and count (256), and 26 self-attentions per
+    block are not named as layers: a forward took minutes."""
+    config.d_latents = sizes.hidden
+    config.num_latents = 16
+    config.num_self_attends_per_block = 2
+    config.num_self_attention_heads = sizes.heads
+    config.num_cross_attention_heads = 1
+
+
 def _mamba2(config, sizes):
     _ssm_heads(config, sizes)
 
@@ -239,6 +249,7 @@ FAMILY = {
     "audio-spectrogram-transformer": _ast,
     "falcon_h1": _falcon_h1,
     "nemotron_h": _nemotron_h,
+    "perceiver": _perceiver,
     "bamba": _bamba,
     "cohere_compass_text": _cohere_compass,
     "conditional_detr": _detr,

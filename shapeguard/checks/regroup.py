@@ -450,18 +450,29 @@ class _View:
                 f"rows of pixels, not a square of them"
             )
             hint = self._window_hint()
-        elif seq_like and lead > 0 and self.kind(real_i[0]) != BATCH and not self.image(real_i):
+        elif (
+            seq_like
+            and 0 < lead < len(real_i) - 1
+            and self.kind(real_i[0]) != BATCH
+            and not self.image(real_i)
+        ):
             # A merge that brings the axes in front of the token axis into it: the heads
-            # (named or not) merged back before the transpose.
+            # (named or not) merged back before the transpose that puts them next to d_k.
             before = " and ".join(names[:lead])
             relation = (
                 f"{expr}: merges {before} back before moving them next to "
                 f"{names[-1]}: {regroup}, so each output token holds pieces of other tokens"
             )
-            hint = (
-                f"transpose first: {label}.transpose(1, 2).contiguous().view(batch, seq, heads * d_k)"
-                f"{_sizes_merge(shape)}"
-            )
+            if (real_i[0], t, len(shape)) == (1, 2, 4):
+                hint = (
+                    f"transpose first: {label}.transpose(1, 2).contiguous()"
+                    f".view(batch, seq, heads * d_k){_sizes_merge(shape)}"
+                )
+            else:
+                hint = (
+                    f"transpose first: {label}.transpose({real_i[0]}, {t}) puts the {token} "
+                    "axis in front, then merge with a view"
+                )
         elif seq_like and _carves_heads(real_i, t, self.resolved, real_j, declared):
             relation = f"{expr}: carves heads out of the {token} axis: {regroup}"
             hint = _carve_hint(label, shape, real_i, declared, self.sizes, count)

@@ -93,8 +93,9 @@ CAUSES = {
         "check",
     ): "T1: a real transformers bug (predict-stream positions gathered in the wrong order)",
     ("led", "check"): (
-        "W3: a view_mixes_axes finding in check's own trace only (LED's decoder cross-attention "
-        "`key_states.view(bsz, -1, H, D)` read against input_ids' axis 0); the forward traces are clean"
+        "W3, moving with the probes' changes: on the full run's tree a view_mixes_axes finding in check's "
+        "own trace (LED's decoder cross-attention `key_states.view(bsz, -1, H, D)` read against input_ids' "
+        "axis 0; the forward traces are clean); on 1dcafa2 (the --quick run) a key-padding failure instead"
     ),
     (
         "pegasus_x",

@@ -6,7 +6,9 @@ mode, the same under guard; decoders also generate the same tokens traced. Each 
 three size settings (distinct, coincident, all equal) with padding where the model takes a
 mask. An architecture that fails today for a cause of the field report
 (shared/research/field-reports/broad-transformers.md) is marked xfail(strict) with that
-cause: the mark turns red as soon as the fix lands, and is then removed.
+cause: the mark turns red as soon as the fix lands, and is then removed. None is marked today
+(2026-12-07): XLNet (F2) and WavLM (F5), which failed in the field report, pass, as do the
+others; `_xfail("F8")` is how a newly failing one is marked.
 """
 
 import os

@@ -17,7 +17,8 @@ from .. import _ops
 from .subject import Subject
 from .tree import pick
 
-_SOFTMAX = frozenset(("softmax", "_softmax"))
+# The ops whose output is attention weights (the op table's softmax step).
+_SOFTMAX = _ops.spellings_where(step="softmax")
 _ATTENTION = (_ops.ATTENTION, _ops.FLASH)
 
 

@@ -351,6 +351,7 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
         _settle_pending(work, args, kwargs, layout, pending, leaf_names, traced)
     _avoid_pad_ids(work, layout)
     generator = torch.Generator().manual_seed(seed)
+    rng = _pin_of(work, seed)  # before the copy is made: the copy shares it
     candidate, inputs, output, refs, void = _reference(work, args, kwargs, layout)
     reference = _probes.first_output(output)
     if reference is None:
@@ -361,7 +362,7 @@ def _subject(work, model, args, kwargs, traced: _Traced, causal, seed, report):
         from .steady import steadiness
 
         rtol = _probes.rtol_for(reference.dtype)
-        void, random_ = steadiness(candidate, inputs, refs, list(refs), _pin_of(work), rtol)
+        void, random_ = steadiness(candidate, inputs, refs, list(refs), rng, rtol)
     out_batch, out_seq = _first_axes(layout, output, reference)
     elsewhere = ""
     if causal is True:
@@ -449,10 +450,14 @@ def _refs(layout, output) -> dict:
     return refs
 
 
-def _pin_of(model):
+def _pin_of(model, seed: int):
+    """The RNG pin on `model` (`run_check` puts it there before the probes); a caller
+    that builds a subject on its own copy (bench/check_probe.py) gets one put there now,
+    so the reference run and every probe run start from one RNG state all the same."""
     from .runs import Pin
 
-    return next(h for h in model._forward_pre_hooks.values() if isinstance(h, Pin))
+    found = next((h for h in model._forward_pre_hooks.values() if isinstance(h, Pin)), None)
+    return found if found is not None else pin(model, seed)
 
 
 def _avoid_pad_ids(model, layout) -> None:

@@ -45,7 +45,7 @@ from .._names.intent import view_intents
 from . import WARNING, is_tensor, rule
 from . import tp as _tp_checks
 from ._view import CallView
-from .heads_view import target_shape, view_compatible
+from ._view_shape import target_shape, view_compatible
 
 _SEQ_AXES = ("seq", "seq_q", "seq_k")
 _EINOPS = ("rearrange", "repeat", "reduce", "pack", "unpack")
@@ -206,9 +206,30 @@ class _View:
                 if entangled[j] or not _holds(axes[j], intent.axis, whole=not intent.part):
                     broken.add(j)
                     self._misplaced |= {a[0].find() for a in intent.axis}
-            elif intent.kind == FEATURE and (entangled[j] or self._heads_elsewhere(j, intent.name)):
+            elif intent.kind == FEATURE and (
+                entangled[j] or _features_cut(axes[j]) or self._heads_elsewhere(j, intent.name)
+            ):
                 broken.add(j)
+            elif intent.name == "d_k" and not entangled[j]:
+                # The heads of a split whose d_k is declared: the outer factor of the same
+                # features, cut across with another axis (`h` unreadable, `hd` declared).
+                broken |= {m for m in self._outer_of(j) if _features_cut(axes[m])}
         return broken
+
+    def _outer_of(self, k: int) -> list[int]:
+        """The target axes holding the factor just outside the feature factor on axis k
+        (the heads of a [heads, d_k] split whose d_k lands on k)."""
+        axes, _ = self.target
+        axis = axes[k]
+        if len(axis) != 1 or D.established_kind(axis[0]) != FEATURE:
+            return []
+        dim, stride, size = axis[0]
+        root = dim.find()
+        return [
+            m
+            for m, other in enumerate(axes)
+            if m != k and any(a[0].find() is root and a[1] == stride * size for a in other)
+        ]
 
     def _size_reused(self, j: int, intent) -> bool:
         """The same read names another target axis, which holds the axis read: the user
@@ -244,15 +265,9 @@ class _View:
                 for a in axis
             ):
                 return True
-            if said != "d_k" or len(axis) != 1 or D.established_kind(axis[0]) != FEATURE:
+            if said != "d_k":
                 continue
-            dim, stride, size = axis[0]
-            outer = [
-                m
-                for m, other in enumerate(axes)
-                if m != k
-                and any(a[0].find() is dim.find() and a[1] == stride * size for a in other)
-            ]
+            outer = self._outer_of(k)
             if outer and j not in outer:
                 return True
         return False
@@ -750,7 +765,8 @@ class _View:
                 root = a[0].find()
                 named = D.dim_name(root) in ("channels", "d_model")
                 if named and root.kind == FEATURE and root.kind_rank >= D.PARAM:
-                    return self.meta.op in ("conv1d", "conv2d", "conv3d")
+                    made = _ops.lookup(self.meta.op or "")
+                    return made.family == _ops.CONV and made.name != "unfold"
         return False
 
     def patch_hint(self, real_i=()) -> str:
@@ -802,6 +818,18 @@ def _holds(held, axis, whole: bool) -> bool:
     want = set(D.normalize(axis))
     have = {D.stands_for(atom) for atom in D.normalize(held)}
     return want == have if whole else want <= have
+
+
+def _features_cut(held) -> bool:
+    """A target axis declared a factor of the features (`self.n_heads`) holds a factor of
+    an established feature axis together with a factor of another axis that is not one (a
+    piece of the sequence the -1 absorbed): the declared size is cut across two axes."""
+    features = {a[0].find() for a in held if D.established_kind(a) == FEATURE}
+    return bool(features) and any(
+        a[0].find() not in features and D.established_kind(a) not in (FEATURE, COPY)
+        for a in held
+        if a[0].find().kind != COPY
+    )
 
 
 def _established_of(axis) -> str | None:

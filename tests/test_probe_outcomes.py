@@ -1154,3 +1154,20 @@ def test_the_command_exits_0_on_inconclusive_and_says_how_many(tmp_path):
 def test_run_check_takes_the_inputs_as_a_tuple_and_a_dict():
     report = run_check(build(PerHeadGate, "distinct"), (data("distinct"),), {})
     assert result(report, "head-permutation invariance").status == "inconclusive"
+
+
+def test_the_html_report_counts_inconclusive_apart_from_passed():
+    import shapeguard
+    from shapeguard.report.html import render_html
+
+    trace = shapeguard.trace(nn.Linear(3, 4), torch.zeros(2, 3))
+    passed = [("trace", "pass", "2 ops"), ("batch independence", "pass", "")]
+    unsure = [*passed, ("head-permutation invariance", "inconclusive", "add at gate.py:19")]
+    page = render_html(trace, checks=unsure)
+    assert '<span class="verdict inconclusive">none failed, 1 inconclusive</span>' in page
+    assert "all checks passed" not in page
+    assert '<tr class="inconclusive"><td>head-permutation invariance</td>' in page
+    assert "table.checks tr.inconclusive td {" in page
+    assert '<span class="verdict ok">all checks passed</span>' in render_html(trace, checks=passed)
+    failed = render_html(trace, checks=[*unsure, ("causality", "FAIL", "sees later tokens")])
+    assert '<span class="verdict error">1 check failed</span>' in failed

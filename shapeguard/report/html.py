@@ -109,10 +109,8 @@ def _header(trace, title: str, checks=None) -> str:
         if errors or warnings
         else "no findings"
     )
-    failed = sum(1 for _, result, _ in checks or () if result == "FAIL")
     if checks is not None:
-        status = "error" if failed else status
-        verdict = f"{failed} check{'s' * (failed != 1)} failed" if failed else "all checks passed"
+        status, verdict = _checks_verdict(checks, status)
     dropped = f" ({trace.dropped_events} more not recorded)" if trace.dropped_events else ""
     return (
         f"<header><h1>{_e(title)}</h1>"
@@ -121,6 +119,20 @@ def _header(trace, title: str, checks=None) -> str:
         f"device {_e(', '.join(devices))} · mode {_e(trace.mode)}"
         f"{' (strict)' if trace.strict else ''} · shapeguard {_e(__version__)}</p></header>"
     )
+
+
+def _checks_verdict(checks, status: str) -> tuple[str, str]:
+    """(css class, words) of the header's verdict over `shapeguard check`'s rows: an
+    inconclusive probe proves nothing either way, so it is counted apart and never read
+    as passed (nor as failed)."""
+    results = [result for _, result, _ in checks]
+    failed = results.count("FAIL")
+    unsure = results.count("inconclusive")
+    if failed:
+        return "error", f"{failed} check{'s' * (failed != 1)} failed"
+    if not unsure:
+        return status, "all checks passed"
+    return "inconclusive", f"none failed, {unsure} inconclusive"
 
 
 # -- flow diagram ---------------------------------------------------------------------
@@ -742,7 +754,7 @@ _SCRIPT = """
 
 _CSS = """
 :root { --fg:#1d2330; --muted:#5b6577; --line:#d9dee7; --bg:#f7f8fb; --err:#c62828;
-  --warn:#d97706; --ok:#2e7d32; --accent:#3451b2; }
+  --warn:#d97706; --ok:#2e7d32; --accent:#3451b2; --unsure:#7b3fa0; }
 * { box-sizing: border-box; }
 body { margin:0; font:14px/1.5 system-ui,-apple-system,"Segoe UI",sans-serif; color:var(--fg);
   background:#fff; }
@@ -756,7 +768,7 @@ main { padding:0 28px 40px; max-width:1400px; }
 .summary { margin:0; color:var(--muted); }
 .verdict { font-weight:700; padding:1px 8px; border-radius:10px; color:#fff; }
 .verdict.ok { background:var(--ok); } .verdict.warning { background:var(--warn); }
-.verdict.error { background:var(--err); }
+.verdict.error { background:var(--err); } .verdict.inconclusive { background:var(--unsure); }
 .note { color:var(--muted); } .note.ok { color:var(--ok); font-weight:600; }
 code, pre { font-family:ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace; font-size:12px; }
 pre { margin:4px 0; white-space:pre-wrap; }
@@ -812,6 +824,7 @@ img.heat { image-rendering:pixelated; border:1px solid var(--line); display:bloc
 .ramp { display:inline-block; width:90px; height:10px; vertical-align:middle; border-radius:2px; }
 table.memory tr.score td { background:#fff8ec; }
 table.checks tr.fail td { background:#ffe9e9; } table.checks tr.skip td { color:var(--muted); }
+table.checks tr.inconclusive td { background:#f4ecfa; } table.checks tr.inconclusive b { color:var(--unsure); }
 td.bar { width:180px; } td.bar span { display:block; height:10px; background:#7b8fd1; border-radius:2px; }
 #tip { position:absolute; background:#1d2330; color:#fff; font-size:12px; padding:2px 6px;
   border-radius:4px; pointer-events:none; }

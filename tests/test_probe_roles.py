@@ -520,3 +520,43 @@ def test_dtensor_weights_skip_the_probes_that_cannot_apply_with_the_reason():
     assert rows["batch independence"][0] == "passed"
     assert rows["length change"][0] == "passed"
     assert not any(status == "failed" for status, _ in rows.values())
+
+
+# -- token ids drawn from the table that reads them -------------------------------------------
+class PositionsFromIds(TinyLM):
+    """FSMT's layout: positions made from the ids (counted over the real tokens), read by a
+    small position table first, then the ids by a large vocabulary."""
+
+    VOCAB, ROWS = 4000, 16
+
+    def __init__(self, bug=None):
+        super().__init__(causal=False, bug=bug)
+        self.embed = nn.Embedding(self.VOCAB, D)
+        self.positions = nn.Embedding(self.ROWS, D)
+
+    def forward(self, input_ids, attention_mask=None):
+        real = input_ids.ne(1).long()
+        at = self.positions(torch.cumsum(real, dim=1) * real + 1)
+        x = self.embed(input_ids) + at
+        if self.bug == "roll_batch":
+            x = x + 0.5 * x.roll(1, dims=0)
+        batch, seq, _ = x.shape
+        q, k, v = (
+            w(x).view(batch, seq, H, DK).transpose(1, 2) for w in (self.W_q, self.W_k, self.W_v)
+        )
+        keep = (attention_mask[:, None, None, :] != 0) if attention_mask is not None else None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return self.head(self.W_o(out.transpose(1, 2).reshape(batch, seq, D)))
+
+
+def test_new_ids_come_from_the_table_that_reads_the_ids_not_from_positions_made_of_them():
+    many = torch.randint(100, 4000, (B, S), generator=torch.Generator().manual_seed(0))
+    report = check(PositionsFromIds(), many, attention_mask=keep_mask([S, 5, 4]))
+    assert statuses(report)["batch independence"] == "passed", report.render(width=200)
+    assert result(report, "key-padding invariance").status == "passed"
+    assert report.passed and not report.inconclusive, report.render(width=200)
+    roll = result(
+        check(PositionsFromIds(bug="roll_batch"), many, attention_mask=keep_mask([S, 5, 4])),
+        "batch independence",
+    )
+    assert roll.status == "failed" and "hint: something mixes examples" in roll.message

@@ -104,6 +104,7 @@ def redrawn(leaf: Leaf, t: torch.Tensor, where: torch.Tensor, generator) -> torc
     where = where.to(t.device)
     if leaf.kind == "ids":
         lo, hi = leaf.ids_range or (0, int(t.max()) if t.numel() else 0)
+        hi = max(hi, lo)  # an empty range never reaches randint
         new = torch.randint(lo, hi + 1, t.shape, generator=generator, dtype=t.dtype)
         if hi > lo:  # always a different id, so every redrawn token changes
             new = torch.where(new.to(t.device) == t, (new - lo + 1) % (hi - lo + 1) + lo, new)

@@ -732,3 +732,239 @@ def test_a_cache_grown_along_the_heads_names_the_sequence_only_where_it_is_known
         assert info.value.hint == (
             "concatenate along the sequence axis: torch.cat([past_k, k], dim=2)"
         )
+
+
+# -- W2: queries against keys that are not their own positions --------------------------------
+# A row that hides every key is a real query's only where the mask shows that query's own
+# position visible as a key to others; which key is a query's own, structure must say (one
+# axis on both sides, or slices of one). Against landmark keys (segment means), against
+# another sequence, or for rows the module padded itself, the padded rows are correct.
+EMPTY_HINT = (
+    "each query must see at least one key: an example whose queries see no key is all "
+    "padding (drop it from the batch) or its mask has the wrong polarity ({})"
+)
+
+
+def padding(size, layout):
+    """[batch, seq] bool, True at a token: example 0 half padding, example 1 one pad token,
+    on the left or the right; None for no padding."""
+    batch, _, seq, _ = size
+    if layout == "none":
+        return None
+    keep = torch.ones(batch, seq, dtype=torch.bool)
+    for example, pads in enumerate((seq // 2, 1)[:batch]):
+        if layout == "left":
+            keep[example, :pads] = False
+        else:
+            keep[example, seq - pads :] = False
+    return keep
+
+
+LAYOUTS = ["none", "left", "right"]
+
+
+@sizes
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("landmarks", [2, 4])
+def test_nystrom_attention_is_silent(size, layout, landmarks):
+    """lucidrains' nystrom-attention: queries against landmarks (means of segments of the
+    keys), landmarks against keys; a sequence that is not a multiple of the landmarks is
+    padded on the left by the module, and those rows are cut off its output."""
+    nystrom = pytest.importorskip("nystrom_attention")
+    batch, heads, seq, d_k = size
+    torch.manual_seed(0)
+    model = nystrom.NystromAttention(
+        dim=heads * d_k, dim_head=d_k, heads=heads, num_landmarks=landmarks
+    ).eval()
+    keep = padding(size, layout)
+    silent(model, torch.randn(batch, seq, heads * d_k), **({} if keep is None else {"mask": keep}))
+
+
+def test_nystrom_attention_of_the_world_corpus_is_silent():
+    """W2 of docs/world.md: batch == seq == 8, four landmarks of two tokens each."""
+    nystrom = pytest.importorskip("nystrom_attention")
+    torch.manual_seed(0)
+    model = nystrom.NystromAttention(dim=32, dim_head=8, heads=4, num_landmarks=4).eval()
+    keep = torch.ones(8, 8, dtype=torch.bool)
+    keep[0, 5:] = False
+    keep[1, 7:] = False
+    silent(model, torch.randn(8, 8, 32), mask=keep)
+
+
+class Landmarks(nn.Module):
+    """Nyström attention written by hand: the queries against landmark keys (the mean of each
+    segment of the keys) and the landmark queries against the keys, each masked by the
+    padding of its side. The module pads the sequence on the left to a multiple of the
+    landmarks and cuts those rows off its output. `style`: view + masked_fill + matmul, or
+    reshape + torch.where + einsum. The bug: the landmarks' mask with its polarity flipped,
+    so an unpadded example's queries see no landmark."""
+
+    def __init__(self, heads, d_k, landmarks, style, flipped=False):
+        super().__init__()
+        self.n_heads, self.d_k, self.landmarks = heads, d_k, landmarks
+        self.style, self.flipped = style, flipped
+        self.qkv = nn.Linear(heads * d_k, 3 * heads * d_k)
+
+    def forward(self, x, keep):
+        batch, seq, width = x.shape
+        extra = -seq % self.landmarks
+        if extra:  # the module's own padding, cut off below
+            x = torch.cat((x.new_zeros(batch, extra, width), x), dim=1)
+            keep = torch.cat((keep.new_zeros(batch, extra), keep), dim=1)
+        total = seq + extra
+        segment = total // self.landmarks
+        q, k, v = (heads_of(t, self.n_heads) for t in self.qkv(x).split(width, dim=-1))
+        q, k, v = (t * keep[:, None, :, None] for t in (q, k, v))
+        shape = (batch, self.n_heads, self.landmarks, segment, self.d_k)
+        counts = keep.view(batch, 1, self.landmarks, segment).sum(-1)[..., None] + 1e-8
+        if self.style == "view":
+            q_land = q.view(shape).sum(-2) / counts
+            k_land = k.view(shape).sum(-2) / counts
+        else:
+            q_land = q.reshape(shape).sum(-2) / counts
+            k_land = k.reshape(shape).sum(-2) / counts
+        seen = keep.view(batch, 1, self.landmarks, segment).any(-1)  # [batch, 1, landmarks]
+        if self.flipped:
+            seen = ~seen
+        low = torch.finfo(x.dtype).min
+        to_landmarks = ~(keep[:, None, :, None] & seen[:, :, None, :])
+        from_landmarks = ~(seen[:, :, :, None] & keep[:, None, None, :])
+        if self.style == "view":
+            sim1 = (q @ k_land.transpose(-2, -1)).masked_fill(to_landmarks, low)
+            sim3 = (q_land @ k.transpose(-2, -1)).masked_fill(from_landmarks, low)
+        else:
+            sim1 = torch.einsum("bhid,bhjd->bhij", q, k_land)
+            sim3 = torch.einsum("bhid,bhjd->bhij", q_land, k)
+            sim1 = torch.where(to_landmarks, low, sim1)
+            sim3 = torch.where(from_landmarks, low, sim3)
+        out = sim1.softmax(dim=-1) @ (sim3.softmax(dim=-1) @ v)
+        out = out.transpose(1, 2).reshape(batch, total, width)
+        return out[:, -seq:]
+
+
+@sizes
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("style", ["view", "reshape"])
+def test_hand_written_landmark_attention_is_silent(size, layout, style):
+    batch, heads, seq, d_k = size
+    torch.manual_seed(0)
+    keep = padding(size, layout)
+    keep = torch.ones(batch, seq, dtype=torch.bool) if keep is None else keep
+    silent(Landmarks(heads, d_k, 2, style), torch.randn(batch, seq, heads * d_k), keep)
+
+
+@sizes
+@pytest.mark.parametrize("style", ["view", "reshape"])
+def test_landmarks_hidden_from_every_query_of_an_example_are_still_reported(size, style):
+    """The landmarks' mask flipped: the last example, unpadded, sees no landmark at all."""
+    batch, heads, seq, d_k = size
+    torch.manual_seed(0)
+    keep = padding(size, "right")
+    model = Landmarks(heads, d_k, 2, style, flipped=True)
+    found = findings(model, torch.randn(batch, seq, heads * d_k), keep)
+    assert [f.kind for f in found] == ["mask_fully_masked"] * 2, [f.message for f in found]
+    op, reads = (
+        ("masked_fill", "masked_fill hides where the mask is True")
+        if style == "view"
+        else ("torch.where", "torch.where puts the fill where the condition is True")
+    )
+    # An example whose every segment holds a token has every landmark flipped to hidden: its
+    # queries see nothing (the module pads an odd sequence on the left to two segments).
+    total = seq + seq % 2
+    tokens = torch.cat((torch.zeros(batch, total - seq, dtype=torch.bool), keep), dim=1)
+    empty = tokens.view(batch, 2, -1).any(-1).all(-1)
+    first = int(empty.nonzero()[0, 0])
+    assert found[0].message.splitlines()[0] == (
+        f"{op}: to_landmarks hides every key from {int(empty.sum()) * heads * total} of "
+        f"{batch * heads * total} query rows (first at batch {first}, heads 0, query 0): "
+        "softmax spreads those rows evenly over every key, hidden ones included"
+    )
+    assert found[0].hint == EMPTY_HINT.format(reads)
+
+
+class CrossAttention(nn.Module):
+    """Cross-attention masked on both sides (lucidrains' `mask[:, None, :, None] *
+    context_mask[:, None, None, :]`): a padded query's row hides every key, and its output is
+    padding. `style`: matmul + masked_fill, einsum + torch.where, or SDPA's bool mask. The
+    bug: the context mask with its polarity flipped."""
+
+    def __init__(self, heads, d_k, style, flipped=False):
+        super().__init__()
+        self.n_heads, self.d_k, self.style, self.flipped = heads, d_k, style, flipped
+        self.q = nn.Linear(heads * d_k, heads * d_k)
+        self.kv = nn.Linear(heads * d_k, 2 * heads * d_k)
+
+    def forward(self, x, context, keep, context_keep):
+        q = heads_of(self.q(x), self.n_heads)
+        k, v = (heads_of(t, self.n_heads) for t in self.kv(context).chunk(2, dim=-1))
+        if self.flipped:
+            context_keep = ~context_keep
+        both = keep[:, None, :, None] & context_keep[:, None, None, :]
+        if self.style == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=both)
+        low = -torch.finfo(q.dtype).max
+        if self.style == "matmul":
+            scores = (q @ k.transpose(-2, -1) / math.sqrt(self.d_k)).masked_fill(~both, low)
+        else:
+            scores = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(self.d_k)
+            scores = torch.where(both, scores, low)
+        return scores.softmax(dim=-1) @ v
+
+
+def cross_inputs(size, layout):
+    """Queries padded as `layout`; a context two positions longer (at the distinct sizes;
+    as long as the queries at the others) whose first example is padded on the right."""
+    batch, heads, seq, d_k = size
+    other = seq + 2 if size == SIZES["distinct"] else seq
+    torch.manual_seed(0)
+    keep = padding(size, layout)
+    keep = torch.ones(batch, seq, dtype=torch.bool) if keep is None else keep
+    context_keep = torch.ones(batch, other, dtype=torch.bool)
+    context_keep[0, other - other // 2 :] = False
+    return (
+        torch.randn(batch, seq, heads * d_k),
+        torch.randn(batch, other, heads * d_k),
+        keep,
+        context_keep,
+    )
+
+
+@sizes
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("style", ["matmul", "einsum", "sdpa"])
+def test_cross_attention_that_hides_padded_queries_is_silent(size, layout, style):
+    _, heads, _, d_k = size
+    silent(CrossAttention(heads, d_k, style), *cross_inputs(size, layout))
+
+
+@sizes
+@pytest.mark.parametrize("style", ["matmul", "sdpa"])
+def test_cross_attention_with_its_context_mask_flipped_is_still_reported(size, style):
+    """The unpadded contexts (examples 1..) flipped to all hidden: their queries see
+    nothing. (An einsum tags its product's axes as queries and keys only where they are
+    factors of one dim, so the einsum style's rows are not judged at all.)"""
+    batch, heads, seq, d_k = size
+    x, context, keep, context_keep = cross_inputs(size, "right")
+    model = CrossAttention(heads, d_k, style, flipped=True)
+    found = only(findings(model, x, context, keep, context_keep), "mask_fully_masked")
+    empty = int(context_keep.all(-1).sum())
+    first = int(context_keep.all(-1).nonzero()[0, 0])
+    op, label, reads, effect = {
+        "matmul": (
+            "masked_fill",
+            "~both",
+            "masked_fill hides where the mask is True",
+            "softmax spreads those rows evenly over every key, hidden ones included",
+        ),
+        "sdpa": (
+            "scaled_dot_product_attention",
+            "attn_mask",
+            "SDPA keeps the keys where a bool attn_mask is True",
+            "SDPA returns zeros for them",
+        ),
+    }[style]
+    assert found.message.splitlines()[0] == (
+        f"{op}: {label} hides every key from {empty * heads * seq} of {batch * heads * seq} "
+        f"query rows (first at batch {first}, heads 0, query 0): {effect}"
+    )
+    assert found.hint == EMPTY_HINT.format(reads)

@@ -15,8 +15,11 @@ rules read that tensor's pattern:
 - rows that hide every key although their query is a real token, and examples
   that hide every key from every query (an empty sequence); the rows of padded
   queries, whose own key no query sees, are how left-padded decoders and some
-  encoders mask, and are left alone. The message says what the op returns there,
-  read from the fill value (or the mask's values) and the dtype;
+  encoders mask, and are left alone. Which key is a query's own, the axes'
+  identities say (`_own_keys`), never their sizes; where they do not (cross-
+  attention, landmark keys), only empty examples are reported. The message says
+  what the op returns there, read from the fill value (or the mask's values) and
+  the dtype;
 - a causal buffer used whole, which fits only one sequence length;
 - SDPA's is_causal with seq_q != seq_k, which aligns the triangle top-left.
 
@@ -34,6 +37,7 @@ from .._names import axes as _axes
 from .._names.dims import BATCH
 from .._names.flow.waiting import read_along
 from . import WARNING, is_tensor, rule
+from ._own_keys import own_keys
 from ._view import CallView
 from .elementwise import ref, wait_for_softmax, where_arguments
 from .mha import bind_arguments
@@ -85,6 +89,10 @@ class _Use:
     # nn.MultiheadAttention, whose documented arguments say the axes and whose own
     # softmax reads the mask).
     scores: "torch.Tensor | None" = None
+    # SDPA's and nn.MultiheadAttention's (query, key) tensors and the index of their
+    # sequence axis: which key is each query's own position (`_own_keys`). Masked scores
+    # hold both axes themselves.
+    operands: "tuple[torch.Tensor, torch.Tensor, int] | None" = None
 
 
 @rule(*(op for op in MASKING if op.name != "add"), kinds=_MASK_KINDS, order=2)
@@ -303,11 +311,12 @@ def _sdpa_use(call):
         return
     label = call.label(3, "attn_mask") if len(call.args) > 3 else "attn_mask"
     op = "scaled_dot_product_attention"
+    sides = (q, k, -2)
     if str(mask.dtype) == "torch.bool":
-        yield _Use(op, label, mask, ~mask, target, "keep", lambda rows: _SDPA.nan)
+        yield _Use(op, label, mask, ~mask, target, "keep", lambda rows: _SDPA.nan, None, sides)
     elif mask.is_floating_point():
         effect = _values_effect(mask, target, _sdpa_dtype(q.dtype), _SDPA)
-        yield _Use(op, label, mask, mask <= _HIDING, target, "add", effect)
+        yield _Use(op, label, mask, mask <= _HIDING, target, "add", effect, None, sides)
 
 
 def _mha_uses(call):
@@ -352,6 +361,8 @@ def _mha_uses(call):
             target,
             "combined",
             effect,
+            None,
+            (query, key, 0),  # [seq, batch, embed]: the functional form is sequence first
         )
 
 
@@ -421,14 +432,18 @@ def triangle(hidden) -> str | None:
 def _among_real(hidden) -> str | None:
     """`triangle` on the real queries and keys only: the rows that hide every key (padded
     queries) and the keys hidden from every query (padding) left out, slice by slice.
-    None unless some slice keeps at least two of each and padding left something out."""
+    None unless some slice keeps at least two of each, padding left something out, and the
+    mask hides some real key from some real query: a mask that hides nothing among them
+    (padding alone) matches a triangle whose hidden cells all fall outside them (Nyström's
+    landmark queries against the keys, [2, 6] with the module's own padding first) and is
+    no triangle."""
     import torch
 
     sq, sk = hidden.shape[-2:]
     slices = hidden.reshape(-1, sq, sk)
     padded_q, padded_k = _all(slices, -1), _all(slices, -2)
     real = ~padded_q[:, :, None] & ~padded_k[:, None, :]
-    if bool(real.all()):
+    if bool(real.all()) or not bool((slices & real).any()):
         return None
     enough = ((~padded_q).sum(-1) >= 2) & ((~padded_k).sum(-1) >= 2)
     if not bool(enough.any()):
@@ -614,7 +629,7 @@ def _fully_masked(call, use: _Use, hidden) -> Violation | None:
     if not bool(full.any()):
         return None
     empty = full.all(-1, keepdim=True)  # slices where no query sees any key
-    real = full & ~_padded_queries(hidden, use.target)
+    real = full & ~_padded_queries(hidden, use.target, _own_keys_of(call, use))
     rows = (real | empty).expand(*use.target[:-1])
     if not bool(rows.any()):
         return None  # only padded queries: the layout of left (and some right) padding
@@ -663,23 +678,61 @@ def _all(hidden, dim: int):
     return hidden.view(torch.uint8).amin(dim).bool()
 
 
-def _padded_queries(hidden, target):
-    """Where query i is padding: its own key, i + seq_k - seq_q (with a cache the queries
-    are the last positions), is hidden from every query of its slice, as in left-padded
-    decoders and in encoders that hide padded query rows too. [..., seq_q]; all False
-    where the mask is broadcast over the queries or the keys and so cannot tell."""
+def _own_keys_of(call, use: _Use) -> list[int] | None:
+    """Which key is each query's own position, read from the axes of the scores (or of
+    SDPA's and nn.MultiheadAttention's query and key); None where structure does not say."""
+    sq, sk = use.target[-2:]
+    if use.scores is not None:
+        meta = call.meta(use.scores)
+        if meta is None or len(meta.dims) != use.scores.dim():
+            return None
+        return own_keys(meta.dims[-2], meta.dims[-1], sq, sk)
+    if use.operands is None:
+        return None
+    query, key, at = use.operands
+    if _same_view(query, key):
+        return list(range(sq)) if sq == sk else None
+    q_meta, k_meta = call.meta(query), call.meta(key)
+    if q_meta is None or k_meta is None:
+        return None
+    if len(q_meta.dims) != query.dim() or len(k_meta.dims) != key.dim():
+        return None
+    return own_keys(q_meta.dims[at], k_meta.dims[at], sq, sk)
+
+
+def _same_view(a, b) -> bool:
+    """One tensor, or two views of one in the same layout: nn.MultiheadAttention's
+    self-attention (query = key = value), transposed for the functional form."""
+    if a is b:
+        return True
+    base = getattr(a, "_base", None)
+    return (
+        base is not None
+        and base is getattr(b, "_base", None)
+        and tuple(a.shape) == tuple(b.shape)
+        and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+    )
+
+
+def _padded_queries(hidden, target, own: list[int] | None):
+    """Where query i is padding: its own key (`own[i]`) is hidden from every query of its
+    slice, as in left-padded decoders and in encoders that hide padded query rows too.
+    [..., seq_q]. Where structure does not say which key is a query's own position
+    (cross-attention, keys that are segment means, a cache joined by concatenation), or a
+    query's position is not among the keys, nothing tells it from padding: all True, so
+    only slices whose queries all see nothing are reported. All False where the mask is
+    broadcast over the queries or the keys and so cannot tell."""
     import torch
 
     sq, sk = target[-2:]
     if tuple(hidden.shape[-2:]) != (sq, sk):
         return torch.zeros((), dtype=torch.bool)
+    if own is None:
+        return torch.ones((), dtype=torch.bool)
     unseen = _all(hidden, -2)  # [..., seq_k]: keys that no query of the slice sees
-    offset = sk - sq
-    if offset >= 0:
-        return unseen[..., offset:]
-    # More queries than keys: the first ones have no key at their position.
-    none = torch.zeros((*unseen.shape[:-1], -offset), dtype=torch.bool)
-    return torch.cat((none, unseen), -1)
+    index = torch.tensor(own, dtype=torch.long)
+    return unseen[..., index.clamp(min=0)] | (index < 0)
 
 
 # -- what a row that hides every key gives (measured on torch 2.13, CPU) -------------------

@@ -822,13 +822,12 @@ def _holds(held, axis, whole: bool) -> bool:
 
 def _features_cut(held) -> bool:
     """A target axis declared a factor of the features (`self.n_heads`) holds a factor of
-    an established feature axis together with a factor of another axis that is not one (a
-    piece of the sequence the -1 absorbed): the declared size is cut across two axes."""
+    an established feature axis together with a piece of another axis (part of the
+    sequence the -1 absorbed): the declared size is cut across two axes. Heads folded with
+    a whole axis (`bsz * self.num_heads`) are a fold, not a cut."""
     features = {a[0].find() for a in held if D.established_kind(a) == FEATURE}
     return bool(features) and any(
-        a[0].find() not in features and D.established_kind(a) not in (FEATURE, COPY)
-        for a in held
-        if a[0].find().kind != COPY
+        a[0].find() not in features and a[0].find().kind != COPY and not D.is_whole(a) for a in held
     )
 
 

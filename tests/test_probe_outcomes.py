@@ -1171,3 +1171,150 @@ def test_the_html_report_counts_inconclusive_apart_from_passed():
     assert '<span class="verdict ok">all checks passed</span>' in render_html(trace, checks=passed)
     failed = render_html(trace, checks=[*unsure, ("causality", "FAIL", "sees later tokens")])
     assert '<span class="verdict error">1 check failed</span>' in failed
+
+
+# -- key padding: the padded positions reach the real tokens outside attention ---------------
+class PaddedMixing(Attention):
+    """Attention with an additive padding mask (`keep`: 1 a real token) on the key axis,
+    beside a path that mixes positions outside attention (`mix`): "conv" (a convolution
+    along the positions: ConvBERT, MobileBERT, the conformer package), "last_token" (the
+    last position pooled: SigLIP's text tower), "recurrence" (a scan that ignores the mask:
+    RecurrentGemma). `bug="unmasked"`: a second attention over the same keys without the
+    mask (the mask does not reach every attention)."""
+
+    def __init__(self, heads, d_k, *, style="sdpa", mix=None, bug=None):
+        super().__init__(heads, d_k, style=style)
+        d = heads * d_k
+        self.mix, self.bug = mix, bug
+        self.conv = nn.Conv1d(d, d, 3, padding=1)
+
+    def masked(self, x, keep):
+        q, k, v = self.heads(x)
+        B, T, C = x.shape
+        hide = keep[:, None, None, :] == 0
+        bias = torch.zeros(hide.shape, dtype=x.dtype).masked_fill(hide, torch.finfo(x.dtype).min)
+        if self.style == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:
+            y = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias).softmax(-1) @ v
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+    def forward(self, x, keep):
+        y = self.masked(x, keep)
+        if self.bug == "unmasked":
+            y = y + self.masked(x, torch.ones_like(keep))
+        if self.mix == "conv":
+            y = y + self.conv(x.transpose(1, 2)).transpose(1, 2)
+        elif self.mix == "last_token":
+            return y, y[:, -1]
+        elif self.mix == "recurrence":
+            state, steps = torch.zeros_like(y[:, 0]), []
+            for t in range(y.shape[1]):
+                state = 0.5 * state + y[:, t]
+                steps.append(state)
+            y = y + torch.stack(steps, 1)
+        return y
+
+
+def padding_of(size, *, left=False):
+    """A keep mask whose example 0 has a third of its tokens padded."""
+    b, _, s, _ = SIZES[size]
+    keep = torch.ones(b, s, dtype=torch.long)
+    p = max(1, s // 3)
+    if left:
+        keep[0, :p] = 0
+    else:
+        keep[0, s - p :] = 0
+    return keep
+
+
+MIXING = {
+    "conv": ("conv1d", "(a convolution along the positions)"),
+    "last_token": ("__getitem__", "(an index or gather of positions)"),
+    "recurrence": ("__getitem__", "(an index or gather of positions)"),
+}
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("mix", MIXING)
+def test_padded_positions_mixed_outside_attention_are_inconclusive(size, style, mix):
+    module = build(PaddedMixing, size, style=style, mix=mix)
+    keep = padding_of(size, left=mix == "recurrence")
+    report = check(module, data(size), keep)
+    why = reason(report, "key-padding invariance")
+    op, what = MIXING[mix]
+    assert why.startswith(f"the padded positions reach the real tokens through {op} at ")
+    assert "test_probe_outcomes.py:" in why
+    assert why.endswith(
+        f"{what}, not through attention: the mask does not promise key-padding invariance here"
+    )
+    got = result(report, "key-padding invariance")
+    assert "moved the real tokens' outputs by " in got.message and got.deviation > 1e-7
+    if mix != "recurrence":  # a scan breaks token permutation, as a cumulative sum does
+        assert report.passed, report.render(width=200)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("style", STYLES)
+def test_key_padding_still_fails_an_attention_the_mask_does_not_reach_beside_a_conv(size, style):
+    module = build(PaddedMixing, size, style=style, mix="conv", bug="unmasked")
+    report = check(module, data(size), padding_of(size))
+    failed = result(report, "key-padding invariance")
+    assert failed.status == "failed", report.render(width=200)
+    assert "moved the real tokens' outputs by " in failed.message
+    op = "scaled_dot_product_attention" if style == "sdpa" else "softmax"
+    assert failed.op.startswith(f"{op} at ") and "test_probe_outcomes.py:" in failed.op
+    assert f"\n  first seen at {op} at " in failed.message
+    assert (
+        "hint: padded tokens still reach the real ones: the mask must reach every "
+        "attention over these keys" in failed.message
+    )
+
+
+def test_an_output_whose_token_axis_the_trace_does_not_place_is_left_out():
+    """LED and PEGASUS-X pad their input to a block multiple and cut it back: the encoder
+    output's token axis is a new one, so its padded rows cannot be left out. Only the
+    outputs the trace places are compared."""
+
+    class BlockPadded(Attention):
+        def forward(self, x, keep):
+            B, T, C = x.shape
+            hide = (keep == 0)[:, None, None, :]
+            q, k, v = self.heads(x)
+            bias = torch.zeros(hide.shape, dtype=x.dtype).masked_fill(hide, -1e9)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            y = self.out(y.transpose(1, 2).reshape(B, T, C))
+            padded = torch.cat([y, y.new_zeros(B, 3, C)], dim=1)  # to a block multiple
+            blocks = padded.view(B, -1, 4, C) * 2
+            return y, blocks.reshape(B, -1, C)[:, :T]  # cut back: a new token axis
+
+    report = check(build(BlockPadded, "distinct"), data("distinct"), padding_of("distinct"))
+    got = result(report, "key-padding invariance")
+    assert got.status == "passed", report.render(width=200)
+    assert "; output[1] left out: an axis as long as the tokens the trace does not place" in (
+        got.message
+    )
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("style", STYLES)
+def test_a_convolution_along_the_tokens_is_a_position_term(size, style):
+    report = check(build(PaddedMixing, size, style=style, mix="conv"), data(size), padding_of(size))
+    why = reason(report, "token-permutation equivariance")
+    seq = SIZES[size][2]
+    assert why.startswith("conv1d at ") and "test_probe_outcomes.py:" in why
+    assert why.endswith(
+        f"convolves along the {seq} tokens with a kernel of the module's own parameters: a "
+        "relative position term the permutation does not move, so the module is not "
+        "permutation-equivariant by design"
+    )
+
+
+@pytest.mark.parametrize("bug", [None, "unmasked"])
+def test_key_padding_compares_a_batch_of_ones_only_example(bug):
+    module = build(PaddedMixing, "distinct", bug=bug)
+    report = check(module, data("distinct")[:1], padding_of("distinct")[:1])
+    got = result(report, "key-padding invariance")
+    assert got.status == ("failed" if bug else "passed"), report.render(width=200)
+    assert got.message.startswith("changing x at the padded position 4 of example 0 ")

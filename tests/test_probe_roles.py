@@ -202,19 +202,31 @@ def test_left_padded_query_rows_are_left_out_of_every_comparison():
     assert result(report, "length change").status == "passed"
 
 
-@pytest.mark.parametrize("bug", ["mask_after_softmax", "pool_all"])
-def test_key_padding_catches_padded_keys_that_still_reach_the_real_tokens(bug):
-    if bug == "mask_after_softmax":
-        from test_probes import Attention
+def test_key_padding_catches_padded_keys_that_still_reach_the_real_tokens():
+    from test_probes import Attention
 
-        mask = keep_mask([S, 5, 4])[:, None, None, :]
-        report = check(Attention(bug), torch.randn(B, S, 33), mask=mask)
-    else:
-        report = check(TinyLM(causal=False, bug=bug), ids(), attention_mask=keep_mask([S, 5, 4]))
+    mask = keep_mask([S, 5, 4])[:, None, None, :]
+    report = check(Attention("mask_after_softmax"), torch.randn(B, S, 33), mask=mask)
     failed = result(report, "key-padding invariance")
     assert failed.status == "failed", report.render(width=160)
     assert "moved the real tokens' outputs by " in failed.message
+    assert "\n  first seen at softmax at " in failed.message
+    assert "test_probes.py:" in failed.op
     assert "hint: padded tokens still reach the real ones" in failed.message
+
+
+def test_a_pooling_over_the_padded_positions_is_no_key_padding_failure():
+    # The mask hides the padded keys from the attention; the mean over every position
+    # after it is the module's own mixing, which no mask promises to hide.
+    report = check(TinyLM(causal=False, bug="pool_all"), ids(), attention_mask=keep_mask([S, 5, 4]))
+    got = result(report, "key-padding invariance")
+    assert got.status == "inconclusive", report.render(width=160)
+    assert got.message.startswith("the padded positions reach the real tokens through mean at ")
+    assert "test_probe_roles.py:" in got.message.splitlines()[0]
+    assert (
+        "(TinyLM) (a reduction over the positions), not through attention: the mask does "
+        "not promise key-padding invariance here" in got.message
+    )
 
 
 # -- causal intent, tested strictly ----------------------------------------------------------------

@@ -56,6 +56,10 @@ class OutLeaf:
     # Axes as long as the batch that are not known to be it, nor features nor tokens
     # (CLIP's images-by-texts logits): its examples cannot be compared one by one.
     loose: tuple[int, ...] = ()
+    # Axes as long as a token group that the trace does not place (not the batch, not a
+    # group's tokens, not features: PEGASUS-X's encoder output after its padding to the
+    # block size is cut back): which of their rows are padding cannot be told.
+    unplaced: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -555,8 +559,16 @@ def _out_leaves(outputs, batch_roots: set, group_of: dict, batch_size, lengths) 
             and int(t.shape[d]) == batch_size
             and _kind(axis) not in (D.FEATURE, D.TOKEN)
         )
+        unplaced = tuple(
+            d
+            for d, axis in enumerate(axes)
+            if d not in batch
+            and d not in seq
+            and int(t.shape[d]) in lengths
+            and _kind(axis) != D.FEATURE
+        )
         if batch or seq:
-            found.append(OutLeaf(path, tuple(batch), seq, loose))
+            found.append(OutLeaf(path, tuple(batch), seq, loose, unplaced))
     return found
 
 

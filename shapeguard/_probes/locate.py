@@ -83,7 +83,7 @@ def _named(axes, names) -> list[int]:
     return [d for d, n in enumerate(axes or ()) if n in names]
 
 
-def _seq_dims(a, axes, length: int) -> list[int]:
+def seq_dims(a, axes, length: int) -> list[int]:
     """The sequence axes of an op's output; where none is named (a view that mixed the
     sequence with another axis has no sequence axis left), the unnamed ones of the
     probed length, so the op that broke equivariance can still be pointed at."""
@@ -127,16 +127,27 @@ def region_prefix(name: str, full: int, k: int, *, same_size: bool = False):
     return region
 
 
-def region_padding(length: int, p: int):
-    """The real tokens, when the last `p` of `length` are padding."""
-    return region_prefix("seq", length, length - p, same_size=True)
+def region_padding(length: int, padded: list[int]):
+    """The real tokens: every seq axis of size `length` without the `padded` positions
+    (on the right, the left or anywhere)."""
+    keep = torch.tensor([p for p in range(length) if p not in set(padded)])
+
+    def region(a, b, axes):
+        dims = seq_dims(a, axes, length)
+        if not dims or a.shape != b.shape:
+            return None
+        for d in dims:
+            a, b = take(a, d, keep), take(b, d, keep)
+        return a, b
+
+    return region
 
 
 def region_permuted(length: int, perm: torch.Tensor):
     """The first run permuted by `perm` along every seq axis of size `length`."""
 
     def region(a, b, axes):
-        dims = _seq_dims(a, axes, length)
+        dims = seq_dims(a, axes, length)
         if not dims or a.shape != b.shape:
             return None
         for d in dims:

@@ -8,8 +8,9 @@ The two runs of the probe (tokens as given, tokens permuted) are compared op by 
 at the first op whose output breaks the permutation, an operand made from the module's
 own parameters, buffers or constants (none of the inputs flows into it) with an axis as
 long as the tokens is such a position term: the module does not promise the property,
-and the probe says so instead of failing. Where the first op that breaks it reads only
-what the inputs made (a view that moves data across the seq axis), it is a failure.
+and the probe says so instead of failing; so is a convolution along the tokens (its kernel
+is laid along the relative positions). Where the first op that breaks it reads only what
+the inputs made (a view that moves data across the seq axis), it is a failure.
 """
 
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from .. import _ops
 from .compare import deviation, scale_of
 from .locate import region_permuted
 from .subject import Subject
@@ -48,7 +50,11 @@ class _Flow:
         first = outs[0] if outs else None
         if first is None or not first.is_floating_point() or self.session is None:
             return
-        own = [tuple(t.shape) for t in operands if t not in self.made and t.dim() > 0]
+        own: list[tuple] = [tuple(t.shape) for t in operands if t not in self.made and t.dim() > 0]
+        if _ops.lookup(op).family == _ops.CONV and operands and operands[0].dim() > 2:
+            # A convolution's kernel is laid along its input's spatial axes: a relative
+            # position term wherever one of them holds the tokens.
+            own.append(("along", *operands[0].shape[2:]))
         events = self.session.trace.events
         where = describe_event(events[-1]) if len(events) > count and events[-1].op == op else op
         meta = self.session.metas.get(first)
@@ -104,6 +110,12 @@ def position_term(s: Subject, given, moved, perm: torch.Tensor) -> str:
         tables = [shape for shape in own if length in shape and length > 1]
         if not tables:
             return ""
+        if tables[0][0] == "along":
+            return (
+                f"{where} convolves along the {length} tokens with a kernel of the module's "
+                "own parameters: a relative position term the permutation does not move, so "
+                "the module is not permutation-equivariant by design"
+            )
         return (
             f"{where} adds a term made from the module's own parameters or buffers "
             f"({list(tables[0])}), laid along the {length} tokens: a position term (a "

@@ -260,29 +260,83 @@ def key_padding(s: Subject) -> ProbeResult:
         pads[group] = pad | cells
         reference = s.run_all(inputs, f"{mask.name} with padding added to example 0")
         how = "added"
+    compared, unplaced = _placed_outputs(s, length)
+    if not compared and not unplaced:
+        return inconclusive(
+            name,
+            "no output has a batch axis whose examples the trace places, so the real "
+            "tokens of the padded example cannot be compared",
+        )
+    if not compared:
+        return inconclusive(
+            name,
+            f"no output keeps the padded tokens where the trace places them: {unplaced} "
+            f"{'has an axis' if ', ' not in unplaced else 'have axes'} as long as the "
+            f"{length} tokens that the trace does not show are them, so its padded rows "
+            "cannot be left out of the comparison",
+        )
     changed = perturbed(layout, inputs, s.generator, group=group, cells=cells)
     got = s.run_all(changed, f"the padded tokens of example {e} changed")
-    dev = s.measure(got, reference, s.outputs(batch=True), pads=pads)
+    dev = s.measure(got, reference, compared, pads=pads)
     positions = cells[e].nonzero().flatten().tolist()
     value = _pad_value(mask)
     where = _positions(positions)
     tokens = _group_names(s, group)
 
-    def point():
-        return locate(s, inputs, changed, region_padding(length, len(positions)))
-
-    return s.result(
-        name,
-        dev,
+    left_out = (
+        f"; {unplaced} left out: an axis as long as the tokens the trace does not place"
+        if unplaced
+        else ""
+    )
+    action = (
         f"changing {tokens} at the padded position{'s' if len(positions) > 1 else ''} "
         f"{where} of example {e} ({how} padding: {mask.name} marks it {value}, as "
-        f"{_applied_by(s)} reads it)",
-        "the real tokens' outputs",
-        "padded tokens still reach the real ones: the mask must reach every attention "
-        "over these keys (cross-attention too), before the softmax, and nothing else "
-        "may mix tokens (a pooling, a convolution over positions)",
-        point,
+        f"{_applied_by(s)} reads it{left_out})"
     )
+    hint = (
+        "padded tokens still reach the real ones: the mask must reach every attention "
+        "over these keys (cross-attention too), on the key axis, with padding hidden, "
+        "before the softmax"
+    )
+    if dev <= s.rtol:
+        return s.result(name, dev, action, "the real tokens' outputs", hint)
+    from .padding_paths import not_promised, padding_paths
+
+    paths = padding_paths(s, inputs, changed, compared, length, positions)
+    if paths is not None and paths.elsewhere is not None:
+        return inconclusive(name, not_promised(paths.elsewhere, dev), deviation=dev)
+    through = paths.through_attention if paths is not None else None
+
+    def point():
+        if through is not None:
+            return through.where
+        return locate(s, inputs, changed, region_padding(length, positions))
+
+    return s.result(name, dev, action, "the real tokens' outputs", hint, point)
+
+
+def _placed_outputs(s: Subject, length: int) -> tuple[list, str]:
+    """(the outputs key padding compares, the names of those it leaves out): an output
+    with an axis as long as the padded tokens that the trace does not place may hold the
+    padded rows there, which no property covers."""
+    placed, names = [], []
+    # A batch of one's outputs may have no batch axis (or one the trace does not show is
+    # it): there is one example, compared whole.
+    one = s.layout.batch_size == 1
+    for leaf in s.outputs() if one else s.outputs(batch=True):
+        out = s.refs[leaf.path]
+        if any(out.shape[d] == length for d in leaf.unplaced):
+            names.append(_output_name(leaf.path))
+        else:
+            placed.append(leaf)
+    return placed, ", ".join(names)
+
+
+def _output_name(path: tuple) -> str:
+    """`logits`, `encoder_last_hidden_state`; `output[1]` for a tuple's item."""
+    if path and isinstance(path[0], int):
+        return "output" + "".join(f"[{p}]" for p in path)
+    return _path(path)
 
 
 def _pad_value(mask) -> str:

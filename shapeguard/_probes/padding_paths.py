@@ -1,0 +1,244 @@
+"""Where changed padded positions reach the real tokens: through attention, or not.
+
+Key-padding invariance says that what the padded positions hold never reaches the real
+tokens' outputs. A padding mask can only promise that for the attention it is applied
+to: a module that also mixes positions outside attention (a convolution along the
+positions, a recurrence, a pooling or an index of a position) carries the padded values
+to the real tokens by design, whatever the mask does.
+
+The probe's two runs (the padded positions as given, then changed) are compared op by
+op, each op's output on the real positions only (every axis of the probed tokens cut to
+them; a tensor without such an axis, a pooled vector, whole). An op whose output differs
+there while none of its operands does is an **entry**: the padded values reach real
+positions through it. Each difference carries the entries it descends from, and only
+entries that reach the compared outputs count. An entry through attention (SDPA, flash
+attention, an attention module, a softmax, or the product of softmax weights with V) is
+the mask failing to hide the keys: the probe's failure stands. Where every entry that
+reaches the outputs is another op, the property is not one the module's structure
+promises, and the probe is inconclusive, naming the op and its line.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from .. import _ops
+from .edits import take
+from .locate import seq_dims
+from .subject import Subject
+from .tree import leaves, pick
+from .watch import describe_event
+
+_SOFTMAX = _ops.spellings_where(step="softmax")
+_ATTENTION = (_ops.ATTENTION, _ops.FLASH, _ops.COMPOSITE)
+# What an op of these families does to the positions, for the reason's words.
+_WHAT = {
+    _ops.CONV: "a convolution along the positions",
+    _ops.INDEX: "an index or gather of positions",
+    _ops.REDUCE: "a reduction over the positions",
+    _ops.VIEW: "a view that regroups the positions",
+    _ops.JOIN: "a join of shifted positions",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """An op through which the padded values first reach real positions."""
+
+    where: str  # "conv1d at modeling_convbert.py:123 (encoder.layer.0...)"
+    op: str
+    attention: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Paths:
+    """The entries that reach the compared outputs (in op order)."""
+
+    entries: tuple[Entry, ...]
+
+    @property
+    def through_attention(self) -> Entry | None:
+        return next((e for e in self.entries if e.attention), None)
+
+    @property
+    def elsewhere(self) -> Entry | None:
+        """The first entry, when none of them is an attention op."""
+        if not self.entries or self.through_attention is not None:
+            return None
+        return self.entries[0]
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, list | tuple):
+        return [t for item in obj for t in _tensors(item)]
+    return []
+
+
+def _written(op: str, args, out) -> list[torch.Tensor]:
+    """The tensors an op made or wrote: its outputs, or for a write that returns nothing
+    (`t[i] = v`) the tensor written into."""
+    outs = _tensors(out)
+    if outs or not (_ops.lookup(op).family == _ops.WRITE or _ops.is_inplace(op)):
+        return outs
+    return _tensors(args)[:1]
+
+
+class _Record:
+    """Run one: every op's name and its outputs' values."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, list[torch.Tensor]]] = []
+
+    def before(self, func, op: str, args, kwargs) -> None:
+        pass
+
+    def after(self, func, op: str, args, kwargs, out, count: int) -> None:
+        self.steps.append((op, [t.detach().clone() for t in _written(op, args, out)]))
+
+
+class _Compare:
+    """Run two: each op's outputs against run one's, on the real positions; the entries
+    each differing tensor descends from."""
+
+    def __init__(self, first: list, length: int, padded: list[int], rtol: float) -> None:
+        self.session: Any = None
+        self.first = first
+        self.length = length
+        self.keep = torch.tensor([p for p in range(length) if p not in set(padded)])
+        self.rtol = rtol
+        self.index = 0
+        self.diverged = False
+        self.entries: list[Entry] = []
+        self.dirty = WeakTensorKeyDictionary()  # tensor -> frozenset of entry indices
+        self.weights = WeakTensorKeyDictionary()  # softmax outputs and what follows them
+
+    def before(self, func, op: str, args, kwargs) -> None:
+        pass
+
+    def after(self, func, op: str, args, kwargs, out, count: int) -> None:
+        if self.diverged:
+            return
+        i, self.index = self.index, self.index + 1
+        if i >= len(self.first) or self.first[i][0] != op:
+            self.diverged = True  # the runs took different paths: no op-by-op comparison
+            return
+        operands = _tensors((args, kwargs))
+        outs = _written(op, args, out)
+        reads_weights = any(t in self.weights for t in operands)
+        family = _ops.lookup(op).family
+        attention = (
+            family in _ATTENTION or op in _SOFTMAX or (reads_weights and family == _ops.PRODUCT)
+        )
+        if op in _SOFTMAX or (reads_weights and family != _ops.PRODUCT):
+            for t in outs:
+                self.weights[t] = True
+        sources: frozenset = frozenset()
+        for t in operands:
+            sources |= self.dirty.get(t, frozenset())
+        moved = [self._differs(t, a) for t, a in zip(outs, self.first[i][1], strict=False)]
+        if any(moved) and not sources:
+            self.entries.append(Entry(self._where(count, op), op, attention))
+            sources = frozenset((len(self.entries) - 1,))
+        for t, differs in zip(outs, moved, strict=False):
+            if differs:
+                self.dirty[t] = sources
+            elif t in self.dirty:
+                del self.dirty[t]  # written in place back to what run one holds
+
+    def _differs(self, b: torch.Tensor, a: torch.Tensor) -> bool:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return True
+        meta = self.session.metas.get(b) if self.session is not None else None
+        axes = meta.axes if meta is not None else ()
+        keep = self.keep
+        for d in seq_dims(b, axes, self.length):
+            a, b = take(a, d, keep), take(b, d, keep)
+        if not b.numel():
+            return False
+        a = a.to(b.device)
+        if not b.is_floating_point():
+            return not torch.equal(a, b)
+        return _moved(a, b, self.rtol)
+
+    def _where(self, count: int, op: str) -> str:
+        events = self.session.trace.events
+        if len(events) > count and events[-1].op == op:
+            return describe_event(events[-1])
+        return op
+
+
+def _moved(a: torch.Tensor, b: torch.Tensor, rtol: float) -> bool:
+    """Whether some value moved beyond rounding: by more than `rtol` of its own magnitude
+    plus the tensor's typical one (the median magnitude: a mask's huge fill values do not
+    make every other value's move look small); NaN in one run only moved too."""
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    if bool((nan_a != nan_b).any()):
+        return True
+    a, b = a[~nan_a].double(), b[~nan_a].double()
+    if not a.numel():
+        return False
+    same = a == b  # equal infinities too
+    if bool(same.all()):
+        return False
+    size = a.abs()
+    finite = size[torch.isfinite(size) & (size > 0)]
+    typical = float(finite.median()) if finite.numel() else 0.0
+    gap = (a - b).abs()
+    return bool(((gap > rtol * (torch.maximum(size, b.abs()) + typical)) & ~same).any())
+
+
+def _run(s: Subject, inputs, observer):
+    import warnings
+
+    from .. import _config
+    from .._errors import ShapeWarning
+    from .._trace.tracing import tracing
+    from .._tracer import Trace
+
+    args, kwargs = inputs
+    with _config.forced_on(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShapeWarning)
+        with tracing(Trace(mode="warn"), s.model, args, kwargs) as session:
+            observer.session = session
+            with session.observe(observer):
+                return s.model(*args, **kwargs)
+
+
+def padding_paths(
+    s: Subject, given, changed, compared: list, length: int, padded: list[int]
+) -> Paths | None:
+    """The entries through which the changed padded positions (`padded` of the `length`
+    tokens) reach the `compared` output leaves; None where it cannot be told (the runs
+    took different paths, or no entry reaches them)."""
+    record = _Record()
+    _run(s, given, record)
+    compare = _Compare(record.steps, length, padded, s.rtol)
+    out = _run(s, changed, compare)
+    if compare.diverged or not compare.entries:
+        return None
+    reached: set[int] = set()
+    for leaf in compared:
+        for _, t in leaves(pick(out, leaf.path)):
+            reached |= compare.dirty.get(t, frozenset())
+    if not reached:
+        return None
+    return Paths(tuple(compare.entries[i] for i in sorted(reached)))
+
+
+def not_promised(entry: Entry, dev: float) -> str:
+    """The inconclusive reason where the padded values reach the real tokens outside
+    attention."""
+    family = _ops.lookup(entry.op).family
+    what = f" ({_WHAT[family]})" if family in _WHAT else ""
+    return (
+        f"the padded positions reach the real tokens through {entry.where}{what}, not "
+        "through attention: the mask does not promise key-padding invariance here\n"
+        f"  changing them moved the real tokens' outputs by {dev:.2g} of the output's scale; "
+        "no attention op let a padded key through"
+    )

@@ -956,3 +956,41 @@ def test_values_split_from_a_fused_projection_are_named_by_attention():
     ]
     assert values == ["[batch=2, seq=5, heads=4, d_k=12]"]
     assert context == ["[batch=2, heads=4, seq_q=5, d_k=12]"]
+
+
+class _Rotate(nn.Module):
+    """A function dressed as a module and kept out of the tree, as the `kernels` package
+    wraps transformers' `apply_rotary_pos_emb` (held in a plain dict, never registered)."""
+
+    def forward(self, x):
+        return torch.cat((-x[..., 1::2], x[..., ::2]), dim=-1)
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.__dict__["_funcs"] = {"rotate": _Rotate()}
+
+    def forward(self, x):
+        return self._funcs["rotate"](self.proj(x))
+
+
+class _Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = _Block()
+
+    def forward(self, x):
+        return self.block(x)
+
+
+def test_a_module_called_outside_the_tree_is_its_callers_function():
+    """Its ops are recorded under the module that called it, as a plain function's are:
+    transformers 5.25 with `kernels` installed runs every Llama's rotary this way."""
+    t = _trace(_Model(), torch.randn(3, 5, 8))
+    cat = [ev for ev in t.events if ev.op == "cat"]
+    assert [(ev.module, ev.module_type) for ev in cat] == [("block", "_Block")]
+    # Alone (the first module run), it stands for itself.
+    alone = _trace(_Rotate(), torch.randn(3, 5, 8))
+    assert [ev.module_type for ev in alone.events if ev.op == "cat"] == ["_Rotate"]

@@ -735,11 +735,27 @@ class Session:
             )
         return self._paths.get(id(module), "")
 
+    def described_module(self):
+        """The innermost module a record is attributed to: the innermost one on the stack
+        that belongs to the root's tree. A module object called inside the tree without
+        being registered in it (the `kernels` package's `Func` wrapping transformers'
+        `apply_rotary_pos_emb`, kept in a plain dict) is a function call of its caller, as
+        it would be without the wrapper; outside any tree module, it stands for itself."""
+        stack = self.module_stack
+        module = stack[-1]
+        if self.module_path(module) or module is self.root or len(stack) == 1:
+            return module
+        paths = self._paths or {}
+        for outer in reversed(stack):
+            if id(outer) in paths:
+                return outer
+        return module
+
     def module_description(self) -> tuple[str, str, str]:
         """(path, class name, "path (Class)") of the innermost module."""
         if not self.module_stack:
             return "", "", ""
-        module = self.module_stack[-1]
+        module = self.described_module()
         path = self.module_path(module)
         cls = type(module).__name__
         return path, cls, f"{path} ({cls})" if path else cls
@@ -1442,7 +1458,7 @@ class Session:
             return out_metas
         stack = self.module_stack
         if stack:  # module_description's path and class, without its "path (Class)"
-            module = stack[-1]
+            module = self.described_module()
             path, cls = self.module_path(module), type(module).__name__
         else:
             path = cls = ""

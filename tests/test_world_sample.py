@@ -46,6 +46,9 @@ ARCHITECTURES = [
     pytest.param("longformer", id="longformer"),
     pytest.param("xlnet", id="xlnet"),
     pytest.param("wavlm", id="wavlm"),
+    pytest.param("ctrl", id="ctrl (x * np.sqrt(d): a NumPy scalar operand)"),
+    pytest.param("pegasus_x", id="pegasus_x (NumPy scalars, block-local attention)"),
+    pytest.param("qwen3_next", id="qwen3_next (linear attention, flatten to rows)"),
 ]
 
 

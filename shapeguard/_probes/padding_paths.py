@@ -33,13 +33,26 @@ from .watch import describe_event
 
 _SOFTMAX = _ops.spellings_where(step="softmax")
 _ATTENTION = (_ops.ATTENTION, _ops.FLASH, _ops.COMPOSITE)
+# Ops that only move values (views, cuts, joins, copies along an axis, layouts) or act
+# elementwise (a pooled vector broadcast back over the positions): carried values they
+# lay back onto positions were mixed where they were taken off them.
+_MOVES = (
+    _ops.VIEW,
+    _ops.INDEX,
+    _ops.JOIN,
+    _ops.PART,
+    _ops.GROW,
+    _ops.LAYOUT,
+    _ops.SAME,
+    _ops.BINARY,
+)
 # What an op of these families does to the positions, for the reason's words.
 _WHAT = {
     _ops.CONV: "a convolution along the positions",
     _ops.INDEX: "an index or gather of positions",
     _ops.REDUCE: "a reduction over the positions",
     _ops.VIEW: "a view that regroups the positions",
-    _ops.JOIN: "a join of shifted positions",
+    _ops.JOIN: "a join along the positions",
 }
 
 
@@ -104,7 +117,17 @@ class _Record:
 
 class _Compare:
     """Run two: each op's outputs against run one's, on the real positions; the entries
-    each differing tensor descends from."""
+    each differing tensor descends from.
+
+    A tensor with an axis of the probed tokens shows which positions moved: it moved on
+    real positions (`dirty`) or not at all. A tensor without one (a pooled vector, the
+    positions cut, shifted or regrouped into windows) that moved only carries the padded
+    values (`carried`), from the op that took them off their positions (its origin). An
+    op that lays carried values onto real positions is the entry where it mixes them in
+    (the convolution after the pad that shifts its input); where it only moves them (a
+    cut back to the tokens after a padded convolution) the origin stays the entry, and
+    so it does for an attention op over carried keys (compressed or pooled positions:
+    no mask could hide them)."""
 
     def __init__(self, first: list, length: int, padded: list[int], rtol: float) -> None:
         self.session: Any = None
@@ -116,6 +139,7 @@ class _Compare:
         self.diverged = False
         self.entries: list[Entry] = []
         self.dirty = WeakTensorKeyDictionary()  # tensor -> frozenset of entry indices
+        self.carried = WeakTensorKeyDictionary()  # tensor -> frozenset of origin indices
         self.weights = WeakTensorKeyDictionary()  # softmax outputs and what follows them
 
     def before(self, func, op: str, args, kwargs) -> None:
@@ -139,32 +163,55 @@ class _Compare:
             for t in outs:
                 self.weights[t] = True
         sources: frozenset = frozenset()
+        carried: frozenset = frozenset()
         for t in operands:
             sources |= self.dirty.get(t, frozenset())
-        moved = [self._differs(t, a) for t, a in zip(outs, self.first[i][1], strict=False)]
-        if any(moved) and not sources:
-            self.entries.append(Entry(self._where(count, op), op, attention))
-            sources = frozenset((len(self.entries) - 1,))
-        for t, differs in zip(outs, moved, strict=False):
-            if differs:
-                self.dirty[t] = sources
-            elif t in self.dirty:
-                del self.dirty[t]  # written in place back to what run one holds
+            carried |= self.carried.get(t, frozenset())
+        seen = [self._compare(t, a) for t, a in zip(outs, self.first[i][1], strict=False)]
+        shown = hidden = None  # the lineage of the outputs that moved, by kind
+        for t, (moved, visible) in zip(outs, seen, strict=False):
+            if not moved:
+                self.dirty.pop(t, None)  # (written in place back to what run one holds)
+                self.carried.pop(t, None)
+            elif visible or sources:
+                if shown is None:
+                    if sources:
+                        shown = sources | carried
+                    elif carried and (attention or family in _MOVES):
+                        shown = carried  # laid back onto positions: the origin mixed them
+                    elif carried:
+                        shown = self._entry(op, count, False)  # this op mixes them in
+                    else:
+                        shown = self._entry(op, count, attention)
+                self.dirty[t] = shown
+                self.carried.pop(t, None)
+            else:
+                if hidden is None:
+                    hidden = carried or self._entry(op, count, attention)
+                self.carried[t] = hidden
+                self.dirty.pop(t, None)
 
-    def _differs(self, b: torch.Tensor, a: torch.Tensor) -> bool:
+    def _entry(self, op: str, count: int, attention: bool) -> frozenset:
+        self.entries.append(Entry(self._where(count, op), op, attention))
+        return frozenset((len(self.entries) - 1,))
+
+    def _compare(self, b: torch.Tensor, a: torch.Tensor) -> tuple[bool, bool]:
+        """(whether `b` moved from `a` on the real positions, whether it has an axis of
+        the probed tokens to tell them by)."""
         if a.shape != b.shape or a.dtype != b.dtype:
-            return True
+            return True, False
         meta = self.session.metas.get(b) if self.session is not None else None
         axes = meta.axes if meta is not None else ()
         keep = self.keep
-        for d in seq_dims(b, axes, self.length):
+        dims = seq_dims(b, axes, self.length)
+        for d in dims:
             a, b = take(a, d, keep), take(b, d, keep)
         if not b.numel():
-            return False
+            return False, bool(dims)
         a = a.to(b.device)
         if not b.is_floating_point():
-            return not torch.equal(a, b)
-        return _moved(a, b, self.rtol)
+            return not torch.equal(a, b), bool(dims)
+        return _moved(a, b, self.rtol), bool(dims)
 
     def _where(self, count: int, op: str) -> str:
         events = self.session.trace.events
@@ -226,6 +273,7 @@ def padding_paths(
     for leaf in compared:
         for _, t in leaves(pick(out, leaf.path)):
             reached |= compare.dirty.get(t, frozenset())
+            reached |= compare.carried.get(t, frozenset())  # a pooled output
     if not reached:
         return None
     return Paths(tuple(compare.entries[i] for i in sorted(reached)))

@@ -178,6 +178,14 @@ def read_layout(
             if batch_size is None:
                 batch_size = int(t.shape[axis])
 
+    for path, t in found:
+        axis = batch_axis[path]
+        if axis is not None and batch_size is not None and int(t.shape[axis]) != batch_size:
+            # Named batch by the batch-first convention only: a [2, edges] edge index
+            # beside [nodes, features] holds no examples.
+            batch_axis[path] = None
+    addressed = _addressed(found, dims, kinds, names, batch_axis, watch)
+
     if batch_size is None:
         # A batch of one has no batch dim (a size-1 axis carries nothing): the leading
         # axis of ids and data, by the batch-first convention.
@@ -284,10 +292,46 @@ def read_layout(
                     f"{int(t.shape[applied[0]])}, so its axes cannot be told apart; use distinct sizes"
                 )
     layout.unbatched = _unbatched(layout, found)
+    layout.ambiguous_batch = layout.ambiguous_batch or addressed
     layout.outputs = _out_leaves(outputs, batch_roots, group_of, batch_size, lengths)
     if not layout.queries and any(leaf.seq for leaf in layout.outputs):
         layout.queries, layout.made_inside = True, ""
     return layout
+
+
+def _addressed(found, dims, kinds, names, batch_axis, watch) -> str:
+    """Why the batch axis of the inputs is not known to hold separate examples, if it is
+    not: only the batch-first convention names it, and the module picks or writes its
+    rows by the values of another input (a graph's nodes read through its edge index:
+    each row is addressed by others' numbers, as no batch's example is)."""
+    for path, _t in found:
+        axis = batch_axis[path]
+        if axis is None or kinds[path] not in ("ids", "data"):
+            continue
+        atoms = dims[path][axis]
+        if len(atoms) != 1 or D.established_kind(atoms[0]) == D.BATCH:
+            continue
+        rows = atoms[0][0].find()
+        for indexed, index_roots, where in watch.addressed:
+            if indexed.find() is not rows:
+                continue
+            by = {id(r.find()) for r in index_roots}
+            for other, u in found:
+                if other == path or u.is_floating_point() or kinds[other] == "ids":
+                    continue
+                own = {id(atom[0].find()) for a in dims[other] for atom in a}
+                if own & by:
+                    name, source = (
+                        names.get(path, _path_name(path)),
+                        names.get(other, _path_name(other)),
+                    )
+                    return (
+                        f"axis {axis} of {name} is the batch only by the batch-first "
+                        f"convention, and {where} picks its rows by the values of {source}: "
+                        "rows addressed by one another's numbers (graph nodes, set "
+                        "elements) are not known to be separate examples"
+                    )
+    return ""
 
 
 def _unbatched(layout: Layout, found) -> str:

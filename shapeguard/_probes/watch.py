@@ -20,6 +20,14 @@ _EMBEDDING = _ops.by_name("embedding")
 # FalconLinear's @); elementwise ops, which may mask attention weights after the softmax.
 _PROJECTING = _ops.family_ops(_ops.PRODUCT)
 _WEIGHT_MASKING = _ops.family_ops(_ops.BINARY)
+# Ops that pick or write rows of an axis by the values of an index tensor, all spelled
+# (input, dim, index, ...): a graph's message passing reads its nodes this way.
+_ADDRESSING = frozenset(
+    f"{name}{tail}"
+    for name in ("index_select", "gather", "scatter", "scatter_add", "scatter_reduce")
+    + ("index_add", "index_copy")
+    for tail in ("", "_")
+) | {"__getitem__"}
 
 
 class Watch:
@@ -47,6 +55,9 @@ class Watch:
         self._last_mask: tuple | None = None
         self.values: list[tuple] | None = [] if keep_values else None
         self.heads = HeadWatch()  # the attention ops' heads, for head permutation
+        # (root dim of the axis, root dims of the index, where): rows picked or written
+        # along an axis by an index tensor's values.
+        self.addressed: list[tuple] = []
         # A crash of this watch's own code (`runs.describe_crash`): what it noted is not to
         # be trusted, and the probes say so instead of running on it.
         self.broken = ""
@@ -171,6 +182,8 @@ class Watch:
     def _after(self, func, op: str, args, kwargs, out, count: int) -> None:
         session = self.session
         self.heads.after(session, op, args, kwargs, out, lambda: self._where(count, op))
+        if op in _ADDRESSING:
+            self._addressing(op, args, kwargs, count)
         if op in _POSITIONAL_OPS or (op in _TABLE_READS and _reads_a_table(session, args)):
             self.positional = self.positional or self._where(count, op)
         if self._made_by:
@@ -205,6 +218,26 @@ class Watch:
             meta = session.metas.get(out)
             axes = meta.axes if meta else ()
             self.values.append((op, self._where(count, op), out.detach().clone(), axes))
+
+    def _addressing(self, op: str, args, kwargs, count: int) -> None:
+        names = ("input", "dim", "index")
+        if op == "__getitem__":  # x[index]: rows of axis 0 by an integer tensor's values
+            args = (args[0], 0, args[1]) if len(args) == 2 else ()
+        bound = dict(zip(names, args, strict=False))
+        bound.update({k: kwargs[k] for k in names if k in kwargs})
+        x, dim, index = (bound.get(k) for k in names)
+        if not (isinstance(x, torch.Tensor) and isinstance(index, torch.Tensor)):
+            return
+        if not isinstance(dim, int) or index.is_floating_point() or index.dtype == torch.bool:
+            return
+        x_meta, index_meta = self.session.metas.get(x), self.session.metas.get(index)
+        if x_meta is None or index_meta is None or not -x.dim() <= dim < x.dim():
+            return
+        axis = x_meta.dims[dim]
+        if len(axis) != 1:
+            return
+        index_roots = [atom[0].find() for a in index_meta.dims for atom in a]
+        self.addressed.append((axis[0][0].find(), index_roots, self._where(count, op)))
 
 
 def _note_root(roots: list, axis) -> None:

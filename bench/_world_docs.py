@@ -51,7 +51,7 @@ def _findings(details):
     return rows if grouped else []
 
 
-def _simple(entries, cause_kind):
+def _simple(entries, cause_kind, width=160):
     grouped: dict = {}
     for name, where, what in entries:
         grouped.setdefault(name, []).append((where, what))
@@ -63,7 +63,7 @@ def _simple(entries, cause_kind):
             what = "; ".join(
                 p["name"] + ": " + p["message"] for p in what if isinstance(p, dict)
             ) or str(what)
-        rows.append(f"| {name} | {where} | {cause_of(name, cause_kind)} | {_cell(what)} |")
+        rows.append(f"| {name} | {where} | {cause_of(name, cause_kind)} | {_cell(what, width)} |")
     return rows if grouped else []
 
 
@@ -149,7 +149,7 @@ def render(meta, tallied, results) -> str:
     out += _section("Non-identical outputs", _simple(details["non-identical"], "non-identical"))
     out += _section("Raise-mode raises", _simple(details["raise-mode raises"], "raise"))
     out += _section("Generate mismatches", _simple(details["generate mismatches"], "generate"))
-    out += _section("Check failures", _simple(details["check failures"], "check"))
+    out += _section("Check failures", _simple(details["check failures"], "check", width=700))
     out += _section(
         f"Inconclusive probes ({counts['inconclusive']}), by reason", _inconclusive(details)
     )

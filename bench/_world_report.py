@@ -82,7 +82,8 @@ def tally(results) -> dict:
             if "crash" in c:
                 details["check failures"].append((name, "check raised", _crash(c["crash"])))
             elif failed:
-                details["check failures"].append((name, "check", failed))
+                shown = [_with_finding(p, c.get("findings", [])) for p in failed]
+                details["check failures"].append((name, "check", shown))
             for p in c.get("probes", []):
                 if p["outcome"] == "inconclusive":
                     inconclusive += 1
@@ -110,6 +111,15 @@ def summary_line(counts) -> str:
         f"raise-mode raises {c['raise-mode raises']}, generate mismatches {c['generate mismatches']}, "
         f"check failures {c['check failures']}, inconclusive {c['inconclusive']}"
     )
+
+
+def _with_finding(probe: dict, findings: list) -> dict:
+    """A failed shape-checks probe with its first finding's relation: the count alone
+    ("2 finding(s) (batch_mixing):") says nothing of what was found."""
+    if probe["name"].split(": ")[-1] != "shape checks" or not findings:
+        return probe
+    first = _first_line(findings[0].get("message", ""), width=10_000)
+    return {**probe, "message": f"{_first_line(probe['message'])} {first}"}
 
 
 def _first_line(text, width=220):

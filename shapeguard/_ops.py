@@ -66,6 +66,8 @@ class Op:
     positional: bool = False  # makes positions or a positional term (arange, cos, embedding)
     reads_table: bool = False  # indexes its first argument: a position table when that is a
     #   parameter or a buffer (t[i], index_select, embedding)
+    addresses: bool = False  # reads or writes rows along `dim` by an index tensor's values,
+    #   (input, dim, index, ...): how a graph's message passing reaches its nodes
     aliases: bool = False  # a view in torch's sense: the output shares the input's storage
     #   (reshape and flatten, which copy when they must, are not)
     step: str = ""  # the step of attention it computes, as the report's diagram draws it
@@ -341,8 +343,18 @@ _op(
     aliases=True,
 )
 _op("select", INDEX, params=("input", "dim", "index"), keeps_value=True, slices=True, aliases=True)
-_op("index_select", INDEX, params=("input", "dim", "index"), reads_table=True)
-_op("gather", INDEX, "take_along_dim", params=("input", "dim", "index"), reads_table=True)
+_op("index_select", INDEX, params=("input", "dim", "index"), reads_table=True, addresses=True)
+_op(
+    "gather",
+    INDEX,
+    "take_along_dim",
+    params=("input", "dim", "index"),
+    reads_table=True,
+    addresses=True,
+)
+# Writes of rows by an index (the output is the input's shape; no rule reads them yet).
+for _name in ("scatter", "scatter_add", "scatter_reduce", "index_add", "index_copy"):
+    _op(_name, OTHER, f"{_name}_", params=("input", "dim", "index", "src"), addresses=True)
 _op("masked_select", INDEX, "nonzero", "take", "argwhere")
 _op("cat", JOIN, "concat", "concatenate", params=("tensors", "dim"))
 _op("stack", JOIN, params=("tensors", "dim"))

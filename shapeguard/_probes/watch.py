@@ -20,14 +20,10 @@ _EMBEDDING = _ops.by_name("embedding")
 # FalconLinear's @); elementwise ops, which may mask attention weights after the softmax.
 _PROJECTING = _ops.family_ops(_ops.PRODUCT)
 _WEIGHT_MASKING = _ops.family_ops(_ops.BINARY)
-# Ops that pick or write rows of an axis by the values of an index tensor, all spelled
-# (input, dim, index, ...): a graph's message passing reads its nodes this way.
-_ADDRESSING = frozenset(
-    f"{name}{tail}"
-    for name in ("index_select", "gather", "scatter", "scatter_add", "scatter_reduce")
-    + ("index_add", "index_copy")
-    for tail in ("", "_")
-) | {"__getitem__"}
+# Ops that pick or write rows of an axis by the values of an index tensor (a graph's
+# message passing reads its nodes this way), and t[index].
+_ADDRESSING = _ops.spellings_where(addresses=True)
+_GETITEM = _ops.by_name("__getitem__")
 
 
 class Watch:
@@ -182,7 +178,7 @@ class Watch:
     def _after(self, func, op: str, args, kwargs, out, count: int) -> None:
         session = self.session
         self.heads.after(session, op, args, kwargs, out, lambda: self._where(count, op))
-        if op in _ADDRESSING:
+        if op in _ADDRESSING or _ops.declared(op) is _GETITEM:
             self._addressing(op, args, kwargs, count)
         if op in _POSITIONAL_OPS or (op in _TABLE_READS and _reads_a_table(session, args)):
             self.positional = self.positional or self._where(count, op)
@@ -221,7 +217,7 @@ class Watch:
 
     def _addressing(self, op: str, args, kwargs, count: int) -> None:
         names = ("input", "dim", "index")
-        if op == "__getitem__":  # x[index]: rows of axis 0 by an integer tensor's values
+        if _ops.declared(op) is _GETITEM:  # x[index]: rows of axis 0 by an index's values
             args = (args[0], 0, args[1]) if len(args) == 2 else ()
         bound = dict(zip(names, args, strict=False))
         bound.update({k: kwargs[k] for k in names if k in kwargs})

@@ -132,7 +132,7 @@ def attention_rows(trace, *, all_ops: bool = False) -> list[tuple[str, ...]]:
                 name,
                 out.named_shape,
                 out.dtype,
-                _human_bytes(out.nbytes),
+                human_bytes(out.nbytes),
                 os.path.basename(event.location),
             )
         )
@@ -161,7 +161,7 @@ def fold_rows(rows, keep: set[str]) -> tuple[list, int]:
     return kept, folded
 
 
-def _human_bytes(n: int) -> str:
+def human_bytes(n: int) -> str:
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":

@@ -35,6 +35,9 @@ from .. import _source
 from .._names import axes as _axes
 from . import inputs_structure as _structure
 from .input_sizes import _check_count, _dtype
+from .inputs_discovery import discover, leaves_of
+from .inputs_guess import batch_for, guess_leaf
+from .inputs_making import Maker
 from .loader import LoadError
 
 # First choices for well-known dims; every other dim takes the next free size of _POOL.
@@ -168,7 +171,7 @@ def make_inputs(
                 f"--input {name}: {type(model).__name__}.forward{_signature_text(signature)} has no "
                 f"parameter {name!r}; name one of: {', '.join(params) or 'none'}"
             )
-    maker = _structure.Maker(_model_dtype(model), device)
+    maker = Maker(_model_dtype(model), device)
     sizes = _Sizes(model, dims)
     example = getattr(module, "example_inputs", None)
     if callable(example):
@@ -213,8 +216,8 @@ def make_inputs(
             nodes[name] = _annotated_leaf(name, annotation, sizes, model)
             sources[name] = "the forward's annotations"
         elif name in wanted:
-            batch = _structure.batch_for(name, hints.get(name), model, type(model).forward, sizes)
-            nodes[name] = batch or _structure.guess_leaf(
+            batch = batch_for(name, hints.get(name), model, type(model).forward, sizes)
+            nodes[name] = batch or guess_leaf(
                 name, model, sizes, first=first_required, keys=name.lower() in _KV_NAMES
             )
             sources[name] = ""
@@ -224,7 +227,7 @@ def make_inputs(
             f"cannot tell what {type(model).__name__}.forward{_signature_text(signature)} takes: "
             "pass --input NAME=SIZES, or add example_inputs() to the file"
         )
-    guessed = {name: _structure.leaves_of(node)[0].shape for name, node in nodes.items()}
+    guessed = {name: leaves_of(node)[0].shape for name, node in nodes.items()}
     values = _made(model, nodes, lambda values: _split(params, values), maker, sizes)
     for name, node in nodes.items():
         if not sources[name]:
@@ -254,9 +257,9 @@ def make_inputs(
 
 def _made(model, nodes: dict, assemble, maker, sizes) -> dict:
     """The values of `nodes` once what consumes them has been read (`discover`)."""
-    _structure.discover(model, nodes, assemble, maker, sizes)
+    discover(model, nodes, assemble, maker, sizes)
     for node in nodes.values():
-        for leaf in _structure.leaves_of(node):
+        for leaf in leaves_of(node):
             if leaf.unsure:
                 raise LoadError(
                     f"cannot tell the size of {leaf.name!r}: {type(model).__name__} declares no "
@@ -270,7 +273,7 @@ def _made(model, nodes: dict, assemble, maker, sizes) -> dict:
 def _notes(nodes: dict, maker) -> dict:
     notes = {}
     for node in nodes.values():
-        for leaf in _structure.leaves_of(node):
+        for leaf in leaves_of(node):
             note = leaf.note(maker.lengths.get(id(leaf), ()))
             if note:
                 notes[leaf.name] = note
@@ -501,7 +504,7 @@ class _Sizes:
 
     def width(self) -> int | None:
         """d_model, from `--dim`, the model's declarations or its first Linear; None when
-        nothing says (a consumer of the input may tell, `_inputs_structure.discover`)."""
+        nothing says (a consumer of the input may tell, `inputs_discovery.discover`)."""
         if "d_model" in self.bound:
             return self.bound["d_model"]
         if "d_model" in self.declared:

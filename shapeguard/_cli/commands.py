@@ -368,7 +368,7 @@ def _load_and_run(target, module, stack, hold=None):
     import warnings
 
     from . import inputs as _inputs
-    from . import loader as _loader
+    from . import picking as _picking
     from . import tp as _cli_tp
     from .run import add_crash, run_traced
 
@@ -378,7 +378,7 @@ def _load_and_run(target, module, stack, hold=None):
         warnings.simplefilter("default")
         try:
             with _status(f"building the model from {target.file}"):
-                picked = _loader.pick_model(
+                picked = _picking.pick_model(
                     module, name=target.model_name, kwargs=target.kwargs, device=target.device
                 )
                 inputs = _inputs.make_inputs(

@@ -49,7 +49,7 @@ _LAYER_INDEX = re.compile(r"(?:(?<=\.)|^)\d+(?=\.|$)")
 
 
 def render_target(picked, inputs) -> str:
-    """The two lines above the table: the model (`_loader.Picked`) and its inputs
+    """The two lines above the table: the model (`picking.Picked`) and its inputs
     (`_inputs.Inputs`), each input named after the forward parameter it goes to."""
     import inspect
 

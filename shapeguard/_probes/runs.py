@@ -55,7 +55,7 @@ def describe_crash(error: BaseException) -> str:
 class Pin:
     """A forward pre-hook that sets the RNG state `seed` makes before each forward of the
     module it is on (the CPU generator, and every CUDA device's once CUDA is in use).
-    The caller's own states are restored when `check` ends (`check._untouched`)."""
+    The caller's own states are restored when `check` ends (`untouched.untouched`)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed

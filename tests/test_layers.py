@@ -13,7 +13,7 @@ LAYERS = {
     # errors, the off switch, the op table, naming, source lines, the reporting path
     "vocabulary": (
         "shapeguard._version", "shapeguard._errors", "shapeguard._config", "shapeguard._ops",
-        "shapeguard._names", "shapeguard._source", "shapeguard._suppress",
+        "shapeguard._names", "shapeguard._source", "shapeguard._source_ast", "shapeguard._suppress",
         "shapeguard._reporting", "shapeguard._ranks",
     ),
     # rules on the op table; the DTensor reader they use

@@ -29,8 +29,6 @@ _MAX_ROUNDS = 4
 # Buffers up to this many elements are saved before a provisional forward and put back.
 _BUFFER_LIMIT = 1 << 24
 
-# -- what consumes each input ------------------------------------------------------------------
-
 
 class _Done(BaseException):
     """Every input has been read: the provisional forward stops here (a BaseException, so

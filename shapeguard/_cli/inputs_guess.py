@@ -13,8 +13,6 @@ from .inputs_structure import FLOAT, IDS, MASK, Batch, Leaf, is_ids_name, is_mas
 from .inputs_uses import describe_module, module_path
 from .loader import LoadError
 
-# -- first guesses ---------------------------------------------------------------------------
-
 
 def first_embedding(model):
     """The model's first leaf module with parameters, when it is an nn.Embedding."""

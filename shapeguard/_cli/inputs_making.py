@@ -5,8 +5,6 @@ import zlib
 
 from .inputs_structure import ADD, HIDE, IDS, MASK, Leaf
 
-# -- making the tensors ----------------------------------------------------------------------
-
 
 class Maker:
     """Makes the tensors of leaves: sized and checked first, values from a private generator."""

@@ -13,8 +13,6 @@ from .. import _source
 from .._errors import ShapeError
 from .loader import LoadError, ModelCrashed, error_lines, is_memory_error
 
-# -- picking the model -----------------------------------------------------------------------
-
 
 @dataclass(slots=True)
 class Picked:

@@ -10,7 +10,6 @@ from ._regroup_view import SEQ_AXES, TOKENS, ViewUnderExamination, sizes_merge
 class Merges(ViewUnderExamination):
     """A view that merges axes of different kinds."""
 
-    # -- factors that do not line up -----------------------------------------------------
     def entangled(self) -> Violation | None:
         """A group whose cuts fall inside axes they do not divide: no target axis is a
         factor of a source one. Positions entangled among themselves are a regrouping of

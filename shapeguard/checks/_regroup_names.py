@@ -12,7 +12,6 @@ from ._regroup_view import carve_hint, holds, sizes_merge
 class NamedOtherwise(Unfolds):
     """A view the user's names for its target sizes contradict."""
 
-    # -- the user's own names say otherwise ----------------------------------------------------
     def named_otherwise(self) -> Violation | None:
         """Sizes coincide, the view is legal, and the user's names for its target sizes
         contradict what lands on them: a declaration the view breaks (`broken`), or a kind

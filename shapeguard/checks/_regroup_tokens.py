@@ -14,7 +14,6 @@ from ._regroup_view import SEQ_AXES, TOKENS, ViewUnderExamination, carve_hint, s
 class TokenCuts(ViewUnderExamination):
     """A view that cuts across a token axis."""
 
-    # -- a token axis cut across --------------------------------------------------------
     def straddle(self) -> Violation | None:
         for gi, gj in self.groups:
             real_i, real_j = self.real_axes(gi, gj)

@@ -12,7 +12,6 @@ _EINOPS = ("rearrange", "repeat", "reduce", "pack", "unpack")
 class Unfolds(ViewUnderExamination):
     """A view that unfolds a fold of the batch."""
 
-    # -- batch * heads unfolded in the wrong order ------------------------------------
     def batch_unfold(self) -> Violation | None:
         """A split of one axis that holds the batch with other factors (`[batch * heads]`)
         whose cuts do not fall between those factors."""

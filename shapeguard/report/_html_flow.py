@@ -13,7 +13,6 @@ _ROW_GAP = 34
 _COL_GAP = 18
 
 
-# -- flow diagram ---------------------------------------------------------------------
 def _node_lines(node: _flow.Node, trace, wrap: int = 60) -> list[tuple[str, str]]:
     """(css class, text) lines of one diagram box; findings wrapped at `wrap` characters."""
     lines = [("title", node.title + ("  ·  " + " · ".join(node.ops) if node.ops else ""))]

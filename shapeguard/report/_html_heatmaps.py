@@ -9,7 +9,6 @@ from ._png import color, heatmap_uri
 _MAX_HOVER_CELLS = 200_000
 
 
-# -- heatmaps -------------------------------------------------------------------------------
 def heatmap_section(trace, attention: dict | None) -> str:
     if attention is None:
         meta = any(r.device == "meta" for e in trace.events for r in e.outputs)

@@ -11,7 +11,6 @@ from .text import ATTENTION_OPS, human_bytes
 _SCALE_SEQS = (512, 2048, 8192, 32768, 131072)
 
 
-# -- memory ------------------------------------------------------------------------------------
 def _is_score_shaped(record) -> bool:
     return record.role in ("scores", "attn") or tuple(record.axes[-2:]) == ("seq_q", "seq_k")
 

@@ -8,7 +8,6 @@ from ._html_page import escaped
 from .text import ATTENTION_OPS
 
 
-# -- source -------------------------------------------------------------------------------
 def _split_location(location: str) -> tuple[str, int] | None:
     path, _, line = location.rpartition(":")
     return (path, int(line)) if path and line.isdigit() else None

@@ -167,3 +167,25 @@ def test_ci_runs_ruff_and_its_format_check():
         for spec in project["dependency-groups"]["dev"]
     )
     assert "*.md" in project["tool"]["ruff"]["format"]["exclude"]
+
+
+def test_one_documented_command_regenerates_every_golden_file():
+    """docs/contributing.md gives one command that rewrites all the text the tests compare
+    byte for byte; it names every test file that can rewrite such text, and runs serially
+    (the catalogue's tests rewrite docs/errors.md one block at a time)."""
+    page = (ROOT / "docs" / "contributing.md").read_text()
+    commands = [line for line in page.splitlines() if line.startswith("SHAPEGUARD_REGEN=1 ")]
+    assert len(commands) == 1, commands
+    named = set(re.findall(r"tests/(test_\w+\.py)", commands[0]))
+    rewriters = {
+        path.name
+        for path in (ROOT / "tests").glob("test_*.py")
+        if re.search(r"\b(check_golden|regen_enabled)\(", path.read_text())
+    }
+    assert named == rewriters
+    assert " -n" not in commands[0]
+    assert "ruff check . && ruff format --check ." in page
+
+
+def test_the_contributing_page_is_in_the_docs_nav():
+    assert "  - Contributing: contributing.md" in (ROOT / "mkdocs.yml").read_text().splitlines()

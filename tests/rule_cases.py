@@ -1,17 +1,19 @@
 """Bugs for the rules that tests/bug_zoo.py's silent bugs do not reach, and their fixes.
 
-The zoo holds the silent bugs; these are the loud ones, which torch would also reject (or,
-for a bool mask added to the scores, compute wrongly), found by a rule that names the
-user's axes and says the fix before torch fails. Like the zoo's, every module takes its
+The zoo holds the silent bugs of whole attention modules; these are mostly loud ones, which
+torch would also reject (or, for a bool mask added to the scores, compute wrongly), found by
+a rule that names the user's axes and says the fix before torch fails. Like the zoo's, every module takes its
 sizes as constructor arguments and a `bug` (None: the fix), so tests/test_rule_registry.py
 runs each bug and its fix at the three size settings. The line where a bug bites ends in
 `# <- name`.
 
     mask_not_bool     HF's [batch, seq] 0/1 attention mask used as the boolean mask
                       (masked_fill, torch.where) or added to the scores as a bool
+    mask_polarity     a masked softmax helper whose mask hides the real tokens
     project_heads     the output projection applied per head, before the heads are merged
     view_transposed   heads merged with .view after the transpose (not contiguous)
     unsplit_qkv       a fused q/k/v projection viewed as heads without splitting it
+    positions_unsliced  a learned position table added whole, not cut to the sequence
     bias_per_head     a per-head [heads, seq, seq] bias added to [batch * heads] scores
     kv_heads          grouped-query keys and values given to SDPA without repeating them
     memory_mask       cross-attention given the queries' padding mask for the memory's keys
@@ -65,9 +67,33 @@ class Masked(nn.Module):
         return self.out(context.transpose(1, 2).reshape(B, S, d_model))
 
 
+class MaskedSoftmax(nn.Module):
+    """A masked softmax over scores computed elsewhere (a library's `masked_softmax(scores,
+    mask)`): with no product in sight, what the mask means is settled by the softmax."""
+
+    def __init__(self, bug=None):
+        super().__init__()
+        self.bug = bug
+
+    def forward(self, scores, attention_mask):
+        if self.bug == "mask_polarity":
+            hide = attention_mask[:, None, None, :] == 1  # <- mask_polarity
+        else:
+            hide = attention_mask[:, None, None, :] == 0  # padding hides keys
+        return scores.masked_fill(hide, float("-inf")).softmax(dim=-1)  # <- mask_polarity
+
+
+def scores_padded(s):
+    """Scores [B, h, S, S] and the [B, S] 0/1 attention mask of a right-padded batch."""
+    from bug_zoo import attention_mask
+
+    return torch.randn(s.batch, s.heads, s.seq, s.seq), attention_mask(s)
+
+
 class Merged(nn.Module):
     """Self-attention whose bugs are in the head split, the merge, or the output projection,
-    applied as the Linear (`project="linear"`) or as a product with its weight ("matmul")."""
+    applied as the Linear (`project="linear"`) or as a product with its weight ("matmul",
+    "einsum")."""
 
     def __init__(self, d_model, n_heads, project="linear", bug=None):
         super().__init__()
@@ -78,6 +104,9 @@ class Merged(nn.Module):
     def output(self, t):
         if self.project == "linear":
             return self.out(t)  # <- project_heads
+        if self.project == "einsum":
+            weight, bias = self.out.weight, self.out.bias
+            return torch.einsum("...i,oi->...o", t, weight) + bias  # <- project_heads
         return t @ self.out.weight.t() + self.out.bias  # <- project_heads
 
     def forward(self, x):
@@ -96,6 +125,25 @@ class Merged(nn.Module):
         else:
             context = context.transpose(1, 2).reshape(B, S, d_model)
         return self.output(context)
+
+
+class Positioned(nn.Module):
+    """Learned absolute positions, a table of max_len rows added to the token embeddings,
+    then self-attention."""
+
+    def __init__(self, d_model, n_heads, max_len, bug=None):
+        super().__init__()
+        self.bug = bug
+        self.positions = nn.Embedding(max_len, d_model)
+        self.attn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+
+    def forward(self, x):
+        table = self.positions.weight
+        if self.bug != "positions_unsliced":
+            table = table[: x.shape[1]]
+        x = x + table  # <- positions_unsliced
+        out, _ = self.attn(x, x, x, need_weights=False)
+        return out
 
 
 class Biased(nn.Module):

@@ -4,8 +4,8 @@ settings; a new rule without them fails here, by name.
 The bugs are the zoo's silent ones (tests/bug_zoo.py, run by tests/test_invariants.py: each
 bug, in its code styles, is found at the distinct, coincident and realistic sizes by
 `test_bug_is_found`, and its fix, the same module built without the bug, gives no finding
-there by `test_fixed_code_gives_no_finding`), and the loud ones of tests/rule_cases.py,
-which this module runs the same way (`test_case_is_found`, `test_fixed_case_is_clean`).
+there by `test_fixed_code_gives_no_finding`), and those of tests/rule_cases.py, mostly
+loud, which this module runs the same way (`test_case_is_found`, `test_fixed_case_is_clean`).
 RULE_BUGS says which bugs each rule finds, and `test_the_rule_itself_finds_its_bugs`
 checks that the rule itself (not another one) yields the bug's kind on them.
 
@@ -35,10 +35,10 @@ from shapeguard import ShapeError, ShapeWarning, checks
 pytestmark = pytest.mark.no_shapeguard  # the bugs warn and raise on purpose
 
 
-# -- the loud bugs of tests/rule_cases.py ------------------------------------------------
+# -- the bugs of tests/rule_cases.py ----------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One loud bug in one style, as test_invariants.Bug: make(sizes, bug) builds the module
+    """One bug of tests/rule_cases.py in one style, as test_invariants.Bug: make(sizes, bug) builds the module
     (bug=None: the fix) and its inputs; the finding has `kind` and a hint with one of `fix`."""
 
     name: str
@@ -71,6 +71,11 @@ def merged(project):
     )
 
 
+HELPER = _of(lambda s, bug: rule_cases.MaskedSoftmax(bug), rule_cases.scores_padded)
+POSITIONED = _of(
+    lambda s, bug: rule_cases.Positioned(s.d_model, s.heads, 2 * s.seq + 1, bug),
+    invariants.x_only,
+)
 BIASED = _of(lambda s, bug: rule_cases.Biased(s.d_model, s.heads, bug), invariants.x_only)
 GROUPED = _of(
     lambda s, bug: rule_cases.Grouped(s.d_model, s.heads, s.kv_heads, bug), invariants.x_only
@@ -83,10 +88,13 @@ CASES = [
     Case("mask_not_bool", "masked_fill", masked("masked_fill"), "mask_dtype", ("mask == 0",)),
     Case("mask_not_bool", "where", masked("where"), "mask_dtype", ("mask == 0",)),
     Case("mask_not_bool", "added", masked("added"), "mask_dtype", ("masked_fill",)),
+    Case("mask_polarity", "masked_softmax", HELPER, "mask_polarity", ("pass ~hide",)),
     Case("project_heads", "linear", merged("linear"), "linear_in_features", ("nn.Linear(",)),
     Case("project_heads", "matmul", merged("matmul"), "matmul_inner", ("second-to-last",)),
+    Case("project_heads", "einsum", merged("einsum"), "einsum_dim", ("agree on the size",)),
     Case("view_transposed", "linear", merged("linear"), "noncontiguous_view", (".contiguous().view(",)),
     Case("unsplit_qkv", "linear", merged("linear"), "view_numel", ("head count and head size",)),
+    Case("positions_unsliced", "learned", POSITIONED, "broadcast", ("equal or one of them 1",)),
     Case("bias_per_head", "baddbmm", BIASED, "broadcast", ("must broadcast to [batch, n, p]",)),
     Case("kv_heads", "sdpa", GROUPED, "sdpa_heads", ("enable_gqa=True",)),
     Case("memory_mask", "mha", CROSS, "mha_key_padding_mask", ("[batch, seq_k]",)),
@@ -101,6 +109,7 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "cache.mask_key_length": ("mask_new_only-sdpa",),
     "contraction.einsum_axes": ("contraction-einsum",),
     "contraction.product_axes": ("contraction-tutorial_attn_v", "contraction-hf_eager_q_k"),
+    "elementwise.arithmetic": ("positions_unsliced-learned",),
     "elementwise.bool_mask_added": ("mask_not_bool-added",),
     "elementwise.masked_fill": ("mask_not_bool-masked_fill",),
     "elementwise.where": ("mask_not_bool-where",),
@@ -116,7 +125,9 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
         "mask_direction-nanogpt",
         "causal_alignment-functional_sdpa",
     ),
+    "mask_semantics.read_by_softmax": ("mask_polarity-masked_softmax",),
     "matmul.baddbmm": ("bias_per_head-baddbmm",),
+    "matmul.einsum_sizes": ("project_heads-einsum",),
     "matmul.linear_width": ("project_heads-linear",),
     "matmul.products": ("project_heads-matmul",),
     "mha.mha_contract": ("memory_mask-mha",),
@@ -132,11 +143,8 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
 # Rules with no bug test and counterpart at the three settings yet. This list only shrinks:
 # a rule that gets its bugs moves to RULE_BUGS, and an entry left behind fails.
 UNTESTED: set[str] = {
-    "elementwise.arithmetic",  # `broadcast`: only at the rotary bug's loud sizes
     # layout_bshd is not found at the coincident sizes (test_flash_layout_at_every_setting)
     "flash.flash_contract",
-    "mask_semantics.read_by_softmax",
-    "matmul.einsum_sizes",  # `einsum_dim`: only at the contraction bug's loud (distinct) sizes
     # Tensor parallelism: DTensors on a process group (tests/test_tp.py, at fixed sizes).
     "tp.dtensor_mixed",
     "tp.dtensor_mixed_elementwise",
@@ -206,7 +214,7 @@ def test_the_three_settings_run_every_bug_and_its_fix():
         assert axes["case"] == CASES and axes["sizes"] == list(zoo.SETTINGS), test.__name__
 
 
-# -- the loud bugs are found, their fixes clean ---------------------------------------------
+# -- the bugs are found, their fixes clean --------------------------------------------------
 def outcome(model, args) -> list:
     """The ShapeError a traced forward raises, or the findings it records (raise mode)."""
     with warnings.catch_warnings(), torch.no_grad():

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 import click
 
 from .._version import __version__
-from .check_summary import probe_rows as probe_rows
 from .check_summary import probe_runner as probe_runner
 from .errors import Failed, Interrupted, UsageFailure
 from .target import target_options

@@ -5,7 +5,7 @@ between `_pre_checks` and `_post_checks`, in the instance's dict), or, for torch
 composites and for an instance that already has its own forward, one forward
 pre-hook (with kwargs) and one forward hook (`always_call=True`) that run them. The
 pre-check checks the forward's shape contract (its jaxtyping annotations, see
-`_contract.decorator`) and opens a session when none is open; the post-check checks
+`_contract.call`) and opens a session when none is open; the post-check checks
 the return value and closes the session, also when forward (or the pre-check)
 raises. Under torch.compile both step aside (`_compiling`). Nothing else of
 the module changes: outputs are returned as they are, and `unguard` removes exactly
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from . import _config
 from ._errors import ContractError, ShapeError
+from ._trace.current import current_session
 
 
 @dataclass(slots=True)
@@ -132,12 +133,12 @@ def _apply(target, *, options: GuardOptions):
 
 def _compile_forward(cls):
     """The contract of `cls.forward`, compiled now so a malformed annotation fails here."""
-    from ._contract import decorator as _contracts
+    from ._contract.compile import compile_contract
 
     forward = getattr(cls, "forward", None)
     if forward is None or not callable(forward):
         return None
-    return _contracts.compile_contract(forward, method=True)
+    return compile_contract(forward, method=True)
 
 
 def _guard_class(cls, options: GuardOptions):
@@ -234,7 +235,6 @@ def _report_construction(
     __tracebackhide__ = True
     from . import _reporting, _source
     from ._errors import Context
-    from ._trace.current import current_session
 
     found = set()
     for violation in violations:
@@ -274,10 +274,10 @@ def _install(module, options: GuardOptions, contract=None) -> None:
         return
     state = _GuardState(options)
     if contract is not None:
-        from ._contract import decorator as _contracts
+        from ._contract.bindings import bind_attributes
 
         state.contract = contract
-        state.bound = _contracts.bind_attributes(contract, module)
+        state.bound = bind_attributes(contract, module)
     from ._trace import composites as _composites
 
     if _composites.hooks_turn_off_fast_path(module):
@@ -377,14 +377,14 @@ _runtime = None
 
 
 def _load_runtime():
-    """The torch-side helpers (`_contract.decorator`, which also carries the session functions),
-    imported on the first hook call so `import shapeguard` stays free of torch, and kept
-    in a global so later calls pay no import."""
+    """The torch-side checks of a call (`_contract.call`), imported on the first hook call
+    so `import shapeguard` stays free of torch, and kept in a global so later calls pay no
+    import."""
     global _runtime
     if _runtime is None:
-        from ._contract import decorator as _contracts
+        from ._contract import call
 
-        _runtime = _contracts
+        _runtime = call
     return _runtime
 
 
@@ -445,18 +445,19 @@ def _pre_checks(rt, module, args, kwargs) -> None:
     contract = state.contract
     # Popped by the post-check, which runs also when this one or forward raises.
     call = rt.push_call(module, key)
-    session = rt.current_session()
+    session = current_session()
     if options.ops:
         # A background session (the pytest plugin's) lets a guarded module keep its own
         # options and last_trace; it still receives the findings when this one closes.
         if session is None or session.background:
+            from ._trace.replay import opener
             from ._trace.tracing import begin
             from ._tracer import Trace
 
             trace = Trace(mode=options.mode, strict=options.strict, max_events=options.max_events)
             _last_traces[module] = trace
             # Closed by the post-check (or by `begin` itself, when entering the module raises).
-            session = begin(trace, module, args, kwargs, opener=rt.opener("guard", module))
+            session = begin(trace, module, args, kwargs, opener=opener("guard", module))
             _owned.count = getattr(_owned, "count", 0) + 1
             session.owner = module
             session.owner_depth = 1
@@ -504,13 +505,15 @@ def _post_checks(rt, module, args, kwargs, output) -> None:
 
 
 def _close_owned_session(rt, module) -> None:
-    session = rt.current_session()
+    session = current_session()
     if session is not None and session.owner is module:
         session.owner_depth -= 1
         if session.owner_depth <= 0:
+            from ._trace.session import close_session
+
             _owned.count -= 1
             session.exit_module(module)
-            rt.close_session(session)
+            close_session(session)
 
 
 def _finish_call(rt, module, call, output, args, kwargs) -> None:

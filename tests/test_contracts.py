@@ -14,7 +14,8 @@ from torch import Tensor, nn
 
 import shapeguard
 from shapeguard import _source
-from shapeguard._contract import decorator as _contracts
+from shapeguard._contract import call as _contract_call
+from shapeguard._contract import decorator as _decorator
 from shapeguard._contract.decorator import contract, contract_of
 from shapeguard.contracts import GQAK, HeadsQ, Mask, Tokens
 
@@ -511,7 +512,7 @@ def test_exception_inside_forward_leaves_no_call_state_and_no_warning():
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match="boom"):
             model(torch.randn(B, S))
-    assert _contracts._call_stack() == []
+    assert _contract_call._call_stack() == []
 
 
 # -- torch.compile ---------------------------------------------------------------------------
@@ -592,5 +593,5 @@ def test_docstring_example_runs(monkeypatch):
 
     # until the façade exports it, `shapeguard.contract` is this function
     monkeypatch.setattr(shapeguard, "contract", contract, raising=False)
-    result = doctest.testmod(_contracts, optionflags=doctest.ELLIPSIS, verbose=False)
+    result = doctest.testmod(_decorator, optionflags=doctest.ELLIPSIS, verbose=False)
     assert result.attempted > 0 and result.failed == 0

@@ -5,7 +5,7 @@ itself, so the session decides (raise, warn, record) with the user's context. It
 is registered on ops of the op table (`_ops.py`) with the kinds it may yield and
 the severity of each::
 
-    @rule(_ops.SOFTMAX, kinds={"softmax_axis": WARNING})
+    @rule(_ops.by_name("softmax"), kinds={"softmax_axis": WARNING})
     def softmax_over_keys(call: CallView) -> Iterator[Violation]: ...
 
 Every module of this package is a family of rules, loaded on first use; a rule

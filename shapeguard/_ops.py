@@ -26,7 +26,7 @@ GROW = "grow"  # expand, repeat, repeat_interleave
 FACTORY = "factory"  # zeros, arange, tensor: new axes
 ATTENTION = "attention"  # scaled_dot_product_attention, multi_head_attention_forward
 FLASH = "flash"  # flash-attn's entry points and kernels, shapeguard.attention's wrappers
-COMPOSITE = "composite"  # torch's attention modules, checked at their boundary (_trace/composites.py)
+COMPOSITE = "composite"  # torch's attention modules, checked at their boundary (composites)
 EMBEDDING = "embedding"  # F.embedding: token ids -> vectors
 CONV = "conv"  # conv1d/2d/3d
 WRITE = "write"  # t[i] = v: in place, returns nothing

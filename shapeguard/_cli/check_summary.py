@@ -88,7 +88,7 @@ def summary_rows(model, inputs, run, device: str, *, find_runner, progress=None)
 
 
 def _run_probes(model, inputs, run, device: str, find_runner, progress) -> Summary:
-    from .._errors import ShapeError
+    from .._errors import ShapeError, first_line
 
     if device == "meta":
         return Summary(
@@ -106,7 +106,7 @@ def _run_probes(model, inputs, run, device: str, find_runner, progress) -> Summa
         return Summary([(error.kind, "FAIL", error.relation)], [error.render()])
     except Exception as error:
         # The probes' own crash says nothing about the model: inconclusive, never a failure.
-        first = str(error).splitlines()[0] if str(error) else ""
+        first = first_line(error)
         why = f"the probes crashed ({type(error).__name__}: {first}): shapeguard's fault, not the model's"
         return Summary([("semantic probes", INCONCLUSIVE, why)])
     rows = probe_rows(report)

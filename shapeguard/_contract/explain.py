@@ -15,6 +15,7 @@ from beartype.door import is_bearable
 # API to push one seeded with known sizes; these three functions are stable since 0.2.
 from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
+from .._errors import first_line
 from .bindings import Bindings
 from .compile import Contract, argument_values
 from .hints import dtype_hint
@@ -189,7 +190,7 @@ def _jaxtyping_reason(array_type_spec: Spec, hint, value, single, variadic) -> s
                 try:
                     reason = array_type.__instancecheck_str__(value)
                 except Exception as error:  # an AnnotationError names the unbound axis
-                    reason = str(error).splitlines()[0]
+                    reason = first_line(error)
             if reason:
                 return reason.rstrip(".")
     return "jaxtyping rejects it"

@@ -148,6 +148,29 @@ def test_positional_mask_is_checked_like_a_keyword_one():
     assert str(error).splitlines()[0] == "mask.seq (7) != x.seq (5)"
 
 
+def test_an_array_of_another_class_is_named_as_such_not_read_for_its_axes():
+    """A NumPy array has a shape and a dtype too; a Tensor contract says it is not one."""
+    import numpy as np
+
+    @contract
+    def f(x: Float[Tensor, "n d"]) -> Float[Tensor, "n d"]:
+        return x
+
+    @contract
+    def g(x: Float[np.ndarray, "n d"]) -> Float[np.ndarray, "n d"]:
+        return x
+
+    lines = str(_error(f, np.zeros((S, DK), dtype=np.float32))).splitlines()
+    assert lines[0] == "x is ndarray, not a Tensor as its contract says"
+    assert lines[-1] == "  hint: pass a torch.Tensor shaped [n, d]"
+    lines = str(_error(g, torch.zeros(S, DK))).splitlines()
+    assert lines[0] == "x is Tensor, not a ndarray as its contract says"
+    assert lines[-1] == "  hint: pass a ndarray shaped [n, d]"
+    assert str(_error(g, np.zeros((2, 3, 4), np.float32))).splitlines()[0] == (
+        'x has 3 dims, its contract "n d" has 2'
+    )
+
+
 def test_wrong_dtype_says_which_and_how_to_convert():
     error = _error(GuardedAttention(), _x(), mask=_causal().float())
     lines = str(error).splitlines()

@@ -72,7 +72,7 @@ class Op:
     #   (reshape and flatten, which copy when they must, are not)
     step: str = ""  # the step of attention it computes, as the report's diagram draws it
     reads_values: bool = False  # a query that reads the tensor's values, not only its
-    #   metadata (item, tolist, __bool__: what a recorded step must remember, `_replay`)
+    #   metadata (item, tolist, __bool__: what a recorded step must remember, `_trace.replay`)
     # flash-attn: how q, k, v arrive ("dense", "qkvpacked", "kvpacked", "varlen",
     # "varlen_qkvpacked", "varlen_kvpacked") and whose entry point it is ("flash_attn",
     # "kernel": a torch.ops.flash_attn op, "shapeguard": shapeguard.attention's).

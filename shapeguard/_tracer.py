@@ -80,7 +80,7 @@ class Trace(TraceData):
         from ._trace import replay as _replay
         from ._trace.tracing import begin
 
-        # Blocks opened on one line repeat (a test helper, a training loop): see `_replay`.
+        # Blocks opened on one line repeat (a test helper, a training loop): see `_trace.replay`.
         where = _source.user_code_position()
         self._session = begin(self, opener=_replay.opener("with", where))
         return self

@@ -50,7 +50,7 @@ FLASH_NAMESPACES = ("flash_attn", "flashattn")  # flash-attn renamed its op name
 ENTRY_POINTS = _ops.FLASH_ENTRY_POINTS
 
 # -- which functions are flash-attn's (the flash rule checks these and nothing else) ---
-# id -> the original of each entry point the open trace has wrapped (filled by `_flash`).
+# id -> the original of each entry point the open trace has wrapped (filled by `_trace.flash`).
 WRAPPED: dict[int, object] = {}
 
 

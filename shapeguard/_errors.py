@@ -7,6 +7,13 @@ Pure Python: this module must import without torch, so the pytest plugin and
 from dataclasses import dataclass
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message, stripped; "" when it has none (the callers
+    say what stands in for it: the error's type name, or nothing)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Operand:
     """One line of the operand block: a name and its shape, already rendered."""

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 import click
 
 from .._version import __version__
-from .check_summary import probe_rows as probe_rows
 from .check_summary import probe_runner as probe_runner
 from .errors import Failed, Interrupted, UsageFailure
 from .target import target_options
@@ -429,13 +428,11 @@ def _made_up_hint(inputs) -> str:
 
 
 def _emit_warnings(caught) -> None:
-    from .._errors import ShapeWarning
+    from .._errors import ShapeWarning, first_line
 
     for w in caught:
         if not issubclass(w.category, ShapeWarning):  # those are findings, in the report
-            click.echo(
-                f"warning: {w.category.__name__}: {str(w.message).splitlines()[0]}", err=True
-            )
+            click.echo(f"warning: {w.category.__name__}: {first_line(w.message)}", err=True)
 
 
 def _console(stderr: bool = False):

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 from .. import _source
 from .._names import axes as _axes
+from .._values import dtype_name, is_tensor
+from ..report.text import tensor_text
 from . import inputs_structure as _structure
 from .input_sizes import _check_count, _dtype
 from .inputs_discovery import discover, leaves_of
@@ -243,7 +245,7 @@ def make_inputs(
     named = ", ".join(f"{k}={v}" for k, v in sizes.bound.items())
     how = ", ".join(dict.fromkeys(sources.values())) + (f": {named}" if named else "")
     made = {
-        name: _value_text(values[name])
+        name: tensor_text(values[name])
         for name, source in sources.items()
         if "--input" not in source
     }
@@ -280,17 +282,10 @@ def _notes(nodes: dict, maker) -> dict:
     return notes
 
 
-def _value_text(value) -> str:
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        dtype = str(value.dtype).removeprefix("torch.")
-        return f"[{', '.join(str(int(s)) for s in value.shape)}] {dtype}"
-    return type(value).__name__
-
-
 def _spec_leaf(spec: InputSpec):
     """A leaf of the size and dtype `--input` gave; what its values are is read from what
     consumes it (ids for an embedding, padding for a mask)."""
-    dtype = spec.dtype and str(_dtype(spec.dtype, spec.name)).removeprefix("torch.")
+    dtype = spec.dtype and dtype_name(_dtype(spec.dtype, spec.name))
     kind = _structure.FLOAT
     if _structure.is_mask_name(spec.name) or dtype == "bool":
         kind = _structure.MASK
@@ -413,7 +408,7 @@ def normalize_example(result) -> tuple[tuple, dict]:
         if len(result) == 2 and isinstance(result[0], tuple | list) and isinstance(result[1], dict):
             return tuple(result[0]), dict(result[1])
         return tuple(result), {}
-    if hasattr(result, "shape") and hasattr(result, "dtype"):
+    if is_tensor(result):
         return (result,), {}
     raise LoadError(
         f"example_inputs() returned a {type(result).__name__}; return a tensor, a tuple of "
@@ -455,7 +450,7 @@ def _jaxtyping_of(annotation):
 
 def _dtype_for(annotation, model_dtype) -> str | None:
     names = tuple(getattr(annotation, "dtypes", ()) or ())
-    model_name = str(model_dtype).removeprefix("torch.")
+    model_name = dtype_name(model_dtype)
     if model_name in names:
         return model_name
     for name in ("float32", "bool", "int64", "int32", "float16", "bfloat16"):

@@ -4,7 +4,7 @@ import ast
 import inspect
 
 from .. import _source
-from .._errors import ContractError
+from .._errors import ContractError, first_line
 
 
 def resolve_hints(fn, signature, qualname: str) -> dict:
@@ -56,16 +56,16 @@ def _meant_as_shape(text: str) -> bool:
 
 def _bad_string(qualname: str, name: str, text: str, error: Exception) -> str:
     what = "the return annotation" if name == "return" else f"the annotation of {name}"
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    first = first_line(error)
     if isinstance(error, SyntaxError) and "[" not in text:
         why, fix = (
             "SyntaxError",
             f'write Float[Tensor, "{text}"] (a bare string is not a shape contract)',
         )
     elif isinstance(error, NameError):
-        why, fix = f"NameError: {first_line}", "import the names it uses at module level"
+        why, fix = f"NameError: {first}", "import the names it uses at module level"
     else:
-        why, fix = f"{type(error).__name__}: {first_line}", "fix the shape string"
+        why, fix = f"{type(error).__name__}: {first}", "fix the shape string"
     return f"{qualname}: {what}, {text!r}, cannot be read ({why}); {fix}"
 
 

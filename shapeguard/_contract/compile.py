@@ -17,7 +17,7 @@ from beartype import beartype
 from beartype.roar import BeartypeException
 
 from .. import _source
-from .._errors import ContractError
+from .._errors import ContractError, first_line
 from .annotations import annotation_lines, resolve_hints
 from .spec import array_types, spec_of
 
@@ -204,9 +204,8 @@ def _make_checker(fn, signature: inspect.Signature, hints: dict, qualname: str):
     try:
         return beartype(checker)
     except BeartypeException as error:
-        first = str(error).strip().splitlines()[0]
         raise ContractError(
-            f"{qualname}: an annotation is not a type beartype can check: {first}"
+            f"{qualname}: an annotation is not a type beartype can check: {first_line(error)}"
         ) from None
 
 

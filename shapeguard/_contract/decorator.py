@@ -1,7 +1,7 @@
 """Shape contracts: jaxtyping annotations, checked with beartype, explained in the house format.
 
-This module is the public `contract` decorator for plain functions, and the one
-name the guard loads for its torch-side helpers. The work is done by its siblings:
+This module is the public `contract` decorator for plain functions. The work is done by
+its siblings (which `guard` uses directly too):
 
 - `_contract.spec`: one jaxtyping array type, read once into a `Spec`;
 - `_contract.compile`: a function's annotations compiled into a `Contract` (a
@@ -24,23 +24,15 @@ import torch
 
 from .. import _config, _source
 from .._errors import ContractError, Operand, ShapeError
-from .._trace.replay import opener  # noqa: F401
-from .._trace.session import close_session, current_session  # noqa: F401
-
-# Besides what this module uses: the names `_guard` reaches through it (the rest of a
-# call's checks, and the session), and `_call_stack`, which the tests read.
-from .bindings import Bindings, bind_attributes  # noqa: F401
-from .call import (  # noqa: F401
+from .._trace.current import current_session
+from .bindings import Bindings
+from .call import (
     Call,
-    _call_stack,
     check_arguments,
     check_return,
     drop_tracebacks,
-    forward_raised,
     is_compiling,
     name_inputs,
-    pop_call,
-    push_call,
     remember,
     signature_key,
 )

@@ -36,7 +36,7 @@ Axis = tuple[Atom, ...]
 
 # Bumped whenever a name or kind changes, so cached display names know they are stale.
 _epoch = [0]
-# Every Dim gets the next serial: a session that records its ops (`_replay`) tells the dims an
+# Every Dim gets the next serial: a session that records its ops (`_trace.replay`) tells the dims an
 # op made (a serial above the one before the op) from the ones it was given.
 _serial = [0]
 # While a step is recorded: the roots a claim or a unification changed (None otherwise).

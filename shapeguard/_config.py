@@ -76,16 +76,26 @@ def internal_errors_raise() -> bool:
 
 
 def validate_mode(mode: str) -> str:
-    from ._errors import ContractError
+    from ._errors import ContractError, ContractTypeError
 
     if mode not in MODES:
-        raise ContractError(f"mode={mode!r} is not a shapeguard mode; use one of {MODES}")
+        wrong = ContractError if isinstance(mode, str) else ContractTypeError
+        raise wrong(f"mode={mode!r} is not a shapeguard mode; use one of {MODES}")
     return mode
 
 
+def validate_strict(value) -> bool:
+    from ._errors import ContractTypeError
+
+    if not isinstance(value, bool):
+        raise ContractTypeError(f"strict={value!r} must be True or False")
+    return value
+
+
 def validate_max_events(value) -> int:
-    from ._errors import ContractError
+    from ._errors import ContractError, ContractTypeError
 
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ContractError(f"max_events={value!r} must be a whole number of events, 0 or more")
+        wrong = ContractError if isinstance(value, int) and value < 0 else ContractTypeError
+        raise wrong(f"max_events={value!r} must be a whole number of events, 0 or more")
     return value

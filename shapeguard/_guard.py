@@ -19,7 +19,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from . import _config
-from ._errors import ContractError, ShapeError
+from ._errors import ContractError, ContractTypeError, ShapeError
 from ._trace.current import current_session
 
 
@@ -97,7 +97,7 @@ def guard(
     """
     options = GuardOptions(
         _config.validate_mode(mode),
-        bool(strict),
+        _config.validate_strict(strict),
         _validate_check(check),
         bool(ops),
         _config.validate_max_events(max_events),
@@ -109,7 +109,8 @@ def guard(
 
 def _validate_check(check: str) -> str:
     if check not in ("every", "first"):
-        raise ContractError(f"check={check!r} is not supported; use 'every' or 'first'")
+        wrong = ContractError if isinstance(check, str) else ContractTypeError
+        raise wrong(f"check={check!r} is not supported; use 'every' or 'first'")
     return check
 
 
@@ -118,7 +119,7 @@ def _apply(target, *, options: GuardOptions):
 
     if inspect.isclass(target):
         if not issubclass(target, torch.nn.Module):
-            raise ContractError(
+            raise ContractTypeError(
                 f"@shapeguard.guard decorates nn.Module subclasses; {target.__name__} is not one"
             )
         return _guard_class(target, options)
@@ -126,7 +127,7 @@ def _apply(target, *, options: GuardOptions):
         _check_config(target, options)
         _install(target, options, _compile_forward(type(target)))
         return target
-    raise ContractError(
+    raise ContractTypeError(
         f"shapeguard.guard takes an nn.Module class or instance, not {type(target).__name__}"
     )
 

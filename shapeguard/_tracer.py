@@ -38,14 +38,14 @@ def trace(
     """
     record = Trace(
         mode=_config.validate_mode(mode),
-        strict=bool(strict),
+        strict=_config.validate_strict(strict),
         max_events=_config.validate_max_events(max_events),
     )
     if model is None:
         if args or kwargs:
-            from ._errors import ContractError
+            from ._errors import ContractTypeError
 
-            raise ContractError("shapeguard.trace() takes inputs only together with a model")
+            raise ContractTypeError("shapeguard.trace() takes inputs only together with a model")
         return record
     if not _config.is_enabled():
         model(*args, **kwargs)

@@ -4,7 +4,7 @@ import ast
 import inspect
 
 from .. import _source
-from .._errors import ContractError, first_line
+from .._errors import MalformedContract, first_line
 
 
 def resolve_hints(fn, signature, qualname: str) -> dict:
@@ -22,7 +22,9 @@ def resolve_hints(fn, signature, qualname: str) -> dict:
             except Exception as error:
                 if not _meant_as_shape(hint):
                     continue  # someone else's forward reference; jaxtyping skips it too
-                raise ContractError(_bad_string(qualname, name, hint, error)) from None
+                raise MalformedContract(
+                    _bad_string(qualname, name, hint, error), annotation_site(fn, name)
+                ) from None
         hints[name] = hint
     return hints
 
@@ -67,6 +69,14 @@ def _bad_string(qualname: str, name: str, text: str, error: Exception) -> str:
     else:
         why, fix = f"{type(error).__name__}: {first}", "fix the shape string"
     return f"{qualname}: {what}, {text!r}, cannot be read ({why}); {fix}"
+
+
+def annotation_site(fn, name: str) -> str:
+    """`file:line` of the annotation of parameter `name` ("return" for the return value), of
+    the function's `def` when that annotation's line is unknown; "" without source."""
+    filename, lines = annotation_lines(fn).get("", ("", {}))
+    line = lines.get(name) or lines.get("def")
+    return f"{_source.display_path(filename)}:{line}" if filename and line else ""
 
 
 def annotation_lines(fn) -> dict:

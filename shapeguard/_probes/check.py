@@ -86,10 +86,10 @@ def run_check(
     """`check` with the inputs as a tuple and a dict (for the CLI and the pytest plugin)."""
     import torch
 
-    from .._errors import ContractError
+    from .._errors import ContractTypeError
 
     if not isinstance(model, torch.nn.Module):
-        raise ContractError(f"shapeguard.check takes an nn.Module, not {type(model).__name__}")
+        raise ContractTypeError(f"shapeguard.check takes an nn.Module, not {type(model).__name__}")
     args, kwargs = tuple(args), dict(kwargs or {})
     report = CheckReport(type(model).__name__)
     with untouched(model) as work, torch.no_grad():

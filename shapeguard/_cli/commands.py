@@ -407,6 +407,11 @@ def _load_and_run(target, module, stack, hold=None):
             "use --device meta to check shapes with no memory"
         )
     if run.crash is not None:
+        from .malformed import malformed_contract
+
+        malformed = malformed_contract(run.crash.error)
+        if malformed is not None:
+            raise malformed from run.crash.error
         if inputs.made and run.crash.generic:
             run.crash.hint = _made_up_hint(inputs)
         add_crash(run.trace, run.crash)

@@ -212,6 +212,11 @@ class Target:
                 f"{error.kind} violation in {self.file}", error, self.show_traceback
             ) from None
         except ModelCrashed as error:
+            from .malformed import malformed_contract
+
+            malformed = malformed_contract(error.error)
+            if malformed is not None:
+                raise UsageFailure(str(malformed), error.error, self.show_traceback) from None
             self._report_early("model_crashed", error.message, error.location, "")
             raise Failed(
                 f"the model crashed: {error.phase}", error.__cause__ or error, self.show_traceback

@@ -16,6 +16,8 @@ Sizes never decide identity: coincident sizes change nothing here.
 """
 
 from collections.abc import Sequence
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 # Ranks of evidence, weakest first.
 GUESS = 1  # a size equal to a known one, where nothing else is known (names only)
@@ -124,6 +126,41 @@ class Dim:
     def __repr__(self) -> str:
         root = self.find()
         return f"Dim({root.size}, {root.name or '?'}, {root.kind or '?'}, {root.origin!r})"
+
+
+class DimState(NamedTuple):
+    """What a root dim knows of its axis besides its size and identity: one record, read
+    and restored whole (a replay snapshots it before a step and makes it after). A field
+    added to `Dim` that a claim changes belongs here."""
+
+    name: str | None
+    rank: int
+    kind: str | None
+    kind_rank: int
+    parts: tuple | None  # `Dim.parts` as items: the dict itself changes in place
+    q_side: bool
+    k_side: bool
+    # `Dim.alias`, an atom; in a recorded step, where the replay finds the atom's dim.
+    alias: Any
+    origin: str
+
+
+_read_state = attrgetter(*DimState._fields)
+
+
+def state_of(dim: Dim) -> DimState:
+    """The facts of `dim` (read from it, not from its root)."""
+    state = DimState._make(_read_state(dim))
+    parts = dim.parts
+    return state if parts is None else state._replace(parts=tuple(parts.items()))
+
+
+def restore(dim: Dim, state: DimState) -> None:
+    """Give `dim` the facts `state_of` read (what changes no name: the caller bumps the
+    epoch once for all it restores)."""
+    for field, value in zip(DimState._fields, state, strict=True):
+        setattr(dim, field, value)
+    dim.parts = dict(state.parts) if state.parts is not None else None
 
 
 # -- claims ---------------------------------------------------------------------------------

@@ -428,29 +428,14 @@ class Effects:
         self.news = news  # per dim made: (size, parent, state)
         self.merges = merges  # (root, new parent): roots unified into another
         self.states = states  # (root, state): roots whose facts changed
-        self.changes = changes  # (input index, meta fields): inputs' metas that changed
-        # Per output: (a function (metas, objs) -> its dims, meta fields).
-        self.outs = tuple((_builder(template), fields) for template, fields in outs)
+        self.changes = changes  # (input index, `Facts`): inputs' metas whose facts changed
+        # Per output: (a function (metas, objs) -> its dims, its `Facts`).
+        self.outs = tuple((_builder(template), facts) for template, facts in outs)
         # metas -> the dims `paths` find in them: `resolve`, compiled (None: no paths).
         self.find = _finder(paths) if paths else None
 
 
 _KEEP = -1  # an alias the step did not change
-
-
-def _state(dim) -> tuple:
-    parts = dim.parts
-    return (
-        dim.name,
-        dim.rank,
-        dim.kind,
-        dim.kind_rank,
-        tuple(parts.items()) if parts else parts,
-        dim.q_side,
-        dim.k_side,
-        dim.alias,
-        dim.origin,
-    )
 
 
 class Capture:
@@ -494,8 +479,8 @@ class Capture:
         self.atom_ix = atom_ix
         self.root_ix = root_ix
         self.paths = paths
-        self.snaps = {r: _state(r) for r in root_ix}
-        self.meta_snaps = [(m.fields(), m.dims) for m in metas]
+        self.snaps = {r: D.state_of(r) for r in root_ix}
+        self.meta_snaps = [(m.facts, m.dims) for m in metas]
         self.touched = D._touched
         D._touched = []
 
@@ -547,24 +532,24 @@ class Capture:
                     else:
                         axes.append(tuple((ref(d), s, n) for d, s, n in axis))
                 template = tuple(axes)
-            outs.append((template, om.fields()))
+            outs.append((template, om.facts))
         merges, states = [], []
         for r, k in root_ix.items():
             top = r.find()
             if top is not r:
                 merges.append((k, ref(top)))
                 continue
-            now = _state(r)
+            now = D.state_of(r)
             before = self.snaps[r]
             if now != before:
-                alias = now[7]
-                if alias is before[7]:
+                alias = now.alias
+                if alias is before.alias:
                     spec: object = _KEEP
                 elif alias is None:
                     spec = None
                 else:
                     spec = (ref(alias[0]), alias[1], alias[2])
-                states.append((k, (*now[:7], spec, now[8])))
+                states.append((k, now._replace(alias=spec)))
         made = []
         k = 0
         while k < len(news):
@@ -572,15 +557,15 @@ class Capture:
             parent = ref(d.parent) if d.parent is not None else None
             alias = d.alias
             spec = (ref(alias[0]), alias[1], alias[2]) if alias is not None else None
-            made.append((d.size, parent, (*_state(d)[:7], spec, d.origin)))
+            made.append((d.size, parent, D.state_of(d)._replace(alias=spec)))
             k += 1
         changes = []
         for i, m in enumerate(metas):
-            fields, dims = self.meta_snaps[i]
-            if m.dims is not dims or m.tags != fields[0]:
+            facts, dims = self.meta_snaps[i]
+            if m.dims is not dims or m.tags != facts.tags:
                 raise Outside
-            now = m.fields()
-            if now != fields:
+            now = m.facts
+            if now != facts:
                 changes.append((i, now))
         return _compact(self.paths, made, merges, states, changes, outs)
 
@@ -598,7 +583,7 @@ def _compact(paths: list, made, merges, states, changes, outs) -> Effects:
             k = p[1] if p[0] == 2 else None
 
     def alias_refs(state):
-        alias = state[7]
+        alias = state.alias
         return () if alias is None or alias == _KEEP else (alias[0],)
 
     for template, _ in outs:
@@ -628,10 +613,10 @@ def _compact(paths: list, made, merges, states, changes, outs) -> Effects:
         return new[k] if k < base else k + shift
 
     def state_of(state):
-        alias = state[7]
+        alias = state.alias
         if alias is None or alias == _KEEP:
             return state
-        return (*state[:7], (ref(alias[0]), alias[1], alias[2]), state[8])
+        return state._replace(alias=(ref(alias[0]), alias[1], alias[2]))
 
     kept = tuple((2, new[p[1]]) if p[0] == 2 else p for p in (paths[k] for k in order))
     return Effects(
@@ -697,18 +682,14 @@ def _finder(paths: tuple):
     return found
 
 
-def _set_state(dim, state: tuple, objs: list) -> None:
-    name, rank, kind, kind_rank, parts, q_side, k_side, alias, origin = state
-    dim.name = name
-    dim.rank = rank
-    dim.kind = kind
-    dim.kind_rank = kind_rank
-    dim.parts = dict(parts) if parts is not None else None
-    dim.q_side = q_side
-    dim.k_side = k_side
-    if alias is not _KEEP:
-        dim.alias = (objs[alias[0]], alias[1], alias[2]) if alias is not None else None
-    dim.origin = origin
+def _set_state(dim, state, objs: list) -> None:
+    """Give `dim` a recorded `DimState`, its alias resolved in `objs` (or kept)."""
+    alias = state.alias
+    if alias is _KEEP:
+        state = state._replace(alias=dim.alias)
+    elif alias is not None:
+        state = state._replace(alias=(objs[alias[0]], alias[1], alias[2]))
+    D.restore(dim, state)
 
 
 def apply(effects: Effects, objs: list | None, metas: list, made) -> None:
@@ -734,12 +715,8 @@ def apply(effects: Effects, objs: list | None, metas: list, made) -> None:
     for root, state in effects.states:
         _set_state(objs[root], state, objs)
         changed = True
-    for i, fields in effects.changes:
-        m = metas[i]
-        (m.tags, m.label, m.role, m.op, m.buffer, m.sliced, m.rotary, m.param, m.flagged) = fields[
-            :9
-        ]
-        m.laid_out = fields[9]
+    for i, facts in effects.changes:
+        metas[i].facts = facts
         changed = True
     if changed:
         D._epoch[0] += 1
@@ -748,8 +725,8 @@ def apply(effects: Effects, objs: list | None, metas: list, made) -> None:
 
 def outputs(outs: tuple, objs: list | None, metas: list, made) -> None:
     """Fill in the outputs' metas of a step (`apply`)."""
-    for (build, fields), meta in zip(outs, made, strict=True):
-        meta.fill(build(metas, objs), fields)
+    for (build, facts), meta in zip(outs, made, strict=True):
+        meta.fill(build(metas, objs), facts)
 
 
 # Builders by template: templates repeat from layer to layer and from session to session,

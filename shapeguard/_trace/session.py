@@ -34,7 +34,17 @@ from . import replay as _replay
 from . import tp_session as _tp_session
 from .call import OpCall, _dtype_name
 from .current import _local, current_session
-from .meta import NO_FLAGS, TensorMeta, TensorTable, _buffer_name, buffer_origin, role_for
+from .meta import (
+    FRESH,
+    FRESH_PARAM,
+    NO_FLAGS,
+    Facts,
+    TensorMeta,
+    TensorTable,
+    _buffer_name,
+    buffer_origin,
+    role_for,
+)
 from .observe import Observation, Observer
 from .record import TraceData as Trace
 
@@ -698,7 +708,7 @@ class Session:
         for i, axis in enumerate(axes):
             for dim, _, _ in axis:
                 dim.origin = f"axis {i} of {name}" if name else origin
-        meta = TensorMeta(axes, param=param)
+        meta = TensorMeta.made(axes, FRESH_PARAM if param else FRESH, 0)
         self._fresh -= 1
         meta.slot = self._fresh
         self.metas[tensor] = meta
@@ -1433,20 +1443,19 @@ class Session:
             label = labels[k] if k < len(labels) else None
             if label is None and k == 0 and first_label:
                 label = self._kept_label(call, spec, in_metas, first_label)
-            # TensorMeta.made: the fields in `FIELDS` order, without keyword parsing.
             meta = TensorMeta.made(
                 m.dims,
-                (
-                    m.tags,
-                    label,
-                    role_for(label, m.role),
-                    op,
-                    buffer,
-                    sliced,
-                    m.rotary,
-                    m.param,
-                    flagged,
-                    m.laid_out,
+                Facts(
+                    tags=m.tags,
+                    label=label,
+                    role=role_for(label, m.role),
+                    op=op,
+                    buffer=buffer,
+                    sliced=sliced,
+                    rotary=m.rotary,
+                    param=m.param,
+                    flagged=flagged,
+                    laid_out=m.laid_out,
                 ),
                 slot + k + 1,
             )
@@ -1508,8 +1517,6 @@ class Session:
         return (site.targets[0],) if len(site.targets) == 1 else ()
 
 
-# What `_fresh_meta` gives a tensor first seen besides its axes (TensorMeta's defaults,
-# in `TensorMeta.FIELDS` order), for a tensor and for a parameter.
 def _lift(previous: "Session | None") -> "Session | None":
     """Take a background session's mode off the stack while a session opened inside it is
     open: it steps aside then (it lets every call through to the inner one, which records

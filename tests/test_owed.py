@@ -26,6 +26,13 @@ from shapeguard._trace.current import current_session
 pytestmark = pytest.mark.no_shapeguard  # the plugin's own session would hold every op
 
 
+@pytest.fixture(autouse=True)
+def _plain_replay(monkeypatch):
+    # What is deferred is the plain replay's: a checked one (`SHAPEGUARD_REPLAY=check`)
+    # runs every step it matches on the reference path, which makes the axes at once.
+    monkeypatch.setenv("SHAPEGUARD_REPLAY", "1")
+
+
 def _guarded_forwards(model, x, count):
     with torch.no_grad():
         for _ in range(count):

@@ -32,6 +32,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import _ops
+from .._errors import InternalError
 from .._names import dims as D
 
 OP, ENTER, EXIT, NAME, BARRIER = range(5)
@@ -41,6 +42,135 @@ MAX_OUTPUTS = 1024
 # models in turn, the lengths of a generate loop).
 _VARIANTS = 16
 _MAX_OPENERS = 512  # openers without a module (a `with trace():` line) remembered
+
+
+class Why:
+    """Why a replay stepped aside: the keys of `TraceData.replay_stops`. Where the replay
+    reached the end of what was recorded, the reason is the recording's, prefixed
+    "recorded: " (the step there was a barrier, for one of the reasons below the line)."""
+
+    ENDED = "the recorded session ended here"
+    OTHER_START = "no recording starts as this session does"
+    OTHER_FUNCTION = "another function than the recorded step's"
+    OTHER_LINE = "the op at another line"
+    OTHER_MODULE = "the op in another module"
+    OTHER_ARGUMENTS = "other arguments besides tensors"
+    OTHER_INPUTS = "other tensor inputs (count, shape, dtype or the step that made them)"
+    OTHER_FIRST_SEEN = "another tensor first seen than the recorded one"
+    OTHER_VALUES = "other tensor values a rule reads, with a finding"
+    OTHER_FRAME = "other tensors read from the user's frame"
+    OTHER_AXES = "inputs without the axes the step was recorded on"
+    OTHER_OUTPUTS = "outputs of other shapes than recorded"
+    DISTRIBUTED = "an op of torch.distributed's own (never recorded)"
+    OTHER_ENTER = "another module entered"
+    OTHER_EXIT = "another module left"
+    OBSERVED = "an observer was added"
+    OWN_FAILURE = "a failure of shapeguard's own code"
+    # Why a session stopped recording (a barrier step).
+    FINDING = "a finding, or a rule's own failure"
+    FLAGGED = "an input that carries a finding"
+    SYMBOLIC = "symbolic sizes"
+    UNKEYABLE = "an argument no key compares"
+    OUTSIDE = "effects beyond the step's inputs"
+    SUSPENDED = "a finding or a composite on entering a module"
+
+
+def barrier(why: str) -> "Step":
+    """The barrier step recorded where a session stopped recording, for `why` (one per
+    reason, shared)."""
+    found = _BARRIERS.get(why)
+    if found is None:
+        found = _BARRIERS[why] = Step(BARRIER)
+        found.why = why
+    return found
+
+
+_BARRIERS: dict = {}
+
+
+class ReplayMismatch(InternalError):
+    """`SHAPEGUARD_REPLAY=check`: the reference path made another step than the replay
+    followed (a replay would have made other effects than the reference path)."""
+
+
+def checking() -> bool:
+    """Whether sessions check their replays (`SHAPEGUARD_REPLAY=check`): each step a replay
+    matches runs the reference path, whose step must be the one recorded."""
+    return os.environ.get("SHAPEGUARD_REPLAY", "").strip().lower() == "check"
+
+
+def check(expected: "Step", found: "Step | None", why: str, op: str) -> None:
+    """Raise `ReplayMismatch` where `found`, the step the reference path recorded (None: a
+    barrier, for `why`), is not `expected`, the recorded step a replay matched."""
+    if found is None:
+        differences = [f"the reference path records no step: {why}"]
+    else:
+        differences = [
+            f"{name}: replayed {a!r}, reference {b!r}"
+            for name, a, b in zip(_COMPARED, _compared(expected), _compared(found), strict=True)
+            if a != b
+        ]
+    if differences:
+        raise ReplayMismatch(
+            f"shapeguard: SHAPEGUARD_REPLAY=check: the replay of {op or 'a module entry'} "
+            "differs from the reference path: " + "; ".join(differences)
+        )
+
+
+_COMPARED = (
+    "kind",
+    "function",
+    "site",
+    "module",
+    "inputs",
+    "inputs first seen",
+    "arguments",
+    "values read",
+    "frame reads",
+    "outputs",
+    "event",
+    "first entry",
+    "root entry",
+    "dim paths",
+    "dims made",
+    "dims unified",
+    "dim states",
+    "input facts",
+    "output axes",
+    "output facts",
+)
+
+
+def _compared(step: "Step") -> tuple:
+    effects = step.effects
+    module = step.module() if step.module is not None else None
+    made = (
+        (effects.paths, effects.news, effects.merges, effects.states, effects.changes)
+        if effects is not None
+        else (None,) * 5
+    )
+    outs = (
+        (tuple(t for t, _ in effects.templates), tuple(f for _, f in effects.templates))
+        if effects is not None
+        else (None, None)
+    )
+    return (
+        step.kind,
+        step.func,
+        step.site,
+        id(module),
+        step.inputs,
+        tuple(first[1] for first in step.firsts),
+        step.args,
+        tuple(value[0] for value in step.values),
+        step.extras,
+        step.outputs,
+        step.event,
+        step.first,
+        step.root,
+        *made,
+        *outs,
+    )
 
 
 class Unkeyable(Exception):
@@ -99,7 +229,7 @@ def args_key(args: tuple, kwargs: dict, loose: bool) -> tuple:
     return tuple(key)
 
 
-_EXACT, _ANY_NUMBER, _KEYED, _SAME_TYPE = 1, 2, 3, 4
+_EXACT, _KEYED, _SAME_TYPE = 1, 3, 4
 
 
 def args_check(args: tuple, kwargs: dict, loose: bool) -> tuple:
@@ -112,7 +242,9 @@ def args_check(args: tuple, kwargs: dict, loose: bool) -> tuple:
         if isinstance(value, torch.Tensor):
             continue  # counted with the inputs: their number, shapes and makers
         if loose and kind in _NUMBERS:
-            checks.append((where, _ANY_NUMBER, None))
+            # Any number of its type: the type decides the result's dtype (a complex
+            # scalar makes a complex tensor), the value nothing the session computes.
+            checks.append((where, _SAME_TYPE, kind))
         elif kind in _PLAIN:
             checks.append((where, _EXACT, value))
         else:
@@ -139,9 +271,6 @@ def same_checks(checks: tuple, args: tuple, kwargs: dict) -> bool:
         value = args[where] if type(where) is int else kwargs[where]
         if how == _EXACT:
             if type(value) is not type(expected) or value != expected:
-                return False
-        elif how == _ANY_NUMBER:
-            if type(value) not in _NUMBERS:
                 return False
         elif how == _SAME_TYPE:
             if type(value) is not expected:
@@ -241,8 +370,6 @@ def _compile_matcher(count: int, names: tuple, checks: tuple, where_tensors: lis
         if how == _EXACT:
             lines.append(f"v = {v}")
             lines.append(f"if type(v) is not type(c[{n}]) or v != c[{n}]: return None")
-        elif how == _ANY_NUMBER:
-            lines.append(f"if type({v}) not in numbers: return None")
         elif how == _SAME_TYPE:
             lines.append(f"if type({v}) is not c[{n}]: return None")
         else:
@@ -279,7 +406,6 @@ def _compile_matcher(count: int, names: tuple, checks: tuple, where_tensors: lis
     source = f"def make(c):\n    def match(a, k, g):\n{body}    return match\n"
     scope = {
         "Tensor": torch.Tensor,
-        "numbers": _NUMBERS,
         "same_key": _same_key,
         "generic": GENERIC,
     }
@@ -387,6 +513,7 @@ class Step:
         "event",  # (op, module path, module class, site, inputs, outputs) without metas
         "first",  # ENTER: the session's first entry into the module
         "root",  # ENTER: the root's inputs were named here
+        "why",  # BARRIER: why the session stopped recording (`Why`)
     )
 
     def __init__(self, kind: int) -> None:
@@ -397,18 +524,16 @@ class Step:
         self.match = None
         self.module = None
         self.inputs = ()
-        self.firsts = ()
+        self.firsts: tuple = ()
         self.args = ()
-        self.values = ()
+        self.values: tuple = ()
         self.extras = ()
         self.effects = None
         self.outputs = ()
         self.event = None
         self.first = False
         self.root = False
-
-
-BARRIER_STEP = Step(BARRIER)
+        self.why = ""
 
 
 class Effects:
@@ -419,7 +544,17 @@ class Effects:
     the alias of the dim found by path k. Dims the step made follow them in the same list
     of objects; every reference below is an index into it."""
 
-    __slots__ = ("paths", "news", "merges", "states", "changes", "outs", "simple", "find")
+    __slots__ = (
+        "paths",
+        "news",
+        "merges",
+        "states",
+        "changes",
+        "templates",
+        "outs",
+        "simple",
+        "find",
+    )
 
     def __init__(self, paths, news, merges, states, changes, outs) -> None:
         # Outputs made of the inputs' axes, nothing changed: most ops.
@@ -429,7 +564,9 @@ class Effects:
         self.merges = merges  # (root, new parent): roots unified into another
         self.states = states  # (root, state): roots whose facts changed
         self.changes = changes  # (input index, `Facts`): inputs' metas whose facts changed
-        # Per output: (a function (metas, objs) -> its dims, its `Facts`).
+        # Per output: (its template, its `Facts`), and (a function (metas, objs) -> its
+        # dims, its `Facts`).
+        self.templates = outs
         self.outs = tuple((_builder(template), facts) for template, facts in outs)
         # metas -> the dims `paths` find in them: `resolve`, compiled (None: no paths).
         self.find = _finder(paths) if paths else None

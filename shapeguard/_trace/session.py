@@ -129,6 +129,7 @@ _GENERIC = _replay.GENERIC
 _new_meta = TensorMeta.__new__
 _weakref_ref = weakref.ref
 _OWED = object()  # a replayed step's objects: not resolved, its effects owed (`_owed`)
+_CHECK = object()  # a replayed step run on the reference path instead (`_check_op`)
 
 # (spelling, op) by the function torch hands the mode: two lookups made once per function.
 _SPECS: dict = {}
@@ -241,6 +242,10 @@ class Session:
         self.recorder: list | None = None
         self.step = 0
         self.replayed = 0  # steps replayed (the trace sums them: `Trace._replayed`)
+        # `SHAPEGUARD_REPLAY=check`: each step a replay matches runs the reference path,
+        # whose step (`_append`) must be `_expected`, the one the replay matched.
+        self._checking = False
+        self._expected = None
         self._fresh = 0  # tensors made outside the trace, numbered as first seen (negative)
         # The replayed steps whose effects are made when first read (`_owed`).
         self.ledger = _owed.Ledger()
@@ -272,6 +277,9 @@ class Session:
         self.enabled = _config.is_enabled()
         opener = self._opener
         if opener is not None:
+            self._checking = _replay.checking()
+            if self._checking:
+                self.ledger.pay()  # (nothing owed: the reference path makes every step)
             if opener.recordings:
                 self._choices = [r.steps for r in opener.recordings]
                 self.replay = self._choices[0]
@@ -411,7 +419,7 @@ class Session:
                 self.trace.modules_seen += 1
                 _construction.check_entered(self, module)  # head counts, before its first op
             step = None
-            if recorder is not None:
+            if recorder is not None or self._expected is not None:
                 step = _replay.Step(_replay.ENTER)
                 step.module = _weak(module)
                 step.first = new
@@ -419,11 +427,14 @@ class Session:
             if first:
                 self._name_inputs(module, args, kwargs, step)
             _composites.enter(self, module, args, kwargs)
-            if self.recorder is not None:
+            if self.recorder is not None or self._expected is not None:
                 clean = len(self.trace.findings) == findings and not _composites.suspended(self)
-                self._append(
-                    step if clean and step is not None and step.kind == _replay.ENTER else None
-                )
+                if not clean:
+                    self._append(None, _replay.Why.SUSPENDED)
+                elif step is None or step.kind != _replay.ENTER:
+                    self._append(None, step.why if step is not None else _replay.Why.OUTSIDE)
+                else:
+                    self._append(step)
             self.step += 1
         except Exception as error:
             if not _internal.contained(self.trace, error, "entering a module", _class(module)):
@@ -447,7 +458,7 @@ class Session:
                     replayed = True
                     self.replayed += 1
                 else:
-                    self._diverge()
+                    self._diverge(_replay.Why.OTHER_EXIT)
             if not replayed and self.recorder is not None:
                 step = _replay.Step(_replay.EXIT)
                 step.module = _weak(module)
@@ -507,15 +518,28 @@ class Session:
                 step.effects = capture.end([])
             except _replay.Outside:
                 step.kind = _replay.BARRIER
+                step.why = _replay.Why.OUTSIDE
 
     # -- replay --------------------------------------------------------------------
-    def _append(self, step) -> None:
-        """Record a step (None: a barrier, after which this session records nothing more)."""
+    def _append(self, step, why: str = "") -> None:
+        """Record a step (None: a barrier, for `why`, after which this session records
+        nothing more). Checking a replay, compare it with the step the replay matched."""
+        expected = self._expected
+        if expected is not None:
+            self._expected = None
+            if step is not None and step.kind == _replay.OP and step.outputs != expected.outputs:
+                # Output shapes the inputs do not decide: a replay steps aside after the op
+                # (`_replay_op`), and so does its check.
+                self._diverge(_replay.Why.OTHER_OUTPUTS)
+                self._append(None, _replay.Why.OTHER_OUTPUTS)
+                return
+            _replay.check(expected, step, why, step.event[0] if step and step.event else "")
+            return
         recorder = self.recorder
         if recorder is None:  # recording stopped at a barrier already
             return
         if step is None:
-            recorder.append(_replay.BARRIER_STEP)
+            recorder.append(_replay.barrier(why))
             self._stop_recording()
         else:
             recorder.append(step)
@@ -525,18 +549,25 @@ class Session:
         if recorder is not None and self._opener is not None:
             _replay.remember(self._opener, recorder)
 
-    def _diverge(self) -> None:
-        """This session's step differs from the recording's: run it, and the rest, as usual
-        (recording them after the replayed ones, unless the recording stopped here too)."""
+    def _diverge(self, why: str) -> None:
+        """This session's step differs from the recording's, for `why`: run it, and the
+        rest, as usual (recording them after the replayed ones, unless the recording stopped
+        here too). The trace counts the reason (`replay_stops`)."""
         # What runs from here reads and writes metas as usual: make the deferred steps.
         self.ledger.pay()
         steps, self.replay = self.replay, None
         self._choices = []
         i = self.step
-        if steps is None or self._opener is None:
+        if steps is None:
             return
-        if i < len(steps) and steps[i].kind == _replay.BARRIER:
-            return  # the recording says the same: nothing to learn
+        barrier = i < len(steps) and steps[i].kind == _replay.BARRIER
+        if i >= len(steps):
+            why = _replay.Why.ENDED
+        elif barrier:
+            why = "recorded: " + steps[i].why
+        self.trace.replay_stops[why] += 1
+        if self._opener is None or barrier:
+            return  # (a barrier: the recording says the same, nothing to learn)
         self.recorder = list(steps[:i])
 
     def _describe_inputs(self, step, tensors: list) -> None:
@@ -661,6 +692,12 @@ class Session:
                 metas = self._match_inputs(step, tensors)
                 if metas is None:
                     continue
+                if self._checking:
+                    # The reference path names the inputs; `_append` compares its step.
+                    self._expected = step
+                    self.replay = steps
+                    self.replayed += 1
+                    return False
                 if self.ledger.paid:
                     objs = self._resolve(step, tensors, metas)
                     if objs is None:
@@ -681,7 +718,7 @@ class Session:
             self.step += 1
             self.replayed += 1
             return True
-        self._diverge()
+        self._diverge(_replay.Why.OTHER_START if i == 0 else _replay.Why.OTHER_ENTER)
         return False
 
     def meta_of(self, tensor) -> TensorMeta:
@@ -779,6 +816,8 @@ class Session:
         needs every op run, and its composites run unsuspended: see `_observed`), also
         after the observer is gone."""
         self.ledger.pay()
+        if self.replay is not None:
+            self.trace.replay_stops[_replay.Why.OBSERVED] += 1
         self.replay = None
         self._choices = []
         self.recorder = None  # dropped, not remembered: the steps so far are not a recording
@@ -860,7 +899,9 @@ class Session:
             choices = (replay,) if replay is not None else ()
         get = self.metas._data.get
         ledger = self.ledger
+        checking = self._checking
         plain = False  # the op runs unchecked: its error is torch's, not ours
+        why = _replay.Why.OTHER_FUNCTION  # (of the last step compared, when none is this op)
         try:
             for steps in choices:
                 step = steps[i] if i < len(steps) else None
@@ -908,7 +949,11 @@ class Session:
                     stack = self.module_stack
                     module = stack[-1] if stack else None
                 ref = step.module
-                if step.site is not site or (ref() if ref is not None else None) is not module:
+                if step.site is not site:
+                    why = _replay.Why.OTHER_LINE
+                    continue
+                if (ref() if ref is not None else None) is not module:
+                    why = _replay.Why.OTHER_MODULE
                     continue
                 match = step.match
                 if match is None:
@@ -916,9 +961,7 @@ class Session:
                 if match:
                     # The arguments and inputs compared in straight code (`_replay.matcher`).
                     found = match(args, kwargs, get)
-                    if found is None:
-                        continue
-                    if found is not _GENERIC:
+                    if found is not None and found is not _GENERIC:
                         if step.firsts:
                             metas, tensors = found
                         else:
@@ -926,8 +969,12 @@ class Session:
                         if not ledger.paid:
                             objs = _OWED  # made when read (`_owed`)
                             break
+                        if checking:
+                            objs = _CHECK
+                            break
                         objs = self._resolve(step, tensors, metas)
                         if objs is None:
+                            why = _replay.Why.OTHER_AXES
                             continue
                         break
                 if tensors is None:
@@ -941,10 +988,13 @@ class Session:
                         tensors += [v for v in kwargs.values() if isinstance(v, _Tensor)]
                 count, names, checks = step.args
                 if len(args) != count or (tuple(kwargs) != names if kwargs else names):
+                    why = _replay.Why.OTHER_ARGUMENTS
                     continue
                 if checks and not _replay.same_checks(checks, args, kwargs):
+                    why = _replay.Why.OTHER_ARGUMENTS
                     continue
                 inputs = step.inputs
+                why = _replay.Why.OTHER_INPUTS
                 if len(tensors) != len(inputs):
                     continue
                 metas = []
@@ -963,7 +1013,9 @@ class Session:
                     metas.append(m)
                 else:
                     if unseen and not self._same_firsts(step, tensors, metas):
+                        why = _replay.Why.OTHER_FIRST_SEEN
                         continue
+                    why = _replay.Why.OTHER_VALUES
                     if step.values and (
                         # Under vmap no value may be read: a step whose rules read some is
                         # not this op (which `_dispatch` would let through unrecorded).
@@ -975,21 +1027,28 @@ class Session:
                     ):
                         continue
                     if step.extras and not self._match_extras(step.extras):
+                        why = _replay.Why.OTHER_FRAME
                         continue
                     if not ledger.paid:  # (`_values_pass` may have paid it)
                         objs = _OWED
                         break
+                    if checking:
+                        objs = _CHECK
+                        break
                     objs = self._resolve(step, tensors, metas)
                     if objs is None:
+                        why = _replay.Why.OTHER_AXES
                         continue
                     break
             else:
-                if _not_running() or _source.op_site() is _source.OPTIMIZER:
-                    # Never recorded (`_dispatch`), so never a step to match: the replay
-                    # goes on after it (vmap's or make_fx's ops, torch.optim's own).
-                    plain = True
+                if _not_running():
+                    plain = True  # never recorded (`_dispatch`): the replay goes on after it
                     return func(*args, **kwargs)
-                self._diverge()
+                whose = _source.op_site()
+                if whose is _source.OPTIMIZER:
+                    plain = True  # torch.optim's own: never recorded either
+                    return func(*args, **kwargs)
+                self._diverge(_replay.Why.DISTRIBUTED if whose is _source.PLUMBING else why)
                 return _MISSED
         except Exception as error:
             if plain or not _internal.contained(self.trace, error, "replaying", op):
@@ -997,6 +1056,8 @@ class Session:
             self._abandon_replay()
             return _MISSED  # run as usual (`_dispatch`)
         self.replay = steps
+        if objs is _CHECK:
+            return self._check_op(step, func, op, spec, args, kwargs)
         try:
             out = func(*args, **kwargs)
         except ShapeError:
@@ -1023,10 +1084,9 @@ class Session:
                 )
             if not same:
                 # Output shapes the inputs' do not decide (nonzero, a boolean index): as usual.
-                self._diverge()
+                self._diverge(_replay.Why.OTHER_OUTPUTS)
                 self._record(OpCall(self, func, op, args, kwargs, site, spec), out)
-                if self.recorder is not None:
-                    self._append(None)
+                self._append(None, _replay.Why.OTHER_OUTPUTS)
                 self.step += 1
                 return out
             slot = i * _replay.MAX_OUTPUTS
@@ -1073,6 +1133,25 @@ class Session:
             return out
         self.step = i + 1
         self.replayed += 1
+        return out
+
+    def _check_op(self, step, func, op: str, spec, args: tuple, kwargs: dict):
+        """`SHAPEGUARD_REPLAY=check`: run the op on the reference path (`_dispatch`), whose
+        step must be `step`, the one the replay matched (`_replay.check` raises otherwise).
+        Outputs of other shapes make the replay step aside, as they would replaying."""
+        __tracebackhide__ = True
+        self._expected = step
+        try:
+            out = self._dispatch(func, op, spec, args, kwargs)
+        finally:
+            missed, self._expected = self._expected, None
+        if missed is not None:
+            raise _replay.ReplayMismatch(
+                f"shapeguard: SHAPEGUARD_REPLAY=check: the replay of {op} differs from the "
+                "reference path: the reference path records nothing for it"
+            )
+        if self.replay is not None:  # (not stepped aside: `_append`)
+            self.replayed += 1
         return out
 
     def _same_firsts(self, step, tensors: list, metas: list) -> bool:
@@ -1149,7 +1228,11 @@ class Session:
                 else:
                     call.flagged = upstream
                     rules = _checks.rules_for(op, _checks.distributed_now())
-                    step = self._begin_step(call, rules) if self.recorder is not None else None
+                    step = (
+                        self._begin_step(call, rules)
+                        if self.recorder is not None or self._expected is not None
+                        else None
+                    )
                     reads = _replay.ValueReads(tensors) if step is not None else None
         except Exception as error:
             if not _internal.contained(self.trace, error, "preparing the checks", op):
@@ -1237,12 +1320,18 @@ class Session:
         try:
             if not tensors and _symbolic(out):
                 # A factory of symbolic sizes (make_fx making a fake input): not recorded.
-                if self.recorder is not None:
-                    self._append(None)
+                self._append(None, _replay.Why.SYMBOLIC)
             elif step is None or yielded or upstream:
                 self._record(call, out)
-                if self.recorder is not None:
-                    self._append(None)
+                if self.recorder is not None or self._expected is not None:
+                    self._append(
+                        None,
+                        _replay.Why.FINDING
+                        if yielded
+                        else _replay.Why.FLAGGED
+                        if upstream
+                        else _replay.Why.UNKEYABLE,
+                    )
             else:
                 self._record_step(step, call, out, reads)
         except Exception as error:
@@ -1268,6 +1357,8 @@ class Session:
         """After a failure of shapeguard's own code: neither replay nor record from here in
         this session (a recording cut at a failure is no recording to follow). What a
         replay owes is made when read, as after a divergence."""
+        if self.replay is not None:
+            self.trace.replay_stops[_replay.Why.OWN_FAILURE] += 1
         self.replay = None
         self._choices = []
         self.recorder = None  # dropped, not remembered
@@ -1307,7 +1398,7 @@ class Session:
             step.effects = capture.end(made)
             step.extras = self._extras(call, outputs)
         except _replay.Outside:
-            self._append(None)
+            self._append(None, _replay.Why.OUTSIDE)
             return
         step.outputs = tuple(o.shape for o in outputs)
         if outputs:

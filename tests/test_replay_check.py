@@ -116,3 +116,41 @@ def test_a_check_names_the_op_and_the_fields_that_differ(checked):
     message = str(raised.value)
     assert "the replay of softmax differs from the reference path: output facts:" in message
     assert "label='wrong'" in message and "label='attn'" in message
+
+
+def test_the_matcher_answers_what_the_plain_comparison_answers(plain, monkeypatch):
+    # `_replay.matcher` compiles the comparison of a step's arguments and inputs; on every
+    # call a replay compares, against every recorded step of the same function (the one it
+    # is, and the ones it is not), it answers what `_replay.compare` answers.
+    answers: list = []
+    recorded: list = []
+    make = _replay.matcher
+
+    def matcher(step):
+        match = make(step)
+        if match is False:
+            return match
+
+        def checked(args, kwargs, get):
+            for other in recorded:
+                if other.kind != _replay.OP or other.func is not step.func:
+                    continue
+                compiled = make(other)
+                if compiled is not False:
+                    expected = _replay.compare(other, args, kwargs, get)
+                    assert compiled(args, kwargs, get) == expected, other.event[0]
+                    answers.append(expected is None)
+            return match(args, kwargs, get)
+
+        return checked
+
+    monkeypatch.setattr(_replay, "matcher", matcher)
+    model = Attention()
+    x = torch.randn(2, 5, 12)
+    mask = torch.ones(2, 5, dtype=torch.long)
+    mask[1, 4] = 0
+    _trace(model, (x, mask)), _trace(model, (x, mask))
+    recorded += _replay.opener("model", model).recordings[0].steps
+    third = _trace(model, (x, mask))
+    assert third._replayed == third._steps > 0
+    assert answers.count(False) > 10 and answers.count(True) > 10  # the step, and not

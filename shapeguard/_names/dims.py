@@ -16,6 +16,7 @@ Sizes never decide identity: coincident sizes change nothing here.
 """
 
 from collections.abc import Sequence
+from contextvars import ContextVar, Token
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -41,8 +42,27 @@ _epoch = [0]
 # Every Dim gets the next serial: a session that records its ops (`_replay`) tells the dims an
 # op made (a serial above the one before the op) from the ones it was given.
 _serial = [0]
-# While a step is recorded: the roots a claim or a unification changed (None otherwise).
-_touched: list | None = None
+# While a step is recorded (`watch`): the roots a claim or a unification changed, in the
+# recording's own context (a thread, a task), never another's. None otherwise.
+_touched: ContextVar[list | None] = ContextVar("shapeguard_touched", default=None)
+
+
+def watch() -> tuple[list, Token]:
+    """Note from now on, in this context, every root a claim or a unification changes, in
+    the list returned (`_replay.Capture`, recording a step); `unwatch(token)` stops."""
+    touched: list = []
+    return touched, _touched.set(touched)
+
+
+def unwatch(token: Token) -> None:
+    """Stop the noting `watch` started (the watch it was started inside goes on)."""
+    _touched.reset(token)
+
+
+def names_changed() -> None:
+    """Tell the cached display names that a name or kind changed (a replay restoring dims'
+    states: `restore`)."""
+    _epoch[0] += 1
 
 
 def epoch() -> int:
@@ -55,8 +75,9 @@ def serial() -> int:
 
 def set_side(root: "Dim", *, q: bool = False, k: bool = False) -> None:
     """Mark a root as the rows (q) or the columns (k) of a query-key product."""
-    if _touched is not None:
-        _touched.append(root)
+    touched = _touched.get()
+    if touched is not None:
+        touched.append(root)
     if q:
         root.q_side = True
     if k:
@@ -167,8 +188,9 @@ def restore(dim: Dim, state: DimState) -> None:
 def claim_name(dim: Dim, name: str, rank: int) -> None:
     root = dim.find()
     if rank > root.rank:
-        if _touched is not None:
-            _touched.append(root)
+        touched = _touched.get()
+        if touched is not None:
+            touched.append(root)
         root.name, root.rank = name, rank
         _epoch[0] += 1
 
@@ -179,15 +201,17 @@ def claim_kind(dim: Dim, kind: str, rank: int) -> bool:
     root = dim.find()
     if root.kind == kind:
         if rank > root.kind_rank:
-            if _touched is not None:
-                _touched.append(root)
+            touched = _touched.get()
+            if touched is not None:
+                touched.append(root)
             root.kind_rank = rank
         return True
     if root.kind is not None and root.kind_rank >= PARAM:
         return False
     if rank > root.kind_rank:
-        if _touched is not None:
-            _touched.append(root)
+        touched = _touched.get()
+        if touched is not None:
+            touched.append(root)
         if root.kind is not None and root.rank <= CONVENTION:
             root.name, root.rank = None, 0  # the name went with the kind it had
         root.kind, root.kind_rank = kind, rank
@@ -216,13 +240,15 @@ def claim_part(atom: Atom, name: str, rank: int) -> None:
         return
     parts = root.parts
     if parts is None:
-        if _touched is not None:
-            _touched.append(root)
+        touched = _touched.get()
+        if touched is not None:
+            touched.append(root)
         parts = root.parts = {}
     key = (stride, size)
     if rank > parts.get(key, ("", 0))[1]:
-        if _touched is not None:
-            _touched.append(root)
+        touched = _touched.get()
+        if touched is not None:
+            touched.append(root)
         parts[key] = (name, rank)
         _epoch[0] += 1
 
@@ -239,9 +265,10 @@ def unify(a: Dim, b: Dim) -> None:
     a, b = a.find(), b.find()
     if a is b or a.size != b.size:
         return
-    if _touched is not None:
-        _touched.append(a)
-        _touched.append(b)
+    touched = _touched.get()
+    if touched is not None:
+        touched.append(a)
+        touched.append(b)
     # The name of the better-known side wins; a tie goes to the side whose kind is better
     # known (a mask's conventional "batch" never renames the scores' sequence axis).
     if a.kind == COPY and b.kind not in (None, COPY):
@@ -284,8 +311,9 @@ def line_up(x: Axis, y: Axis) -> None:
 
 
 def _alias(root: Dim, atom: Atom) -> None:
-    if _touched is not None:
-        _touched.append(root)
+    touched = _touched.get()
+    if touched is not None:
+        touched.append(root)
     root.alias = atom
     other = atom[0].find()
     if other.kind is not None and other.kind_rank >= PARAM:
@@ -416,8 +444,9 @@ def copy_of(copy: Axis, axis: Axis) -> None:
     root = copy[0][0].find()
     if root.kind != COPY or root.alias is not None:
         return
-    if _touched is not None:
-        _touched.append(root)
+    touched = _touched.get()
+    if touched is not None:
+        touched.append(root)
     root.alias = axis[0]
     _epoch[0] += 1
 

@@ -177,11 +177,11 @@ def buffer_origin(
         return meta.buffer, meta.sliced or slices
     if meta is not None and meta.op:
         return "", False  # made by a traced op, so not a buffer
-    name = _buffer_name(in_tensors[0], modules)
+    name = buffer_name(in_tensors[0], modules)
     return (name, slices) if name else ("", False)
 
 
-def _buffer_name(tensor, modules: list) -> str:
+def buffer_name(tensor, modules: list) -> str:
     for module in reversed(modules):
         for name, buf in getattr(module, "_buffers", {}).items():
             if buf is tensor:
@@ -208,6 +208,13 @@ class TensorTable:
     def __init__(self) -> None:
         self._data: dict[int, tuple] = {}
         self._limit = _SWEEP_AT
+
+    @property
+    def lookup(self):
+        """The table's own `dict.get`: `id(tensor) -> (weak reference, meta)`, or None; the
+        caller checks the reference (`entry[0]() is tensor`). One C call per lookup, for
+        the replay's comparison of a step's inputs (`_replay.matcher`)."""
+        return self._data.get
 
     def get(self, tensor, default=None):
         entry = self._data.get(id(tensor))

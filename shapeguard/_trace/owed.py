@@ -111,11 +111,11 @@ def _make(step, metas: tuple) -> None:
                     fill_fresh(meta, shape, nature)
     effects = step.effects
     try:
-        objs = effects.find(ins) if effects.find is not None else None
+        objs = _replay.resolve(effects.paths, ins) if effects.paths else None
         _replay.apply(effects, objs, ins, made)
     except Exception:
         # Not the axes the step was recorded on: the replay guarantees they are, so this is
         # shapeguard's own fault. Unnamed axes of the right sizes, never a crash of a read.
-        for meta, (_, facts), shape in zip(made, effects.outs, step.outputs, strict=False):
+        for meta, (_, facts), shape in zip(made, effects.templates, step.outputs, strict=False):
             if meta._owed is not None:
                 meta.fill(_dims.fresh_axes(tuple(shape)), facts)

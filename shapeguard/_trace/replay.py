@@ -220,15 +220,6 @@ def _key(value, loose: bool):
     raise Unkeyable
 
 
-def args_key(args: tuple, kwargs: dict, loose: bool) -> tuple:
-    """The arguments besides tensors, comparable with `==` (tensors hold their place)."""
-    key = [_key(a, loose) for a in args]
-    for name, value in kwargs.items():
-        key.append(name)
-        key.append(_key(value, loose))
-    return tuple(key)
-
-
 _EXACT, _KEYED, _SAME_TYPE = 1, 3, 4
 
 
@@ -314,6 +305,40 @@ def _same_key(value, key, loose: bool) -> bool:
 
 
 # -- matchers: a step's comparison of the arguments and inputs, compiled ---------------------
+def compare(step: "Step", args: tuple, kwargs: dict, get):
+    """What a replay's generic comparison answers for a step whose `matcher` is not False:
+    None where the step is not this call (`same_args`, then each input's dtype, shape and
+    slot; a tensor first seen here must be the recorded one, in the recorded layout), else
+    the inputs' metas (None for one first seen here; with the inputs, as `(metas,
+    tensors)`, when the step has such inputs), or GENERIC where a first-seen input is not
+    the recorded tensor. `get` is the tensor table's `lookup`. The reference `matcher`'s
+    code is tested against, on recorded steps (tests/test_replay_check.py)."""
+    if not same_args(step.args, args, kwargs):
+        return None
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    if len(tensors) != len(step.inputs):
+        return None
+    firsts = iter(step.firsts)
+    metas = []
+    for t, (slot, shape, dtype) in zip(tensors, step.inputs, strict=True):
+        entry = get(id(t))
+        meta = entry[1] if entry is not None and entry[0]() is t else None
+        if slot is None:
+            ref, nature = next(firsts)
+            if meta is not None:
+                return None
+            if ref() is not t:
+                return GENERIC
+            if (t.stride(), t.device.type, t.requires_grad) != nature[3:]:
+                return None
+        elif meta is None or meta.slot != slot:
+            return None
+        if t.dtype is not dtype or t.shape != shape:
+            return None
+        metas.append(meta)
+    return (metas, tensors) if step.firsts else metas
+
+
 def matcher(step: "Step"):
     """A function `(args, kwargs, get)` that answers what a replay's generic comparison
     (`args` by `same_args`, then each input's dtype, shape and slot, and an input first
@@ -322,7 +347,13 @@ def matcher(step: "Step"):
     inputs' metas (None for one first seen here; with the inputs, as `(metas, tensors)`,
     when the step has such inputs), or GENERIC where only the generic comparison can tell
     (a first-seen input that is not the recorded tensor). False where the step needs the
-    generic comparison always (tensor values or frame locals read, tensors in a list)."""
+    generic comparison always (tensor values or frame locals read, tensors in a list).
+
+    Generated code, kept for a measured gain: on the 137 matchable steps of a replayed
+    tiny-Llama forward (bench/cost.py's), the matcher compares a step in 3.0-4.5 us where
+    `compare`, the plain function it is tested against on recorded steps
+    (tests/test_replay_check.py), takes 7.3-8.2 us (2 loaded cores, 5 rounds each); in
+    whole replayed forwards the difference was within the machine's noise (issue 27)."""
     compared: tuple = step.args
     count, names, checks = compared
     inputs: tuple = step.inputs
@@ -505,7 +536,7 @@ class Step:
         "module",  # weak reference to the innermost module (OP) or the module (ENTER/EXIT)
         "inputs",  # per input: (slot, None for a tensor first seen here; shape; dtype)
         "firsts",  # per input first seen here: (weak reference, what kind of tensor it is)
-        "args",  # args_key, or None where the arguments were not compared
+        "args",  # `args_check` of the arguments besides tensors
         "values",  # ((input index, fingerprint), ...)
         "extras",  # ((frame local name, slot), ...): tensors the rules read from the frame
         "effects",
@@ -523,7 +554,7 @@ class Step:
         self.where = None
         self.match = None
         self.module = None
-        self.inputs = ()
+        self.inputs: tuple = ()
         self.firsts: tuple = ()
         self.args = ()
         self.values: tuple = ()
@@ -551,9 +582,7 @@ class Effects:
         "states",
         "changes",
         "templates",
-        "outs",
         "simple",
-        "find",
     )
 
     def __init__(self, paths, news, merges, states, changes, outs) -> None:
@@ -564,12 +593,8 @@ class Effects:
         self.merges = merges  # (root, new parent): roots unified into another
         self.states = states  # (root, state): roots whose facts changed
         self.changes = changes  # (input index, `Facts`): inputs' metas whose facts changed
-        # Per output: (its template, its `Facts`), and (a function (metas, objs) -> its
-        # dims, its `Facts`).
+        # Per output: (the template of its dims, for `build`; its `Facts`).
         self.templates = outs
-        self.outs = tuple((_builder(template), facts) for template, facts in outs)
-        # metas -> the dims `paths` find in them: `resolve`, compiled (None: no paths).
-        self.find = _finder(paths) if paths else None
 
 
 _KEEP = -1  # an alias the step did not change
@@ -578,7 +603,17 @@ _KEEP = -1  # an alias the step did not change
 class Capture:
     """Records the effects of one step on the axes of its inputs (`begin`, then `end`)."""
 
-    __slots__ = ("metas", "serial", "atom_ix", "root_ix", "paths", "snaps", "meta_snaps", "touched")
+    __slots__ = (
+        "metas",
+        "serial",
+        "atom_ix",
+        "root_ix",
+        "paths",
+        "snaps",
+        "meta_snaps",
+        "touched",
+        "token",
+    )
 
     def __init__(self, metas: list) -> None:
         self.metas = metas
@@ -618,14 +653,14 @@ class Capture:
         self.paths = paths
         self.snaps = {r: D.state_of(r) for r in root_ix}
         self.meta_snaps = [(m.facts, m.dims) for m in metas]
-        self.touched = D._touched
-        D._touched = []
+        self.touched, self.token = D.watch()
 
     def abandon(self) -> None:
-        D._touched = self.touched
+        D.unwatch(self.token)
 
     def end(self, out_metas: list) -> Effects:
-        touched, D._touched = D._touched, self.touched
+        touched = self.touched
+        D.unwatch(self.token)
         serial = self.serial
         atom_ix, root_ix = self.atom_ix, self.root_ix
         base = len(self.paths)
@@ -792,33 +827,6 @@ def resolve(paths: tuple, metas: list) -> list:
     return objs
 
 
-_finders: dict = {}
-
-
-def _finder(paths: tuple):
-    """`resolve` of `paths` as one compiled function of the metas (once per paths: a
-    replay calls it on every repeat), raising where `resolve` raises."""
-    found = _finders.get(paths)
-    if found is None:
-        parts = []
-        for p in paths:
-            if p[0] == 0:
-                parts.append(f"m[{p[1]}].dims[{p[2]}][{p[3]}][0]")
-            elif p[0] == 1:
-                parts.append(f"m[{p[1]}].dims[{p[2]}][{p[3]}][0].find()")
-            else:
-                parts.append(f"o{p[1]}.alias[0].find()")
-        body = "".join(f"    o{k} = {part}\n" for k, part in enumerate(parts))
-        names = ", ".join(f"o{k}" for k in range(len(parts)))
-        source = f"def find(m):\n{body}    return [{names}]\n"
-        scope: dict = {}
-        exec(compile(source, "<shapeguard replay find>", "exec"), scope)
-        if len(_finders) > 8192:
-            _finders.clear()
-        found = _finders[paths] = scope["find"]
-    return found
-
-
 def _set_state(dim, state, objs: list) -> None:
     """Give `dim` a recorded `DimState`, its alias resolved in `objs` (or kept)."""
     alias = state.alias
@@ -833,7 +841,7 @@ def apply(effects: Effects, objs: list | None, metas: list, made) -> None:
     """Make the step's effects on the dims `objs` (resolved from its inputs), and fill in
     `made`, its outputs' metas (made with their slots only: `owed.pending`)."""
     if effects.simple:
-        outputs(effects.outs, objs, metas, made)
+        outputs(effects.templates, objs, metas, made)
         return
     if objs is None:
         objs = []
@@ -856,45 +864,28 @@ def apply(effects: Effects, objs: list | None, metas: list, made) -> None:
         metas[i].facts = facts
         changed = True
     if changed:
-        D._epoch[0] += 1
-    outputs(effects.outs, objs, metas, made)
+        D.names_changed()
+    outputs(effects.templates, objs, metas, made)
 
 
-def outputs(outs: tuple, objs: list | None, metas: list, made) -> None:
+def outputs(templates: tuple, objs: list | None, metas: list, made) -> None:
     """Fill in the outputs' metas of a step (`apply`)."""
-    for (build, facts), meta in zip(outs, made, strict=True):
-        meta.fill(build(metas, objs), facts)
+    for (template, facts), meta in zip(templates, made, strict=True):
+        meta.fill(build(template, metas, objs), facts)
 
 
-# Builders by template: templates repeat from layer to layer and from session to session,
-# and compiling one costs more than the op it records.
-_builders: dict = {}
-
-
-def _builder(template):
-    """A function (metas, objs) -> the output's dims, for a template of `Capture.end`
-    (compiled once per template: the replay calls it on every repeat)."""
-    built = _builders.get(template)
-    if built is None:
-        if len(_builders) > 8192:
-            _builders.clear()
-        built = _builders[template] = _compile_builder(template)
-    return built
-
-
-def _compile_builder(template):
+def build(template, metas: list, objs: list | None) -> tuple:
+    """An output's dims from its template (`Capture.end`): an input's dims whole (its
+    index), else per axis an input's axis (`(input, axis)`) or atoms of the dims in `objs`
+    (`((object index, stride, size), ...)`)."""
     if type(template) is int:
-        source = f"m[{template}].dims"
-    else:
-        axes = []
-        for t in template:
-            if t and type(t[0]) is int:
-                axes.append(f"m[{t[0]}].dims[{t[1]}]")
-            else:
-                atoms = "".join(f"(o[{r}], {s}, {n})," for r, s, n in t)
-                axes.append(f"({atoms})")
-        source = "(" + "".join(f"{a}," for a in axes) + ")"
-    return eval(compile(f"lambda m, o: {source}", "<shapeguard replay>", "eval"))
+        return metas[template].dims
+    return tuple(
+        metas[t[0]].dims[t[1]]
+        if t and type(t[0]) is int
+        else tuple([(objs[r], stride, size) for r, stride, size in t])  # type: ignore[index]
+        for t in template
+    )
 
 
 # -- recordings --------------------------------------------------------------------------------

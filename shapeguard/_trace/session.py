@@ -12,7 +12,6 @@ import inspect
 import typing
 import weakref
 from sys import _getframe
-from types import FrameType
 
 import torch
 from torch._C import _pop_torch_function_stack, _push_on_torch_function_stack
@@ -32,7 +31,7 @@ from . import internal as _internal
 from . import owed as _owed
 from . import replay as _replay
 from . import tp_session as _tp_session
-from .call import OpCall, _dtype_name
+from .call import OpCall, dtype_name
 from .current import _local, current_session
 from .meta import (
     FRESH,
@@ -41,7 +40,7 @@ from .meta import (
     Facts,
     TensorMeta,
     TensorTable,
-    _buffer_name,
+    buffer_name,
     buffer_origin,
     role_for,
 )
@@ -49,8 +48,6 @@ from .observe import Observation, Observer
 from .record import TraceData as Trace
 
 _QUERY = _ops.QUERY
-_code_kinds, _code_kind = _source._kinds, _source._kind
-_FLOOR, _IN_MODULE, _OPTIMIZER = _source._FLOOR, _source._IN_MODULE, _source._OPTIMIZER
 _site_epoch = _source.site_epoch
 _Tensor = torch.Tensor
 _SEQUENCES = (tuple, list)
@@ -90,7 +87,7 @@ def _static(tensor, meta: TensorMeta | None = None) -> tuple:
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
     facts = _DTYPE_FACTS.get(dtype)
     if facts is None:
-        facts = _DTYPE_FACTS[dtype] = (_dtype_name(dtype), dtype.itemsize)
+        facts = _DTYPE_FACTS[dtype] = (dtype_name(dtype), dtype.itemsize)
     if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
         sharded = _tp_session.record_sharding(tensor, meta, current_session())
         return tensor.shape, facts[0], device, facts[1], sharded
@@ -126,8 +123,6 @@ _ENTER, _EXIT = _replay.ENTER, _replay.EXIT
 _MISSED = object()  # a replayed op that was not the recording's next step
 _UNSET = object()  # the innermost module, not looked up yet
 _GENERIC = _replay.GENERIC
-_new_meta = TensorMeta.__new__
-_weakref_ref = weakref.ref
 _OWED = object()  # a replayed step's objects: not resolved, its effects owed (`_owed`)
 _CHECK = object()  # a replayed step run on the reference path instead (`_check_op`)
 
@@ -594,7 +589,7 @@ class Session:
         except RuntimeError:  # sparse and nested tensors
             strides = None
         name = self._state_name(tensor)
-        buffer = "" if name else _buffer_name(tensor, self.module_stack)
+        buffer = "" if name else buffer_name(tensor, self.module_stack)
         return (type(tensor), name, buffer, strides, tensor.device.type, tensor.requires_grad)
 
     def _match_inputs(self, step, tensors: list) -> list | None:
@@ -630,8 +625,8 @@ class Session:
             tensor = tensors[k]
             metas[k] = table.get(tensor) or self._replayed_fresh(tensor, nature)
         try:
-            find = step.effects.find
-            return find(metas) if find is not None else []
+            paths = step.effects.paths
+            return _replay.resolve(paths, metas) if paths else []
         except (IndexError, AttributeError, TypeError):
             for k in made:
                 self.metas.discard(tensors[k])
@@ -897,7 +892,7 @@ class Session:
             choices = self._choices
         else:
             choices = (replay,) if replay is not None else ()
-        get = self.metas._data.get
+        get = self.metas.lookup
         ledger = self.ledger
         checking = self._checking
         plain = False  # the op runs unchecked: its error is torch's, not ours
@@ -908,30 +903,17 @@ class Session:
                 if step is None or (step.func is not func and step.func != func):
                     continue
                 if module is _UNSET:
-                    # The user's frame, found as `_source.user_site` finds it; its site is looked
+                    # The user's frame, found as `_source.op_site` finds it; its site is looked
                     # up only when the frame is not where the step's site was last seen.
-                    frame: FrameType | None = _getframe(2)
-                    in_module = False
-                    while frame is not None:
-                        code = frame.f_code
-                        known = _code_kinds.get(id(code))
-                        kind = (
-                            known[1] if known is not None and known[0] is code else _code_kind(code)
-                        )
-                        if not kind:
-                            break
-                        if kind == _FLOOR:
-                            frame = None
-                            break
-                        if kind == _OPTIMIZER and not in_module:
-                            plain = True  # torch.optim's own (`_source.op_site`)
-                            return func(*args, **kwargs)
-                        if kind == _IN_MODULE:
-                            in_module = True
-                        frame = frame.f_back
+                    found_frame = _source.op_frame(_getframe(2))
+                    if found_frame is None:
+                        plain = True  # torch.optim's own (`_source.op_site`)
+                        return func(*args, **kwargs)
+                    frame, in_module = found_frame
                     if frame is None:
                         site = None
                     else:
+                        code = frame.f_code
                         lasti = frame.f_lasti
                         where = step.where
                         if (
@@ -986,11 +968,7 @@ class Session:
                             tensors.extend([t for t in a if isinstance(t, _Tensor)])
                     if kwargs:
                         tensors += [v for v in kwargs.values() if isinstance(v, _Tensor)]
-                count, names, checks = step.args
-                if len(args) != count or (tuple(kwargs) != names if kwargs else names):
-                    why = _replay.Why.OTHER_ARGUMENTS
-                    continue
-                if checks and not _replay.same_checks(checks, args, kwargs):
+                if not _replay.same_args(step.args, args, kwargs):
                     why = _replay.Why.OTHER_ARGUMENTS
                     continue
                 inputs = step.inputs
@@ -1098,15 +1076,8 @@ class Session:
                 owed = None
             table = self.metas
             if outputs is None:
-                # `_owed.pending` and `TensorTable.__setitem__`, inlined for the one output.
-                meta = _new_meta(TensorMeta)
-                meta.slot = slot + 1
-                meta._owed = owed
-                made: list = [meta]
-                data = table._data
-                data[id(out)] = (_weakref_ref(out), meta)
-                if len(data) > table._limit:
-                    table._sweep()
+                made: list = [_owed.pending(slot + 1, owed)]
+                table[out] = made[0]
             else:
                 made = [_owed.pending(slot + k, owed) for k in range(1, len(shapes) + 1)]
                 for tensor, meta in zip(outputs, made, strict=True):
@@ -1394,6 +1365,7 @@ class Session:
         outputs = _tensors_of(out)
         try:
             if len(outputs) >= _replay.MAX_OUTPUTS or len(reads.read) > len(step.values):
+                capture.abandon()
                 raise _replay.Outside  # (or an axis rule read values: none does)
             step.effects = capture.end(made)
             step.extras = self._extras(call, outputs)

@@ -13,6 +13,7 @@ from torch import nn
 
 import shapeguard
 from shapeguard._names import dims as D
+from shapeguard._trace import recording as _recording
 from shapeguard._trace import replay as _replay
 from shapeguard._trace import session as _session
 from shapeguard._trace.meta import Facts, TensorMeta
@@ -45,7 +46,7 @@ def _wider(**facts) -> tuple:
 
 def test_a_new_fact_survives_a_replay(monkeypatch):
     _replay.forget_all()
-    monkeypatch.setattr(_session, "Facts", _wider)  # what the reference path makes
+    monkeypatch.setattr(_recording, "Facts", _wider)  # what the reference path makes
     seen: list = []
     close = _session.Session.close
 

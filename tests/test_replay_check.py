@@ -19,6 +19,7 @@ from test_replay import (
 
 import shapeguard
 from shapeguard._trace import replay as _replay
+from shapeguard._trace import replay_match as _replay_match
 from shapeguard._trace.replay import Why
 
 pytestmark = pytest.mark.no_shapeguard  # the plugin's own session would hold every op
@@ -119,12 +120,12 @@ def test_a_check_names_the_op_and_the_fields_that_differ(checked):
 
 
 def test_the_matcher_answers_what_the_plain_comparison_answers(plain, monkeypatch):
-    # `_replay.matcher` compiles the comparison of a step's arguments and inputs; on every
+    # `_replay_match.matcher` compiles the comparison of a step's arguments and inputs; on every
     # call a replay compares, against every recorded step of the same function (the one it
-    # is, and the ones it is not), it answers what `_replay.compare` answers.
+    # is, and the ones it is not), it answers what `_replay_match.compare` answers.
     answers: list = []
     recorded: list = []
-    make = _replay.matcher
+    make = _replay_match.matcher
 
     def matcher(step):
         match = make(step)
@@ -137,14 +138,14 @@ def test_the_matcher_answers_what_the_plain_comparison_answers(plain, monkeypatc
                     continue
                 compiled = make(other)
                 if compiled is not False:
-                    expected = _replay.compare(other, args, kwargs, get)
+                    expected = _replay_match.compare(other, args, kwargs, get)
                     assert compiled(args, kwargs, get) == expected, other.event[0]
                     answers.append(expected is None)
             return match(args, kwargs, get)
 
         return checked
 
-    monkeypatch.setattr(_replay, "matcher", matcher)
+    monkeypatch.setattr(_replay_match, "matcher", matcher)
     model = Attention()
     x = torch.randn(2, 5, 12)
     mask = torch.ones(2, 5, dtype=torch.long)

@@ -49,7 +49,7 @@ _touched: ContextVar[list | None] = ContextVar("shapeguard_touched", default=Non
 
 def watch() -> tuple[list, Token]:
     """Note from now on, in this context, every root a claim or a unification changes, in
-    the list returned (`_replay.Capture`, recording a step); `unwatch(token)` stops."""
+    the list returned (`_replay_effects.Capture`, recording a step); `unwatch(token)` stops."""
     touched: list = []
     return touched, _touched.set(touched)
 

@@ -213,7 +213,7 @@ class TensorTable:
     def lookup(self):
         """The table's own `dict.get`: `id(tensor) -> (weak reference, meta)`, or None; the
         caller checks the reference (`entry[0]() is tensor`). One C call per lookup, for
-        the replay's comparison of a step's inputs (`_replay.matcher`)."""
+        the replay's comparison of a step's inputs (`_replay_match.matcher`)."""
         return self._data.get
 
     def get(self, tensor, default=None):

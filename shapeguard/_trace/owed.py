@@ -20,7 +20,7 @@ import weakref
 import torch
 
 from .._names import dims as _dims
-from . import replay as _replay
+from . import replay_effects as _replay_effects
 from .meta import FRESH, FRESH_PARAM, TensorMeta
 
 # Steps a ledger owes before the session pays it at the next forward's start: what a long
@@ -111,8 +111,8 @@ def _make(step, metas: tuple) -> None:
                     fill_fresh(meta, shape, nature)
     effects = step.effects
     try:
-        objs = _replay.resolve(effects.paths, ins) if effects.paths else None
-        _replay.apply(effects, objs, ins, made)
+        objs = _replay_effects.resolve(effects.paths, ins) if effects.paths else None
+        _replay_effects.apply(effects, objs, ins, made)
     except Exception:
         # Not the axes the step was recorded on: the replay guarantees they are, so this is
         # shapeguard's own fault. Unnamed axes of the right sizes, never a crash of a read.

@@ -364,6 +364,30 @@ def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
     return None
 
 
+def op_frame(frame: FrameType | None) -> tuple[FrameType | None, bool] | None:
+    """The user's frame of an op called from `frame`, and whether the op ran inside a
+    module's forward called from it: the walk `op_site` makes, without the site (a replay
+    makes that only where the frame is not where a step's site was last seen: `site_key`).
+    (None, False) past a floor or off the stack; None where torch.optim called the op
+    outside a module (`OPTIMIZER`). torch.distributed's frames are walked through."""
+    in_module = False
+    kinds = _kinds
+    while frame is not None:
+        code = frame.f_code
+        entry = kinds.get(id(code))
+        kind = entry[1] if entry is not None and entry[0] is code else _kind(code)
+        if not kind:
+            return frame, in_module
+        if kind == _FLOOR:
+            return None, False
+        if kind == _OPTIMIZER and not in_module:
+            return None
+        if kind == _IN_MODULE:
+            in_module = True
+        frame = frame.f_back
+    return None, False
+
+
 def frame_site(frame: FrameType, in_module: bool) -> Site:
     """The site of `frame`, a user frame (`in_module`: the op ran inside a module's forward
     called from it), as `user_site` makes it."""

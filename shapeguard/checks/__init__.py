@@ -48,7 +48,7 @@ class Rule:
     order: int
     # The rule reads only calls whose first `operands` positional arguments are tensors
     # (`t + u`, not `t * 0.5`): the session shows it no other, so a replayed step with
-    # other numbers in those places has the same verdict (see `_replay.loose_numbers`).
+    # other numbers in those places has the same verdict (see `_replay_match.loose_numbers`).
     operands: int = 0
 
 

@@ -333,7 +333,7 @@ def _labels(call: CallView) -> dict[int, str]:
 # What first reads a DTensor a plan declared: the norms and dropout SequenceParallel
 # supports, attention's projections, any op of two tensors. Elementwise ops of a tensor
 # and a number stay unread, so a replayed step whose number changed (an optimizer's
-# step size) keeps its replay (`_replay.loose_numbers`).
+# step size) keeps its replay (`_replay_match.loose_numbers`).
 _ELEMENTWISE = (_ops.SAME, _ops.BINARY, _ops.OTHER)
 _SHARD_READERS = tuple(
     op for op in _ops.ALL if op.family not in _ELEMENTWISE or op.sequence_parallel

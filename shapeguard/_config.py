@@ -6,7 +6,9 @@ import threading
 
 MODES = ("raise", "warn")
 
-_disabled_by_api = False
+# Set by `disable()`, cleared by `enable()`: read by the interceptor on every op (an
+# attribute read, not a call).
+disabled_by_api = False
 # `disabled()` / `forced_on()` blocks, per thread: one thread's block never switches
 # another thread.
 _local = threading.local()
@@ -14,14 +16,14 @@ _local = threading.local()
 
 def disable() -> None:
     """Turn every guard and trace into a pass-through until `enable()` is called."""
-    global _disabled_by_api
-    _disabled_by_api = True
+    global disabled_by_api
+    disabled_by_api = True
 
 
 def enable() -> None:
     """Undo `disable()`. `SHAPEGUARD=0` in the environment still wins."""
-    global _disabled_by_api
-    _disabled_by_api = False
+    global disabled_by_api
+    disabled_by_api = False
 
 
 def disabled():
@@ -62,7 +64,7 @@ def is_enabled() -> bool:
     if stack:
         if not stack[-1]:
             return False
-    elif _disabled_by_api:
+    elif disabled_by_api:
         return False
     return os.environ.get("SHAPEGUARD", "1").strip().lower() not in ("0", "false", "off", "no")
 

@@ -222,9 +222,9 @@ def _into_caller(merged) -> list:
     from ._errors import Operand, ShapeError
 
     current = None
-    session_module = sys.modules.get("shapeguard._trace.session")
-    if session_module is not None:
-        current = getattr(session_module._local, "session", None)
+    current_module = sys.modules.get("shapeguard._trace.current")
+    if current_module is not None:
+        current = getattr(current_module.thread_state, "session", None)
     errors = []
     for group in merged.groups:
         f = group.by_rank[group.ranks[0]]

@@ -8,7 +8,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import _config, _ops
-from .current import _local
+from .current import thread_state
 from .session_state import SessionState
 
 _QUERY = _ops.QUERY
@@ -36,7 +36,7 @@ def not_running() -> bool:
 def is_compiling() -> bool:
     """Whether dynamo is tracing (not while shapeguard checks a compiled module eagerly:
     `_compiled.check`)."""
-    return torch_compiling() and not getattr(_local, "eager", False)
+    return torch_compiling() and not getattr(thread_state, "eager", False)
 
 
 MISSED = object()  # a replayed op that was not the recording's next step
@@ -100,10 +100,10 @@ class Interceptor(TorchFunctionMode):
         if (
             spec.family == _QUERY
             or session._dispatching
-            or (torch_compiling() and not getattr(_local, "eager", False))
-            or getattr(_local, "session", None) is not session
+            or (torch_compiling() and not getattr(thread_state, "eager", False))
+            or getattr(thread_state, "session", None) is not session
             or not session.enabled
-            or _config._disabled_by_api
+            or _config.disabled_by_api
         ):
             return func(*args, **kwargs)
         session._dispatching = True

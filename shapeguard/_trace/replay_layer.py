@@ -9,7 +9,7 @@ that differs ends the replay with a stated reason, counted on the trace
 raises `_replay.ReplayMismatch` where its step is not the recorded one. The recording
 side (steps begun and captured on the reference path) is here too.
 
-Longer than 600 lines: `_replay_op`, the replay's hot path, is one flat function of some
+Long because `_replay_op`, the replay's hot path, is one flat function of some
 230 lines (each call it would make instead is paid on every replayed op), and the
 recording side belongs with the comparison it records for.
 """

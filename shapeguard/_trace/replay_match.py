@@ -237,6 +237,9 @@ _matchers: dict = {}
 
 
 def _compile_matcher(count: int, names: tuple, checks: tuple, where_tensors: list, unseen):
+    """The straight code of a matcher for steps of this form: 3.0-4.5 us a step where
+    `compare` takes 7.3-8.2 us (`matcher` says how it was measured and tested)."""
+
     def value(where) -> str:
         return f"a[{where}]" if type(where) is int else f"k[{where!r}]"
 

@@ -28,7 +28,7 @@ from . import replay as _replay
 from . import replay_match as _replay_match
 from . import tp_session as _tp_session
 from .call import OpCall
-from .current import _local, current_session
+from .current import current_session, thread_state
 from .findings import Findings
 from .interceptor import CLOSED, MISSED, Interceptor, is_compiling, not_running, spec_of
 from .meta import NO_FLAGS, TensorTable
@@ -105,7 +105,7 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             self._remove_hooks()
             raise
         self._previous = previous
-        _local.session = self
+        thread_state.session = self
         self.trace._live += 1
         self._flash_held = _flash.patch()
         self.enabled = _config.is_enabled()
@@ -141,8 +141,8 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         finally:
             self._remove_hooks()
             self._restore_lifted()
-            if getattr(_local, "session", None) is self:
-                _local.session = self._previous
+            if getattr(thread_state, "session", None) is self:
+                thread_state.session = self._previous
             previous, self._previous = self._previous, None
             if previous is not None and previous.background:
                 previous.trace.findings.extend(self.trace.findings)
@@ -228,9 +228,9 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             or self._dispatching
             or is_compiling()
             # An inner session sees this op too (its mode runs first); check it once.
-            or getattr(_local, "session", None) is not self
+            or getattr(thread_state, "session", None) is not self
             or not self.enabled
-            or _config._disabled_by_api
+            or _config.disabled_by_api
         ):
             return func(*args, **kwargs)
         self._dispatching = True

@@ -29,10 +29,7 @@ LONGEST = 600
 # The phrase that admits a longer module: a line of its opening docstring starting with it.
 LONG_BECAUSE = re.compile(r"^\s*Long because\b", re.M)
 # Modules over LONGEST lines today whose docstring does not say why; they are being split.
-ALLOWED_LONG: set[str] = {
-    "shapeguard._trace.composites",
-    "shapeguard._trace.tp_session",
-}
+ALLOWED_LONG: set[str] = set()
 
 
 def lines_of(module: str) -> int:

@@ -6,7 +6,7 @@ gather of one), and each module's sharding read once per session (`sharding`, `o
 (reading placements and a module's split from its DTensor weights) is `_tp`, below the
 checks; this module sits with the session, whose state it reads and writes.
 
-Longer than 600 lines: every session-side branch for tensor parallelism is here, so that
+Long because every session-side branch for tensor parallelism is here, so that
 the session itself has one seam for it; split, it would spread into the session again.
 """
 

@@ -84,7 +84,10 @@ def measure_decode(layers: int = 2, steps: int = 16, *, repeats: int = 3) -> dic
     except ImportError:
         return {}
     from shapeguard import _probes
-    from shapeguard._probes import check as _check
+    from shapeguard._probes.prepare import prepare_subject
+    from shapeguard._probes.report import CheckReport
+    from shapeguard._probes.traced import trace_for_probes
+    from shapeguard._probes.untouched import untouched
 
     one_thread()
     config = transformers.LlamaConfig(
@@ -96,10 +99,10 @@ def measure_decode(layers: int = 2, steps: int = 16, *, repeats: int = 3) -> dic
     length = 2 * steps
     ids = torch.randint(3, 100, (2, length), generator=torch.Generator().manual_seed(0))
     kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    report = _check.CheckReport("LlamaForCausalLM")
-    with _check._untouched(model) as work, torch.no_grad():
-        traced = _check._trace(work, (), kwargs)
-        subject = _check._subject(work, model, (), kwargs, traced, None, 0, report)
+    report = CheckReport("LlamaForCausalLM")
+    with untouched(model) as work, torch.no_grad():
+        traced = trace_for_probes(work, (), kwargs)
+        subject = prepare_subject(work, model, (), kwargs, traced, None, 0, report)
         times = []
         for _ in range(repeats):
             start = time.perf_counter()

@@ -87,6 +87,7 @@ def compare_cpu(variants: list[Variant], *, repeats: int, warmup: int, min_sampl
         )
     return timings
 
+
 TINY = ("tiny", 2, 16, 64)  # name, batch, seq, d_model
 MEDIUM = ("medium", 8, 512, 512)
 QUICK = (TINY, ("small", 2, 64, 128))
@@ -272,7 +273,7 @@ def table(rows: list[dict]) -> Table:
             "`contract every` / `contract first` are `guard(model, ops=False)`: the contract "
             "alone, which is what this table measures. `guard every` adds the op-level engine "
             "(see the Overhead section); `guard first` skips both after a signature's first call. "
-            "`empty hooks` is torch's own cost of two no-op hooks: the floor for check=\"first\".",
+            '`empty hooks` is torch\'s own cost of two no-op hooks: the floor for check="first".',
             "Ratios are medians of per-round ratios (IQR in parentheses); `best` columns divide "
             "the fastest round of each variant, the figure a busy machine moves least.",
         ],

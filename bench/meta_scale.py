@@ -68,10 +68,11 @@ def cpu_memory(model_file: str = MODEL_FILE, *, layers: int | None = None) -> di
     from shapeguard import _ops
     from shapeguard._cli import inputs as _inputs
     from shapeguard._cli import loader as _loader
+    from shapeguard._cli import picking as _picking
 
     with _loader.loaded(model_file) as module:
         kwargs = {"n_layers": layers} if layers is not None else {}
-        model = _loader.pick_model(module, kwargs=kwargs, device="meta").model
+        model = _picking.pick_model(module, kwargs=kwargs, device="meta").model
         inputs = _inputs.make_inputs(module, model, device="meta")
         with torch.no_grad():
             trace = shapeguard.trace(model, *inputs.args, **inputs.kwargs)

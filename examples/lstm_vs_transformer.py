@@ -129,7 +129,16 @@ def run(name: str, device: str, steps: int) -> dict:
     """Measure one model in a fresh Python process (cpu) or here (cuda)."""
     if device == "cuda":
         return measure(name, device, steps)
-    command = [sys.executable, __file__, "--worker", name, "--device", device, "--steps", str(steps)]
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        name,
+        "--device",
+        device,
+        "--steps",
+        str(steps),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -167,9 +176,7 @@ def main() -> None:
         f"{m_ratio:>8.2f}x   {CLAIMED['lstm'][1]} / {CLAIMED['transformer'][1]} GB = "
         f"{CLAIMED['lstm'][1] / CLAIMED['transformer'][1]:.2f}x"
     )
-    print(
-        f"{'parameters':<22}{lstm['parameters']:>12,}{transformer['parameters']:>14,}"
-    )
+    print(f"{'parameters':<22}{lstm['parameters']:>12,}{transformer['parameters']:>14,}")
     print(
         f"Each attention layer's [batch, heads, seq, seq] scores hold "
         f"{scores_bytes / 2**20:.0f} MiB in float32 (x{LAYERS} layers, kept for backward); "

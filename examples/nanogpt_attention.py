@@ -52,9 +52,7 @@ class CausalSelfAttention(nn.Module):
             ),
         )
 
-    def forward(
-        self, x: Float[Tensor, "batch seq n_embd"]
-    ) -> Float[Tensor, "batch seq n_embd"]:
+    def forward(self, x: Float[Tensor, "batch seq n_embd"]) -> Float[Tensor, "batch seq n_embd"]:
         B, T, C = x.size()  # batch size, sequence length, embedding dimensionality (n_embd)
 
         # query, key, values for all heads, with the head axis moved forward: (B, nh, T, hs)

@@ -34,7 +34,7 @@ def check(state, module, *args, **kwargs) -> int:
     if key in state.compiled or key in state.seen:  # checked already, compiled or eager
         return 0
     remember(state.compiled, key)
-    local = _current._local
+    local = _current.thread_state
     local.eager = True
     try:
         with torch.no_grad(), _kept(module, args, kwargs):

@@ -6,7 +6,9 @@ import threading
 
 MODES = ("raise", "warn")
 
-_disabled_by_api = False
+# Set by `disable()`, cleared by `enable()`: read by the interceptor on every op (an
+# attribute read, not a call).
+disabled_by_api = False
 # `disabled()` / `forced_on()` blocks, per thread: one thread's block never switches
 # another thread.
 _local = threading.local()
@@ -14,14 +16,14 @@ _local = threading.local()
 
 def disable() -> None:
     """Turn every guard and trace into a pass-through until `enable()` is called."""
-    global _disabled_by_api
-    _disabled_by_api = True
+    global disabled_by_api
+    disabled_by_api = True
 
 
 def enable() -> None:
     """Undo `disable()`. `SHAPEGUARD=0` in the environment still wins."""
-    global _disabled_by_api
-    _disabled_by_api = False
+    global disabled_by_api
+    disabled_by_api = False
 
 
 def disabled():
@@ -62,7 +64,7 @@ def is_enabled() -> bool:
     if stack:
         if not stack[-1]:
             return False
-    elif _disabled_by_api:
+    elif disabled_by_api:
         return False
     return os.environ.get("SHAPEGUARD", "1").strip().lower() not in ("0", "false", "off", "no")
 
@@ -76,16 +78,26 @@ def internal_errors_raise() -> bool:
 
 
 def validate_mode(mode: str) -> str:
-    from ._errors import ContractError
+    from ._errors import ContractError, ContractTypeError
 
     if mode not in MODES:
-        raise ContractError(f"mode={mode!r} is not a shapeguard mode; use one of {MODES}")
+        wrong = ContractError if isinstance(mode, str) else ContractTypeError
+        raise wrong(f"mode={mode!r} is not a shapeguard mode; use one of {MODES}")
     return mode
 
 
+def validate_strict(value) -> bool:
+    from ._errors import ContractTypeError
+
+    if not isinstance(value, bool):
+        raise ContractTypeError(f"strict={value!r} must be True or False")
+    return value
+
+
 def validate_max_events(value) -> int:
-    from ._errors import ContractError
+    from ._errors import ContractError, ContractTypeError
 
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ContractError(f"max_events={value!r} must be a whole number of events, 0 or more")
+        wrong = ContractError if isinstance(value, int) and value < 0 else ContractTypeError
+        raise wrong(f"max_events={value!r} must be a whole number of events, 0 or more")
     return value

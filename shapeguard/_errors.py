@@ -7,6 +7,13 @@ Pure Python: this module must import without torch, so the pytest plugin and
 from dataclasses import dataclass
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message, stripped; "" when it has none (the callers
+    say what stands in for it: the error's type name, or nothing)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Operand:
     """One line of the operand block: a name and its shape, already rendered."""
@@ -178,8 +185,34 @@ class ShapeWarning(UserWarning):
         self.hint = hint
 
 
-class ContractError(Exception):
-    """The contract itself, or the way shapeguard is called, is wrong (not a shape bug)."""
+class ContractError(ValueError):
+    """The contract itself, or the way shapeguard is called, is wrong (not a shape bug).
+
+    A `ValueError`, so code that catches bad settings as Python's own functions raise
+    them catches shapeguard's too; an argument of the wrong type is a `ContractTypeError`,
+    also a `TypeError`."""
+
+
+class ContractTypeError(ContractError, TypeError):
+    """An argument of the wrong type (`mode=1`, a list where a module belongs): a
+    `ContractError` and a `TypeError`, as Python's own functions raise for a wrong type."""
+
+
+class MalformedContract(ContractError):
+    """A shape annotation that cannot be a contract (an axis string that does not parse, a
+    symbolic dim nothing binds): a mistake in the file, like a syntax error.
+
+    Attributes:
+        location: `file:line` of the annotation (of the function when the annotation's
+            own line is unknown), or "".
+    """
+
+    def __init__(self, message: str, location: str = "") -> None:
+        super().__init__(message)
+        self.location = location
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.location))
 
 
 class ShapeguardInternalWarning(RuntimeWarning):

@@ -5,7 +5,7 @@ between `_pre_checks` and `_post_checks`, in the instance's dict), or, for torch
 composites and for an instance that already has its own forward, one forward
 pre-hook (with kwargs) and one forward hook (`always_call=True`) that run them. The
 pre-check checks the forward's shape contract (its jaxtyping annotations, see
-`_contract.decorator`) and opens a session when none is open; the post-check checks
+`_contract.call`) and opens a session when none is open; the post-check checks
 the return value and closes the session, also when forward (or the pre-check)
 raises. Under torch.compile both step aside (`_compiling`). Nothing else of
 the module changes: outputs are returned as they are, and `unguard` removes exactly
@@ -19,7 +19,8 @@ import weakref
 from dataclasses import dataclass, field
 
 from . import _config
-from ._errors import ContractError, ShapeError
+from ._errors import ContractError, ContractTypeError, ShapeError
+from ._trace.current import current_session
 
 
 @dataclass(slots=True)
@@ -96,7 +97,7 @@ def guard(
     """
     options = GuardOptions(
         _config.validate_mode(mode),
-        bool(strict),
+        _config.validate_strict(strict),
         _validate_check(check),
         bool(ops),
         _config.validate_max_events(max_events),
@@ -108,7 +109,8 @@ def guard(
 
 def _validate_check(check: str) -> str:
     if check not in ("every", "first"):
-        raise ContractError(f"check={check!r} is not supported; use 'every' or 'first'")
+        wrong = ContractError if isinstance(check, str) else ContractTypeError
+        raise wrong(f"check={check!r} is not supported; use 'every' or 'first'")
     return check
 
 
@@ -117,27 +119,27 @@ def _apply(target, *, options: GuardOptions):
 
     if inspect.isclass(target):
         if not issubclass(target, torch.nn.Module):
-            raise ContractError(
+            raise ContractTypeError(
                 f"@shapeguard.guard decorates nn.Module subclasses; {target.__name__} is not one"
             )
         return _guard_class(target, options)
     if isinstance(target, torch.nn.Module):
-        _check_config(target)
+        _check_config(target, options)
         _install(target, options, _compile_forward(type(target)))
         return target
-    raise ContractError(
+    raise ContractTypeError(
         f"shapeguard.guard takes an nn.Module class or instance, not {type(target).__name__}"
     )
 
 
 def _compile_forward(cls):
     """The contract of `cls.forward`, compiled now so a malformed annotation fails here."""
-    from ._contract import decorator as _contracts
+    from ._contract.compile import compile_contract
 
     forward = getattr(cls, "forward", None)
     if forward is None or not callable(forward):
         return None
-    return _contracts.compile_contract(forward, method=True)
+    return compile_contract(forward, method=True)
 
 
 def _guard_class(cls, options: GuardOptions):
@@ -149,12 +151,16 @@ def _guard_class(cls, options: GuardOptions):
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
         __tracebackhide__ = True
+        # One constructor call warns once per kind at its line: the arguments and then
+        # the attributes find the same bug.
+        warned: set = set()
+        reported: frozenset = frozenset()
         if _config.is_enabled():
-            _precheck_arguments(cls, original_init, args, kwargs)
+            reported = _precheck_arguments(cls, original_init, args, kwargs, options, warned)
         original_init(self, *args, **kwargs)
         if type(self) is cls or not _has_guarded_base_below(type(self), cls):
             if _config.is_enabled():
-                _check_config(self)
+                _check_config(self, options, warned, reported)
             _install(self, options, _compile_forward(type(self)))
 
     __init__.__shapeguard_wrapped__ = True  # type: ignore[attr-defined]  # a marker on the wrapper
@@ -173,9 +179,10 @@ def _has_guarded_base_below(actual: type, cls: type) -> bool:
     return False
 
 
-def _precheck_arguments(cls, init, args, kwargs) -> None:
+def _precheck_arguments(cls, init, args, kwargs, options: GuardOptions, warned: set) -> frozenset:
     """Check head counts from the constructor's arguments, before `__init__` runs, so
-    the user sees the fix instead of the AssertionError their own check would raise."""
+    the user sees the fix instead of the AssertionError their own check would raise.
+    Returns the kinds found (the attributes' check after `__init__` skips them)."""
     __tracebackhide__ = True
     from ._names import axes as _axes
     from .checks.config import check_sizes
@@ -183,7 +190,7 @@ def _precheck_arguments(cls, init, args, kwargs) -> None:
     try:
         bound = inspect.signature(init).bind(None, *args, **kwargs)
     except TypeError:
-        return  # the call itself is wrong; let Python say so
+        return frozenset()  # the call itself is wrong; let Python say so
     bound.apply_defaults()
     values = dict(bound.arguments)
     values.pop(next(iter(values)), None)  # self
@@ -194,46 +201,69 @@ def _precheck_arguments(cls, init, args, kwargs) -> None:
     holder = _Args()
     for name, value in values.items():
         setattr(holder, name, value)
-    for violation in check_sizes(_axes.declared_sizes(holder), f" in {cls.__name__}(...)"):
-        raise ShapeError(
-            violation.relation,
-            kind=violation.kind,
-            op="__init__",
-            module=cls.__name__,
-            location=_caller_location(),
-            source=_caller_source(),
-            hint=violation.hint,
-        )
+    violations = check_sizes(_axes.declared_sizes(holder), f" in {cls.__name__}(...)")
+    return _report_construction(
+        violations, op="__init__", module=cls.__name__, options=options, warned=warned
+    )
 
 
-def _caller_location() -> str:
-    from . import _source
-
-    site = _source.user_site()
-    return site.location if site else ""
-
-
-def _caller_source() -> str:
-    from . import _source
-
-    site = _source.user_site()
-    return site.source if site else ""
-
-
-def _check_config(module) -> None:
+def _check_config(
+    module, options: GuardOptions, warned: set | None = None, reported: frozenset = frozenset()
+) -> None:
+    """Check the head counts of the module tree's attributes; the root's `reported` kinds
+    were already found in the constructor's arguments."""
     __tracebackhide__ = True
-    from .checks.config import check_tree
+    from .checks.config import check_module
 
-    for violation in check_tree(module):
-        raise ShapeError(
-            violation.relation,
-            kind=violation.kind,
-            op="config",
-            module=type(module).__name__,
-            location=_caller_location(),
-            source=_caller_source(),
-            hint=violation.hint,
+    warned = set() if warned is None else warned
+    for path, child in module.named_modules():
+        violations = check_module(child, path)
+        if not path:
+            violations = (v for v in violations if v.kind not in reported)
+        _report_construction(
+            violations, op="config", module=type(module).__name__, options=options, warned=warned
         )
+
+
+def _report_construction(
+    violations, *, op: str, module: str, options: GuardOptions, warned: set
+) -> frozenset:
+    """Report a constructor's findings as every other finding is (`_reporting.deliver`):
+    raised or warned by the guard's mode and strictness (a trace open around the
+    constructor has its own, as it has for a guarded forward), silenced by a `# shapeguard:
+    ignore[kind]` on the constructor's line, and recorded in the open trace. Returns the
+    kinds found."""
+    __tracebackhide__ = True
+    from . import _reporting, _source
+    from ._errors import Context
+
+    found = set()
+    for violation in violations:
+        violation.op = op
+        found.add(violation.kind)
+        site = _source.user_site()
+        session = current_session()
+        mode, strict = options.mode, options.strict
+        if session is not None and not session.background:
+            mode, strict = session.trace.mode, session.trace.strict
+        context = Context(
+            module=module,
+            location=site.location if site else "",
+            source=site.source if site else "",
+        )
+        _reporting.deliver(
+            # Not kept in a local: a raised error must not be held by a frame it passes
+            # through (`_reporting.deliver`: the cycle it would make).
+            ShapeError.from_violation(violation, context),
+            violation.severity,
+            mode=mode,
+            strict=strict,
+            trace=session.trace if session is not None else None,
+            filename=site.filename if site else "<shapeguard>",
+            lineno=site.lineno if site else 0,
+            once=warned,
+        )
+    return frozenset(found)
 
 
 def _install(module, options: GuardOptions, contract=None) -> None:
@@ -245,10 +275,10 @@ def _install(module, options: GuardOptions, contract=None) -> None:
         return
     state = _GuardState(options)
     if contract is not None:
-        from ._contract import decorator as _contracts
+        from ._contract.bindings import bind_attributes
 
         state.contract = contract
-        state.bound = _contracts.bind_attributes(contract, module)
+        state.bound = bind_attributes(contract, module)
     from ._trace import composites as _composites
 
     if _composites.hooks_turn_off_fast_path(module):
@@ -348,14 +378,14 @@ _runtime = None
 
 
 def _load_runtime():
-    """The torch-side helpers (`_contract.decorator`, which also carries the session functions),
-    imported on the first hook call so `import shapeguard` stays free of torch, and kept
-    in a global so later calls pay no import."""
+    """The torch-side checks of a call (`_contract.call`), imported on the first hook call
+    so `import shapeguard` stays free of torch, and kept in a global so later calls pay no
+    import."""
     global _runtime
     if _runtime is None:
-        from ._contract import decorator as _contracts
+        from ._contract import call
 
-        _runtime = _contracts
+        _runtime = call
     return _runtime
 
 
@@ -416,18 +446,19 @@ def _pre_checks(rt, module, args, kwargs) -> None:
     contract = state.contract
     # Popped by the post-check, which runs also when this one or forward raises.
     call = rt.push_call(module, key)
-    session = rt.current_session()
+    session = current_session()
     if options.ops:
         # A background session (the pytest plugin's) lets a guarded module keep its own
         # options and last_trace; it still receives the findings when this one closes.
         if session is None or session.background:
+            from ._trace.replay import opener
             from ._trace.tracing import begin
             from ._tracer import Trace
 
             trace = Trace(mode=options.mode, strict=options.strict, max_events=options.max_events)
             _last_traces[module] = trace
             # Closed by the post-check (or by `begin` itself, when entering the module raises).
-            session = begin(trace, module, args, kwargs, opener=rt.opener("guard", module))
+            session = begin(trace, module, args, kwargs, opener=opener("guard", module))
             _owned.count = getattr(_owned, "count", 0) + 1
             session.owner = module
             session.owner_depth = 1
@@ -475,13 +506,15 @@ def _post_checks(rt, module, args, kwargs, output) -> None:
 
 
 def _close_owned_session(rt, module) -> None:
-    session = rt.current_session()
+    session = current_session()
     if session is not None and session.owner is module:
         session.owner_depth -= 1
         if session.owner_depth <= 0:
+            from ._trace.session import close_session
+
             _owned.count -= 1
             session.exit_module(module)
-            rt.close_session(session)
+            close_session(session)
 
 
 def _finish_call(rt, module, call, output, args, kwargs) -> None:

@@ -3,7 +3,7 @@
 An `Op` gives the names torch (2.4 and later) hands a `TorchFunctionMode` for it
 (`Tensor.add`, `torch.add` and `t + u` all arrive as `add`; `2 - t` as `__rsub__`
 with the tensor first), its family (which axis rule applies, see
-`_names/flow.py`), its parameters (so each signature is bound in one place),
+`_names/flow/`), its parameters (so each signature is bound in one place),
 and what the report and the probes need to know of it. Interception, axis
 naming, checks and renderers all read this table; tests/test_ops.py pins every spelling
 against `torch.overrides`. Pure Python: no torch import here.
@@ -11,7 +11,7 @@ against `torch.overrides`. Pure Python: no torch import here.
 
 from dataclasses import dataclass
 
-# Families: which axis rule names an op's outputs (`_names/flow.py`).
+# Families: which axis rule names an op's outputs (`_names/flow/`).
 QUERY = "query"  # reads a property or a size; makes no tensor: never recorded
 SAME = "same"  # the output has the input's axes (casts, activations, norms, softmax)
 BINARY = "binary"  # elementwise with broadcasting (add, mul, masked_fill, where, ==)
@@ -26,7 +26,7 @@ GROW = "grow"  # expand, repeat, repeat_interleave
 FACTORY = "factory"  # zeros, arange, tensor: new axes
 ATTENTION = "attention"  # scaled_dot_product_attention, multi_head_attention_forward
 FLASH = "flash"  # flash-attn's entry points and kernels, shapeguard.attention's wrappers
-COMPOSITE = "composite"  # torch's attention modules, checked at their boundary (_composites)
+COMPOSITE = "composite"  # torch's attention modules, checked at their boundary (composites)
 EMBEDDING = "embedding"  # F.embedding: token ids -> vectors
 CONV = "conv"  # conv1d/2d/3d
 WRITE = "write"  # t[i] = v: in place, returns nothing
@@ -72,7 +72,7 @@ class Op:
     #   (reshape and flatten, which copy when they must, are not)
     step: str = ""  # the step of attention it computes, as the report's diagram draws it
     reads_values: bool = False  # a query that reads the tensor's values, not only its
-    #   metadata (item, tolist, __bool__: what a recorded step must remember, `_replay`)
+    #   metadata (item, tolist, __bool__: what a recorded step must remember, `_trace.replay`)
     # flash-attn: how q, k, v arrive ("dense", "qkvpacked", "kvpacked", "varlen",
     # "varlen_qkvpacked", "varlen_kvpacked") and whose entry point it is ("flash_attn",
     # "kernel": a torch.ops.flash_attn op, "shapeguard": shapeguard.attention's).

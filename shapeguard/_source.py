@@ -21,6 +21,8 @@ import typing
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
+from ._source_ast import NodeIndex, describe_node, index_tree, short_label
+
 # CPython 3.11 keeps the AST constructor's recursion depth in state shared by threads:
 # two threads parsing at once can fail with "SystemError: AST constructor recursion depth
 # mismatch" (cpython gh-106905). Our parses take turns; a parse by the user's own code in
@@ -362,6 +364,30 @@ def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
     return None
 
 
+def op_frame(frame: FrameType | None) -> tuple[FrameType | None, bool] | None:
+    """The user's frame of an op called from `frame`, and whether the op ran inside a
+    module's forward called from it: the walk `op_site` makes, without the site (a replay
+    makes that only where the frame is not where a step's site was last seen: `site_key`).
+    (None, False) past a floor or off the stack; None where torch.optim called the op
+    outside a module (`OPTIMIZER`). torch.distributed's frames are walked through."""
+    in_module = False
+    kinds = _kinds
+    while frame is not None:
+        code = frame.f_code
+        entry = kinds.get(id(code))
+        kind = entry[1] if entry is not None and entry[0] is code else _kind(code)
+        if not kind:
+            return frame, in_module
+        if kind == _FLOOR:
+            return None, False
+        if kind == _OPTIMIZER and not in_module:
+            return None
+        if kind == _IN_MODULE:
+            in_module = True
+        frame = frame.f_back
+    return None, False
+
+
 def frame_site(frame: FrameType, in_module: bool) -> Site:
     """The site of `frame`, a user frame (`in_module`: the op ran inside a module's forward
     called from it), as `user_site` makes it."""
@@ -454,7 +480,7 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
     if found is None:
         return Site(filename, lineno, source, in_module=in_module, scope=code.co_firstlineno)
     node, targets, returned = found
-    callee, receiver, args = _describe(node)
+    callee, receiver, args = describe_node(node)
     keywords = (
         tuple((k.arg, ast.unparse(k.value)) for k in node.keywords if k.arg)
         if isinstance(node, ast.Call)
@@ -475,11 +501,7 @@ def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:
     )
 
 
-# Keyed by (lineno, col, end_lineno, end_col): the ends are None where Python has none.
-_NodeIndex = dict[tuple[int, int, int | None, int | None], tuple[ast.AST, tuple[str, ...], bool]]
-
-
-def _code_index(code: CodeType) -> _NodeIndex | None:
+def _code_index(code: CodeType) -> NodeIndex | None:
     """The expression sites of the function `code` belongs to (indexed once per parse, when
     a site first needs it, and kept with the tree)."""
     first = 0 if code.co_name.startswith("<") else code.co_firstlineno
@@ -489,161 +511,18 @@ def _code_index(code: CodeType) -> _NodeIndex | None:
         return None
     if index is None:
         index = entry[2] = {}
-        _index_tree(tree, index)
+        index_tree(tree, index)
     return index
 
 
-def _file_index(filename: str) -> _NodeIndex | None:
+def _file_index(filename: str) -> NodeIndex | None:
     """Every expression site of a file (the whole file parsed)."""
     tree = _tree(filename, 0)
     if tree is None:
         return None
-    index: _NodeIndex = {}
-    _index_tree(tree, index)
+    index: NodeIndex = {}
+    index_tree(tree, index)
     return index
-
-
-_OP_NODES = (ast.Call, ast.BinOp, ast.Compare, ast.Subscript, ast.UnaryOp, ast.Attribute)
-
-
-def _index_tree(tree: ast.AST, index: _NodeIndex) -> None:
-    spine_targets: dict[int, tuple[str, ...]] = {}
-    returned: set[int] = set()
-    ops = []
-    for node in _nodes(tree):
-        if isinstance(node, _OP_NODES):
-            ops.append(node)
-        elif isinstance(node, ast.stmt):
-            value, targets = _statement_value(node)
-            if value is not None:
-                for part in _spine(value):
-                    spine_targets[id(part)] = targets
-                    if isinstance(node, ast.Return):
-                        returned.add(id(part))
-    for node in ops:
-        if getattr(node, "end_lineno", None) is not None:
-            key = (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
-            index.setdefault(key, (node, spine_targets.get(id(node), ()), id(node) in returned))
-
-
-def _nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node of `tree`, each before the nodes inside it (`ast.walk`'s nodes in one
-    loop, without a generator per node: indexing is most of a new file's first trace)."""
-    found: list[ast.AST] = []
-    todo = [tree]
-    pop, push, extend, add = todo.pop, todo.append, todo.extend, found.append
-    node_type, sequence = ast.AST, list
-    while todo:
-        node = pop()
-        add(node)
-        for name in node._fields:
-            value = getattr(node, name, None)
-            if isinstance(value, node_type):
-                push(value)
-            elif isinstance(value, sequence):
-                extend([v for v in value if isinstance(v, node_type)])
-    return found
-
-
-def _statement_value(stmt: ast.AST) -> tuple[ast.AST | None, tuple[str, ...]]:
-    if isinstance(stmt, ast.Assign):
-        target = stmt.targets[-1]
-        if isinstance(target, ast.Tuple | ast.List):
-            return stmt.value, tuple(_label(t) for t in target.elts)
-        return stmt.value, (_label(target),)
-    if isinstance(stmt, ast.AnnAssign | ast.AugAssign) and stmt.value is not None:
-        return stmt.value, (_label(stmt.target),)
-    if isinstance(stmt, ast.Return) and stmt.value is not None:
-        return stmt.value, ("output",)
-    return None, ()
-
-
-def _spine(value: ast.AST):
-    """The expressions whose result becomes the assigned value: a method chain, the
-    first argument of a wrapping call, the left side of a scaling."""
-    node: ast.AST | None = value
-    while node is not None:
-        yield node
-        if isinstance(node, ast.Call):
-            func = node.func
-            # `self.proj(x)` calls a submodule: the value flows from x, not from self.
-            on_self = isinstance(func, ast.Attribute) and _is_self(func.value)
-            if isinstance(func, ast.Attribute) and not _is_namespace(func.value) and not on_self:
-                node = func.value
-            elif node.args:
-                node = node.args[0]
-            else:
-                node = None
-        elif isinstance(node, ast.BinOp):
-            node = node.left
-        elif isinstance(node, ast.Subscript | ast.Attribute):
-            node = node.value
-        else:
-            node = None
-
-
-_NAMESPACES = {"torch", "F", "nn", "functional", "math", "np", "einops"}
-
-
-def _is_self(node: ast.AST) -> bool:
-    return isinstance(node, ast.Name) and node.id == "self"
-
-
-def _is_namespace(node: ast.AST) -> bool:
-    if isinstance(node, ast.Name):
-        return node.id in _NAMESPACES
-    if isinstance(node, ast.Attribute):
-        return _is_namespace(node.value)
-    return False
-
-
-_BINOP_SYMBOLS = {
-    ast.MatMult: "@",
-    ast.Add: "+",
-    ast.Sub: "-",
-    ast.Mult: "*",
-    ast.Div: "/",
-}
-
-
-def _describe(node: ast.AST) -> tuple[str, str, tuple[str, ...]]:
-    if isinstance(node, ast.Call):
-        args = tuple(ast.unparse(a) for a in node.args)
-        if isinstance(node.func, ast.Attribute):
-            receiver = "" if _is_namespace(node.func.value) else ast.unparse(node.func.value)
-            return node.func.attr, receiver, args
-        return ast.unparse(node.func), "", args
-    if isinstance(node, ast.BinOp):
-        symbol = _BINOP_SYMBOLS.get(type(node.op), type(node.op).__name__)
-        return symbol, "", (ast.unparse(node.left), ast.unparse(node.right))
-    if isinstance(node, ast.Compare):
-        return "compare", "", (ast.unparse(node.left), *map(ast.unparse, node.comparators))
-    if isinstance(node, ast.Attribute):
-        return node.attr, ast.unparse(node.value), ()
-    if isinstance(node, ast.Subscript):
-        return "__getitem__", ast.unparse(node.value), (ast.unparse(node.slice),)
-    return "", "", ()
-
-
-def _label(node: ast.AST) -> str:
-    return short_label(ast.unparse(node))
-
-
-_TRANSPOSE_SUFFIXES = (".transpose(-2, -1)", ".transpose(-1, -2)", ".mT", ".T", ".t()")
-
-
-@functools.lru_cache(maxsize=4096)  # a pure function of the text: a few labels per op
-def short_label(expr: str) -> str:
-    """A readable name for an operand expression: `self.mask` -> `mask`, `K.transpose(-2, -1)` -> `K^T`."""
-    expr = expr.strip()
-    for suffix in _TRANSPOSE_SUFFIXES:
-        if expr.endswith(suffix):
-            return short_label(expr[: -len(suffix)]) + "^T"
-    if expr.startswith("self."):
-        expr = expr[len("self.") :]
-    if expr.replace(".", "").replace("_", "").isalnum() and "." in expr:
-        expr = expr.rsplit(".", 1)[1]
-    return expr if len(expr) <= 40 else expr[:37] + "..."
 
 
 def sequence_items(expr: str) -> list[str] | None:

@@ -38,14 +38,14 @@ def trace(
     """
     record = Trace(
         mode=_config.validate_mode(mode),
-        strict=bool(strict),
+        strict=_config.validate_strict(strict),
         max_events=_config.validate_max_events(max_events),
     )
     if model is None:
         if args or kwargs:
-            from ._errors import ContractError
+            from ._errors import ContractTypeError
 
-            raise ContractError("shapeguard.trace() takes inputs only together with a model")
+            raise ContractTypeError("shapeguard.trace() takes inputs only together with a model")
         return record
     if not _config.is_enabled():
         model(*args, **kwargs)
@@ -80,7 +80,7 @@ class Trace(TraceData):
         from ._trace import replay as _replay
         from ._trace.tracing import begin
 
-        # Blocks opened on one line repeat (a test helper, a training loop): see `_replay`.
+        # Blocks opened on one line repeat (a test helper, a training loop): see `_trace.replay`.
         where = _source.user_code_position()
         self._session = begin(self, opener=_replay.opener("with", where))
         return self
@@ -94,12 +94,13 @@ class Trace(TraceData):
         error = exc_info[1] if len(exc_info) > 1 else None
         if isinstance(error, AssertionError):
             from . import _config
-            from ._trace.construction import construction_error
+            from ._trace.construction import report_construction_error
 
-            # torch's bare AssertionError from nn.MultiheadAttention(1024, 12) in the block.
-            shape_error = construction_error(error) if _config.is_enabled() else None
+            # torch's bare AssertionError from nn.MultiheadAttention(1024, 12) in the block:
+            # raised as a ShapeError, or warned and then raised (torch has failed).
+            enabled = _config.is_enabled()
+            shape_error = report_construction_error(error, self) if enabled else None
             if shape_error is not None:
-                self.add_finding(shape_error)
                 try:
                     raise shape_error from error
                 finally:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _config
-from ._errors import ContractError
+from ._errors import ContractError, ContractTypeError
 from ._trace import flash as _flash
 
 __all__ = ["FlashFallbackWarning", "flash_attention", "flash_attention_varlen"]
@@ -191,7 +191,7 @@ def flash_attention_varlen(
 def _require_tensors(op: str, **named) -> None:
     for name, value in named.items():
         if not isinstance(value, torch.Tensor):
-            raise ContractError(f"{op}: {name} is a {type(value).__name__}, not a tensor")
+            raise ContractTypeError(f"{op}: {name} is a {type(value).__name__}, not a tensor")
 
 
 def _window(window_size) -> tuple[int, int]:
@@ -201,7 +201,11 @@ def _window(window_size) -> tuple[int, int]:
         and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window_size)
     )
     if not ok:
-        raise ContractError(
+        # Ints of the wrong count or sign are a wrong value; anything else, a wrong type.
+        numbers = isinstance(window_size, tuple | list) and all(
+            isinstance(w, int) and not isinstance(w, bool) for w in window_size
+        )
+        raise (ContractError if numbers else ContractTypeError)(
             f"window_size={window_size!r} is not a (left, right) pair of ints >= -1; "
             "-1 leaves that side unbounded, (-1, -1) is full attention"
         )
@@ -210,7 +214,8 @@ def _window(window_size) -> tuple[int, int]:
 
 def _choice(name: str, value, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ContractError(f"{name}={value!r} is not supported; use one of {allowed}")
+        wrong = ContractError if isinstance(value, str) else ContractTypeError
+        raise wrong(f"{name}={value!r} is not supported; use one of {allowed}")
 
 
 # -- choosing the kernel -----------------------------------------------------------------

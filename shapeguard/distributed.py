@@ -23,7 +23,7 @@ import tempfile
 import time
 import traceback
 
-from ._errors import ContractError
+from ._errors import ContractError, ContractTypeError
 
 
 def _register_fake() -> None:
@@ -74,9 +74,9 @@ def fake_tp(tp: int, rank: int = 0, *, mesh_dim: str = "tp"):
     import torch.distributed as dist
 
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise ContractError(f"fake_tp(tp={tp!r}): tp must be a positive int")
+        raise _wrong_int(tp)(f"fake_tp(tp={tp!r}): tp must be a positive int")
     if not isinstance(rank, int) or not 0 <= rank < tp:
-        raise ContractError(f"fake_tp(tp={tp}, rank={rank!r}): rank must be in 0..{tp - 1}")
+        raise _wrong_int(rank)(f"fake_tp(tp={tp}, rank={rank!r}): rank must be in 0..{tp - 1}")
     if dist.is_initialized():
         raise ContractError(
             "fake_tp: a process group is already initialized in this process; "
@@ -90,6 +90,15 @@ def fake_tp(tp: int, rank: int = 0, *, mesh_dim: str = "tp"):
         yield init_device_mesh("cpu", (tp,), mesh_dim_names=(mesh_dim,))
     finally:
         dist.destroy_process_group()
+
+
+def _wrong_int(value) -> type[ContractError]:
+    """The error for a count that is not a positive int: a TypeError unless it is an int."""
+    return (
+        ContractError
+        if isinstance(value, int) and not isinstance(value, bool)
+        else ContractTypeError
+    )
 
 
 def free_port() -> int:
@@ -167,7 +176,7 @@ def spawn(fn, nprocs: int = 2, *, args: tuple = (), timeout: float = 120.0, chec
     from . import _merge
 
     if not isinstance(nprocs, int) or nprocs < 1:
-        raise ContractError(f"spawn(nprocs={nprocs!r}): nprocs must be a positive int")
+        raise _wrong_int(nprocs)(f"spawn(nprocs={nprocs!r}): nprocs must be a positive int")
     context = multiprocessing.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="shapeguard-spawn-") as folder:
@@ -213,9 +222,9 @@ def _into_caller(merged) -> list:
     from ._errors import Operand, ShapeError
 
     current = None
-    session_module = sys.modules.get("shapeguard._trace.session")
-    if session_module is not None:
-        current = getattr(session_module._local, "session", None)
+    current_module = sys.modules.get("shapeguard._trace.current")
+    if current_module is not None:
+        current = getattr(current_module.thread_state, "session", None)
     errors = []
     for group in merged.groups:
         f = group.by_rank[group.ranks[0]]

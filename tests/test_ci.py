@@ -14,7 +14,10 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest" in test_command and test_command.startswith("pip install torch==2.13.0")
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test_command in ci
-    assert "-c constraints/test.txt" in test_command, "the test command installs the pinned versions"
+    assert "-c constraints/test.txt" in test_command, (
+        "the test command installs the pinned versions"
+    )
+    assert test_command.endswith("python -m pytest -n auto"), "the suite runs in parallel"
 
 
 def test_the_newest_release_command_is_the_readmes():
@@ -27,6 +30,7 @@ def test_the_newest_release_command_is_the_readmes():
     assert "--upgrade" in newest and "pytest" in newest and "constraints" not in newest
     torch_pin = re.match(r"pip install (torch==[\d.]+)", newest).group(1)
     assert newest.count(torch_pin) == 2, "torch stays at the tested release while the rest upgrades"
+    assert newest.endswith("python -m pytest -n auto"), "the suite runs in parallel"
     assert newest in (ROOT / ".ci" / "newest").read_text().splitlines()
     assert torch_pin.split("==")[1] in readme.split("Tested:", 1)[1].split("\n\n", 1)[0]
 
@@ -126,3 +130,62 @@ def test_ci_type_checks_the_package():
     dev = project["dependency-groups"]["dev"]
     assert any(isinstance(spec, str) and spec.startswith("mypy") for spec in dev)
     assert not any(spec.startswith("mypy") for spec in project["dependency-groups"]["test"])
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints" / "test.txt").read_text().splitlines():
+        name, _, version = line.split("#", 1)[0].strip().partition("==")
+        if version:
+            pins[name.lower().replace("_", "-")] = version
+    return pins
+
+
+def test_parallel_runs_come_from_the_test_group():
+    """`-n auto` is pytest-xdist's: the test group installs it, at the pinned version."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert any(spec.startswith("pytest-xdist") for spec in project["dependency-groups"]["test"])
+    assert "pytest-xdist" in _pins()
+
+
+def test_ci_runs_ruff_and_its_format_check():
+    """CI lints and checks the formatting of the whole tree at the pinned ruff, which the dev
+    group declares; markdown is left out of formatting on purpose (pyproject says why)."""
+    import tomllib
+
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert (
+        'pip install "ruff>=0.6" -c constraints/test.txt && ruff check . && ruff format --check .'
+        in ci
+    )
+    assert "ruff" in _pins()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert any(
+        isinstance(spec, str) and spec.startswith("ruff")
+        for spec in project["dependency-groups"]["dev"]
+    )
+    assert "*.md" in project["tool"]["ruff"]["format"]["exclude"]
+
+
+def test_one_documented_command_regenerates_every_golden_file():
+    """docs/contributing.md gives one command that rewrites all the text the tests compare
+    byte for byte; it names every test file that can rewrite such text, and runs serially
+    (the catalogue's tests rewrite docs/errors.md one block at a time)."""
+    page = (ROOT / "docs" / "contributing.md").read_text()
+    commands = [line for line in page.splitlines() if line.startswith("SHAPEGUARD_REGEN=1 ")]
+    assert len(commands) == 1, commands
+    named = set(re.findall(r"tests/(test_\w+\.py)", commands[0]))
+    rewriters = {
+        path.name
+        for path in (ROOT / "tests").glob("test_*.py")
+        if re.search(r"\b(check_golden|regen_enabled)\(", path.read_text())
+    }
+    assert named == rewriters
+    assert " -n" not in commands[0]
+    assert "ruff check . && ruff format --check ." in page
+
+
+def test_the_contributing_page_is_in_the_docs_nav():
+    assert "  - Contributing: contributing.md" in (ROOT / "mkdocs.yml").read_text().splitlines()

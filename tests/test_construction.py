@@ -6,6 +6,8 @@ suite's own pytest plugin.
 
 import inspect
 import math
+import re
+import warnings
 
 import pytest
 import torch
@@ -298,3 +300,120 @@ def test_transformers_bert_is_silent():
         model = transformers.BertModel(config).eval()
         model(torch.randint(0, 50, (B, S)))
     assert trace.findings == []
+
+
+# -- guarded constructors: the guard's mode, strictness and suppression comments ---------------
+MESSAGE_512_6 = "d_model=512 is not divisible by n_heads=6 (512 = 6 * 85 + 2)"
+
+
+def _guarded(**options):
+    @shapeguard.guard(**options)
+    class GuardedMHA(MultiHeadAttention):
+        pass
+
+    return GuardedMHA
+
+
+def test_a_guarded_constructor_raises_in_raise_mode():
+    guarded = _guarded()
+    with pytest.raises(ShapeError) as info:
+        line = _next_line()
+        guarded(512, 6)
+    assert info.value.kind == "head_divisibility" and info.value.op == "__init__"
+    assert _lines(info.value) == [
+        f"{MESSAGE_512_6} in GuardedMHA(...)",
+        _where("GuardedMHA", line),
+        "      guarded(512, 6)",
+        HINT_512_6,
+    ]
+
+
+def test_a_guarded_constructor_warns_in_warn_mode_and_builds_the_module():
+    guarded = _guarded(mode="warn")
+    x = torch.randn(B, S, 510)
+    with pytest.warns(shapeguard.ShapeWarning) as record:
+        line = _next_line()
+        module = guarded(512, 6)
+    # Once: the arguments' check and the attributes' check after __init__ find one bug.
+    assert len(record) == 1
+    assert record[0].lineno == line
+    assert _lines(record[0].message) == [
+        f"{MESSAGE_512_6} in GuardedMHA(...)",
+        _where("GuardedMHA", line),
+        "      module = guarded(512, 6)",
+        HINT_512_6,
+    ]
+    assert (module.d_model, module.n_heads, module.d_k) == (512, 6, 85)
+    assert shapeguard.is_guarded(module)
+    assert guarded(510, 6)(x).shape == (B, S, 510)  # a right one is silent and runs
+
+
+def test_guarding_an_instance_warns_in_warn_mode_and_guards_it():
+    module = MultiHeadAttention(512, 6)
+    with pytest.warns(shapeguard.ShapeWarning) as record:
+        shapeguard.guard(module, mode="warn")
+    assert [_lines(r.message)[0] for r in record] == [f"{MESSAGE_512_6} in MultiHeadAttention"]
+    assert shapeguard.is_guarded(module)
+
+
+def test_a_guarded_constructors_finding_is_recorded_in_the_open_trace():
+    guarded = _guarded(mode="warn")
+    with pytest.warns(shapeguard.ShapeWarning), shapeguard.trace(mode="warn") as trace:
+        guarded(512, 6)
+    assert [(f.kind, f.message.splitlines()[0]) for f in trace.findings] == [
+        ("head_divisibility", f"{MESSAGE_512_6} in GuardedMHA(...)")
+    ]
+
+
+def test_a_suppression_comment_on_the_constructors_line_silences_it():
+    guarded = _guarded()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning either
+        with shapeguard.trace() as trace:
+            module = guarded(512, 6)  # shapeguard: ignore[head_divisibility]
+        shapeguard.guard(MultiHeadAttention(512, 6))  # shapeguard: ignore[head_divisibility]
+    assert module.d_k == 85 and shapeguard.is_guarded(module)
+    assert trace.findings == []
+    assert [(f.kind, f.message.splitlines()[0]) for f in trace.suppressed] == [
+        ("head_divisibility", f"{MESSAGE_512_6} in GuardedMHA(...)")
+    ]
+
+
+def test_a_suppression_comment_for_another_kind_does_not_silence_it():
+    guarded = _guarded()
+    with pytest.raises(ShapeError, match=f"^{re.escape(MESSAGE_512_6)} in GuardedMHA"):
+        guarded(512, 6)  # shapeguard: ignore[softmax_axis]
+    with pytest.warns(shapeguard.ShapeWarning, match=f"^{re.escape(MESSAGE_512_6)}"):
+        _guarded(mode="warn")(512, 6)  # shapeguard: ignore[softmax_axis, gqa_divisibility]
+
+
+# -- torch's constructors in a trace: the trace's mode and suppression comments ---------------
+def test_torch_constructor_in_a_warn_trace_warns_then_raises_its_error():
+    with (
+        pytest.warns(shapeguard.ShapeWarning) as record,
+        pytest.raises(ShapeError) as info,
+        shapeguard.trace(mode="warn") as trace,
+    ):
+        line = _next_line()
+        nn.MultiheadAttention(1024, 12)
+    first = "embed_dim=1024 is not divisible by num_heads=12 (1024 = 12 * 85 + 4)"
+    assert _lines(record[0].message)[:2] == [
+        f"{first} in MultiheadAttention(...)",
+        _where("MultiheadAttention", line),
+    ]
+    assert record[0].lineno == line
+    # torch could not build it: the finding is the error raised, chained from torch's.
+    assert _lines(info.value)[0] == f"{first} in MultiheadAttention(...)"
+    assert type(info.value.__cause__) is AssertionError
+    assert [f.kind for f in trace.findings] == ["head_divisibility"]
+
+
+def test_torch_constructor_with_a_suppression_comment_fails_with_torchs_own_error():
+    with pytest.raises(AssertionError) as info, shapeguard.trace() as trace:
+        nn.MultiheadAttention(1024, 12)  # shapeguard: ignore[head_divisibility]
+    assert type(info.value) is AssertionError
+    assert str(info.value) == "embed_dim must be divisible by num_heads"
+    assert trace.findings == []
+    assert [f.kind for f in trace.suppressed] == ["head_divisibility"]
+    with pytest.raises(ShapeError, match="^embed_dim=1024 is not divisible"), shapeguard.trace():
+        nn.MultiheadAttention(1024, 12)  # shapeguard: ignore[softmax_axis]

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 
 import shapeguard
 from shapeguard import _source
-from shapeguard._contract import decorator as _contracts
+from shapeguard._contract import call as _contract_call
+from shapeguard._contract import decorator as _decorator
 from shapeguard._contract.decorator import contract, contract_of
 from shapeguard.contracts import GQAK, HeadsQ, Mask, Tokens
 
@@ -145,6 +146,29 @@ def test_keyword_mask_with_another_length_names_who_bound_seq():
 def test_positional_mask_is_checked_like_a_keyword_one():
     error = _error(GuardedAttention(), _x(), torch.ones(B, 1, S, SK, dtype=torch.bool))
     assert str(error).splitlines()[0] == "mask.seq (7) != x.seq (5)"
+
+
+def test_an_array_of_another_class_is_named_as_such_not_read_for_its_axes():
+    """A NumPy array has a shape and a dtype too; a Tensor contract says it is not one."""
+    import numpy as np
+
+    @contract
+    def f(x: Float[Tensor, "n d"]) -> Float[Tensor, "n d"]:
+        return x
+
+    @contract
+    def g(x: Float[np.ndarray, "n d"]) -> Float[np.ndarray, "n d"]:
+        return x
+
+    lines = str(_error(f, np.zeros((S, DK), dtype=np.float32))).splitlines()
+    assert lines[0] == "x is ndarray, not a Tensor as its contract says"
+    assert lines[-1] == "  hint: pass a torch.Tensor shaped [n, d]"
+    lines = str(_error(g, torch.zeros(S, DK))).splitlines()
+    assert lines[0] == "x is Tensor, not a ndarray as its contract says"
+    assert lines[-1] == "  hint: pass a ndarray shaped [n, d]"
+    assert str(_error(g, np.zeros((2, 3, 4), np.float32))).splitlines()[0] == (
+        'x has 3 dims, its contract "n d" has 2'
+    )
 
 
 def test_wrong_dtype_says_which_and_how_to_convert():
@@ -511,7 +535,7 @@ def test_exception_inside_forward_leaves_no_call_state_and_no_warning():
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match="boom"):
             model(torch.randn(B, S))
-    assert _contracts._call_stack() == []
+    assert _contract_call._call_stack() == []
 
 
 # -- torch.compile ---------------------------------------------------------------------------
@@ -592,5 +616,5 @@ def test_docstring_example_runs(monkeypatch):
 
     # until the façade exports it, `shapeguard.contract` is this function
     monkeypatch.setattr(shapeguard, "contract", contract, raising=False)
-    result = doctest.testmod(_contracts, optionflags=doctest.ELLIPSIS, verbose=False)
+    result = doctest.testmod(_decorator, optionflags=doctest.ELLIPSIS, verbose=False)
     assert result.attempted > 0 and result.failed == 0

@@ -263,12 +263,12 @@ def test_grouped_query_sdpa_einsum_and_a_norm_over_the_projection_pass(cls):
 def test_the_norm_over_the_projection_is_permuted_with_its_rows():
     """Its weight lines up with the projection's output features: permuted with them
     (leaving it would move the output by a permutation of its per-feature weights)."""
-    from shapeguard._probes.check import _trace
     from shapeguard._probes.head_layout import plan_heads
+    from shapeguard._probes.traced import trace_for_probes
 
     model = randomized(NormedQueries())
     with torch.no_grad():
-        traced = _trace(model, (x(),), {})
+        traced = trace_for_probes(model, (x(),), {})
     plan = plan_heads(traced.watch.heads, torch.Generator().manual_seed(0))
     assert sorted(plan.params) == [
         "k_norm.weight",

@@ -213,4 +213,4 @@ def test_the_interceptor_is_the_only_mode_over_a_models_ops():
             r"^\s*class (\w+)\((?:\w+\.)*TorchFunctionMode\)", path.read_text(), re.M
         )
     }
-    assert modes == {"_trace/session.py:_Interceptor", "_trace/replay.py:ValueReads"}
+    assert modes == {"_trace/interceptor.py:Interceptor", "_trace/replay_match.py:ValueReads"}

@@ -20,10 +20,17 @@ from test_replay import (
 import shapeguard
 from shapeguard._names import dims as D
 from shapeguard._trace import owed as _owed
-from shapeguard._trace import replay as _replay
+from shapeguard._trace import replay_effects as _replay_effects
 from shapeguard._trace.current import current_session
 
 pytestmark = pytest.mark.no_shapeguard  # the plugin's own session would hold every op
+
+
+@pytest.fixture(autouse=True)
+def _plain_replay(monkeypatch):
+    # What is deferred is the plain replay's: a checked one (`SHAPEGUARD_REPLAY=check`)
+    # runs every step it matches on the reference path, which makes the axes at once.
+    monkeypatch.setenv("SHAPEGUARD_REPLAY", "1")
 
 
 def _guarded_forwards(model, x, count):
@@ -147,7 +154,7 @@ def test_a_step_that_cannot_be_made_gives_unnamed_axes_not_an_error(monkeypatch)
     def broken(*args):
         raise IndexError("not the axes the step was recorded on")
 
-    monkeypatch.setattr(_replay, "apply", broken)
+    monkeypatch.setattr(_replay_effects, "apply", broken)
     events = trace.events  # paid now, each step failing
     assert [o.shape for e in events for o in e.outputs]  # shapes are kept
     assert all(a is None for e in events for o in e.outputs for a in o.axes)

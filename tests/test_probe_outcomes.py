@@ -1031,7 +1031,7 @@ def test_an_all_ones_mask_no_op_applied_is_read_from_a_retrace():
 
 def test_new_token_ids_never_take_the_pad_id():
     from shapeguard._probes.edits import redrawn
-    from shapeguard._probes.layout import Leaf
+    from shapeguard._probes.layout_records import Leaf
 
     leaf = Leaf((0, 0), "ids", "ids", ids_range=(0, 9), avoid=frozenset({0, 3}))
     old = torch.arange(10).repeat(50)
@@ -1043,19 +1043,20 @@ def test_new_token_ids_never_take_the_pad_id():
 
 
 def test_the_pad_ids_come_from_the_config_and_the_embeddings():
-    from shapeguard._probes.check import _avoid_pad_ids
-    from shapeguard._probes.layout import Layout, Leaf
+    from shapeguard._probes.layout_records import Layout, Leaf
+    from shapeguard._probes.prepare import avoid_pad_ids
 
     model = nn.Module()
     model.config = type("Config", (), {"pad_token_id": 1})()
     model.emb = nn.Embedding(10, 4, padding_idx=-1)
     layout = Layout(2, [5], {(0, 0): Leaf((0, 0), "ids", "ids")})
-    _avoid_pad_ids(model, layout)
+    avoid_pad_ids(model, layout)
     assert layout.leaves[(0, 0)].avoid == frozenset({1, 9})
 
 
 def test_an_input_whose_batch_axis_is_unknown_is_not_resized():
-    from shapeguard._probes.layout import Layout, Leaf, _unbatched
+    from shapeguard._probes.layout import _unbatched
+    from shapeguard._probes.layout_records import Layout, Leaf
 
     layout = Layout(3, [5, 4000], {})
     layout.leaves[(1, "input_values")] = Leaf(

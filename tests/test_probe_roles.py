@@ -435,17 +435,17 @@ def test_the_grown_batch_is_traced_with_checks_on_inside_the_probes_off_block():
     `check` (the user's off switch)."""
     import shapeguard
     from shapeguard import _config
-    from shapeguard._probes.check import _trace
+    from shapeguard._probes.traced import trace_for_probes
 
     model = TinyLM()
-    first = _trace(model, (ids(batch=2),), {})
+    first = trace_for_probes(model, (ids(batch=2),), {})
     assert first.on and first.out_axes == ("batch", "seq_q", None)
     with _config.disabled():
-        again = _trace(model, (ids(batch=2),), {}, like=first)
+        again = trace_for_probes(model, (ids(batch=2),), {}, like=first)
     assert again.out_axes == first.out_axes
     with shapeguard.disabled():
-        off = _trace(model, (ids(batch=2),), {})
-        again = _trace(model, (ids(batch=2),), {}, like=off)
+        off = trace_for_probes(model, (ids(batch=2),), {})
+        again = trace_for_probes(model, (ids(batch=2),), {}, like=off)
     assert not off.on and off.out_axes == () and again.out_axes == ()
 
 

@@ -401,7 +401,7 @@ class _Arguments(nn.Module):
     ],
 )
 def test_other_arguments_at_the_same_line_are_not_replayed(change, monkeypatch):
-    # A step compares its arguments in compiled code (`_replay.matcher`): each kind of
+    # A step compares its arguments in compiled code (`_replay_match.matcher`): each kind of
     # change at the same line stops the replay there, and the trace is the usual one.
     model = _Arguments()
     x = torch.randn(2, 12, 12)
@@ -433,7 +433,7 @@ def test_a_closed_session_leaves_no_reference_cycle():
 
 def test_a_parameter_in_another_layout_is_not_replayed(monkeypatch):
     # A parameter is first seen in each session: the step compares the very tensor and
-    # its layout (strides, device, requires_grad), in compiled code (`_replay.matcher`).
+    # its layout (strides, device, requires_grad), in compiled code (`_replay_match.matcher`).
     model = Attention()
     x = torch.randn(2, 5, 12)
     _steps(model, x)

@@ -5,14 +5,18 @@ that proves nothing either way: the detail says why; it fails nothing), `n/a` (o
 property does not hold for this kind of module by design, `applicable: false`) or `skip`
 (the probes did not run at all: `--device meta`, a failed trace); details are the full
 messages of failures, printed under the table, then the summary line (`Summary.line`).
-The probes come from `probe_runner`, so the summary reads their results in several
-shapes (`probe_rows`).
+The probes come from `probe_runner` (`_probes.check.run_check`), whose `CheckReport` the
+summary reads (`probe_rows`).
 """
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..report.text import summary_line
+
+if TYPE_CHECKING:  # the probes import torch: read only once they have run
+    from .._probes.report import CheckReport
 
 # A probe that proves nothing either way: shown with its reason, it fails nothing.
 INCONCLUSIVE = "inconclusive"
@@ -25,7 +29,7 @@ class Summary:
 
     rows: list[tuple[str, str, str]]
     details: list[str] = field(default_factory=list)
-    report: object = None
+    report: "CheckReport | None" = None
 
     @property
     def failures(self) -> int:
@@ -46,7 +50,7 @@ class Summary:
         words += [("n/a", "n/a"), ("skip", "skipped")]
         parts = [f"{counts[key]} {word}" for key, word in words if counts.get(key)]
         verdict = "failed" if self.failures else "passed"
-        if getattr(self.report, "verdict", None) == "inconclusive" and not self.failures:
+        if self.report is not None and self.report.verdict == INCONCLUSIVE and not self.failures:
             verdict = "inconclusive: no probe could conclude, nothing failed"
         elif not self.failures and self.inconclusive:
             verdict += f" ({self.inconclusive} inconclusive: see the reasons above)"
@@ -54,7 +58,6 @@ class Summary:
 
     def to_dict(self) -> dict:
         """The `check` object of the JSON schema (docs/json-schema.md)."""
-        to_dict = getattr(self.report, "to_dict", None)
         return {
             "passed": not self.failures,
             "failed": self.failures,
@@ -64,7 +67,7 @@ class Summary:
                 for name, status, detail in self.rows
             ],
             "details": list(self.details),
-            "probes": to_dict() if callable(to_dict) else None,
+            "probes": self.report.to_dict() if self.report is not None else None,
         }
 
 
@@ -85,7 +88,7 @@ def summary_rows(model, inputs, run, device: str, *, find_runner, progress=None)
 
 
 def _run_probes(model, inputs, run, device: str, find_runner, progress) -> Summary:
-    from .._errors import ShapeError
+    from .._errors import ShapeError, first_line
 
     if device == "meta":
         return Summary(
@@ -98,21 +101,20 @@ def _run_probes(model, inputs, run, device: str, find_runner, progress) -> Summa
         return Summary([("semantic probes", "skip", "not available in this version of shapeguard")])
     try:
         with progress(model) if progress else contextlib.nullcontext():
-            result = runner(model, inputs.args, inputs.kwargs)
+            report = runner(model, inputs.args, inputs.kwargs)
     except ShapeError as error:
         return Summary([(error.kind, "FAIL", error.relation)], [error.render()])
     except Exception as error:
         # The probes' own crash says nothing about the model: inconclusive, never a failure.
-        first = str(error).splitlines()[0] if str(error) else ""
+        first = first_line(error)
         why = f"the probes crashed ({type(error).__name__}: {first}): shapeguard's fault, not the model's"
         return Summary([("semantic probes", INCONCLUSIVE, why)])
-    # The probes' own "shape checks" row repeats the trace row above.
-    rows = [row for row in probe_rows(result) if row[0] != "shape checks"]
+    rows = probe_rows(report)
     details = [message for _, status, message in rows if status == "FAIL" and "\n" in message]
     rows = [
         (name, status, message.splitlines()[0] if message else "") for name, status, message in rows
     ]
-    return Summary(rows, details, result)
+    return Summary(rows, details, report)
 
 
 def probe_runner():
@@ -123,51 +125,11 @@ def probe_runner():
     return importlib.import_module("shapeguard._probes.check").run_check
 
 
-_STATUS = {
-    "passed": "pass",
-    "ok": "pass",
-    "failed": "FAIL",
-    "fail": "FAIL",
-    "skipped": "skip",
-    "error": "FAIL",
-    "inconclusive": INCONCLUSIVE,
-}
+def probe_rows(report: "CheckReport") -> list[tuple[str, str, str]]:
+    """(name, status, message) for each semantic probe of the probes' `CheckReport`, in
+    the summary's words (a probe that does not apply is "n/a": nothing was missed). Not
+    the report's own "shape checks" result: it repeats the trace's row."""
+    from .._probes.result import FAILED, INCONCLUSIVE, PASSED, SKIPPED
 
-
-def probe_rows(result) -> list[tuple[str, str, str]]:
-    """(name, status, message) for each probe in whatever the probe runner returned.
-
-    Accepts an object with `.results` (or `.probes`, `.findings`), or an iterable of
-    items with `name`, a status (`passed` / `ok` bool, or `status` string, or a
-    `severity`), and `message`; dicts with the same keys work too.
-    """
-    items = result
-    for attr in ("results", "probes", "findings"):
-        if hasattr(result, attr):
-            items = getattr(result, attr)
-            break
-    if items is None:
-        return []
-    if isinstance(items, dict):
-        items = list(items.values())
-    if not isinstance(items, list | tuple):
-        try:
-            items = list(items)
-        except TypeError:
-            items = [items]
-    rows = []
-    for item in items:
-        get = item.get if isinstance(item, dict) else (lambda k, d=None, _i=item: getattr(_i, k, d))
-        name = get("name") or get("probe") or get("kind") or type(item).__name__
-        status = get("status")
-        if status is None:
-            passed = get("passed", get("ok"))
-            if passed is None:
-                passed = get("severity", "error") != "error"
-            status = "pass" if passed else "FAIL"
-        status = _STATUS.get(str(status).lower(), str(status))
-        if status == "skip" and get("applicable", True) is False:
-            status = "n/a"  # does not apply to this kind of module: nothing was missed
-        message = get("message") or get("detail") or ""
-        rows.append((str(name), status, str(message)))
-    return rows
+    words = {PASSED: "pass", FAILED: "FAIL", INCONCLUSIVE: INCONCLUSIVE, SKIPPED: "n/a"}
+    return [(result.name, words[result.status], result.message) for result in report.probes]

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 import click
 
 from .._version import __version__
-from .check_summary import probe_rows as probe_rows
 from .check_summary import probe_runner as probe_runner
 from .errors import Failed, Interrupted, UsageFailure
 from .target import target_options
@@ -368,7 +367,7 @@ def _load_and_run(target, module, stack, hold=None):
     import warnings
 
     from . import inputs as _inputs
-    from . import loader as _loader
+    from . import picking as _picking
     from . import tp as _cli_tp
     from .run import add_crash, run_traced
 
@@ -378,7 +377,7 @@ def _load_and_run(target, module, stack, hold=None):
         warnings.simplefilter("default")
         try:
             with _status(f"building the model from {target.file}"):
-                picked = _loader.pick_model(
+                picked = _picking.pick_model(
                     module, name=target.model_name, kwargs=target.kwargs, device=target.device
                 )
                 inputs = _inputs.make_inputs(
@@ -408,6 +407,11 @@ def _load_and_run(target, module, stack, hold=None):
             "use --device meta to check shapes with no memory"
         )
     if run.crash is not None:
+        from .malformed import malformed_contract
+
+        malformed = malformed_contract(run.crash.error)
+        if malformed is not None:
+            raise malformed from run.crash.error
         if inputs.made and run.crash.generic:
             run.crash.hint = _made_up_hint(inputs)
         add_crash(run.trace, run.crash)
@@ -429,13 +433,11 @@ def _made_up_hint(inputs) -> str:
 
 
 def _emit_warnings(caught) -> None:
-    from .._errors import ShapeWarning
+    from .._errors import ShapeWarning, first_line
 
     for w in caught:
         if not issubclass(w.category, ShapeWarning):  # those are findings, in the report
-            click.echo(
-                f"warning: {w.category.__name__}: {str(w.message).splitlines()[0]}", err=True
-            )
+            click.echo(f"warning: {w.category.__name__}: {first_line(w.message)}", err=True)
 
 
 def _console(stderr: bool = False):

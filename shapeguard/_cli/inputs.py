@@ -33,8 +33,13 @@ from dataclasses import dataclass, field
 
 from .. import _source
 from .._names import axes as _axes
+from .._values import dtype_name, is_tensor
+from ..report.text import tensor_text
 from . import inputs_structure as _structure
 from .input_sizes import _check_count, _dtype
+from .inputs_discovery import discover, leaves_of
+from .inputs_guess import batch_for, guess_leaf
+from .inputs_making import Maker
 from .loader import LoadError
 
 # First choices for well-known dims; every other dim takes the next free size of _POOL.
@@ -168,7 +173,7 @@ def make_inputs(
                 f"--input {name}: {type(model).__name__}.forward{_signature_text(signature)} has no "
                 f"parameter {name!r}; name one of: {', '.join(params) or 'none'}"
             )
-    maker = _structure.Maker(_model_dtype(model), device)
+    maker = Maker(_model_dtype(model), device)
     sizes = _Sizes(model, dims)
     example = getattr(module, "example_inputs", None)
     if callable(example):
@@ -213,8 +218,8 @@ def make_inputs(
             nodes[name] = _annotated_leaf(name, annotation, sizes, model)
             sources[name] = "the forward's annotations"
         elif name in wanted:
-            batch = _structure.batch_for(name, hints.get(name), model, type(model).forward, sizes)
-            nodes[name] = batch or _structure.guess_leaf(
+            batch = batch_for(name, hints.get(name), model, type(model).forward, sizes)
+            nodes[name] = batch or guess_leaf(
                 name, model, sizes, first=first_required, keys=name.lower() in _KV_NAMES
             )
             sources[name] = ""
@@ -224,7 +229,7 @@ def make_inputs(
             f"cannot tell what {type(model).__name__}.forward{_signature_text(signature)} takes: "
             "pass --input NAME=SIZES, or add example_inputs() to the file"
         )
-    guessed = {name: _structure.leaves_of(node)[0].shape for name, node in nodes.items()}
+    guessed = {name: leaves_of(node)[0].shape for name, node in nodes.items()}
     values = _made(model, nodes, lambda values: _split(params, values), maker, sizes)
     for name, node in nodes.items():
         if not sources[name]:
@@ -240,7 +245,7 @@ def make_inputs(
     named = ", ".join(f"{k}={v}" for k, v in sizes.bound.items())
     how = ", ".join(dict.fromkeys(sources.values())) + (f": {named}" if named else "")
     made = {
-        name: _value_text(values[name])
+        name: tensor_text(values[name])
         for name, source in sources.items()
         if "--input" not in source
     }
@@ -254,9 +259,9 @@ def make_inputs(
 
 def _made(model, nodes: dict, assemble, maker, sizes) -> dict:
     """The values of `nodes` once what consumes them has been read (`discover`)."""
-    _structure.discover(model, nodes, assemble, maker, sizes)
+    discover(model, nodes, assemble, maker, sizes)
     for node in nodes.values():
-        for leaf in _structure.leaves_of(node):
+        for leaf in leaves_of(node):
             if leaf.unsure:
                 raise LoadError(
                     f"cannot tell the size of {leaf.name!r}: {type(model).__name__} declares no "
@@ -270,24 +275,17 @@ def _made(model, nodes: dict, assemble, maker, sizes) -> dict:
 def _notes(nodes: dict, maker) -> dict:
     notes = {}
     for node in nodes.values():
-        for leaf in _structure.leaves_of(node):
+        for leaf in leaves_of(node):
             note = leaf.note(maker.lengths.get(id(leaf), ()))
             if note:
                 notes[leaf.name] = note
     return notes
 
 
-def _value_text(value) -> str:
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        dtype = str(value.dtype).removeprefix("torch.")
-        return f"[{', '.join(str(int(s)) for s in value.shape)}] {dtype}"
-    return type(value).__name__
-
-
 def _spec_leaf(spec: InputSpec):
     """A leaf of the size and dtype `--input` gave; what its values are is read from what
     consumes it (ids for an embedding, padding for a mask)."""
-    dtype = spec.dtype and str(_dtype(spec.dtype, spec.name)).removeprefix("torch.")
+    dtype = spec.dtype and dtype_name(_dtype(spec.dtype, spec.name))
     kind = _structure.FLOAT
     if _structure.is_mask_name(spec.name) or dtype == "bool":
         kind = _structure.MASK
@@ -410,7 +408,7 @@ def normalize_example(result) -> tuple[tuple, dict]:
         if len(result) == 2 and isinstance(result[0], tuple | list) and isinstance(result[1], dict):
             return tuple(result[0]), dict(result[1])
         return tuple(result), {}
-    if hasattr(result, "shape") and hasattr(result, "dtype"):
+    if is_tensor(result):
         return (result,), {}
     raise LoadError(
         f"example_inputs() returned a {type(result).__name__}; return a tensor, a tuple of "
@@ -452,7 +450,7 @@ def _jaxtyping_of(annotation):
 
 def _dtype_for(annotation, model_dtype) -> str | None:
     names = tuple(getattr(annotation, "dtypes", ()) or ())
-    model_name = str(model_dtype).removeprefix("torch.")
+    model_name = dtype_name(model_dtype)
     if model_name in names:
         return model_name
     for name in ("float32", "bool", "int64", "int32", "float16", "bfloat16"):
@@ -501,7 +499,7 @@ class _Sizes:
 
     def width(self) -> int | None:
         """d_model, from `--dim`, the model's declarations or its first Linear; None when
-        nothing says (a consumer of the input may tell, `_inputs_structure.discover`)."""
+        nothing says (a consumer of the input may tell, `inputs_discovery.discover`)."""
         if "d_model" in self.bound:
             return self.bound["d_model"]
         if "d_model" in self.declared:

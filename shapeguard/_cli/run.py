@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from .._errors import Finding, ShapeError
 from .._tracer import Trace
-from .loader import ModelCrashed, error_lines, is_memory_error, on_device
+from .loader import ModelCrashed, error_lines, is_memory_error
+from .picking import on_device
 
 
 @dataclass(slots=True)

@@ -145,7 +145,7 @@ class Target:
         show_traceback,
     ):
         from . import inputs as _inputs
-        from . import loader as _loader
+        from . import picking as _picking
 
         self.module = module_name
         self.script_args = tuple(script_args)
@@ -180,7 +180,7 @@ class Target:
                 raise LoadError(
                     "give the path of a Python file that defines the model, or -m MODULE"
                 )
-            self.kwargs = _loader.parse_assignments(arg_items, "--arg")
+            self.kwargs = _picking.parse_assignments(arg_items, "--arg")
             self.specs = _inputs.parse_input_specs(input_items)
             self.dims = _inputs.parse_dims(dim_items)
 
@@ -212,6 +212,11 @@ class Target:
                 f"{error.kind} violation in {self.file}", error, self.show_traceback
             ) from None
         except ModelCrashed as error:
+            from .malformed import malformed_contract
+
+            malformed = malformed_contract(error.error)
+            if malformed is not None:
+                raise UsageFailure(str(malformed), error.error, self.show_traceback) from None
             self._report_early("model_crashed", error.message, error.location, "")
             raise Failed(
                 f"the model crashed: {error.phase}", error.__cause__ or error, self.show_traceback

@@ -4,7 +4,7 @@ import ast
 import inspect
 
 from .. import _source
-from .._errors import ContractError
+from .._errors import MalformedContract, first_line
 
 
 def resolve_hints(fn, signature, qualname: str) -> dict:
@@ -22,7 +22,9 @@ def resolve_hints(fn, signature, qualname: str) -> dict:
             except Exception as error:
                 if not _meant_as_shape(hint):
                     continue  # someone else's forward reference; jaxtyping skips it too
-                raise ContractError(_bad_string(qualname, name, hint, error)) from None
+                raise MalformedContract(
+                    _bad_string(qualname, name, hint, error), annotation_site(fn, name)
+                ) from None
         hints[name] = hint
     return hints
 
@@ -56,17 +58,25 @@ def _meant_as_shape(text: str) -> bool:
 
 def _bad_string(qualname: str, name: str, text: str, error: Exception) -> str:
     what = "the return annotation" if name == "return" else f"the annotation of {name}"
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    first = first_line(error)
     if isinstance(error, SyntaxError) and "[" not in text:
         why, fix = (
             "SyntaxError",
             f'write Float[Tensor, "{text}"] (a bare string is not a shape contract)',
         )
     elif isinstance(error, NameError):
-        why, fix = f"NameError: {first_line}", "import the names it uses at module level"
+        why, fix = f"NameError: {first}", "import the names it uses at module level"
     else:
-        why, fix = f"{type(error).__name__}: {first_line}", "fix the shape string"
+        why, fix = f"{type(error).__name__}: {first}", "fix the shape string"
     return f"{qualname}: {what}, {text!r}, cannot be read ({why}); {fix}"
+
+
+def annotation_site(fn, name: str) -> str:
+    """`file:line` of the annotation of parameter `name` ("return" for the return value), of
+    the function's `def` when that annotation's line is unknown; "" without source."""
+    filename, lines = annotation_lines(fn).get("", ("", {}))
+    line = lines.get(name) or lines.get("def")
+    return f"{_source.display_path(filename)}:{line}" if filename and line else ""
 
 
 def annotation_lines(fn) -> dict:

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from .._errors import ContractError
+from .._errors import MalformedContract
 from .._names import axes as _axes
 from .compile import Contract
 
@@ -31,7 +31,7 @@ def bind_attributes(contract: Contract, module) -> Bindings:
 
     `d_model` binds to `self.d_model`; a canonical axis name binds through its usual
     spellings (`heads` to `self.n_heads`, `d_k` to `self.head_dim` or d_model // heads).
-    Raises ContractError when a symbolic dim names a size nothing binds.
+    Raises MalformedContract when a symbolic dim names a size nothing binds.
     """
     bindings = Bindings()
     wanted = contract.dim_names | contract.symbolic_names
@@ -64,9 +64,10 @@ def bind_attributes(contract: Contract, module) -> Bindings:
     missing = contract.unbound_names - set(bindings.sizes)
     if missing:
         names = ", ".join(sorted(missing))
-        raise ContractError(
+        raise MalformedContract(
             f"{contract.qualname}: a symbolic dim uses {names}, which no argument and no "
             f"attribute of {type(module).__name__} binds; name it in an argument's annotation "
-            f"or set self.{sorted(missing)[0]}"
+            f"or set self.{sorted(missing)[0]}",
+            contract.declared_at("def"),
         )
     return bindings

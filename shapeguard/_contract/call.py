@@ -18,7 +18,7 @@ from beartype.roar import BeartypeCallHintViolation
 # API to push one seeded with known sizes; these three functions are stable since 0.2.
 from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
-from .._trace.current import _local as _session_local
+from .._trace.current import thread_state as _session_local
 from .bindings import Bindings
 from .compile import Contract, argument_values
 from .explain import explain_arguments, explain_return

@@ -2,7 +2,8 @@
 
 The annotations are resolved (string annotations too), each shape string is read
 into a `Spec`, and beartype generates one checker with the function's own
-parameters. A malformed annotation is a `ContractError` then, not at the first call.
+parameters. A malformed annotation is a `MalformedContract` (a `ContractError`) then, at its
+line, not at the first call.
 """
 
 import ast
@@ -17,8 +18,8 @@ from beartype import beartype
 from beartype.roar import BeartypeException
 
 from .. import _source
-from .._errors import ContractError
-from .annotations import annotation_lines, resolve_hints
+from .._errors import MalformedContract, first_line
+from .annotations import annotation_lines, annotation_site, resolve_hints
 from .spec import array_types, spec_of
 
 
@@ -118,13 +119,14 @@ def _compile(fn, *, method: bool) -> Contract | None:
     unbound: set[str] = set()  # symbolic names no earlier argument binds
     for param in params:
         for array_type in array_types(param.hint):
-            _read_dims(array_type, qualname, param.name, bound, symbolic, named, unbound)
+            _read_dims(array_type, fn, qualname, param.name, bound, symbolic, named, unbound)
     for array_type in array_types(returns):
-        _read_dims(array_type, qualname, "return", bound, symbolic, named, unbound)
+        _read_dims(array_type, fn, qualname, "return", bound, symbolic, named, unbound)
     if unbound and not method:
-        raise ContractError(
+        raise MalformedContract(
             f"{qualname}: a symbolic dim uses {', '.join(sorted(unbound))}, which no earlier "
-            "argument binds; name it in an earlier argument's annotation"
+            "argument binds; name it in an earlier argument's annotation",
+            annotation_site(fn, "def"),
         )
 
     contract = Contract(
@@ -151,7 +153,7 @@ def _compile(fn, *, method: bool) -> Contract | None:
     return contract
 
 
-def _read_dims(array_type, qualname, param, bound, symbolic, named, unbound) -> None:
+def _read_dims(array_type, fn, qualname, param, bound, symbolic, named, unbound) -> None:
     """Collect the names a spec binds and uses; reject, now, a symbolic dim that jaxtyping
     would reject only at the first call."""
     spec = spec_of(array_type)
@@ -165,9 +167,10 @@ def _read_dims(array_type, qualname, param, bound, symbolic, named, unbound) -> 
         try:
             tree = _source.parse(d.expr, mode="eval")
         except SyntaxError:
-            raise ContractError(
+            raise MalformedContract(
                 f'{qualname}: {param}: dim "{d.expr}" in "{spec.dim_str}" is neither a name, '
-                "a number nor an expression; separate axes with spaces"
+                "a number nor an expression; separate axes with spaces",
+                annotation_site(fn, param),
             ) from None
         refs = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - _BUILTIN_NAMES
         symbolic.update(refs)
@@ -204,9 +207,9 @@ def _make_checker(fn, signature: inspect.Signature, hints: dict, qualname: str):
     try:
         return beartype(checker)
     except BeartypeException as error:
-        first = str(error).strip().splitlines()[0]
-        raise ContractError(
-            f"{qualname}: an annotation is not a type beartype can check: {first}"
+        raise MalformedContract(
+            f"{qualname}: an annotation is not a type beartype can check: {first_line(error)}",
+            annotation_site(fn, "def"),
         ) from None
 
 

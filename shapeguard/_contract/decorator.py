@@ -1,11 +1,11 @@
 """Shape contracts: jaxtyping annotations, checked with beartype, explained in the house format.
 
-This module is the public `contract` decorator for plain functions, and the one
-name the guard loads for its torch-side helpers. The work is done by its siblings:
+This module is the public `contract` decorator for plain functions. The work is done by
+its siblings (which `guard` uses directly too):
 
 - `_contract.spec`: one jaxtyping array type, read once into a `Spec`;
 - `_contract.compile`: a function's annotations compiled into a `Contract` (a
-  malformed annotation is a `ContractError` when the class is guarded or the
+  malformed annotation is a `MalformedContract`, a `ContractError`, when the class is guarded or the
   function decorated, not at the first call);
 - `_contract.bindings`: dims bound to module attributes (`d_model`, `n_heads`, ...);
 - `_contract.call`: checking a call (the arguments, then the return value) and
@@ -23,24 +23,17 @@ import jaxtyping
 import torch
 
 from .. import _config, _source
-from .._errors import ContractError, Operand, ShapeError
-from .._trace.replay import opener  # noqa: F401
-from .._trace.session import close_session, current_session  # noqa: F401
-
-# Besides what this module uses: the names `_guard` reaches through it (the rest of a
-# call's checks, and the session), and `_call_stack`, which the tests read.
-from .bindings import Bindings, bind_attributes  # noqa: F401
-from .call import (  # noqa: F401
+from .._errors import ContractError, ContractTypeError, MalformedContract, Operand, ShapeError
+from .._trace.current import current_session
+from .annotations import annotation_site
+from .bindings import Bindings
+from .call import (
     Call,
-    _call_stack,
     check_arguments,
     check_return,
     drop_tracebacks,
-    forward_raised,
     is_compiling,
     name_inputs,
-    pop_call,
-    push_call,
     remember,
     signature_key,
 )
@@ -138,16 +131,18 @@ def contract(fn=None, *, mode: str = "raise", check: str = "every"):
     """
     mode = _config.validate_mode(mode)
     if check not in ("every", "first"):
-        raise ContractError(f"check={check!r} is not supported; use 'every' or 'first'")
+        wrong = ContractError if isinstance(check, str) else ContractTypeError
+        raise wrong(f"check={check!r} is not supported; use 'every' or 'first'")
     if fn is None:
         return functools.partial(contract, mode=mode, check=check)
     if not callable(fn):
-        raise ContractError(f"shapeguard.contract decorates functions, not {type(fn).__name__}")
+        raise ContractTypeError(f"shapeguard.contract decorates functions, not {type(fn).__name__}")
     compiled = compile_contract(fn, method=False)
     if compiled is None:
-        raise ContractError(
+        raise MalformedContract(
             f"{getattr(fn, '__qualname__', fn)} has no shape annotations to check; annotate its "
-            'arguments with jaxtyping, e.g. q: Float[Tensor, "batch heads seq d_k"]'
+            'arguments with jaxtyping, e.g. q: Float[Tensor, "batch heads seq d_k"]',
+            annotation_site(fn, "def"),
         )
     return _wrap(fn, compiled, mode, check)
 

@@ -15,6 +15,7 @@ from beartype.door import is_bearable
 # API to push one seeded with known sizes; these three functions are stable since 0.2.
 from jaxtyping._storage import get_shape_memo, pop_shape_memo, push_shape_memo
 
+from .._errors import first_line
 from .bindings import Bindings
 from .compile import Contract, argument_values
 from .hints import dtype_hint
@@ -118,14 +119,16 @@ def _explain_value(label: str, hint, value, single: dict, variadic: dict, source
                     )
                 _bind_from(item, item_hint, single, variadic, sources, f"{label}[{k}]")
     candidates = [spec_of(a) for a in array_types(hint) if typing.get_origin(hint) is not tuple]
-    if not candidates or not (hasattr(value, "shape") and hasattr(value, "dtype")):
+    if not candidates or not _of_its_array_class(value, hint):
         kind = type(value).__name__
-        what = "a Tensor" if candidates else text
+        array = candidates[0].array_label if candidates else ""
+        what = f"a {array}" if candidates else text
+        shaped = render_expected(candidates[0], single, variadic) if candidates else ""
         return Broken(
             relation=f"{label} is {kind}, not {what} as its contract says",
             label=label,
             bindings=bindings,
-            hint=f"pass a torch.Tensor shaped {render_expected(candidates[0], single, variadic)}"
+            hint=f"pass a {'torch.Tensor' if array == 'Tensor' else array} shaped {shaped}"
             if candidates
             else f"pass a value of type {text}",
         )
@@ -189,13 +192,29 @@ def _jaxtyping_reason(array_type_spec: Spec, hint, value, single, variadic) -> s
                 try:
                     reason = array_type.__instancecheck_str__(value)
                 except Exception as error:  # an AnnotationError names the unbound axis
-                    reason = str(error).splitlines()[0]
+                    reason = first_line(error)
             if reason:
                 return reason.rstrip(".")
     return "jaxtyping rejects it"
 
 
+def _of_its_array_class(value, hint) -> bool:
+    """Whether `value` is an instance of an array class its contract names (`torch.Tensor`
+    in `Float[Tensor, "..."]`, `np.ndarray` in `Float[np.ndarray, "..."]`), as jaxtyping
+    asks; its `Any` array class takes whatever has a shape and a dtype, as jaxtyping's does."""
+    for array_type in array_types(hint):
+        cls = array_type.array_type
+        if cls is typing.Any:
+            if hasattr(value, "shape") and hasattr(value, "dtype"):
+                return True
+        elif isinstance(cls, type) and isinstance(value, cls):
+            return True
+    return False
+
+
 def _dtype_name(value) -> str:
+    """The dtype's name as jaxtyping compares it with a contract's dtypes (`float32`; a
+    NumPy dtype by its scalar type's name): not `_values.dtype_name`."""
     dtype = value.dtype
     name = getattr(getattr(dtype, "type", None), "__name__", None)
     return name or repr(dtype).rsplit(".", 1)[-1]

@@ -16,6 +16,9 @@ Sizes never decide identity: coincident sizes change nothing here.
 """
 
 from collections.abc import Sequence
+from contextvars import ContextVar, Token
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 # Ranks of evidence, weakest first.
 GUESS = 1  # a size equal to a known one, where nothing else is known (names only)
@@ -36,11 +39,30 @@ Axis = tuple[Atom, ...]
 
 # Bumped whenever a name or kind changes, so cached display names know they are stale.
 _epoch = [0]
-# Every Dim gets the next serial: a session that records its ops (`_replay`) tells the dims an
+# Every Dim gets the next serial: a session that records its ops (`_trace.replay`) tells the dims an
 # op made (a serial above the one before the op) from the ones it was given.
 _serial = [0]
-# While a step is recorded: the roots a claim or a unification changed (None otherwise).
-_touched: list | None = None
+# While a step is recorded (`watch`): the roots a claim or a unification changed, in the
+# recording's own context (a thread, a task), never another's. None otherwise.
+_touched: ContextVar[list | None] = ContextVar("shapeguard_touched", default=None)
+
+
+def watch() -> tuple[list, Token]:
+    """Note from now on, in this context, every root a claim or a unification changes, in
+    the list returned (`_replay_effects.Capture`, recording a step); `unwatch(token)` stops."""
+    touched: list = []
+    return touched, _touched.set(touched)
+
+
+def unwatch(token: Token) -> None:
+    """Stop the noting `watch` started (the watch it was started inside goes on)."""
+    _touched.reset(token)
+
+
+def names_changed() -> None:
+    """Tell the cached display names that a name or kind changed (a replay restoring dims'
+    states: `restore`)."""
+    _epoch[0] += 1
 
 
 def epoch() -> int:
@@ -53,8 +75,9 @@ def serial() -> int:
 
 def set_side(root: "Dim", *, q: bool = False, k: bool = False) -> None:
     """Mark a root as the rows (q) or the columns (k) of a query-key product."""
-    if _touched is not None:
-        _touched.append(root)
+    touched = _touched.get()
+    if touched is not None:
+        touched.append(root)
     if q:
         root.q_side = True
     if k:
@@ -126,12 +149,48 @@ class Dim:
         return f"Dim({root.size}, {root.name or '?'}, {root.kind or '?'}, {root.origin!r})"
 
 
+class DimState(NamedTuple):
+    """What a root dim knows of its axis besides its size and identity: one record, read
+    and restored whole (a replay snapshots it before a step and makes it after). A field
+    added to `Dim` that a claim changes belongs here."""
+
+    name: str | None
+    rank: int
+    kind: str | None
+    kind_rank: int
+    parts: tuple | None  # `Dim.parts` as items: the dict itself changes in place
+    q_side: bool
+    k_side: bool
+    # `Dim.alias`, an atom; in a recorded step, where the replay finds the atom's dim.
+    alias: Any
+    origin: str
+
+
+_read_state = attrgetter(*DimState._fields)
+
+
+def state_of(dim: Dim) -> DimState:
+    """The facts of `dim` (read from it, not from its root)."""
+    state = DimState._make(_read_state(dim))
+    parts = dim.parts
+    return state if parts is None else state._replace(parts=tuple(parts.items()))
+
+
+def restore(dim: Dim, state: DimState) -> None:
+    """Give `dim` the facts `state_of` read (what changes no name: the caller bumps the
+    epoch once for all it restores)."""
+    for field, value in zip(DimState._fields, state, strict=True):
+        setattr(dim, field, value)
+    dim.parts = dict(state.parts) if state.parts is not None else None
+
+
 # -- claims ---------------------------------------------------------------------------------
 def claim_name(dim: Dim, name: str, rank: int) -> None:
     root = dim.find()
     if rank > root.rank:
-        if _touched is not None:
-            _touched.append(root)
+        touched = _touched.get()
+        if touched is not None:
+            touched.append(root)
         root.name, root.rank = name, rank
         _epoch[0] += 1
 
@@ -142,15 +201,17 @@ def claim_kind(dim: Dim, kind: str, rank: int) -> bool:
     root = dim.find()
     if root.kind == kind:
         if rank > root.kind_rank:
-            if _touched is not None:
-                _touched.append(root)
+            touched = _touched.get()
+            if touched is not None:
+                touched.append(root)
             root.kind_rank = rank
         return True
     if root.kind is not None and root.kind_rank >= PARAM:
         return False
     if rank > root.kind_rank:
-        if _touched is not None:
-            _touched.append(root)
+        touched = _touched.get()
+        if touched is not None:
+            touched.append(root)
         if root.kind is not None and root.rank <= CONVENTION:
             root.name, root.rank = None, 0  # the name went with the kind it had
         root.kind, root.kind_rank = kind, rank
@@ -179,13 +240,15 @@ def claim_part(atom: Atom, name: str, rank: int) -> None:
         return
     parts = root.parts
     if parts is None:
-        if _touched is not None:
-            _touched.append(root)
+        touched = _touched.get()
+        if touched is not None:
+            touched.append(root)
         parts = root.parts = {}
     key = (stride, size)
     if rank > parts.get(key, ("", 0))[1]:
-        if _touched is not None:
-            _touched.append(root)
+        touched = _touched.get()
+        if touched is not None:
+            touched.append(root)
         parts[key] = (name, rank)
         _epoch[0] += 1
 
@@ -202,9 +265,10 @@ def unify(a: Dim, b: Dim) -> None:
     a, b = a.find(), b.find()
     if a is b or a.size != b.size:
         return
-    if _touched is not None:
-        _touched.append(a)
-        _touched.append(b)
+    touched = _touched.get()
+    if touched is not None:
+        touched.append(a)
+        touched.append(b)
     # The name of the better-known side wins; a tie goes to the side whose kind is better
     # known (a mask's conventional "batch" never renames the scores' sequence axis).
     if a.kind == COPY and b.kind not in (None, COPY):
@@ -247,8 +311,9 @@ def line_up(x: Axis, y: Axis) -> None:
 
 
 def _alias(root: Dim, atom: Atom) -> None:
-    if _touched is not None:
-        _touched.append(root)
+    touched = _touched.get()
+    if touched is not None:
+        touched.append(root)
     root.alias = atom
     other = atom[0].find()
     if other.kind is not None and other.kind_rank >= PARAM:
@@ -379,8 +444,9 @@ def copy_of(copy: Axis, axis: Axis) -> None:
     root = copy[0][0].find()
     if root.kind != COPY or root.alias is not None:
         return
-    if _touched is not None:
-        _touched.append(root)
+    touched = _touched.get()
+    if touched is not None:
+        touched.append(root)
     root.alias = axis[0]
     _epoch[0] += 1
 

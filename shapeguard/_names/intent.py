@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import _source
+from .._values import is_tensor
 from . import dims as D
 from .axes import ATTRIBUTE_AXES
 from .dims import FEATURE, Axis
@@ -154,7 +155,7 @@ def _einops_texts(site, count: int) -> list[str | None]:
 
 def _shape_intent(call, frame, text: str, tensor_name: str, index: int, part: bool):
     tensor = frame.f_locals.get(tensor_name) if frame is not None else None
-    if tensor is None or not hasattr(tensor, "dim") or not -tensor.dim() <= index < tensor.dim():
+    if not is_tensor(tensor) or not -tensor.dim() <= index < tensor.dim():
         return None
     axis = call.meta_of(tensor).dims[index]
     if not axis:

@@ -28,6 +28,7 @@ import torch
 
 from .. import _ops
 from .result import ProbeResult, inconclusive, not_applicable
+from .runs import first_line
 from .subject import Subject
 from .tree import pick, rebuild
 
@@ -270,10 +271,7 @@ def _failed(s, protocol, lo, hi, step, dev, *, first=None, error=None, findings=
     cause = _cause(s, protocol, lo, hi, step, findings, error)
     how = f"with {protocol.describe()}"
     if error is not None:
-        first_line = (
-            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        )
-        head = f"{where} {how} fails: {first_line}"
+        head = f"{where} {how} fails: {first_line(error)}"
     elif dev is None:
         head = f"{where} {how}: the trace of the step found a shape bug in the cache's use"
     else:

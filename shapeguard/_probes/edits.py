@@ -11,7 +11,7 @@ from typing import cast
 
 import torch
 
-from .layout import Layout, Leaf
+from .layout_records import Layout, Leaf
 from .tree import rebuild
 
 

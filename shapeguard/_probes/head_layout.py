@@ -8,7 +8,7 @@ are; broadcast copies (kv heads repeated for their queries) follow whatever the 
 heads do. One permutation of the head positions is drawn per site (a derangement of
 each factor, so every head moves and each kv group keeps its queries), and each atom
 gets the permutation of its own digit. That permutation is carried back to the rows
-of the projection the atom came from (`_lift`: through each cut, to the dim the
+of the projection the atom came from (`head_maps`: through each cut, to the dim the
 projection's weight has), whatever the layout: separate Q/K/V projections, one packed
 [Q | K | V], per-head interleaved (GPT-NeoX, BLOOM), grouped [kv groups, queries + 2,
 d_k] (Falcon), mp_num-blocked (CodeGen), or low-rank latents whose heads appear only
@@ -22,80 +22,30 @@ op applies along such a dim (a Linear's bias, a norm's weight over the whole pro
 output). Nothing is taken from parameter names or from sizes that happen to coincide.
 """
 
-from dataclasses import dataclass, field
-
 import torch
 
 from .._names import dims as D
 from .edits import derangement
+from .head_maps import clash, coords_in, dim_maps, index_of, top_dim, unreached
+from .head_merge import follow_merge
+from .head_plan import Digit, HeadAtom, Plan, PlanState, Refused, copy_state, key_of
 from .head_sites import Site
-
-Key = tuple[int, int, int]  # (id of a root dim, stride, size): one factor of a dim
-
-
-@dataclass(slots=True)
-class Plan:
-    """Head permutations as index permutations of parameter axes (new = old[index])."""
-
-    params: dict[str, list[tuple[int, torch.Tensor]]] = field(default_factory=dict)
-    outputs: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # of the output
-    described: list[str] = field(default_factory=list)  # "4 heads of model.layers.0.attn"
-    # Where the trace lost the heads (a split or merge that mixes them with the tokens):
-    # those rows or columns were permuted as a correct split or merge lays them out.
-    assumed: list[str] = field(default_factory=list)
-
-
-class _Refused(Exception):
-    """A site whose heads cannot be permuted, and why."""
-
-
-@dataclass(slots=True)
-class _Atom:
-    atom: tuple
-    lo: int  # its stride within the axis (the product of the sizes inside it)
-    kind: str  # "head", "fixed" (batch, tokens), "free" (a broadcast copy), "unknown"
-
-
-@dataclass(slots=True)
-class _Digit:
-    pos: int  # the aligned leading axis
-    lo: int  # its stride within that axis
-    size: int
-    head: bool
-    sigma: torch.Tensor | None = None
-
-
-class _State:
-    """The permutations chosen so far: per factor of a dim, and per dim its index map."""
-
-    def __init__(self, roots: set[int], entangled: dict | None = None) -> None:
-        self.roots = roots  # ids of the dims of parameter axes
-        self.entangled = entangled or {}  # head_sites.HeadWatch.entangled
-        self.assumed: list[str] = []  # see Plan.assumed
-        self.sigma: dict[Key, torch.Tensor] = {}
-        # The same factors by the projection rows they cover (`_canon`): a layer called
-        # twice (shared across depth) cuts its projection anew each time, into new dims.
-        self.canon: dict[tuple, torch.Tensor] = {}
-        self.atoms: dict[Key, tuple] = {}
-        self.dims: dict[int, D.Dim] = {}
-        self.columns: dict[int, torch.Tensor] = {}  # id of a weight's input dim -> index
-        self.output: list[tuple[int, torch.Tensor]] = []
 
 
 def plan_heads(watch, generator: torch.Generator) -> Plan | tuple[str, bool]:
     """The head permutation of every site the trace can read back to its projections,
     or (why there is none, whether the probe applies at all)."""
     roots = {id(atom[0].find()) for axes in watch.params.values() for a in axes for atom in a}
-    state = _State(roots, watch.entangled)
+    state = PlanState(roots, watch.entangled)
     plan = Plan()
     why = ""
     done: list[Site] = []
     skipped: list[Site] = []
     for site in watch.sites:
-        trial = _copy(state)
+        trial = copy_state(state)
         try:
             heads = _site(site, trial, generator, watch.out_axes)
-        except _Refused as error:
+        except Refused as error:
             why = why or str(error)
             skipped.append(site)
             continue
@@ -115,14 +65,14 @@ def plan_heads(watch, generator: torch.Generator) -> Plan | tuple[str, bool]:
             return "the trace saw no attention op (a query-key product or SDPA)", False
         return "every attention op runs one head: there are no heads to permute", False
     try:
-        maps = _maps(state)
-        _clash(state, maps, watch, skipped)
-        _unreached(state, maps, watch.joins)
-    except _Refused as error:
+        maps = dim_maps(state)
+        clash(state, maps, watch, skipped)
+        unreached(state, maps, watch.joins)
+    except Refused as error:
         return str(error), True
     for name, axes in watch.params.items():
         for axis, ax in enumerate(axes):
-            index = _index_of(ax, state, maps)
+            index = index_of(ax, state, maps)
             if index is not None:
                 plan.params.setdefault(name, []).append((axis, index))
     for name, dim in watch.paired.items():
@@ -134,28 +84,19 @@ def plan_heads(watch, generator: torch.Generator) -> Plan | tuple[str, bool]:
     return plan
 
 
-def _copy(state: _State) -> _State:
-    new = _State(state.roots, state.entangled)
-    new.assumed = list(state.assumed)
-    new.sigma, new.atoms, new.dims = dict(state.sigma), dict(state.atoms), dict(state.dims)
-    new.canon = dict(state.canon)
-    new.columns, new.output = dict(state.columns), list(state.output)
-    return new
-
-
 # -- one site -------------------------------------------------------------------------------
-def _site(site: Site, state: _State, generator, out_axes) -> int:
+def _site(site: Site, state: PlanState, generator, out_axes) -> int:
     """Choose the site's head permutation and note it in `state`; the number of heads."""
     if len(site.operands) < 3:
-        raise _Refused(f"{site.where}: the trace saw no product of its attention with V")
+        raise Refused(f"{site.where}: the trace saw no product of its attention with V")
     if site.mixed:
-        raise _Refused(
+        raise Refused(
             f"{site.where}: its context meets another tensor at {site.mixed} before any "
             "projection reads it, so its columns are not the heads' alone"
         )
     n = max(len(o.lead) for o in site.operands)
-    digits: list[_Digit] = []
-    covers: list[tuple[int, _Atom, list[_Digit]]] = []  # (operand, atom, digits it covers)
+    digits: list[Digit] = []
+    covers: list[tuple[int, HeadAtom, list[Digit]]] = []  # (operand, atom, digits it covers)
     for pos in range(n):
         found = _position(site, pos, n, state)
         digits += found[0]
@@ -174,14 +115,14 @@ def _site(site: Site, state: _State, generator, out_axes) -> int:
             continue
         sigma = _compose(atom, ds)
         _note(state, atom.atom, sigma)
-    _merge(site, state, q_positions, covers, out_axes)
+    follow_merge(site, state, q_positions, covers, out_axes)
     count = 1
     for d in q_positions:
         count *= d.size
     return count
 
 
-def _position(site: Site, pos: int, n: int, state: _State):
+def _position(site: Site, pos: int, n: int, state: PlanState):
     """The digits of one aligned leading axis, and which atom of each operand covers them."""
     size = 1
     for o in site.operands:
@@ -190,7 +131,7 @@ def _position(site: Site, pos: int, n: int, state: _State):
             size = max(size, o.sizes[k])
     if size == 1:
         return [], []
-    per_operand: list[list[_Atom]] = []
+    per_operand: list[list[HeadAtom]] = []
     for o in site.operands:
         k = pos - (n - len(o.lead))
         if k < 0 or o.sizes[k] == 1:
@@ -200,9 +141,9 @@ def _position(site: Site, pos: int, n: int, state: _State):
         have = o.sizes[k]
         if have != size:
             if not (site.gqa and pos == n - 1 and size % have == 0):
-                raise _Refused(f"{site.where}: {o.role}'s axis of {have} meets one of {size}")
-            atoms = [_Atom(a.atom, a.lo * (size // have), a.kind) for a in atoms]
-            atoms.append(_Atom((None, 1, size // have), 1, "free"))  # SDPA repeats kv heads
+                raise Refused(f"{site.where}: {o.role}'s axis of {have} meets one of {size}")
+            atoms = [HeadAtom(a.atom, a.lo * (size // have), a.kind) for a in atoms]
+            atoms.append(HeadAtom((None, 1, size // have), 1, "free"))  # SDPA repeats kv heads
         per_operand.append(atoms)
     bounds = {1, size}
     for atoms in per_operand:
@@ -211,10 +152,8 @@ def _position(site: Site, pos: int, n: int, state: _State):
     cuts = sorted(bounds)
     for lo, hi in zip(cuts, cuts[1:], strict=False):
         if hi % lo:
-            raise _Refused(
-                f"{site.where}: its operands' head axes are cut in ways that do not nest"
-            )
-    digits = [_Digit(pos, lo, hi // lo, False) for lo, hi in zip(cuts, cuts[1:], strict=False)]
+            raise Refused(f"{site.where}: its operands' head axes are cut in ways that do not nest")
+    digits = [Digit(pos, lo, hi // lo, False) for lo, hi in zip(cuts, cuts[1:], strict=False)]
     covers = []
     for i, atoms in enumerate(per_operand):
         for a in atoms:
@@ -223,12 +162,12 @@ def _position(site: Site, pos: int, n: int, state: _State):
     for d in digits:
         kinds = {a.kind for _, a, ds in covers if d in ds}
         if "unknown" in kinds:
-            raise _Refused(
+            raise Refused(
                 f"{site.where}: the trace cannot follow {_role(site, covers, d)}'s heads back "
                 "to the projection that made them"
             )
         if "fixed" in kinds and "head" in kinds:
-            raise _Refused(f"{site.where}: a heads factor lines up with a batch or token one")
+            raise Refused(f"{site.where}: a heads factor lines up with a batch or token one")
         d.head = kinds == {"head"} or kinds == {"head", "free"}
     return digits, covers
 
@@ -240,7 +179,7 @@ def _role(site: Site, covers, digit) -> str:
     return "an operand"
 
 
-def _atoms(axis, site: Site, role: str, state: _State) -> list[_Atom]:
+def _atoms(axis, site: Site, role: str, state: PlanState) -> list[HeadAtom]:
     """An axis's atoms from the inside out, each with its stride within the axis."""
     found = []
     lo = 1
@@ -248,12 +187,12 @@ def _atoms(axis, site: Site, role: str, state: _State) -> list[_Atom]:
         kind = _kind(atom, state.roots)
         if kind == "unknown":
             atom, kind = _entangled(atom, site, role, state)
-        found.append(_Atom(atom, lo, kind))
+        found.append(HeadAtom(atom, lo, kind))
         lo *= atom[2]
     return found
 
 
-def _entangled(atom, site: Site, role: str, state: _State):
+def _entangled(atom, site: Site, role: str, state: PlanState):
     """A heads axis a view made by cutting a projection's output across its factors
     (`W_q(x).view(b, heads, s, d_k)`, which carves heads out of the tokens): the trace
     has already reported it, and the probe shows what it does, reading the rows as a
@@ -296,12 +235,12 @@ def _traced(atom, roots: set[int], depth: int = 0) -> bool:
     return id(root) in roots
 
 
-def _reuse(digit: _Digit, covers, state: _State) -> torch.Tensor | None:
+def _reuse(digit: Digit, covers, state: PlanState) -> torch.Tensor | None:
     """The permutation of a digit another site already chose, through an atom both share."""
     for _, atom, ds in covers:
         if atom.kind != "head" or digit not in ds:
             continue
-        sigma = state.sigma.get(_key(atom.atom))
+        sigma = state.sigma.get(key_of(atom.atom))
         canon = _canon(atom.atom) if sigma is None else None
         if canon is not None:
             sigma = state.canon.get(canon)
@@ -314,7 +253,7 @@ def _reuse(digit: _Digit, covers, state: _State) -> torch.Tensor | None:
     return None
 
 
-def _compose(atom: _Atom, digits: list[_Digit]) -> torch.Tensor:
+def _compose(atom: HeadAtom, digits: list[Digit]) -> torch.Tensor:
     """The atom's permutation of its values, from the permutations of the digits it covers."""
     n = atom.atom[2]
     values = torch.arange(n)
@@ -327,18 +266,14 @@ def _compose(atom: _Atom, digits: list[_Digit]) -> torch.Tensor:
     return out
 
 
-def _key(atom) -> Key:
-    return (id(atom[0].find()), atom[1], atom[2])
-
-
 def _canon(atom) -> tuple | None:
     """A factor by the rows of the dim it was cut from that it covers, and its digit in
     each: the same for the factors two calls of one layer cut from its projection."""
     root = atom[0].find()
     if root.cut is None:
         return None
-    top = _top(root)
-    coords = _coords(root, top) if top is not None else None
+    top = top_dim(root)
+    coords = coords_in(root, top) if top is not None else None
     if coords is None:
         return None
     stride, size = atom[1], atom[2]
@@ -346,13 +281,13 @@ def _canon(atom) -> tuple | None:
     return (id(top), stride, size, digits.numpy().tobytes())
 
 
-def _note(state: _State, atom, sigma: torch.Tensor) -> None:
+def _note(state: PlanState, atom, sigma: torch.Tensor) -> None:
     """Give a factor its permutation (and the factor a whole dim lines up with, its own)."""
     root = atom[0].find()
-    key = _key(atom)
+    key = key_of(atom)
     seen = state.sigma.get(key)
     if seen is not None and not torch.equal(seen, sigma):
-        raise _Refused(
+        raise Refused(
             f"{root.origin or 'a heads axis'} feeds two attention ops in different head orders"
         )
     state.sigma[key] = sigma
@@ -363,307 +298,3 @@ def _note(state: _State, atom, sigma: torch.Tensor) -> None:
     state.dims[id(root)] = root
     if root.alias is not None and D.is_whole(atom) and root.cut is None:
         _note(state, root.alias, sigma)
-
-
-# -- the merge ------------------------------------------------------------------------------
-def _merge(site: Site, state: _State, q_digits: list[_Digit], covers, out_axes) -> None:
-    """Permute what reads the context (an output projection's columns), or the expected
-    output where the context is the output."""
-    positions = _positions(q_digits)
-    if not site.reads and not site.reaches_output:
-        raise _Refused(f"{site.where}: its heads are not merged by an output projection")
-    for read in site.reads:
-        index = _axis_index(read.axis, state, positions, site.d_v)
-        if index is None:
-            raise _Refused(
-                f"{site.where}: the projection that reads its context contracts an axis "
-                "whose heads the trace cannot read"
-            )
-        note = (
-            f"the heads are lost between {site.where} and the projection that reads its "
-            "context: its columns permuted as a correct merge lays them out ([heads, d_v])"
-        )
-        if index[1] and note not in state.assumed:
-            state.assumed.append(note)
-        key = id(read.weight_axis.find())
-        state.columns[key] = _columns(state.columns.get(key), index[0], site)
-    if site.reaches_output and out_axes is not None:
-        found = False
-        for axis, ax in enumerate(out_axes):
-            index = _axis_index(ax, state, positions, site.d_v, fallback=axis == len(out_axes) - 1)
-            if index is not None and not torch.equal(index[0], torch.arange(len(index[0]))):
-                state.output.append((axis, index[0]))
-                found = True
-                note = (
-                    f"the heads are lost between {site.where} and the output: it is permuted "
-                    "as a correct merge lays them out ([heads, d_v])"
-                )
-                if index[1] and note not in state.assumed:
-                    state.assumed.append(note)
-        if not found and not site.reads:
-            raise _Refused(f"{site.where}: the output keeps its heads in an axis the trace lost")
-
-
-def _positions(q_digits: list[_Digit]) -> torch.Tensor:
-    """The query heads' permutation over their positions (outer digits first)."""
-    total = 1
-    for d in q_digits:
-        total *= d.size
-    index = torch.zeros(total, dtype=torch.long)
-    values = torch.arange(total)
-    inner = total
-    for d in q_digits:
-        inner //= d.size
-        digit = (values // inner) % d.size
-        if d.sigma is None:
-            raise ValueError("a query digit without its permutation (drawn before positions)")
-        index += d.sigma[digit] * inner
-    return index
-
-
-def _axis_index(axis, state: _State, positions, d_v: int, *, fallback: bool = True):
-    """(index, assumed): the permutation of an axis made of permuted factors and others;
-    where none of its factors is permuted and it is as long as heads * d_v, the layout a
-    correct merge makes ([heads, d_v]), assumed. None when neither fits."""
-    size = D.size_of(axis)
-    values = torch.arange(size)
-    out = torch.zeros(size, dtype=torch.long)
-    inner = size
-    hit = False
-    for atom in axis:
-        n = atom[2]
-        inner //= n
-        digit = (values // inner) % n
-        sigma = state.sigma.get(_key(atom))
-        if sigma is None and atom[0].find().alias is not None and D.is_whole(atom):
-            sigma = state.sigma.get(_key(atom[0].find().alias))
-        hit = hit or sigma is not None
-        out += (sigma[digit] if sigma is not None else digit) * inner
-    if hit:
-        return out, False
-    heads = len(positions)
-    if not fallback or heads < 2 or not d_v or size != heads * d_v:
-        return None
-    h, d = values // d_v, values % d_v
-    return positions[h] * d_v + d, True
-
-
-def _columns(before, index: torch.Tensor, site: Site) -> torch.Tensor:
-    """The columns' permutation once a site's `index` joins what other sites chose: the
-    same one again (a layer shared across depth, called twice), or one over other columns
-    (contexts concatenated before one projection) composed with it."""
-    if before is None:
-        return index
-    identity = torch.arange(len(index))
-    both = (before != identity) & (index != identity)
-    if not torch.equal(before[both], index[both]):
-        raise _Refused(
-            f"{site.where}: the projection that reads its context reads another attention "
-            "op's heads in the same columns, in a different order"
-        )
-    return _union(before, index)
-
-
-# -- index maps of dims -----------------------------------------------------------------------
-def _maps(state: _State) -> dict[int, torch.Tensor]:
-    """Per dim, the index map its factors' permutations make (new = old[map]), carried
-    back through every cut to the dim the projection's weight has; checked."""
-    maps: dict[int, torch.Tensor] = {}
-    dims: dict[int, D.Dim] = {}
-    for key, (root, stride, size) in state.atoms.items():
-        sigma = state.sigma[key]
-        base = torch.arange(root.size)
-        digit = (base // stride) % size
-        m = base + (sigma[digit] - digit) * stride
-        dim = root
-        for _ in range(16):
-            dims[id(dim)] = dim
-            before = maps.get(id(dim))
-            maps[id(dim)] = m if before is None else _union(before, m)
-            if dim.cut is None:
-                break
-            m, dim = _lift(dim, m)
-    for key, (root, stride, size) in state.atoms.items():
-        _check(root, stride, size, state.sigma[key], maps, dims)
-    return maps
-
-
-def _union(before: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """Two index maps of one dim as one: each moves its own rows (Q's, K's and V's of a
-    packed projection), and rows both move must move alike (a layer called twice cuts
-    its projection anew: the same permutation again, not applied twice). Where they
-    disagree, composed (`_check` refuses what does not hold)."""
-    identity = torch.arange(len(m))
-    moved = m != identity
-    both = moved & (before != identity)
-    if not bool(torch.equal(before[both], m[both])):
-        return before[m]
-    out = before.clone()
-    out[moved] = m[moved]
-    return out
-
-
-def _lift(dim: D.Dim, m: torch.Tensor) -> tuple[torch.Tensor, D.Dim]:
-    """An index map of a cut dim as the index map of the dim it was cut from."""
-    if dim.cut is None:
-        raise ValueError("only a cut dim lifts to the dim it was cut from")
-    (parent, stride, size), kept = dim.cut
-    parent = parent.find()
-    pos = torch.as_tensor(list(kept), dtype=torch.long)
-    inverse = torch.full((size,), -1, dtype=torch.long)
-    inverse[pos] = torch.arange(len(pos))
-    base = torch.arange(parent.size)
-    digit = (base // stride) % size
-    i = inverse[digit]
-    moved = pos[m[i.clamp(min=0)]]
-    return torch.where(i >= 0, base + (moved - digit) * stride, base), parent
-
-
-def _coords(dim: D.Dim, target: D.Dim) -> torch.Tensor | None:
-    """For each index of `target` (an ancestor of `dim` through cuts), its index along
-    `dim` (-1 where `dim` does not reach)."""
-    if dim is target:
-        return torch.arange(dim.size)
-    if dim.cut is None:
-        return None
-    (parent, stride, size), kept = dim.cut
-    above = _coords(parent.find(), target)
-    if above is None:
-        return None
-    pos = torch.as_tensor(list(kept), dtype=torch.long)
-    inverse = torch.full((size,), -1, dtype=torch.long)
-    inverse[pos] = torch.arange(len(pos))
-    digit = (above.clamp(min=0) // stride) % size
-    return torch.where(above >= 0, inverse[digit], torch.full_like(above, -1))
-
-
-def _check(root, stride, size, sigma, maps, dims) -> None:
-    """Each factor's permutation holds in the map of its dim and of every dim above."""
-    dim = root
-    for _ in range(16):
-        m = maps.get(id(dim))
-        c = _coords(root, dim)
-        if m is not None and c is not None:
-            moved = c[m]
-            inside = c >= 0
-            d, d2 = (c // stride) % size, (moved // stride) % size
-            ok = bool((moved[~inside] < 0).all()) and bool((moved[inside] >= 0).all())
-            ok = ok and bool((d2[inside] == sigma[d[inside]]).all())
-            if not ok:
-                raise _Refused(
-                    f"{root.origin or 'a heads axis'}: its heads cannot be permuted "
-                    "consistently with the others of the same projection"
-                )
-        if dim.cut is None:
-            break
-        dim = dim.cut[0][0].find()
-
-
-def _clash(state: _State, maps, watch, skipped: list[Site]) -> None:
-    """A permuted projection output must not also be what a projection contracts (the
-    model's features), nor feed an attention op left as it was."""
-    permuted = {k for k in maps if k in state.roots}
-    if permuted & set(state.columns):
-        raise _Refused("a projection's output rows are also the columns it reads as heads")
-    for dim in watch.contracted:
-        if id(dim.find()) in permuted:
-            raise _Refused(
-                f"{dim.find().origin}: the heads' rows are also features another projection "
-                "reads, so permuting them would change more than the heads"
-            )
-    for site in skipped:
-        for o in site.operands:
-            for axis in o.lead:
-                for atom in axis:
-                    top = _top(atom[0].find())
-                    if top is not None and id(top) in permuted:
-                        raise _Refused(
-                            f"{site.where}: its heads come from a projection another attention "
-                            "op permutes, but the trace cannot read its own"
-                        )
-
-
-def _unreached(state: _State, maps, joins) -> None:
-    """Every tensor that meets a permuted heads axis in an elementwise op or a join (a
-    gate, a value residual, a positional query concatenated per head) must be permuted
-    with it: made from the permuted projections too, or the same for every head (a
-    broadcast, a copy, batch or tokens). A per-head term from anything else (another
-    projection, a table, the input's features) keeps its order: permuting the heads is
-    no symmetry of the module as the probe can apply it."""
-    for join in joins:
-        for pos in range(join.rank):
-            if pos == join.skip:
-                continue
-            moved, kept = False, False
-            for axes, sizes in join.operands:
-                k = pos - (join.rank - len(axes))
-                if k < 0 or sizes[k] == 1:
-                    continue
-                atoms = axes[k]
-                if any(_moved(atom, state, maps) for atom in atoms):
-                    moved = True
-                elif any(_per_head(atom) for atom in atoms):
-                    kept = True
-            if moved and kept:
-                raise _Refused(
-                    f"{join.where}: the heads meet a term of their own that the permutation "
-                    "does not reach (made by another projection, a table or the input, not "
-                    "by the projections whose rows are permuted): a per-head gate, value "
-                    "residual or positional query"
-                )
-
-
-def _source(atom):
-    """The dim an atom was cut from, followed through cuts and line-ups from the atom's
-    own dim (not its union's root: a dim lined up with a head factor keeps its origin)."""
-    dim = atom[0]
-    for _ in range(16):
-        if dim.cut is not None:
-            dim = dim.cut[0][0]
-        elif dim.alias is not None and D.is_whole(atom):
-            atom = dim.alias
-            dim = atom[0]
-        else:
-            break
-    return dim
-
-
-def _moved(atom, state: _State, maps) -> bool:
-    """Whether the plan permutes this atom: it is a heads factor the plan chose an order
-    for, and the projection rows it came from are the ones permuted (a factor only
-    lined up with those heads, from another projection, is not)."""
-    if _key(atom) not in state.sigma:
-        return False
-    source = _source(atom)
-    return id(source) in maps or id(source.find()) in maps
-
-
-def _per_head(atom) -> bool:
-    """An atom that differs from head to head (not a broadcast copy, batch or tokens)."""
-    root = atom[0].find()
-    return root.kind not in (D.COPY, D.BATCH, D.TOKEN)
-
-
-def _top(dim: D.Dim, depth: int = 0):
-    if depth > 8:
-        return None
-    if dim.cut is not None:
-        return _top(dim.cut[0][0].find(), depth + 1)
-    return dim
-
-
-def _index_of(axis, state: _State, maps) -> torch.Tensor | None:
-    """The permutation of one parameter axis (a whole dim), if it is a permuted one."""
-    if len(axis) != 1 or not D.is_whole(axis[0]):
-        return None
-    root = axis[0][0].find()
-    index = maps.get(id(root))
-    if index is None:
-        index = state.columns.get(id(root))
-    if index is None and root.alias is not None:
-        sigma = state.sigma.get(_key(root.alias))
-        if sigma is not None and len(sigma) == root.size:
-            index = sigma
-    if index is None or torch.equal(index, torch.arange(len(index))):
-        return None
-    return index

@@ -14,6 +14,8 @@ import traceback
 
 import torch
 
+from .. import _errors
+
 
 class Rejected(Exception):
     """The module raised on an input a probe made: no counterexample, no verdict."""
@@ -26,8 +28,8 @@ class Rejected(Exception):
 
 
 def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    """The error's first line, or its type's name when it says nothing."""
+    return _errors.first_line(error) or type(error).__name__
 
 
 def call(model, inputs, what: str = ""):
@@ -55,7 +57,7 @@ def describe_crash(error: BaseException) -> str:
 class Pin:
     """A forward pre-hook that sets the RNG state `seed` makes before each forward of the
     module it is on (the CPU generator, and every CUDA device's once CUDA is in use).
-    The caller's own states are restored when `check` ends (`check._untouched`)."""
+    The caller's own states are restored when `check` ends (`untouched.untouched`)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed

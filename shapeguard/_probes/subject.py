@@ -13,14 +13,14 @@ import torch
 from .._names import axes as _axes
 from .compare import deviation, scale_of
 from .edits import take
-from .layout import Layout, OutLeaf
+from .layout_records import Layout, OutLeaf
 from .result import ProbeResult
 from .runs import Rejected, call
 from .tree import first_output, pick
 from .watch import Watch
 
 
-# weakref_slot: its own memo fields hold it weakly (`check._subject`).
+# weakref_slot: its own memo fields hold it weakly (`prepare.prepare_subject`).
 @dataclass(slots=True, weakref_slot=True)
 class Subject:
     """A private copy of the module, its inputs, and what the trace found."""

@@ -75,7 +75,7 @@ class Watch:
             return describe_event(events[-1])
         return op
 
-    # `before` and `after`: the session's observer calls (`_trace.session.Observer`). A
+    # `before` and `after`: the session's observer calls (`_trace.observe.Observer`). A
     # crash of the watch's own code never reaches the module's forward: it is noted.
     def before(self, func, op: str, args, kwargs) -> None:
         if self.broken:

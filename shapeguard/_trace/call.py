@@ -214,7 +214,7 @@ class OpCall:
         notes = self.session.trace.axis_notes or None
         return Operand(
             name,
-            f"{format_shape(shape, axes, notes)} {_dtype_name(tensor.dtype)}"
+            f"{format_shape(shape, axes, notes)} {dtype_name(tensor.dtype)}"
             f"{_tp.operand_note(tensor)}",
         )
 
@@ -282,7 +282,7 @@ class OpCall:
 _DTYPE_NAMES: dict = {}
 
 
-def _dtype_name(dtype) -> str:
+def dtype_name(dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")

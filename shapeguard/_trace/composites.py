@@ -25,6 +25,10 @@ suspension already: it is neither checked nor recorded again.
 `shapeguard.guard(nn.TransformerEncoderLayer(...))` puts no hook on the layer: a forward
 hook on it or on any module inside it turns its fast path off. Guarded layers are watched
 by one pair of global hooks instead, registered while any is guarded (`watch`).
+
+Long because the boundary checks, the suspension of the modes and the watch of
+guarded layers all work on torch's function-mode stack, which is kept in one module so
+that its pops and pushes can be read (and kept balanced) in one place.
 """
 
 import sys

@@ -3,10 +3,11 @@
 - `nn.MultiheadAttention(1024, 12)` (directly, or inside `nn.TransformerEncoderLayer`,
   `nn.Transformer`, a user's `__init__`) raises torch's bare
   `AssertionError: embed_dim must be divisible by num_heads`. When that error leaves a
-  `with shapeguard.trace():` block, `construction_error` turns it into the
+  `with shapeguard.trace():` block, `report_construction_error` turns it into the
   `head_divisibility` ShapeError, in the names of the constructor the user called
   (`d_model`/`nhead` for the nn.Transformer* classes) and at the user's line, chained
-  from torch's error. Any other AssertionError passes through untouched.
+  from torch's error, and reports it as every finding is reported (`_reporting.deliver`).
+  Any other AssertionError passes through untouched.
 - A traced module is checked once per session when it is first entered
   (`entry_violations`), for modules that were never `guard`ed. A false alarm is worse
   than a miss there: HF-style modules declare `hidden_size`, `num_heads` and `head_dim`
@@ -21,7 +22,7 @@ Pure Python at import: torch is imported only where a module is looked at.
 
 from types import SimpleNamespace
 
-from .. import _source
+from .. import _reporting, _source
 from .._errors import ShapeError
 from .._names import axes as _axes
 
@@ -43,9 +44,35 @@ def _is_torch_file(filename: str) -> bool:
     return _source._TORCH_MODULES in filename
 
 
-def construction_error(error: BaseException) -> ShapeError | None:
-    """The head_divisibility ShapeError for torch's own `embed_dim must be divisible by
-    num_heads` AssertionError, or None for any other error."""
+def report_construction_error(error: BaseException, trace) -> ShapeError | None:
+    """Report torch's head-count AssertionError that left `trace`'s block as every finding
+    is (`_reporting.deliver`: the trace's mode and strictness, a `# shapeguard:
+    ignore[head_divisibility]` on the user's line): raise the ShapeError, chained from
+    torch's error; or, in warn mode, warn and return it (torch has failed: the caller raises
+    it). None when `error` is another one, or the comment on its line silences it (then
+    torch's error goes on untouched)."""
+    __tracebackhide__ = True
+    found = _construction_finding(error)
+    if found is None:
+        return None
+    shape_error, site = found
+    found = None
+    try:
+        return _reporting.deliver(
+            shape_error,
+            "error",
+            mode=trace.mode,
+            strict=trace.strict,
+            trace=trace,
+            filename=site.filename if site else "<shapeguard>",
+            lineno=site.lineno if site else 0,
+        )
+    finally:
+        shape_error = None  # no frame -> error cycle (`_reporting.deliver`)
+
+
+def _construction_finding(error: BaseException):
+    """(the ShapeError, the user's site or None) for torch's head-count AssertionError."""
     if type(error) is not AssertionError or str(error) != _TORCH_MESSAGE:
         return None
     frames = _frames(error.__traceback__)
@@ -58,6 +85,10 @@ def construction_error(error: BaseException) -> ShapeError | None:
     for i, tb in enumerate(frames):
         if not _source._is_internal(tb.tb_frame.f_code.co_filename):
             user = i
+    site = None
+    if user is not None:
+        tb = frames[user]
+        site = _source._site_for(tb.tb_frame.f_code, tb.tb_lasti, False)
     called = frames[user + 1 :] if user is not None else frames
     for tb in called:  # the outermost torch constructor: the one the user called
         local = tb.tb_frame.f_locals
@@ -65,7 +96,9 @@ def construction_error(error: BaseException) -> ShapeError | None:
             d_model, heads = local.get(d_attr), local.get(h_attr)
             if _count(d_model) and _count(heads) and d_model % heads:
                 cls = type(local["self"]).__name__ if "self" in local else "MultiheadAttention"
-                return _error(d_attr, d_model, h_attr, heads, cls, frames, user)
+                shape_error = _error(d_attr, d_model, h_attr, heads, cls, site)
+                shape_error.__cause__ = error  # as `raise ... from error`
+                return shape_error, site
     return None
 
 
@@ -73,22 +106,17 @@ def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _error(d_attr, d_model, h_attr, heads, cls, frames, user) -> ShapeError:
+def _error(d_attr, d_model, h_attr, heads, cls, site) -> ShapeError:
     from ..checks.config import divisibility_violation
 
     violation = divisibility_violation(d_attr, d_model, h_attr, heads, f" in {cls}(...)")
-    location = source = ""
-    if user is not None:
-        tb = frames[user]
-        site = _source._site_for(tb.tb_frame.f_code, tb.tb_lasti, False)
-        location, source = site.location, site.source
     return ShapeError(
         violation.relation,
         kind=violation.kind,
         op="__init__",
         module=cls,
-        location=location,
-        source=source,
+        location=site.location if site else "",
+        source=site.source if site else "",
         hint=violation.hint,
     )
 

@@ -5,9 +5,9 @@ import threading
 
 # `session`: the innermost open session of this thread; `eager`: set while a compiled
 # module is checked eagerly (`_compiled.check`).
-_local = threading.local()
+thread_state = threading.local()
 
 
 def current_session():
-    """The innermost session open in this thread (a `_session.Session`), or None."""
-    return getattr(_local, "session", None)
+    """The innermost session open in this thread (a `_trace.session.Session`), or None."""
+    return getattr(thread_state, "session", None)

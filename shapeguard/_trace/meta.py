@@ -7,7 +7,8 @@ query-key product names d_k) shows on every record of that axis.
 """
 
 import weakref as _weakref
-from typing import TYPE_CHECKING
+from operator import attrgetter as _attrgetter
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -25,56 +26,70 @@ _NAME_ROLES = frozenset({"Q", "K", "V", "mask", "context", "out"})
 NO_FLAGS: frozenset = frozenset()
 
 
+class Facts(NamedTuple):
+    """What a meta says of its tensor besides its axes: one record, copied whole (a replay
+    makes its outputs' metas from the recorded one, a step's changes to an input's meta are
+    this record before and after). A field added here is carried everywhere a meta is."""
+
+    # "q"/"k" on the two sequence axes of scores and what follows
+    tags: tuple = ()
+    label: str | None = None
+    role: str | None = None
+    op: str = ""  # the op that made it, e.g. "transpose"
+    # A module buffer this tensor was read from ("bias"), and whether a slice of it was
+    # taken on the way: a causal buffer used whole only fits one sequence length.
+    buffer: str = ""
+    sliced: bool = False
+    rotary: bool = False  # computed from cos/sin: a rotary table
+    param: bool = False  # a parameter, or a view of one: a weight
+    # (kind, id of the module) of the warnings reported on the way to this tensor: a
+    # warning on what follows from it in the same block would be the same bug again.
+    flagged: frozenset = NO_FLAGS
+    # Made by a transpose or permute (or a copy of one): its axis order was chosen.
+    laid_out: bool = False
+
+
+# The facts of a tensor first seen in a session, and of a parameter first seen.
+FRESH = Facts()
+FRESH_PARAM = Facts(param=True)
+
+
+def _fact(name: str) -> Any:
+    """`meta.<name>`: that field of its facts; set, a new record with it changed (a meta
+    still owed its facts is paid first, by `TensorMeta.__getattr__`)."""
+
+    def put(meta: "TensorMeta", value) -> None:
+        meta.facts = meta.facts._replace(**{name: value})
+
+    return property(_attrgetter(f"facts.{name}"), put)
+
+
 class TensorMeta:
-    __slots__ = (
-        "label",
-        "role",
-        "dims",
-        "tags",
-        "op",
-        "buffer",
-        "sliced",
-        "rotary",
-        "param",
-        "flagged",
-        "laid_out",
-        "slot",
-        "_names",
-        "_epoch",
-        "_owed",
-    )
+    """A tensor's axes (`dims`), its `Facts` (read and set by name: `meta.label`), and where
+    the session made it (`slot`)."""
+
+    __slots__ = ("dims", "facts", "slot", "_names", "_epoch", "_owed")
+
+    # The fields of `Facts`, by name (a test checks that each one is here).
+    tags = _fact("tags")
+    label = _fact("label")
+    role = _fact("role")
+    op = _fact("op")
+    buffer = _fact("buffer")
+    sliced = _fact("sliced")
+    rotary = _fact("rotary")
+    param = _fact("param")
+    flagged = _fact("flagged")
+    laid_out = _fact("laid_out")
 
     def __init__(
         self,
         dims: tuple[Axis, ...],
         tags: tuple[str | None, ...] = (),
-        *,
-        label: str | None = None,
-        role: str | None = None,
-        op: str = "",
-        buffer: str = "",
-        sliced: bool = False,
-        rotary: bool = False,
-        param: bool = False,
-        flagged: frozenset = NO_FLAGS,
-        laid_out: bool = False,
+        **facts,
     ) -> None:
         self.dims = dims
-        self.tags = tags  # "q"/"k" on the two sequence axes of scores and what follows
-        self.label = label
-        self.role = role
-        self.op = op  # the op that made it, e.g. "transpose"
-        # A module buffer this tensor was read from ("bias"), and whether a slice of it was
-        # taken on the way: a causal buffer used whole only fits one sequence length.
-        self.buffer = buffer
-        self.sliced = sliced
-        self.rotary = rotary  # computed from cos/sin: a rotary table
-        self.param = param  # a parameter, or a view of one: a weight
-        # (kind, id of the module) of the warnings reported on the way to this tensor: a
-        # warning on what follows from it in the same block would be the same bug again.
-        self.flagged = flagged
-        # Made by a transpose or permute (or a copy of one): its axis order was chosen.
-        self.laid_out = laid_out
+        self.facts = Facts(tags=tags, **facts)
         # Where the session made it: the op's step and output (`_replay`), or the order in
         # which a tensor made outside the trace was first seen (a negative number).
         self.slot = 0
@@ -85,28 +100,17 @@ class TensorMeta:
         self._owed: _weakref.ref | None = None
 
     @classmethod
-    def made(cls, dims, fields: tuple, slot) -> "TensorMeta":
-        """A meta from `FIELDS` values, as a recorded op makes its outputs (no keywords)."""
+    def made(cls, dims, facts: Facts, slot) -> "TensorMeta":
+        """A meta of these axes and facts, as a recorded op makes its outputs."""
         meta = cls.__new__(cls)
         meta.slot = slot
-        meta.fill(dims, fields)
+        meta.fill(dims, facts)
         return meta
 
-    def fill(self, dims, fields: tuple) -> None:
-        """Set the axes and the `FIELDS` values (of a meta made, or owed: `_trace/owed.py`)."""
+    def fill(self, dims, facts: Facts) -> None:
+        """Set the axes and the facts (of a meta made, or owed: `_trace/owed.py`)."""
         self.dims = dims
-        (
-            self.tags,
-            self.label,
-            self.role,
-            self.op,
-            self.buffer,
-            self.sliced,
-            self.rotary,
-            self.param,
-            self.flagged,
-            self.laid_out,
-        ) = fields
+        self.facts = facts
         self._names = None
         self._epoch = -1
         self._owed = None
@@ -127,21 +131,6 @@ class TensorMeta:
                     return object.__getattribute__(self, name)
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def fields(self) -> tuple:
-        """The values of `FIELDS`, in that order."""
-        return (
-            self.tags,
-            self.label,
-            self.role,
-            self.op,
-            self.buffer,
-            self.sliced,
-            self.rotary,
-            self.param,
-            self.flagged,
-            self.laid_out,
-        )
-
     @property
     def axes(self) -> tuple[str | None, ...]:
         """The names users read, one per axis (None where only the size is known)."""
@@ -153,21 +142,6 @@ class TensorMeta:
 
     def tag(self, i: int) -> str | None:
         return self.tags[i] if i < len(self.tags) else None
-
-
-# What a meta says besides its axes, in the order of `TensorMeta.fields()`.
-FIELDS = (
-    "tags",
-    "label",
-    "role",
-    "op",
-    "buffer",
-    "sliced",
-    "rotary",
-    "param",
-    "flagged",
-    "laid_out",
-)
 
 
 # Roles only data flow gives: a query-key product, its softmax, attention's output.
@@ -203,11 +177,11 @@ def buffer_origin(
         return meta.buffer, meta.sliced or slices
     if meta is not None and meta.op:
         return "", False  # made by a traced op, so not a buffer
-    name = _buffer_name(in_tensors[0], modules)
+    name = buffer_name(in_tensors[0], modules)
     return (name, slices) if name else ("", False)
 
 
-def _buffer_name(tensor, modules: list) -> str:
+def buffer_name(tensor, modules: list) -> str:
     for module in reversed(modules):
         for name, buf in getattr(module, "_buffers", {}).items():
             if buf is tensor:
@@ -234,6 +208,13 @@ class TensorTable:
     def __init__(self) -> None:
         self._data: dict[int, tuple] = {}
         self._limit = _SWEEP_AT
+
+    @property
+    def lookup(self):
+        """The table's own `dict.get`: `id(tensor) -> (weak reference, meta)`, or None; the
+        caller checks the reference (`entry[0]() is tensor`). One C call per lookup, for
+        the replay's comparison of a step's inputs (`_replay_match.matcher`)."""
+        return self._data.get
 
     def get(self, tensor, default=None):
         entry = self._data.get(id(tensor))

@@ -20,18 +20,13 @@ import weakref
 import torch
 
 from .._names import dims as _dims
-from . import replay as _replay
-from .meta import NO_FLAGS, TensorMeta
+from . import replay_effects as _replay_effects
+from .meta import FRESH, FRESH_PARAM, TensorMeta
 
 # Steps a ledger owes before the session pays it at the next forward's start: what a long
 # `with trace():` block keeps of its replayed metas stays bounded.
 MAX_OWED = 65_536
 
-# Fields of a meta first seen in a session (`Session._fresh_meta`), by whether it is a
-# parameter.
-FRESH_FIELDS: dict[bool, tuple] = {
-    flag: ((), None, None, "", "", False, False, flag, NO_FLAGS, False) for flag in (False, True)
-}
 _ORIGINS: dict = {}  # (state name, a parameter, ndim) -> the origin of each axis
 
 
@@ -89,7 +84,7 @@ def fill_fresh(meta: TensorMeta, shape, nature: tuple) -> None:
             dim = _dims.Dim(int(size))
             dim.origin = origin
             axes.append(((dim, 1, dim.size),))
-    meta.fill(tuple(axes), FRESH_FIELDS[param])
+    meta.fill(tuple(axes), FRESH_PARAM if param else FRESH)
 
 
 def _origins(name: str, param: bool, ndim: int) -> tuple:
@@ -116,11 +111,11 @@ def _make(step, metas: tuple) -> None:
                     fill_fresh(meta, shape, nature)
     effects = step.effects
     try:
-        objs = effects.find(ins) if effects.find is not None else None
-        _replay.apply(effects, objs, ins, made)
+        objs = _replay_effects.resolve(effects.paths, ins) if effects.paths else None
+        _replay_effects.apply(effects, objs, ins, made)
     except Exception:
         # Not the axes the step was recorded on: the replay guarantees they are, so this is
         # shapeguard's own fault. Unnamed axes of the right sizes, never a crash of a read.
-        for meta, (_, fields), shape in zip(made, effects.outs, step.outputs, strict=False):
+        for meta, (_, facts), shape in zip(made, effects.templates, step.outputs, strict=False):
             if meta._owed is not None:
-                meta.fill(_dims.fresh_axes(tuple(shape)), fields)
+                meta.fill(_dims.fresh_axes(tuple(shape)), facts)

@@ -1,6 +1,7 @@
 """The trace as a record: events and findings, shapes only, never tensors."""
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -205,6 +206,10 @@ class TraceData:
     _forward: int = field(default=0, repr=False)  # forwards of a root module so far
     _replayed: int = field(default=0, repr=False)  # steps its sessions replayed (`_replay`)
     _steps: int = field(default=0, repr=False)  # steps its sessions made in all
+    # Why its sessions' replays stepped aside, by reason (`_replay.Why`): "why did this
+    # model stop replaying?". A reason of the recording ("recorded: a finding") is where
+    # the session it replays stopped recording.
+    replay_stops: Counter = field(default_factory=Counter, repr=False)
     # Tensor parallelism (`_tp`): notes on local head axes, {("heads", 6): "12/tp2"}, and
     # the rank, world size and sharded modules of a multi-rank run (None otherwise).
     axis_notes: dict = field(default_factory=dict, repr=False)

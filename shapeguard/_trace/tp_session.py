@@ -5,6 +5,9 @@ gather of one), and each module's sharding read once per session (`sharding`, `o
 `local_sizes`). What a rule needs of tensor parallelism
 (reading placements and a module's split from its DTensor weights) is `_tp`, below the
 checks; this module sits with the session, whose state it reads and writes.
+
+Long because every session-side branch for tensor parallelism is here, so that
+the session itself has one seam for it; split, it would spread into the session again.
 """
 
 import dataclasses

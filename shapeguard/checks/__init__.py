@@ -5,7 +5,7 @@ itself, so the session decides (raise, warn, record) with the user's context. It
 is registered on ops of the op table (`_ops.py`) with the kinds it may yield and
 the severity of each::
 
-    @rule(_ops.SOFTMAX, kinds={"softmax_axis": WARNING})
+    @rule(_ops.by_name("softmax"), kinds={"softmax_axis": WARNING})
     def softmax_over_keys(call: CallView) -> Iterator[Violation]: ...
 
 Every module of this package is a family of rules, loaded on first use; a rule
@@ -20,14 +20,11 @@ import pkgutil
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeGuard
 
 from .. import _ops
 from .._errors import Violation
+from .._values import is_tensor
 from ._view import CallView
-
-if TYPE_CHECKING:
-    import torch
 
 ERROR = "error"
 WARNING = "warning"
@@ -51,7 +48,7 @@ class Rule:
     order: int
     # The rule reads only calls whose first `operands` positional arguments are tensors
     # (`t + u`, not `t * 0.5`): the session shows it no other, so a replayed step with
-    # other numbers in those places has the same verdict (see `_replay.loose_numbers`).
+    # other numbers in those places has the same verdict (see `_replay_match.loose_numbers`).
     operands: int = 0
 
 
@@ -203,25 +200,6 @@ def _never() -> bool:
 
 
 _initialized: Callable[[], bool] | None = None
-
-
-# torch.Tensor, once a rule has asked (the checks run only in a trace, so torch is loaded).
-_Tensor: type | None = None
-
-
-def is_tensor(value) -> TypeGuard["torch.Tensor"]:
-    """Whether `value` is a torch tensor (a subclass too: a Parameter, a DTensor). Never
-    duck-typed: a NumPy scalar or array, or an fx Proxy, has a `shape` and a `dtype` too,
-    and goes to torch as it is (a rule that took it for a tensor would read its axes)."""
-    return isinstance(value, _Tensor or _tensor_class())
-
-
-def _tensor_class() -> type:
-    global _Tensor
-    import torch
-
-    _Tensor = torch.Tensor
-    return _Tensor
 
 
 def applies(r: Rule, args: tuple) -> bool:

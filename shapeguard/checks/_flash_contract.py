@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from .. import _ops, _reporting
 from .._errors import Context, Operand, ShapeError, Violation
 from .._names import axes as _axes
-from . import ERROR, WARNING, Severities, is_tensor
+from .._values import dtype_name, is_tensor
+from . import ERROR, WARNING, Severities
 
 # Every kind flash-attn's contract reports (the entry points, the kernels, varlen).
 KINDS: dict[str, Severities] = {
@@ -49,7 +50,7 @@ FLASH_NAMESPACES = ("flash_attn", "flashattn")  # flash-attn renamed its op name
 ENTRY_POINTS = _ops.FLASH_ENTRY_POINTS
 
 # -- which functions are flash-attn's (the flash rule checks these and nothing else) ---
-# id -> the original of each entry point the open trace has wrapped (filled by `_flash`).
+# id -> the original of each entry point the open trace has wrapped (filled by `_trace.flash`).
 WRAPPED: dict[int, object] = {}
 
 
@@ -105,10 +106,11 @@ def spec(name: str, tensor) -> Spec:
     # A size-1 last axis is contiguous whatever its stride (torch.is_contiguous agrees).
     if shape and shape[-1] == 1:
         stride = 1
-    return Spec(name, shape, str(tensor.dtype).removeprefix("torch."), str(tensor.device), stride)
+    return Spec(name, shape, dtype_name(tensor.dtype), str(tensor.device), stride)
 
 
 def _is_tensor(value) -> bool:
+    # Only for `_trace/flash.py`, which still exports it; everything else: `_values.is_tensor`.
     return is_tensor(value)
 
 

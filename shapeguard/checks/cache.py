@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from .. import _ops, _source
 from .._errors import Violation
 from .._names import dims as D
-from . import ERROR, WARNING, is_tensor, rule
+from .._values import is_tensor
+from . import ERROR, WARNING, rule
 from ._view import CallView
 
 _HIDING = -1e4

@@ -13,15 +13,12 @@ from .._errors import Violation
 from .._names import dims as D
 from .._names import subscripts
 from .._names.dims import FEATURE, TOKEN
-from . import WARNING, is_tensor, rule
+from .._values import is_tensor
+from . import WARNING, rule
 from ._einsum import written
 from ._view import CallView
 
 _PAIRED = {TOKEN, FEATURE}
-
-
-def _is_tensor(value) -> bool:
-    return is_tensor(value)
 
 
 def _clash(call, a, a_dim: int, b, b_dim: int) -> tuple[str, str] | None:
@@ -58,7 +55,7 @@ def _kept_by(call, t, dim: int, other, other_dim: int) -> bool:
 @rule(_ops.by_name("matmul"), _ops.by_name("bmm"), kinds={"contraction_axes": WARNING}, order=1)
 def product_axes(call: CallView) -> Iterator[Violation]:
     args = call.args
-    if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
+    if len(args) < 2 or not (is_tensor(args[0]) and is_tensor(args[1])):
         return
     a, b = args[0], args[1]
     reflected = call.op in call.spec.reflected
@@ -112,7 +109,7 @@ def einsum_axes(call: CallView) -> Iterator[Violation]:
     if not args or not isinstance(args[0], str):
         return
     operands = list(args[1:]) if len(args) > 2 else list(args[1]) if len(args) == 2 else []
-    if len(operands) != 2 or not all(_is_tensor(t) for t in operands):
+    if len(operands) != 2 or not all(is_tensor(t) for t in operands):
         return
     product = subscripts.product(args[0], [t.dim() for t in operands])
     if product is None or "->" not in args[0]:

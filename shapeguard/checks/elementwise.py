@@ -1,29 +1,26 @@
 """Masks and broadcasting: masked_fill, where, and masks added to scores."""
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from .. import _ops
 from .._errors import Violation
 from .._names import axes as _axes
 from .._names.dims import FEATURE, TOKEN
 from .._names.flow import waiting
-from . import ERROR, WARNING, is_tensor, rule
+from .._values import is_tensor
+from . import ERROR, WARNING, rule
 from ._view import CallView
 
 if TYPE_CHECKING:
     # For the annotations only: torch loads when the first trace opens.
-    import torch
+    pass
 
 _MASK_KINDS = {"mask_dtype": ERROR, "mask_broadcast": ERROR}
 # + - * / (reflected too: 2 - t arrives as __rsub__), in the table's order.
 _ARITHMETIC = tuple(
     op for op in _ops.ALL if op.family == _ops.BINARY and op.symbol in "+-*/" and op.symbol
 )
-
-
-def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # a tensor, not a NumPy scalar or array
-    return is_tensor(value)
 
 
 def ref(label: str) -> str:
@@ -101,7 +98,7 @@ def _broadcast_violation(call, kind, relation_prefix, pairs, target=None, mask=N
 def masked_fill(call: CallView) -> Iterator[Violation]:
     """masked_fill: a bool mask that broadcasts to the tensor it fills."""
     args = call.args
-    if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
+    if len(args) < 2 or not is_tensor(args[0]) or not is_tensor(args[1]):
         return
     x, mask = args[0], args[1]
     x_label, mask_label = call.label(0, "input"), call.label(1, "mask")
@@ -163,9 +160,9 @@ def where(call: CallView) -> Iterator[Violation]:
     if not all(name in parts for name in ("condition", "input", "other")):
         return
     cond, cond_label = parts["condition"]
-    if not _is_tensor(cond):
+    if not is_tensor(cond):
         return
-    tensors = [(label, v) for v, label in (parts["input"], parts["other"]) if _is_tensor(v)]
+    tensors = [(label, v) for v, label in (parts["input"], parts["other"]) if is_tensor(v)]
     if not tensors:
         return
     value_label, value = max(tensors, key=lambda p: p[1].dim())
@@ -204,7 +201,7 @@ def _operands(call):
 def arithmetic(call: CallView) -> Iterator[Violation]:
     """+ - * /: the operands broadcast (in place: to the first one's shape)."""
     args = call.args
-    if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
+    if len(args) < 2 or not is_tensor(args[0]) or not is_tensor(args[1]):
         return
     a, b = _ordered(call)
     sa, sb = tuple(a.shape), tuple(b.shape)
@@ -268,7 +265,7 @@ def bool_mask_added(call: CallView) -> Iterator[Violation]:
     output): a bool added to anything else is a 0/1 value (a reset gate, a count), unless a
     softmax over the last axis then reads the sum, where the warning waits for it."""
     args = call.args
-    if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
+    if len(args) < 2 or not is_tensor(args[0]) or not is_tensor(args[1]):
         return
     if args[0].is_floating_point() == args[1].is_floating_point():
         return  # no integer or bool tensor meets a float one here

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from .. import _ops
 from .._errors import Violation
+from .._values import is_tensor
 from . import _flash_contract, _flash_varlen, rule
 from ._view import CallView
 
@@ -42,7 +43,7 @@ def flash_contract(call: CallView) -> Iterator[Violation]:
 def _check(call, shown: str, p: dict, order: tuple[str, ...]):
     def spec(param: str):
         value = p.get(param)
-        if not _flash_contract._is_tensor(value):
+        if not is_tensor(value):
             return None
         index = order.index(param) if param in order else len(call.args)
         positional = index < len(call.args)

@@ -8,7 +8,8 @@ from math import prod
 from .. import _ops
 from .._errors import Violation
 from .._names import axes as _axes
-from . import ERROR, is_tensor, rule
+from .._values import is_tensor
+from . import ERROR, rule
 from . import tp as _tp_checks
 from ._view import CallView
 from ._view_shape import target_shape, view_compatible

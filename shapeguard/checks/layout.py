@@ -13,23 +13,20 @@ seq == heads == d_k. Softmax over the query axis is the softmax family's.
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _ops
 from .._errors import Violation
 from .._names import subscripts
 from .._names.dims import BATCH, FEATURE, TOKEN
-from . import WARNING, is_tensor, rule
+from .._values import is_tensor
+from . import WARNING, rule
 from ._einsum import written
 from ._view import CallView
 
 if TYPE_CHECKING:
     # For the annotations only: torch loads when the first trace opens.
-    import torch
-
-
-def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # a tensor, not a NumPy scalar or array
-    return is_tensor(value)
+    pass
 
 
 def heads_on_seq(call, t) -> bool:
@@ -60,7 +57,7 @@ def sdpa_layout(call: CallView) -> Iterator[Violation]:
     p = call.bound()
     tensors = [p.get(n) for n in ("query", "key", "value")]
     q, k, v = tensors
-    if not (_is_tensor(q) and _is_tensor(k) and _is_tensor(v)):
+    if not (is_tensor(q) and is_tensor(k) and is_tensor(v)):
         return
     if not (q.dim() == 4 and k.dim() == 4 and v.dim() == 4):
         return
@@ -163,7 +160,7 @@ def _qk_pairing(call) -> _Pairing | None:
     args = call.args
     if call.op == "einsum":
         operands = list(args[1:]) if len(args) > 2 else list(args[1]) if len(args) == 2 else []
-        if len(operands) != 2 or not all(_is_tensor(t) for t in operands):
+        if len(operands) != 2 or not all(is_tensor(t) for t in operands):
             return None
         a, b = operands
         product = subscripts.product(args[0], (a.dim(), b.dim()))
@@ -182,7 +179,7 @@ def _qk_pairing(call) -> _Pairing | None:
             q_kept=tuple(spec_a.index(x) for x in product.batch),
             product=product,
         )
-    if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
+    if len(args) < 2 or not (is_tensor(args[0]) and is_tensor(args[1])):
         return None
     a, b = args[0], args[1]
     if call.op in call.spec.reflected:
@@ -226,7 +223,7 @@ def mha_batch_first(call: CallView) -> Iterator[Violation]:
     if root is None or type(root).__module__.startswith("torch.nn"):
         return
     query = call.args[0] if call.args else call.kwargs.get("query")
-    if not _is_tensor(query) or query.dim() != 3:
+    if not is_tensor(query) or query.dim() != 3:
         return
     # Read as [seq, batch, embed], the batch axis would be attended along. The input's
     # usual layout ([batch, seq, ...]) alone is no witness: a seq-first model hands its
@@ -261,7 +258,7 @@ def rotary_axis(call: CallView) -> Iterator[Violation]:
     q or k: each of its axes but the last (the frequencies) must line up with the batch or
     the positions, never with a factor of the features."""
     args = call.args
-    if len(args) < 2 or not _is_tensor(args[0]) or not _is_tensor(args[1]):
+    if len(args) < 2 or not is_tensor(args[0]) or not is_tensor(args[1]):
         return
     for x, c, index in ((args[0], args[1], 1), (args[1], args[0], 0)):
         if c.dim() < 2 or x.dim() < c.dim() or x.dim() < 3:

@@ -2,17 +2,18 @@
 
 from collections.abc import Iterator
 from math import prod
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from .. import _ops, _source
 from .._errors import Operand, Violation
 from .._names import axes as _axes
-from . import ERROR, is_tensor, rule
+from .._values import is_tensor
+from . import ERROR, rule
 from ._view import CallView
 
 if TYPE_CHECKING:
     # For the annotations only: torch loads when the first trace opens.
-    import torch
+    pass
 
 _MATMUL = _ops.by_name("matmul")  # broadcasts batch axes; bmm and mm do not
 _PRODUCT_KINDS = {"matmul_inner": ERROR, "matmul_batch": ERROR, "matmul_rank": ERROR}
@@ -22,7 +23,7 @@ _PRODUCT_KINDS = {"matmul_inner": ERROR, "matmul_batch": ERROR, "matmul_rank": E
 def products(call: CallView) -> Iterator[Violation]:
     """matmul, @, bmm, mm: the inner axes meet, the batch axes broadcast."""
     op = call.op
-    if len(call.args) >= 2 and _is_tensor(call.args[0]) and _is_tensor(call.args[1]):
+    if len(call.args) >= 2 and is_tensor(call.args[0]) and is_tensor(call.args[1]):
         a, b = call.args[0], call.args[1]
         a_label, b_label = call.label(0, "a"), call.label(1, "b")
         if op in call.spec.reflected:
@@ -36,10 +37,6 @@ def products(call: CallView) -> Iterator[Violation]:
                 (call.operand(a_label, a), call.operand(b_label, b)),
                 "use torch.matmul (or @), which broadcasts leading batch axes",
             )
-
-
-def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return is_tensor(value)
 
 
 def _out_prefix(call) -> str:
@@ -162,7 +159,7 @@ def linear_width(call: CallView) -> Iterator[Violation]:
     args = call.args
     x = args[0] if args else call.kwargs.get("input")
     weight = args[1] if len(args) > 1 else call.kwargs.get("weight")
-    if not _is_tensor(x) or not _is_tensor(weight) or weight.dim() != 2 or x.dim() == 0:
+    if not is_tensor(x) or not is_tensor(weight) or weight.dim() != 2 or x.dim() == 0:
         return
     w_out, w_in = tuple(weight.shape)
     k = x.shape[-1]
@@ -198,7 +195,7 @@ def baddbmm(call: CallView) -> Iterator[Violation]:
     """baddbmm: the product's axes, and the added tensor broadcasts to it."""
     p = call.bound()
     base, b1, b2 = p.get("input"), p.get("batch1"), p.get("batch2")
-    if not (_is_tensor(base) and _is_tensor(b1) and _is_tensor(b2)):
+    if not (is_tensor(base) and is_tensor(b1) and is_tensor(b2)):
         return
     l1 = call.label(1, "batch1") if len(call.args) > 1 else "batch1"
     l2 = call.label(2, "batch2") if len(call.args) > 2 else "batch2"
@@ -261,7 +258,7 @@ def einsum_sizes(call: CallView) -> Iterator[Violation]:
     tensors = (
         list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else list(args[1:])
     )
-    if not all(_is_tensor(t) for t in tensors):
+    if not all(is_tensor(t) for t in tensors):
         return
     key = (equation, *[t.shape for t in tensors])
     found = _VERDICTS.get(key, _UNSEEN)

@@ -9,25 +9,22 @@ part is constant along the keys (a bias summed with a causal mask).
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from .. import _ops
 from .._errors import Violation
 from .._names.flow import classify_product
-from . import WARNING, is_tensor, rule
+from .._values import is_tensor
+from . import WARNING, rule
 from ._view import CallView
 
 if TYPE_CHECKING:
     # For the annotations only: torch loads when the first trace opens.
-    import torch
+    pass
 
 # At or below this an additive value hides a key (-1e9, finfo.min, -inf): a mask, not a bias.
 _HIDING = -1e4
 _MAX_VALUES = 1 << 22
-
-
-def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return is_tensor(value)
 
 
 def _readable(t) -> bool:
@@ -105,7 +102,7 @@ def _scores_operand(call, scores) -> tuple:
 @rule(_ops.by_name("add"), kinds={"score_bias_constant": WARNING}, order=1, operands=2)
 def added_to_scores(call: CallView) -> Iterator[Violation]:
     args = call.args
-    if len(args) < 2 or not (_is_tensor(args[0]) and _is_tensor(args[1])):
+    if len(args) < 2 or not (is_tensor(args[0]) and is_tensor(args[1])):
         return
     for scores, bias, index in ((args[0], args[1], 1), (args[1], args[0], 0)):
         key = _key_axis(call, scores)
@@ -129,9 +126,9 @@ def added_to_scores(call: CallView) -> Iterator[Violation]:
 def baddbmm_input(call: CallView) -> Iterator[Violation]:
     p = call.bound()
     base, b1, b2 = p.get("input"), p.get("batch1"), p.get("batch2")
-    if not (_is_tensor(b1) and b1.dim() == 3 and _is_tensor(b2) and b2.dim() == 3):
+    if not (is_tensor(b1) and b1.dim() == 3 and is_tensor(b2) and b2.dim() == 3):
         return
-    if not _is_tensor(base):
+    if not is_tensor(base):
         return
     m1, m2 = call.meta_of(b1), call.meta_of(b2)
     d1, d2 = m1.dims, m2.dims
@@ -151,7 +148,7 @@ def sdpa_bias(call: CallView) -> Iterator[Violation]:
 
     p = call.bound()
     q, k, mask = p.get("query"), p.get("key"), p.get("attn_mask")
-    if not (_is_tensor(q) and _is_tensor(k) and _is_tensor(mask)) or not mask.is_floating_point():
+    if not (is_tensor(q) and is_tensor(k) and is_tensor(mask)) or not mask.is_floating_point():
         return
     if not _readable(mask) or mask.dim() < 2 or q.dim() < 2:
         return

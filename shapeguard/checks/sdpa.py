@@ -6,19 +6,20 @@ the backend.
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from .. import _ops
 from .._errors import Violation
 from .._names import axes as _axes
 from .._names.dims import FEATURE
-from . import ERROR, is_tensor, rule
+from .._values import is_tensor
+from . import ERROR, rule
 from ._view import CallView
 from .elementwise import mask_hint
 
 if TYPE_CHECKING:
     # For the annotations only: torch loads when the first trace opens.
-    import torch
+    pass
 
 _KINDS = {
     kind: ERROR
@@ -29,16 +30,12 @@ _KINDS = {
 }  # fmt: skip
 
 
-def _is_tensor(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return is_tensor(value)
-
-
 @rule(_ops.SDPA, kinds=_KINDS)
 def sdpa_contract(call: CallView) -> Iterator[Violation]:
     """F.scaled_dot_product_attention's documented contract."""
     p = call.bound()
     q, k, v = p.get("query"), p.get("key"), p.get("value")
-    if not (_is_tensor(q) and _is_tensor(k) and _is_tensor(v)):
+    if not (is_tensor(q) and is_tensor(k) and is_tensor(v)):
         return
     names = [call.label(i, default) for i, default in enumerate(("q", "k", "v"))]
     lq, lk, lv = names
@@ -145,7 +142,7 @@ def _check_heads(call, p, q, k, v, names, operands, layout):
 
 def _check_mask(call, p, q, k, lq):
     mask = p.get("attn_mask")
-    if mask is None or not _is_tensor(mask):
+    if mask is None or not is_tensor(mask):
         return
     lm = call.label(3, "attn_mask") if len(call.args) > 3 else "attn_mask"
     if p.get("is_causal"):

@@ -9,30 +9,27 @@ batch, whatever the sizes.
 """
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from .. import _ops
 from .._errors import Violation
 from .._names import dims as D
 from .._names.dims import BATCH, COPY
-from . import WARNING, is_tensor, rule
+from .._values import is_tensor
+from . import WARNING, rule
 from ._view import CallView
 from .mha import bind_arguments
 
 if TYPE_CHECKING:
     # For the annotations only: torch loads when the first trace opens.
-    import torch
-
-
-def _has_shape(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return is_tensor(value)
+    pass
 
 
 @rule(_ops.MHA, kinds={"batch_mixing": WARNING}, order=1)
 def mask_tiling(call: CallView) -> Iterator[Violation]:
     p = bind_arguments(call)
     mask, query, heads = p.get("attn_mask"), p.get("query"), p.get("num_heads")
-    if not (_has_shape(mask) and _has_shape(query) and isinstance(heads, int)):
+    if not (is_tensor(mask) and is_tensor(query) and isinstance(heads, int)):
         return
     if mask.dim() != 3 or query.dim() != 3:
         return

@@ -333,7 +333,7 @@ def _labels(call: CallView) -> dict[int, str]:
 # What first reads a DTensor a plan declared: the norms and dropout SequenceParallel
 # supports, attention's projections, any op of two tensors. Elementwise ops of a tensor
 # and a number stay unread, so a replayed step whose number changed (an optimizer's
-# step size) keeps its replay (`_replay.loose_numbers`).
+# step size) keeps its replay (`_replay_match.loose_numbers`).
 _ELEMENTWISE = (_ops.SAME, _ops.BINARY, _ops.OTHER)
 _SHARD_READERS = tuple(
     op for op in _ops.ALL if op.family not in _ELEMENTWISE or op.sequence_parallel
@@ -355,7 +355,7 @@ def shard_of_replicated(call: CallView) -> Iterator[Violation]:
     pieces: a global axis tp times too long, every rank's rows tiled (pytorch#129355).
 
     Read from provenance only: the local tensor is the output of an all_reduce or an
-    all_gather over the very process group the placement shards along (`_tp_session`
+    all_gather over the very process group the placement shards along (`_trace.tp_session`
     marks them in torch.distributed's plumbing). A tensor fed to the model, whose
     placement nothing records, is never claimed replicated: SequenceParallel's own
     contract is an input already sharded by the caller."""
@@ -466,7 +466,7 @@ def shard_axis_mismatch(call: CallView) -> Iterator[Violation]:
 
     Read from provenance only: the axis the scatter split (in the user's layout), followed
     through DTensor's chunk-and-cat plumbing by argument and through the user's
-    elementwise ops and transposes (`_tp_session`), against the axis the gather stacked
+    elementwise ops and transposes (`_trace.tp_session`), against the axis the gather stacked
     along (both in the gather's layout, so a transpose after it changes nothing). Reported
     where the gathered tensor reaches a column-parallel q (or fused qkv) projection: a
     position-wise sublayer (norm, MLP) given the same mismatch scatters each token back

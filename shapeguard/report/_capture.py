@@ -26,12 +26,13 @@ from copies.
 """
 
 import math
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from .. import _ops
+from .._values import is_tensor
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 # One heatmap is at most MAX_SIZE x MAX_SIZE cells (average-pooled), at most
 # MAX_HEADS heads per call and MAX_CALLS calls per forward: the report stays small.
@@ -102,7 +103,7 @@ class _Capture:
         declared = _ops.declared(op)
         if declared is _SOFTMAX:
             dim = _ops.bind(declared, args, kwargs).get("dim")
-            if isinstance(dim, int) and _has_dim(out) and out.dim() >= 3:
+            if isinstance(dim, int) and is_tensor(out) and out.dim() >= 3:
                 self.keep(out, dim % out.dim() - out.dim(), declared.name)
         elif declared is _ops.SDPA:
             weights = _sdpa_weights(args, kwargs)
@@ -142,7 +143,7 @@ def _random_state(bound: dict):
     if not bound.get("training", True) or not bound.get("dropout_p"):
         return None
     query = bound.get("query")
-    device = query.device if _has_dim(query) else torch.device("cpu")
+    device = query.device if is_tensor(query) else torch.device("cpu")
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return device, torch.get_rng_state(), cuda
 
@@ -183,17 +184,13 @@ def _entry(weights, dim: int, op: str, batched: bool) -> dict:
     return {"op": op, "shape": shape, "dim": dim, "size": [seq_q, seq_k], "heads": heads}
 
 
-def _has_dim(value) -> TypeGuard["torch.Tensor"]:  # what torch dispatches: a tensor
-    return hasattr(value, "dim")
-
-
 def _sdpa_weights(args: tuple, kwargs: dict):
     """softmax(q k^T * scale + mask) for batch element 0, as SDPA computes it; None if too big."""
     import torch
 
     p = _ops.bind(_ops.SDPA, args, kwargs)
     q, k, mask = p.get("query"), p.get("key"), p.get("attn_mask")
-    if not (_has_dim(q) and _has_dim(k)) or q.dim() < 3 or q.device.type == "meta":
+    if not (is_tensor(q) and is_tensor(k)) or q.dim() < 3 or q.device.type == "meta":
         return None
     with torch._C.DisableTorchFunction():
         q0 = q[0] if q.dim() == 4 else q
@@ -212,7 +209,7 @@ def _sdpa_weights(args: tuple, kwargs: dict):
         if p.get("is_causal"):
             keep = torch.ones(seq_q, seq_k, dtype=torch.bool, device=scores.device).tril()
             scores = scores.masked_fill(~keep, float("-inf"))
-        if mask is not None and hasattr(mask, "dim"):
+        if is_tensor(mask):
             m = mask[0] if mask.dim() == 4 and mask.shape[0] > 1 else mask
             while m.dim() > 3:
                 m = m[0]

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from .. import _ops
 from .._names.roles import ROLES
+from .._values import dtype_name, is_tensor
 
 # Ops that make or combine attention tensors, shown even when no role was found: the
 # op table's `shown` ops, in every spelling an event may carry.
@@ -49,7 +50,7 @@ _LAYER_INDEX = re.compile(r"(?:(?<=\.)|^)\d+(?=\.|$)")
 
 
 def render_target(picked, inputs) -> str:
-    """The two lines above the table: the model (`_loader.Picked`) and its inputs
+    """The two lines above the table: the model (`picking.Picked`) and its inputs
     (`_inputs.Inputs`), each input named after the forward parameter it goes to."""
     import inspect
 
@@ -76,9 +77,9 @@ def render_target(picked, inputs) -> str:
 def _value_text(name: str, value, notes: dict) -> str:
     """A tensor's shape and dtype, with what its values are when shapeguard made them
     (`ids < 101`); a dict or a dataclass of tensors field by field."""
-    if hasattr(value, "shape"):
+    if is_tensor(value):
         note = notes.get(name)
-        return _tensor_text(value) + (f" ({note})" if note else "")
+        return tensor_text(value) + (f" ({note})" if note else "")
     import dataclasses
 
     if isinstance(value, dict) or dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
@@ -99,19 +100,18 @@ def _value_text(name: str, value, notes: dict) -> str:
             if isinstance(value, dict)
             else f"{k}={_value_text(keys[k], v, notes)}"
             for k, v in items
-            if hasattr(v, "shape")
+            if is_tensor(v)
         ]
         if parts:
             return form.format(", ".join(parts))
     return type(value).__name__
 
 
-def _tensor_text(value) -> str:
-    shape = getattr(value, "shape", None)
-    if shape is None:
+def tensor_text(value) -> str:
+    """`[2, 16, 512] float32` for a tensor; the type's name of anything else."""
+    if not is_tensor(value):
         return type(value).__name__
-    dtype = str(getattr(value, "dtype", "")).removeprefix("torch.")
-    return f"[{', '.join(str(int(s)) for s in shape)}] {dtype}"
+    return f"[{', '.join(str(int(s)) for s in value.shape)}] {dtype_name(value.dtype)}"
 
 
 def attention_rows(trace, *, all_ops: bool = False) -> list[tuple[str, ...]]:
@@ -132,7 +132,7 @@ def attention_rows(trace, *, all_ops: bool = False) -> list[tuple[str, ...]]:
                 name,
                 out.named_shape,
                 out.dtype,
-                _human_bytes(out.nbytes),
+                human_bytes(out.nbytes),
                 os.path.basename(event.location),
             )
         )
@@ -161,7 +161,7 @@ def fold_rows(rows, keep: set[str]) -> tuple[list, int]:
     return kept, folded
 
 
-def _human_bytes(n: int) -> str:
+def human_bytes(n: int) -> str:
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":

@@ -1,16 +1,17 @@
 """SDPA, F.multi_head_attention_forward, and torch's attention modules recorded whole."""
 
 from ... import _ops
+from ..._values import is_tensor
 from .. import dims as D
 from ..dims import BATCH, FEATURE, TOKEN
-from .base import Made, _claim, _fallback, _is_tensor, _tensor_args, propagates
+from .base import Made, _claim, _fallback, _tensor_args, propagates
 
 
 @propagates(_ops.ATTENTION)
 def _attention(call, outputs):
     bound = _ops.bind(call.spec, call.args, call.kwargs)
     q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
-    if not (_is_tensor(q) and _is_tensor(k) and _is_tensor(v)):
+    if not (is_tensor(q) and is_tensor(k) and is_tensor(v)):
         return None
     qm, km, vm = call.meta_of(q), call.meta_of(k), call.meta_of(v)
     for meta, role in ((qm, "Q"), (km, "K"), (vm, "V")):

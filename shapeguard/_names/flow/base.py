@@ -1,11 +1,10 @@
 """What every axis rule shares: the result type, the registry, small helpers."""
 
 from collections.abc import Callable
-from typing import NamedTuple, TypeGuard
-
-import torch
+from typing import NamedTuple
 
 from ... import _ops
+from ..._values import is_tensor
 from .. import dims as D
 from ..dims import STRUCTURE, Axis
 
@@ -35,10 +34,6 @@ def propagates(*families: str):
 
 
 # -- shared helpers ---------------------------------------------------------------------------
-def _is_tensor(x) -> TypeGuard[torch.Tensor]:
-    return isinstance(x, torch.Tensor)
-
-
 def _dim(d, ndim: int) -> int | None:
     if isinstance(d, int) and not isinstance(d, bool) and ndim:
         return d % ndim
@@ -51,10 +46,10 @@ def _tensor_args(call) -> list:
 
 def _first(call):
     for a in call.args:
-        if _is_tensor(a):
+        if is_tensor(a):
             return a
     for v in call.kwargs.values():
-        if _is_tensor(v):
+        if is_tensor(v):
             return v
     return None
 

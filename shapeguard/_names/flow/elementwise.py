@@ -1,13 +1,13 @@
 """Shape-preserving ops, elementwise ops with broadcasting, reductions."""
 
 from ... import _ops
+from ..._values import is_tensor
 from .. import dims as D
 from ..dims import Axis
 from .base import (
     Made,
     _fallback,
     _first,
-    _is_tensor,
     _tag_of,
     _tags,
     _tensor_args,
@@ -120,7 +120,7 @@ def _reduce(call, outputs):
     if x is None:
         return None
     args = call.args
-    if len(args) > 1 and _is_tensor(args[1]):  # torch.max(a, b): elementwise
+    if len(args) > 1 and is_tensor(args[1]):  # torch.max(a, b): elementwise
         return _binary(call, outputs)
     m = call.meta_of(x)
     bound = _ops.bind(call.spec, args, call.kwargs)

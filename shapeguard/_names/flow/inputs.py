@@ -1,9 +1,10 @@
 """Where axes come in: new tensors, embeddings of token ids, convolutions over images and audio."""
 
 from ... import _ops
+from ..._values import is_tensor
 from .. import dims as D
 from ..dims import BATCH, FEATURE, STRUCTURE, TOKEN
-from .base import Made, _first, _is_tensor, propagates
+from .base import Made, _first, propagates
 
 
 @propagates(_ops.FACTORY)
@@ -16,7 +17,7 @@ def _factory(call, outputs):
 def _embedding(call, outputs):
     bound = _ops.bind(call.spec, call.args, call.kwargs)
     ids, w = bound.get("input"), bound.get("weight")
-    if not (_is_tensor(ids) and _is_tensor(w)) or w.dim() != 2:
+    if not (is_tensor(ids) and is_tensor(w)) or w.dim() != 2:
         return None
     im, wm = call.meta_of(ids), call.meta_of(w)
     width = wm.dims[1]
@@ -73,7 +74,7 @@ def _conv(call, outputs):
         return None if call.is_method else _im2col(call, outputs)
     bound = _ops.bind(call.spec, call.args, call.kwargs)
     x, w = bound.get("input"), bound.get("weight")
-    if not (_is_tensor(x) and _is_tensor(w)):
+    if not (is_tensor(x) and is_tensor(w)):
         return None
     spatial = w.dim() - 2
     out = outputs[0]

@@ -1,10 +1,11 @@
 """Contractions: matmul, bmm, baddbmm, linear, einsum; what a query-key product says."""
 
 from ... import _ops
+from ..._values import is_tensor
 from .. import dims as D
 from .. import subscripts
 from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
-from .base import Made, _claim, _is_tensor, _tag_of, _tags, propagates
+from .base import Made, _claim, _tag_of, _tags, propagates
 
 # Products that add an input to theirs: beta * input + alpha * (b1 @ b2).
 _BADDBMM, _ADDMM = _ops.by_name("baddbmm"), _ops.by_name("addmm")
@@ -206,7 +207,7 @@ def _product(call, outputs):
     if call.spec is _BADDBMM or call.spec is _ADDMM:
         bound = call.bound()
         operands = [bound.get(name) for name in call.spec.params[:3]]
-        if len(operands) == 3 and all(_is_tensor(t) for t in operands):
+        if len(operands) == 3 and all(is_tensor(t) for t in operands):
             base_t, b1, b2 = operands
             made = _matmul(call, b1, b2, outputs)
             if made:
@@ -217,7 +218,7 @@ def _product(call, outputs):
                         D.line_up(axis, base.dims[k])
             return made
         return None
-    tensors = [a for a in args if _is_tensor(a)]
+    tensors = [a for a in args if is_tensor(a)]
     if len(tensors) < 2:
         return None
     a, b = tensors[0], tensors[1]
@@ -229,7 +230,7 @@ def _product(call, outputs):
 def _linear(call):
     bound = _ops.bind(call.spec, call.args, call.kwargs)
     x, w = bound.get("input"), bound.get("weight")
-    if not (_is_tensor(x) and _is_tensor(w)) or w.dim() != 2 or x.dim() == 0:
+    if not (is_tensor(x) and is_tensor(w)) or w.dim() != 2 or x.dim() == 0:
         return None
     xm, wm = call.meta_of(x), call.meta_of(w)
     w_out, w_in = wm.dims
@@ -256,7 +257,7 @@ def _einsum(call):
     operands = (
         list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else list(args[1:])
     )
-    if not operands or not all(_is_tensor(t) for t in operands):
+    if not operands or not all(is_tensor(t) for t in operands):
         return None
     equation = subscripts.parse(args[0], [t.dim() for t in operands])
     if equation is None:

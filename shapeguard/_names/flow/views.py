@@ -3,6 +3,7 @@
 import torch
 
 from ... import _ops
+from ..._values import is_tensor
 from .. import axes as _axes
 from .. import dims as D
 from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
@@ -11,7 +12,6 @@ from .base import (
     Made,
     _dim,
     _first,
-    _is_tensor,
     _tag_of,
     _tags,
     propagates,
@@ -214,11 +214,11 @@ def _index(call, outputs):
         axes[d] = _slice_axis(m.dims[d], size, kept)
         return [Made(tuple(axes), m.tags, m.role)]
     index = bound.get("index")
-    if op == "index_select" and _is_tensor(index) and index.dim() == 1:
+    if op == "index_select" and is_tensor(index) and index.dim() == 1:
         axes = list(m.dims)
         axes[d] = call.meta_of(index).dims[0] if index.numel() > 1 else ()
         return [Made(tuple(axes))]
-    if op == "gather" and _is_tensor(index) and index.dim() == ndim:
+    if op == "gather" and is_tensor(index) and index.dim() == ndim:
         im = call.meta_of(index)
         gathered = tuple(
             im.dims[i] if i == d or index.shape[i] != x.shape[i] else m.dims[i] for i in range(ndim)
@@ -233,7 +233,7 @@ def _drop_tag(m, d: int) -> tuple:
 
 def _getitem(call, x, m, index, out):
     items = index if isinstance(index, tuple) else (index,)
-    tensors = [i for i in items if _is_tensor(i)]
+    tensors = [i for i in items if is_tensor(i)]
     if tensors:
         return _advanced_index(call, x, m, items, out)
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
@@ -297,7 +297,7 @@ def _advanced_index(call, x, m, items, out):
     axis becomes the index's axes; anything else is a new tensor."""
     if Ellipsis in items or None in items:
         return None
-    tensors = [(k, i) for k, i in enumerate(items) if _is_tensor(i)]
+    tensors = [(k, i) for k, i in enumerate(items) if is_tensor(i)]
     if len(tensors) != 1:
         return None
     k, index = tensors[0]
@@ -323,7 +323,7 @@ def _join(call, outputs):
     if (
         not isinstance(tensors, tuple | list)
         or not tensors
-        or not all(_is_tensor(t) for t in tensors)
+        or not all(is_tensor(t) for t in tensors)
     ):
         return None
     out = outputs[0]

@@ -18,6 +18,7 @@ import weakref
 from typing import NamedTuple
 
 from ... import _ops
+from ..._values import is_tensor
 
 
 class Waiting(NamedTuple):
@@ -72,7 +73,7 @@ def waiting_on(tensor) -> Waiting | None:
 def read_along(tensor, dim: int) -> Waiting | None:
     """What waits on `tensor` (or on the tensor it is a view of) when a softmax reads it
     along `dim`: only when `dim` is the last axis of the tensor the finding was made on."""
-    if not _WAITING or not hasattr(tensor, "dim") or not tensor.dim():
+    if not _WAITING or not is_tensor(tensor) or not tensor.dim():
         return None
     ndim = tensor.dim()
     if dim % ndim != ndim - 1:

@@ -1,0 +1,262 @@
+"""Bugs for the rules that tests/bug_zoo.py's silent bugs do not reach, and their fixes.
+
+The zoo holds the silent bugs of whole attention modules; these are mostly loud ones, which
+torch would also reject (or, for a bool mask added to the scores, compute wrongly), found by
+a rule that names the user's axes and says the fix before torch fails. Like the zoo's, every module takes its
+sizes as constructor arguments and a `bug` (None: the fix), so tests/test_rule_registry.py
+runs each bug and its fix at the three size settings. The line where a bug bites ends in
+`# <- name`.
+
+    mask_not_bool     HF's [batch, seq] 0/1 attention mask used as the boolean mask
+                      (masked_fill, torch.where) or added to the scores as a bool
+    mask_polarity     a masked softmax helper whose mask hides the real tokens
+    project_heads     the output projection applied per head, before the heads are merged
+    view_transposed   heads merged with .view after the transpose (not contiguous)
+    unsplit_qkv       a fused q/k/v projection viewed as heads without splitting it
+    positions_unsliced  a learned position table added whole, not cut to the sequence
+    bias_per_head     a per-head [heads, seq, seq] bias added to [batch * heads] scores
+    kv_heads          grouped-query keys and values given to SDPA without repeating them
+    memory_mask       cross-attention given the queries' padding mask for the memory's keys
+    cache_axis        a decode step's keys appended to the cache along the heads
+    mask_new_only     a decode step's causal mask over the new tokens only, not the cache
+    flash_layout      flash_attention given [batch, heads, seq, d_k] for its [b, s, h, d]
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shapeguard.attention import flash_attention
+
+
+def _heads(t, B, S, h):
+    return t.view(B, S, h, -1).transpose(1, 2)
+
+
+class Masked(nn.Module):
+    """The tutorial's attention over a right-padded batch; `masking` is how the 0/1
+    attention mask hides the padding: "masked_fill", "where", or "added" to the scores."""
+
+    def __init__(self, d_model, n_heads, masking="masked_fill", bug=None):
+        super().__init__()
+        self.n_heads, self.masking, self.bug = n_heads, masking, bug
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x, attention_mask):
+        B, S, d_model = x.shape
+        q, k, v = (_heads(t, B, S, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        mask = attention_mask[:, None, None, :]  # [B, 1, 1, S_k], 1 for real tokens
+        if self.bug == "mask_not_bool":
+            if self.masking == "masked_fill":
+                scores = scores.masked_fill(mask, float("-inf"))  # <- mask_not_bool
+            elif self.masking == "where":
+                scores = torch.where(mask, scores, float("-inf"))  # <- mask_not_bool
+            else:
+                scores = scores + (mask == 0)  # <- mask_not_bool
+        elif self.masking == "masked_fill":
+            scores = scores.masked_fill(mask == 0, float("-inf"))
+        elif self.masking == "where":
+            scores = torch.where(mask == 1, scores, float("-inf"))
+        else:
+            scores = scores + (mask == 0) * torch.finfo(scores.dtype).min
+        context = scores.softmax(dim=-1) @ v
+        return self.out(context.transpose(1, 2).reshape(B, S, d_model))
+
+
+class MaskedSoftmax(nn.Module):
+    """A masked softmax over scores computed elsewhere (a library's `masked_softmax(scores,
+    mask)`): with no product in sight, what the mask means is settled by the softmax."""
+
+    def __init__(self, bug=None):
+        super().__init__()
+        self.bug = bug
+
+    def forward(self, scores, attention_mask):
+        if self.bug == "mask_polarity":
+            hide = attention_mask[:, None, None, :] == 1  # <- mask_polarity
+        else:
+            hide = attention_mask[:, None, None, :] == 0  # padding hides keys
+        return scores.masked_fill(hide, float("-inf")).softmax(dim=-1)  # <- mask_polarity
+
+
+def scores_padded(s):
+    """Scores [B, h, S, S] and the [B, S] 0/1 attention mask of a right-padded batch."""
+    from bug_zoo import attention_mask
+
+    return torch.randn(s.batch, s.heads, s.seq, s.seq), attention_mask(s)
+
+
+class Merged(nn.Module):
+    """Self-attention whose bugs are in the head split, the merge, or the output projection,
+    applied as the Linear (`project="linear"`) or as a product with its weight ("matmul",
+    "einsum")."""
+
+    def __init__(self, d_model, n_heads, project="linear", bug=None):
+        super().__init__()
+        self.n_heads, self.project, self.bug = n_heads, project, bug
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def output(self, t):
+        if self.project == "linear":
+            return self.out(t)  # <- project_heads
+        if self.project == "einsum":
+            weight, bias = self.out.weight, self.out.bias
+            return torch.einsum("...i,oi->...o", t, weight) + bias  # <- project_heads
+        return t @ self.out.weight.t() + self.out.bias  # <- project_heads
+
+    def forward(self, x):
+        B, S, d_model = x.shape
+        if self.bug == "unsplit_qkv":
+            qkv = self.qkv(x).view(B, S, self.n_heads, d_model // self.n_heads)  # <- unsplit_qkv
+            q, k, v = qkv.transpose(1, 2).chunk(3, dim=-1)
+        else:
+            q, k, v = self.qkv(x).view(B, S, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        context = scores.softmax(dim=-1) @ v  # [B, h, S, d_k]
+        if self.bug == "project_heads":
+            return self.output(context)
+        if self.bug == "view_transposed":
+            context = context.transpose(1, 2).view(B, S, d_model)  # <- view_transposed
+        else:
+            context = context.transpose(1, 2).reshape(B, S, d_model)
+        return self.output(context)
+
+
+class Positioned(nn.Module):
+    """Learned absolute positions, a table of max_len rows added to the token embeddings,
+    then self-attention."""
+
+    def __init__(self, d_model, n_heads, max_len, bug=None):
+        super().__init__()
+        self.bug = bug
+        self.positions = nn.Embedding(max_len, d_model)
+        self.attn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+
+    def forward(self, x):
+        table = self.positions.weight
+        if self.bug != "positions_unsliced":
+            table = table[: x.shape[1]]
+        x = x + table  # <- positions_unsliced
+        out, _ = self.attn(x, x, x, need_weights=False)
+        return out
+
+
+class Biased(nn.Module):
+    """Attention on torch.baddbmm with heads folded into the batch ([batch * heads, seq, d_k],
+    example-major) and a per-head distance bias [heads, seq, seq], tiled over the batch."""
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.n_heads, self.bug = n_heads, bug
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.slopes = nn.Parameter(torch.linspace(0.5, 0.05, n_heads))
+
+    def forward(self, x):
+        B, S, d_model = x.shape
+        h = self.n_heads
+        q, k, v = (_heads(t, B, S, h).reshape(B * h, S, -1) for t in self.qkv(x).chunk(3, dim=-1))
+        distance = (torch.arange(S)[None, :] - torch.arange(S)[:, None]).abs()
+        bias = -self.slopes[:, None, None] * distance  # [h, S, S]
+        if self.bug != "bias_per_head":
+            bias = bias.repeat(B, 1, 1)  # [B * h, S, S]: row b * h + i is head i
+        scale = 1 / math.sqrt(q.size(-1))
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)  # <- bias_per_head
+        context = torch.bmm(scores.softmax(dim=-1), v).view(B, h, S, -1)
+        return self.out(context.transpose(1, 2).reshape(B, S, d_model))
+
+
+class Grouped(nn.Module):
+    """Grouped-query attention: kv_heads key/value heads shared by the query heads."""
+
+    def __init__(self, d_model, n_heads, kv_heads, bug=None):
+        super().__init__()
+        self.n_heads, self.kv_heads, self.bug = n_heads, kv_heads, bug
+        self.d_k = d_model // n_heads
+        self.q = nn.Linear(d_model, d_model)
+        self.kv = nn.Linear(d_model, 2 * kv_heads * self.d_k)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        B, S, d_model = x.shape
+        q = _heads(self.q(x), B, S, self.n_heads)
+        k, v = (_heads(t, B, S, self.kv_heads) for t in self.kv(x).chunk(2, dim=-1))
+        if self.bug != "kv_heads":
+            groups = self.n_heads // self.kv_heads
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        context = F.scaled_dot_product_attention(q, k, v)  # <- kv_heads
+        return self.out(context.transpose(1, 2).reshape(B, S, d_model))
+
+
+class CrossMHA(nn.Module):
+    """nn.MultiheadAttention from padded queries to a padded memory (`padded_memory`)."""
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.bug = bug
+        self.attn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+
+    def forward(self, x, x_padding, memory, memory_padding):
+        padding = x_padding if self.bug == "memory_mask" else memory_padding
+        out, _ = self.attn(x, memory, memory, key_padding_mask=padding)  # <- memory_mask
+        return out
+
+
+def padded_memory(s):
+    """x [B, S, d_model] and memory [B, S_k, d_model], each with its [B, length] padding
+    mask, True at padding (nn.MultiheadAttention's key_padding_mask)."""
+    from bug_zoo import Sizes, attention_mask
+
+    memory_sizes = Sizes(**{**s.__dict__, "seq": s.seq_k})
+    x, memory = torch.randn(s.batch, s.seq, s.d_model), torch.randn(s.batch, s.seq_k, s.d_model)
+    return x, attention_mask(s) == 0, memory, attention_mask(memory_sizes) == 0
+
+
+class Decoding(nn.Module):
+    """One decoding step: the new tokens' keys and values appended to the cache
+    (past_key, past_value: [B, h, S_past, d_k]), then SDPA aligned bottom-right."""
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.n_heads, self.bug = n_heads, bug
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x, past_key, past_value):
+        B, S, d_model = x.shape
+        q, k, v = (_heads(t, B, S, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        axis = 1 if self.bug == "cache_axis" else 2
+        k = torch.cat([past_key, k], dim=axis)  # <- cache_axis
+        v = torch.cat([past_value, v], dim=axis)  # <- cache_axis
+        if self.bug == "mask_new_only":
+            keep = torch.ones(S, S, dtype=torch.bool).tril()  # <- mask_new_only
+        else:
+            keep = torch.ones(S, k.size(2), dtype=torch.bool).tril(k.size(2) - S)
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # <- mask_new_only
+        return self.out(context.transpose(1, 2).reshape(B, S, d_model))
+
+
+class Flash(nn.Module):
+    """flash-attn's layout [batch, seq, heads, d_k], through shapeguard.attention (SDPA
+    off the GPU)."""
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.n_heads, self.bug = n_heads, bug
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        B, S, d_model = x.shape
+        q, k, v = (t.view(B, S, self.n_heads, -1) for t in self.qkv(x).chunk(3, dim=-1))
+        if self.bug == "flash_layout":
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        context = flash_attention(q, k, v, causal=True, backend="sdpa")  # <- flash_layout
+        if self.bug == "flash_layout":
+            context = context.transpose(1, 2)
+        return self.out(context.reshape(B, S, d_model))

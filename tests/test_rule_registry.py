@@ -1,0 +1,330 @@
+"""Every rule of the registry has a bug test and a correct-counterpart test at the three size
+settings; a new rule without them fails here, by name.
+
+The bugs are the zoo's silent ones (tests/bug_zoo.py, run by tests/test_invariants.py: each
+bug, in its code styles, is found at the distinct, coincident and realistic sizes by
+`test_bug_is_found`, and its fix, the same module built without the bug, gives no finding
+there by `test_fixed_code_gives_no_finding`), and those of tests/rule_cases.py, mostly
+loud, which this module runs the same way (`test_case_is_found`, `test_fixed_case_is_clean`).
+RULE_BUGS says which bugs each rule finds, and `test_the_rule_itself_finds_its_bugs`
+checks that the rule itself (not another one) yields the bug's kind on them.
+
+A zoo bug that is silent only where two sizes coincide (`contraction`: seq == d_k) fails
+loudly at the other settings, and `test_bug_is_found` checks that error there; the rule that
+finds the silent bug is held to the settings where it is silent.
+"""
+
+import contextlib
+import dataclasses
+import os
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import bug_zoo as zoo
+import pytest
+import rule_cases
+import test_invariants as invariants
+import torch
+
+import shapeguard
+from shapeguard import ShapeError, ShapeWarning, checks
+
+pytestmark = pytest.mark.no_shapeguard  # the bugs warn and raise on purpose
+
+
+# -- the bugs of tests/rule_cases.py ----------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One bug of tests/rule_cases.py in one style, as test_invariants.Bug: make(sizes, bug) builds the module
+    (bug=None: the fix) and its inputs; the finding has `kind` and a hint with one of `fix`."""
+
+    name: str
+    style: str
+    make: Callable
+    kind: str
+    fix: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.name}-{self.style}"
+
+
+def _of(factory, inputs):
+    def make(s, bug=None):
+        torch.manual_seed(0)
+        return factory(s, bug), inputs(s)
+
+    return make
+
+
+def masked(masking):
+    return _of(
+        lambda s, bug: rule_cases.Masked(s.d_model, s.heads, masking, bug), invariants.padded
+    )
+
+
+def merged(project):
+    return _of(
+        lambda s, bug: rule_cases.Merged(s.d_model, s.heads, project, bug), invariants.x_only
+    )
+
+
+HELPER = _of(lambda s, bug: rule_cases.MaskedSoftmax(bug), rule_cases.scores_padded)
+POSITIONED = _of(
+    lambda s, bug: rule_cases.Positioned(s.d_model, s.heads, 2 * s.seq + 1, bug),
+    invariants.x_only,
+)
+BIASED = _of(lambda s, bug: rule_cases.Biased(s.d_model, s.heads, bug), invariants.x_only)
+GROUPED = _of(
+    lambda s, bug: rule_cases.Grouped(s.d_model, s.heads, s.kv_heads, bug), invariants.x_only
+)
+CROSS = _of(lambda s, bug: rule_cases.CrossMHA(s.d_model, s.heads, bug), rule_cases.padded_memory)
+DECODING = _of(lambda s, bug: rule_cases.Decoding(s.d_model, s.heads, bug), invariants.with_cache)
+FLASH = _of(lambda s, bug: rule_cases.Flash(s.d_model, s.heads, bug), invariants.x_only)
+
+CASES = [
+    Case("mask_not_bool", "masked_fill", masked("masked_fill"), "mask_dtype", ("mask == 0",)),
+    Case("mask_not_bool", "where", masked("where"), "mask_dtype", ("mask == 0",)),
+    Case("mask_not_bool", "added", masked("added"), "mask_dtype", ("masked_fill",)),
+    Case("mask_polarity", "masked_softmax", HELPER, "mask_polarity", ("pass ~hide",)),
+    Case("project_heads", "linear", merged("linear"), "linear_in_features", ("nn.Linear(",)),
+    Case("project_heads", "matmul", merged("matmul"), "matmul_inner", ("second-to-last",)),
+    Case("project_heads", "einsum", merged("einsum"), "einsum_dim", ("agree on the size",)),
+    Case("view_transposed", "linear", merged("linear"), "noncontiguous_view", (".contiguous().view(",)),
+    Case("unsplit_qkv", "linear", merged("linear"), "view_numel", ("head count and head size",)),
+    Case("positions_unsliced", "learned", POSITIONED, "broadcast", ("equal or one of them 1",)),
+    Case("bias_per_head", "baddbmm", BIASED, "broadcast", ("must broadcast to [batch, n, p]",)),
+    Case("kv_heads", "sdpa", GROUPED, "sdpa_heads", ("enable_gqa=True",)),
+    Case("memory_mask", "mha", CROSS, "mha_key_padding_mask", ("[batch, seq_k]",)),
+    Case("cache_axis", "cat", DECODING, "cache_axis", ("along the sequence axis",)),
+    Case("mask_new_only", "sdpa", DECODING, "mask_cache_length", ("cached + new keys",)),
+]  # fmt: skip
+
+# Rule ("family.function") -> the bugs ("bug-style": test_invariants.BUGS or CASES) on
+# which that rule yields the bug's kind at every size setting where the bug is silent.
+RULE_BUGS: dict[str, tuple[str, ...]] = {
+    "cache.cache_grown_along": ("cache_axis-cat",),
+    "cache.mask_key_length": ("mask_new_only-sdpa",),
+    "contraction.einsum_axes": ("contraction-einsum",),
+    "contraction.product_axes": ("contraction-tutorial_attn_v", "contraction-hf_eager_q_k"),
+    "elementwise.arithmetic": ("positions_unsliced-learned",),
+    "elementwise.bool_mask_added": ("mask_not_bool-added",),
+    "elementwise.masked_fill": ("mask_not_bool-masked_fill",),
+    "elementwise.where": ("mask_not_bool-where",),
+    "heads_view.view": ("view_transposed-linear", "unsplit_qkv-linear"),
+    "layout.mha_batch_first": ("mha_batch_first-mha", "mha_batch_first-encoder_layer"),
+    "layout.product_layout": ("no_transpose-tutorial_matmul",),
+    "layout.rotary_axis": ("rotary_axis-hf_rotate_half", "rotary_axis-llama_freqs_cis"),
+    "layout.sdpa_layout": ("no_transpose-hf_sdpa", "no_transpose-timm_sdpa"),
+    "mask_semantics.added_mask": ("mask_axis-hf_eager_additive",),
+    "mask_semantics.check": (
+        "mask_axis-tutorial",
+        "mask_polarity-timm_sdpa_bool",
+        "mask_direction-nanogpt",
+        "causal_alignment-functional_sdpa",
+    ),
+    "mask_semantics.read_by_softmax": ("mask_polarity-masked_softmax",),
+    "matmul.baddbmm": ("bias_per_head-baddbmm",),
+    "matmul.einsum_sizes": ("project_heads-einsum",),
+    "matmul.linear_width": ("project_heads-linear",),
+    "matmul.products": ("project_heads-matmul",),
+    "mha.mha_contract": ("memory_mask-mha",),
+    "regroup.regroup": ("carve-tutorial", "merge-hf_sdpa", "fold_order-einops_bmm"),
+    "score_bias.added_to_scores": ("bias_constant-tutorial_alibi",),
+    "score_bias.baddbmm_input": ("bias_constant-bloom_baddbmm",),
+    "score_bias.sdpa_bias": ("bias_constant-sdpa_float_mask",),
+    "sdpa.sdpa_contract": ("kv_heads-sdpa",),
+    "softmax.softmax_over_keys": ("softmax_axis-tutorial", "softmax_axis-einops"),
+    "tiling.mask_tiling": ("mask_repeat-mha_repeat", "mask_repeat-einops_repeat"),
+}
+
+# Rules with no bug test and counterpart at the three settings yet. This list only shrinks:
+# a rule that gets its bugs moves to RULE_BUGS, and an entry left behind fails.
+UNTESTED: set[str] = {
+    # layout_bshd is not found at the coincident sizes (test_flash_layout_at_every_setting)
+    "flash.flash_contract",
+    # Tensor parallelism: DTensors on a process group (tests/test_tp.py, at fixed sizes).
+    "tp.dtensor_mixed",
+    "tp.dtensor_mixed_elementwise",
+    "tp.shard_axis_mismatch",
+    "tp.shard_of_replicated",
+    "tp.shard_of_replicated_elementwise",
+    "tp.sharded_projection",
+}
+
+BUGS = {str(bug): bug for bug in invariants.BUGS}
+OWN = {str(case): case for case in CASES}
+SETTINGS = {sizes.name: sizes for sizes in zoo.SETTINGS}
+SETTING = pytest.mark.parametrize("sizes", zoo.SETTINGS, ids=lambda s: s.name)
+
+
+def rule_id(r: checks.Rule) -> str:
+    return f"{r.family}.{r.check.__qualname__}"
+
+
+def registry() -> dict[str, checks.Rule]:
+    checks._load()
+    return {rule_id(r): r for r in checks._RULES}
+
+
+def test_every_rule_has_its_bug_tests():
+    rules = registry()
+    missing = sorted(set(rules) - set(RULE_BUGS) - UNTESTED)
+    assert not missing, (
+        "rules without a bug test and a correct counterpart at the three size settings: add "
+        "a silent bug to tests/bug_zoo.py in two styles (tests/test_invariants.py BUGS), or a "
+        "loud one to tests/rule_cases.py (CASES here), and name it in RULE_BUGS: "
+        f"{missing}"
+    )
+    stale = sorted((set(RULE_BUGS) | UNTESTED) - set(rules))
+    assert not stale, f"not registered rules (drop them here): {stale}"
+    both = sorted(set(RULE_BUGS) & UNTESTED)
+    assert not both, f"tested now (drop them from UNTESTED): {both}"
+
+
+@pytest.mark.parametrize("name", sorted(RULE_BUGS))
+def test_the_named_bugs_exist_and_are_of_the_rules_kinds(name):
+    rule = registry()[name]
+    for bug_id in RULE_BUGS[name]:
+        bug = BUGS.get(bug_id) or OWN.get(bug_id)
+        assert bug is not None, f"{name}: no bug {bug_id} in test_invariants.BUGS nor CASES"
+        assert bug.kind in rule.kinds, f"{name} does not declare {bug.kind!r} ({bug_id})"
+
+
+def _parametrized(test) -> dict[str, list]:
+    return {mark.args[0]: list(mark.args[1]) for mark in test.pytestmark}
+
+
+def test_the_three_settings_run_every_bug_and_its_fix():
+    """The three settings are what they say, and the zoo's two tests, like this module's,
+    run every bug (found) and its fix (no finding) at each of them."""
+    distinct, coincident, realistic = zoo.SETTINGS
+    sizes = (distinct.batch, distinct.heads, distinct.seq, distinct.d_k)
+    assert len(set(sizes)) == 4, f"distinct sizes coincide: {sizes}"
+    assert coincident.batch == coincident.seq == coincident.heads == coincident.d_k
+    assert (realistic.batch, realistic.heads, realistic.seq, realistic.d_k) == (4, 8, 64, 64)
+    for test in (invariants.test_bug_is_found, invariants.test_fixed_code_gives_no_finding):
+        axes = _parametrized(test)
+        assert axes["bug"] == invariants.BUGS, test.__name__
+        assert axes["sizes"] == list(zoo.SETTINGS), test.__name__
+    for test in (test_case_is_found, test_fixed_case_is_clean):
+        axes = _parametrized(test)
+        assert axes["case"] == CASES and axes["sizes"] == list(zoo.SETTINGS), test.__name__
+
+
+# -- the bugs are found, their fixes clean --------------------------------------------------
+def outcome(model, args) -> list:
+    """The ShapeError a traced forward raises, or the findings it records (raise mode)."""
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", ShapeWarning)
+        try:
+            trace = shapeguard.trace(model, *args)
+        except ShapeError as error:
+            return [error]
+    return list(trace.findings)
+
+
+MARKED = defaultdict(set)  # bug name -> the lines of rule_cases.py marked `# <- name`
+for _number, _line in enumerate(Path(rule_cases.__file__).read_text().splitlines(), 1):
+    if "# <- " in _line:
+        MARKED[_line.rsplit("# <- ", 1)[1].strip()].add(_number)
+
+
+@SETTING
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_case_is_found(case, sizes):
+    found = outcome(*case.make(sizes, case.name))
+    assert [f.kind for f in found] == [case.kind], [str(f) for f in found]
+    (finding,) = found
+    assert any(fix in finding.hint for fix in case.fix), finding.hint
+    path, _, line = finding.location.rpartition(":")
+    assert Path(path).name == "rule_cases.py" and int(line) in MARKED[case.name], finding.location
+
+
+@SETTING
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_fixed_case_is_clean(case, sizes):
+    assert outcome(*case.make(sizes, None)) == []
+
+
+def test_the_cases_cover_each_bug_with_marked_lines():
+    assert {case.name for case in CASES} <= set(MARKED)
+    assert len(OWN) == len(CASES)
+
+
+# flash_attention's contract reads the layout from sizes: with batch == seq == heads it takes
+# [batch, heads, seq, d_k] for [batch, seq, heads, d_k], and the bug goes unseen.
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="layout read from sizes"))
+        if s is zoo.COINCIDENT
+        else s
+        for s in zoo.SETTINGS
+    ],
+    ids=lambda s: s.name,
+)
+def test_flash_layout_at_every_setting(sizes):
+    found = outcome(*FLASH(sizes, "flash_layout"))
+    assert [f.kind for f in found] == ["layout_bshd"], [str(f) for f in found]
+    assert outcome(*FLASH(sizes, None)) == []
+
+
+# -- each rule finds its own bugs -----------------------------------------------------------
+@cache
+def _yields(bug_id: str, setting: str) -> frozenset[tuple[str, str]]:
+    """(rule, kind) of every violation a rule yields while the bug runs at these sizes."""
+    seen: set[tuple[str, str]] = set()
+
+    def recording(r: checks.Rule) -> checks.Rule:
+        def check(call):
+            for violation in r.check(call):
+                seen.add((rule_id(r), violation.kind))
+                yield violation
+
+        check.__module__, check.__qualname__ = r.check.__module__, r.check.__qualname__
+        return dataclasses.replace(r, check=check)
+
+    checks._load()
+    original = list(checks._RULES)
+    replay = os.environ.get("SHAPEGUARD_REPLAY")
+    # Every op through the rules: a replayed step would reuse an earlier verdict.
+    os.environ["SHAPEGUARD_REPLAY"] = "0"
+    checks._RULES[:] = [recording(r) for r in original]
+    checks._BY_SPELLING = checks._SINGLE_PROCESS = None
+    try:
+        if bug_id in OWN:
+            outcome(*OWN[bug_id].make(SETTINGS[setting], OWN[bug_id].name))
+        else:
+            model, args = BUGS[bug_id].make(SETTINGS[setting], BUGS[bug_id].name)
+            with contextlib.suppress(ShapeError):  # a loud bug at these sizes
+                invariants.findings(model, *args)
+    finally:
+        checks._RULES[:] = original
+        checks._BY_SPELLING = checks._SINGLE_PROCESS = None
+        if replay is None:
+            del os.environ["SHAPEGUARD_REPLAY"]
+        else:
+            os.environ["SHAPEGUARD_REPLAY"] = replay
+    return frozenset(seen)
+
+
+def _silent(bug_id: str, sizes) -> bool:
+    return bug_id in OWN or BUGS[bug_id].silent(sizes)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("name", sorted(RULE_BUGS))
+def test_the_rule_itself_finds_its_bugs(name, setting):
+    sizes = SETTINGS[setting]
+    for bug_id in RULE_BUGS[name]:
+        if not _silent(bug_id, sizes):
+            assert BUGS[bug_id].loud, f"{bug_id} is neither silent nor loud at {setting} sizes"
+    missed = defaultdict(list)
+    for bug_id in RULE_BUGS[name]:
+        kind = (OWN.get(bug_id) or BUGS[bug_id]).kind
+        if _silent(bug_id, sizes) and (name, kind) not in _yields(bug_id, setting):
+            missed[bug_id] = sorted(_yields(bug_id, setting))
+    assert not missed, f"{name} does not find these at {setting} sizes (what did): {dict(missed)}"

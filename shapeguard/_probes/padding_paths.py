@@ -28,7 +28,7 @@ from .. import _ops
 from .edits import take
 from .locate import seq_dims
 from .subject import Subject
-from .tree import leaves, pick
+from .tree import leaves, op_tensors, pick
 from .watch import describe_event
 
 _SOFTMAX = _ops.spellings_where(step="softmax")
@@ -83,23 +83,13 @@ class Paths:
         return self.entries[0]
 
 
-def _tensors(obj) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, list | tuple):
-        return [t for item in obj for t in _tensors(item)]
-    return []
-
-
 def _written(op: str, args, out) -> list[torch.Tensor]:
     """The tensors an op made or wrote: its outputs, or for a write that returns nothing
     (`t[i] = v`) the tensor written into."""
-    outs = _tensors(out)
+    outs = op_tensors(out)
     if outs or not (_ops.lookup(op).family == _ops.WRITE or _ops.is_inplace(op)):
         return outs
-    return _tensors(args)[:1]
+    return op_tensors(args)[:1]
 
 
 class _Record:
@@ -152,7 +142,7 @@ class _Compare:
         if i >= len(self.first) or self.first[i][0] != op:
             self.diverged = True  # the runs took different paths: no op-by-op comparison
             return
-        operands = _tensors((args, kwargs))
+        operands = op_tensors((args, kwargs))
         outs = _written(op, args, out)
         reads_weights = any(t in self.weights for t in operands)
         family = _ops.lookup(op).family

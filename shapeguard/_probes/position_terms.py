@@ -22,7 +22,7 @@ from .. import _ops
 from .compare import deviation, scale_of
 from .locate import region_permuted
 from .subject import Subject
-from .tree import leaves
+from .tree import leaves, op_tensors
 from .watch import describe_event
 
 
@@ -41,8 +41,8 @@ class _Flow:
         pass
 
     def after(self, func, op: str, args, kwargs, out, count: int) -> None:
-        operands = _tensors((args, kwargs))
-        outs = _tensors(out)
+        operands = op_tensors((args, kwargs))
+        outs = op_tensors(out)
         fed = any(t in self.made for t in operands)
         if fed:
             for o in outs:
@@ -60,16 +60,6 @@ class _Flow:
         meta = self.session.metas.get(first)
         axes = meta.axes if meta is not None else ()
         self.steps.append((op, where, first.detach().clone(), axes, own))
-
-
-def _tensors(obj) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, list | tuple):
-        return [t for item in obj for t in _tensors(item)]
-    return []
 
 
 def _record(s: Subject, inputs) -> list[tuple]:

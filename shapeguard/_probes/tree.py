@@ -42,6 +42,19 @@ def leaves(obj, path=()) -> list[tuple[tuple, torch.Tensor]]:
     return found
 
 
+def op_tensors(obj) -> list[torch.Tensor]:
+    """The tensors of an op's arguments or outputs, in order, nested in tuples, lists and
+    dicts only: what torch hands an observer on every op (`leaves` also walks mappings and
+    dataclasses and builds paths, a cost an observer would pay per op)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, list | tuple):
+        return [t for item in obj for t in op_tensors(item)]
+    return []
+
+
 def rebuild(obj, fn: Callable, path=()):
     """A copy of `obj` with each tensor replaced by `fn(path, tensor)`."""
     if isinstance(obj, torch.Tensor):

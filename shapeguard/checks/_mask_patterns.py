@@ -12,13 +12,19 @@ from .elementwise import ref
 def triangle(hidden) -> str | None:
     """ "causal" (j > i), "inverse" (j <= i) or "past" (j < i), for every slice alike;
     the diagonal is offset by seq_k - seq_q too (queries at the end, as with a cache)."""
+    sq, sk = hidden.shape[-2:]
+    return _triangle_of(hidden.reshape(-1, sq, sk))
+
+
+def _triangle_of(slices, counted=None) -> str | None:
+    """The triangle `slices` [n, seq_q, seq_k] match on every cell, or on the `counted`
+    cells only (the others may be anything)."""
     import torch
 
-    sq, sk = hidden.shape[-2:]
-    slices = hidden.reshape(-1, sq, sk)
+    sq, sk = slices.shape[-2:]
     step = (
-        torch.arange(sk, device=hidden.device)[None, :]
-        - torch.arange(sq, device=hidden.device)[:, None]
+        torch.arange(sk, device=slices.device)[None, :]
+        - torch.arange(sq, device=slices.device)[:, None]
     )
     for offset in sorted({0, sk - sq}):
         for name, pattern in (
@@ -26,7 +32,10 @@ def triangle(hidden) -> str | None:
             ("inverse", step <= offset),
             ("past", step < offset),
         ):
-            if bool((slices == pattern).all()):
+            same = slices == pattern
+            if counted is not None:
+                same = same | ~counted
+            if bool(same.all()):
                 return name
     return None
 
@@ -39,8 +48,6 @@ def among_real(hidden) -> str | None:
     (padding alone) matches a triangle whose hidden cells all fall outside them (Nyström's
     landmark queries against the keys, [2, 6] with the module's own padding first) and is
     no triangle."""
-    import torch
-
     sq, sk = hidden.shape[-2:]
     slices = hidden.reshape(-1, sq, sk)
     padded_q, padded_k = all_hidden(slices, -1), all_hidden(slices, -2)
@@ -50,19 +57,7 @@ def among_real(hidden) -> str | None:
     enough = ((~padded_q).sum(-1) >= 2) & ((~padded_k).sum(-1) >= 2)
     if not bool(enough.any()):
         return None
-    step = (
-        torch.arange(sk, device=hidden.device)[None, :]
-        - torch.arange(sq, device=hidden.device)[:, None]
-    )
-    for offset in sorted({0, sk - sq}):
-        for name, pattern in (
-            ("causal", step > offset),
-            ("inverse", step <= offset),
-            ("past", step < offset),
-        ):
-            if bool(((slices == pattern) | ~real).all()):
-                return name
-    return None
+    return _triangle_of(slices, counted=real)
 
 
 def _inverse(label: str) -> str:

@@ -16,6 +16,28 @@ os.environ["SHAPEGUARD_INTERNAL_ERRORS"] = "raise"
 # workers when asked): the ops are tiny, and with a second thread its OpenMP worker spins
 # through every gap between ops, which bills the process for twice the Python time.
 torch.set_num_threads(1)
+# The CLI, torchrun and spawned-rank subprocesses too: a second OpenMP thread per process
+# only spins while the other worker's process wants the core.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Files whose tests start processes or build real models, run first: pytest-xdist hands tests
+# out in collection order, so a long test collected last keeps one worker busy while the other
+# has nothing left (the tail). Only the order changes; each test is independent of it.
+LONG_FIRST = (
+    "test_distributed.py",
+    "test_world_sample.py",
+    "test_cli_users.py",
+    "test_meta_imports.py",
+    "test_pytest_plugin.py",
+    "test_bench_smoke.py",
+    "test_real_models.py",
+    "test_check_real_models.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: index for index, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable
 
 
 @pytest.fixture(autouse=True)

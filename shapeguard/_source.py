@@ -66,7 +66,9 @@ def _skip_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
-def _is_internal(filename: str) -> bool:
+def is_internal(filename: str) -> bool:
+    """Whether a frame in `filename` is never the user's: shapeguard, the stdlib, torch and
+    the other installed packages it skips, or frozen import machinery."""
     return filename.startswith(_skip_dirs()) or filename.startswith("<frozen")
 
 
@@ -126,7 +128,7 @@ def _display_path(filename: str, cwd: str) -> str:
 
 
 # Frames of torch's own nn.Module forwards: an op there ran inside a module the user called.
-_TORCH_MODULES = os.sep + os.path.join("torch", "nn", "modules") + os.sep
+TORCH_MODULES = os.sep + os.path.join("torch", "nn", "modules") + os.sep
 # Frames of torch.distributed (DTensor's from_local/to_local/redistribute, functional
 # collectives, FSDP's unshard): an op there is distributed plumbing, not the user's.
 _TORCH_DISTRIBUTED = os.sep + os.path.join("torch", "distributed") + os.sep
@@ -149,11 +151,11 @@ def _kind(code: CodeType) -> int:
     if entry is not None and entry[0] is code:
         return entry[1]
     filename = code.co_filename
-    if not _is_internal(filename):
+    if not is_internal(filename):
         kind = 0
     elif code in _FLOORS:
         kind = _FLOOR
-    elif _TORCH_MODULES in filename:
+    elif TORCH_MODULES in filename:
         kind = _IN_MODULE
     elif _TORCH_DISTRIBUTED in filename:
         kind = _DISTRIBUTED
@@ -349,7 +351,7 @@ def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
             if cached is not None and cached[0] is code:
                 site = cached[1]
             else:
-                site = _site_for(code, lasti, in_module)
+                site = site_at(code, lasti, in_module)
             # Named by the caller's line, which differs from call to call: never cached.
             return _named_by_caller(frame, site) if site.returned else site
         if kind == _FLOOR:
@@ -395,7 +397,7 @@ def frame_site(frame: FrameType, in_module: bool) -> Site:
     lasti = frame.f_lasti
     cached = _site_cache.get((id(code), lasti, in_module))
     site = (
-        cached[1] if cached is not None and cached[0] is code else _site_for(code, lasti, in_module)
+        cached[1] if cached is not None and cached[0] is code else site_at(code, lasti, in_module)
     )
     return _named_by_caller(frame, site) if site.returned else site
 
@@ -422,7 +424,7 @@ def _named_by_caller(frame: FrameType, site: Site, depth: int = 0) -> Site:
     caller = frame.f_back
     if caller is None or depth > 3 or _kind(caller.f_code):
         return site
-    outer = _site_for(caller.f_code, caller.f_lasti, False)
+    outer = site_at(caller.f_code, caller.f_lasti, False)
     if outer.callee != frame.f_code.co_name or not outer.targets:
         return site
     if outer.returned:
@@ -449,7 +451,9 @@ def _renamed(site: Site, targets: tuple[str, ...]) -> Site:
     return renamed
 
 
-def _site_for(code: CodeType, lasti: int, in_module: bool) -> Site:
+def site_at(code: CodeType, lasti: int, in_module: bool) -> Site:
+    """The site (file, line, source, names) of instruction `lasti` of `code`, cached per
+    code object; for callers that walk frames or tracebacks themselves."""
     key = (id(code), lasti, in_module)
     entry = _site_cache.get(key)
     if entry is not None and entry[0] is code:

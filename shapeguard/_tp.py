@@ -210,7 +210,9 @@ class Sharding:
         return _axes.divisors(common)
 
 
-def _is_fsdp_managed(module) -> bool:
+def is_fsdp_managed(module) -> bool:
+    """Whether FSDP2 (`fully_shard`) manages `module`: the unnamed mesh dims of its DTensor
+    weights are then FSDP's, not tensor parallelism's."""
     return any(c.__name__ == "FSDPModule" for c in type(module).__mro__)
 
 
@@ -237,13 +239,13 @@ def read_sharding(module, declared: dict, fsdp: bool = False) -> Sharding | None
     """The tensor-parallel split of `module`, from its children's DTensor weights and the
     sizes it declares ({axis: (attribute, size)}, `_axes.declared_sizes`); None when none
     of its projections is sharded."""
-    fsdp = fsdp or _is_fsdp_managed(module)
+    fsdp = fsdp or is_fsdp_managed(module)
     projections = {}
     for name, child in module.named_children():
         weight = getattr(child, "weight", None)
         if weight is None or not is_dtensor(weight) or weight.dim() != 2:
             continue
-        split = _tp_split(weight, fsdp or _is_fsdp_managed(child))
+        split = _tp_split(weight, fsdp or is_fsdp_managed(child))
         if split is None:
             continue
         dim, mesh_dim, tp, rank = split

@@ -26,8 +26,9 @@ import traceback
 from ._errors import ContractError, ContractTypeError
 
 
-def _register_fake() -> None:
-    """torch's `fake` backend, registered as torch's own test helper does."""
+def register_fake_backend() -> None:
+    """torch's `fake` backend, registered as torch's own test helper does (for `fake_tp`
+    and `shapeguard trace --tp`)."""
     import torch.distributed as dist
 
     if "FAKE" in getattr(dist.Backend, "_plugins", {}):
@@ -82,7 +83,7 @@ def fake_tp(tp: int, rank: int = 0, *, mesh_dim: str = "tp"):
             "fake_tp: a process group is already initialized in this process; "
             "destroy it first (dist.destroy_process_group())"
         )
-    _register_fake()
+    register_fake_backend()
     from torch.distributed.device_mesh import init_device_mesh
 
     dist.init_process_group("fake", store=dist.HashStore(), rank=rank, world_size=tp)

@@ -182,38 +182,9 @@ def test_the_source_run_scan_sees_bare_builtins_only():
 
 
 # -- (c) no private name of another module ------------------------------------------------
-# Private names of other shapeguard modules used today; the engine's and the helpers'
-# rework removes them. Entries are (the module using it, "module.name" it uses).
-ALLOWED_PRIVATE: set[tuple[str, str]] = {
-    ("shapeguard._cli.inputs", "shapeguard._cli.input_sizes._check_count"),
-    ("shapeguard._cli.inputs", "shapeguard._cli.input_sizes._dtype"),
-    ("shapeguard._cli.loader", "shapeguard._source._is_internal"),
-    ("shapeguard._cli.tp", "shapeguard.distributed._register_fake"),
-    ("shapeguard._names.flow", "shapeguard._names.flow.base._RULES"),
-    ("shapeguard._names.flow", "shapeguard._names.flow.base._fallback"),
-    ("shapeguard._names.flow.attention", "shapeguard._names.flow.base._claim"),
-    ("shapeguard._names.flow.attention", "shapeguard._names.flow.base._fallback"),
-    ("shapeguard._names.flow.attention", "shapeguard._names.flow.base._tensor_args"),
-    ("shapeguard._names.flow.elementwise", "shapeguard._names.flow.base._fallback"),
-    ("shapeguard._names.flow.elementwise", "shapeguard._names.flow.base._first"),
-    ("shapeguard._names.flow.elementwise", "shapeguard._names.flow.base._tag_of"),
-    ("shapeguard._names.flow.elementwise", "shapeguard._names.flow.base._tags"),
-    ("shapeguard._names.flow.elementwise", "shapeguard._names.flow.base._tensor_args"),
-    ("shapeguard._names.flow.inputs", "shapeguard._names.flow.base._first"),
-    ("shapeguard._names.flow.products", "shapeguard._names.flow.base._claim"),
-    ("shapeguard._names.flow.products", "shapeguard._names.flow.base._tag_of"),
-    ("shapeguard._names.flow.products", "shapeguard._names.flow.base._tags"),
-    ("shapeguard._names.flow.views", "shapeguard._names.flow.base._dim"),
-    ("shapeguard._names.flow.views", "shapeguard._names.flow.base._first"),
-    ("shapeguard._names.flow.views", "shapeguard._names.flow.base._tag_of"),
-    ("shapeguard._names.flow.views", "shapeguard._names.flow.base._tags"),
-    ("shapeguard._probes.steady", "shapeguard._probes.tree._items"),
-    ("shapeguard._trace.construction", "shapeguard._source._TORCH_MODULES"),
-    ("shapeguard._trace.construction", "shapeguard._source._is_internal"),
-    ("shapeguard._trace.construction", "shapeguard._source._site_for"),
-    ("shapeguard._trace.flash", "shapeguard.checks._flash_contract._is_tensor"),
-    ("shapeguard._trace.tp_session", "shapeguard._tp._is_fsdp_managed"),
-}
+# Private names of other shapeguard modules in use (none left: a name another module needs
+# is public in its home module). Entries are (the module using it, "module.name" it uses).
+ALLOWED_PRIVATE: set[tuple[str, str]] = set()
 
 
 def _private(name: str) -> bool:

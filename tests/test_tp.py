@@ -310,9 +310,9 @@ def dp2_tp2_mesh():
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from shapeguard.distributed import _register_fake
+    from shapeguard.distributed import register_fake_backend
 
-    _register_fake()
+    register_fake_backend()
     dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=4)
     try:
         yield init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))

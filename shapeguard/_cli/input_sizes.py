@@ -7,7 +7,7 @@ from .loader import LoadError
 _MAX_SIZE = 2**63 - 1
 
 
-def _check_count(what: str, shape: tuple[int, ...]) -> None:
+def check_indexable(what: str, shape: tuple[int, ...]) -> None:
     """A size or an element count past what torch can index is a usage error, even on meta."""
     count = 1
     for size in shape:
@@ -46,7 +46,7 @@ def _shape_text(name: str, shape, dtype) -> str:
 def check_size(name: str, shape: tuple[int, ...], dtype, device: str) -> None:
     """A LoadError, before any allocation, for a tensor torch cannot index or (on cpu) one
     larger than the memory this machine has free."""
-    _check_count(f"input {name}", shape)
+    check_indexable(f"input {name}", shape)
     if device != "cpu":
         return
     count = 1
@@ -75,10 +75,6 @@ def memory_error(name: str, shape, dtype, device: str, error: BaseException) -> 
 
 def dtype_of(name: str, item: str = ""):
     """The torch dtype called `name` (aliases: float, double, half, long, int)."""
-    return _dtype(name, item)
-
-
-def _dtype(name: str, item: str = ""):
     import torch
 
     aliases = {

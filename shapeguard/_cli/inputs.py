@@ -36,7 +36,7 @@ from .._names import axes as _axes
 from .._values import dtype_name, is_tensor
 from ..report.text import tensor_text
 from . import inputs_structure as _structure
-from .input_sizes import _check_count, _dtype
+from .input_sizes import check_indexable, dtype_of
 from .inputs_discovery import discover, leaves_of
 from .inputs_guess import batch_for, guess_leaf
 from .inputs_making import Maker
@@ -118,7 +118,7 @@ def parse_input_specs(items) -> dict[str, InputSpec]:
         dtype, colon, sizes = text.rpartition(":")
         dtype = dtype.strip() or None if colon else None
         if dtype is not None:
-            _dtype(dtype, item)
+            dtype_of(dtype, item)
         try:
             shape = tuple(int(s) for s in sizes.split(",") if s.strip())
         except ValueError:
@@ -129,7 +129,7 @@ def parse_input_specs(items) -> dict[str, InputSpec]:
             raise LoadError(
                 f"--input {item!r}: give the sizes as non-negative integers; write e.g. {example}"
             )
-        _check_count(f"--input {item}", shape)
+        check_indexable(f"--input {item}", shape)
         specs[name] = InputSpec(name, shape, dtype)
     return specs
 
@@ -148,7 +148,7 @@ def parse_dims(items) -> dict[str, int]:
             raise LoadError(
                 f"--dim {item!r} is not NAME=SIZE with a positive size; write e.g. --dim seq=128"
             )
-        _check_count(f"--dim {item}", (size,))
+        check_indexable(f"--dim {item}", (size,))
         dims[name] = size
     return dims
 
@@ -285,7 +285,7 @@ def _notes(nodes: dict, maker) -> dict:
 def _spec_leaf(spec: InputSpec):
     """A leaf of the size and dtype `--input` gave; what its values are is read from what
     consumes it (ids for an embedding, padding for a mask)."""
-    dtype = spec.dtype and dtype_name(_dtype(spec.dtype, spec.name))
+    dtype = spec.dtype and dtype_name(dtype_of(spec.dtype, spec.name))
     kind = _structure.FLOAT
     if _structure.is_mask_name(spec.name) or dtype == "bool":
         kind = _structure.MASK

@@ -111,11 +111,11 @@ def _user_frame(error: BaseException, path: str) -> tuple[str, str]:
     chosen = None
     for frame in frames:
         where = os.path.abspath(frame.filename)
-        if folder and where.startswith(folder) and not _source._is_internal(where):
+        if folder and where.startswith(folder) and not _source.is_internal(where):
             chosen = frame
     if chosen is None:
         for frame in frames:
-            if not _source._is_internal(os.path.abspath(frame.filename)):
+            if not _source.is_internal(os.path.abspath(frame.filename)):
                 chosen = frame
     if chosen is None:
         return "", ""

@@ -65,11 +65,11 @@ def parallel(module, model):
 
     owned = False
     if simulated is not None:
-        from ..distributed import _register_fake
+        from ..distributed import register_fake_backend
 
         if dist.is_initialized():
             raise LoadError("--tp: the file initializes a process group itself; remove --tp")
-        _register_fake()
+        register_fake_backend()
         tp, rank = simulated
         dist.init_process_group("fake", store=dist.HashStore(), rank=rank, world_size=tp)
         owned = True

@@ -39,11 +39,11 @@ def held_state(inputs) -> list[str]:
 
 def _objects(value, name: str, depth: int = 0):
     """Objects that are neither tensors nor containers the probes look into, in `value`."""
-    from .tree import _items
+    from .tree import container_items
 
     if isinstance(value, (torch.Tensor, torch.nn.Module, *_PLAIN)) or depth > 4:
         return
-    items = _items(value)
+    items = container_items(value)
     if items is None:
         yield name, value
         return

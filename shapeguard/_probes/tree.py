@@ -18,7 +18,7 @@ def _is_dataclass_instance(obj) -> bool:
     return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
 
-def _items(obj):
+def container_items(obj):
     """(key, value) of a container the probes look into, or None for anything else."""
     if isinstance(obj, tuple | list):
         return list(enumerate(obj))
@@ -33,7 +33,7 @@ def leaves(obj, path=()) -> list[tuple[tuple, torch.Tensor]]:
     """Every tensor in nested tuples, lists, mappings and dataclasses, with its path."""
     if isinstance(obj, torch.Tensor):
         return [(path, obj)]
-    items = _items(obj)
+    items = container_items(obj)
     if items is None:
         return []
     found = []
@@ -85,7 +85,7 @@ def rebuild(obj, fn: Callable, path=()):
 def pick(obj, path: tuple):
     """The value at `path` in a nested structure (None when it is not there)."""
     for key in path:
-        items = _items(obj)
+        items = container_items(obj)
         if items is None:
             return None
         found = dict(items) if not isinstance(obj, tuple | list) else None

@@ -41,7 +41,7 @@ def _frames(traceback) -> list:
 
 
 def _is_torch_file(filename: str) -> bool:
-    return _source._TORCH_MODULES in filename
+    return _source.TORCH_MODULES in filename
 
 
 def report_construction_error(error: BaseException, trace) -> ShapeError | None:
@@ -83,12 +83,12 @@ def _construction_finding(error: BaseException):
         return None  # the same words from somewhere else: not torch's check
     user = None
     for i, tb in enumerate(frames):
-        if not _source._is_internal(tb.tb_frame.f_code.co_filename):
+        if not _source.is_internal(tb.tb_frame.f_code.co_filename):
             user = i
     site = None
     if user is not None:
         tb = frames[user]
-        site = _source._site_for(tb.tb_frame.f_code, tb.tb_lasti, False)
+        site = _source.site_at(tb.tb_frame.f_code, tb.tb_lasti, False)
     called = frames[user + 1 :] if user is not None else frames
     for tb in called:  # the outermost torch constructor: the one the user called
         local = tb.tb_frame.f_locals

@@ -21,10 +21,10 @@ from .._names import axes as _axes
 from .._names import flow as _flow
 from .._tp import (
     Sharding,
-    _is_fsdp_managed,
     describe,
     dtensor_class,
     is_dtensor,
+    is_fsdp_managed,
     local_shape,
     mesh_dims,
     placement_name,
@@ -591,7 +591,7 @@ def sharding(session, module) -> Sharding | None:
     if key not in state.shardings:
         raw = _axes.declared_sizes(module)
         root = session.root
-        fsdp = root is not None and _is_fsdp_managed(root)
+        fsdp = root is not None and is_fsdp_managed(root)
         state.shardings[key] = read_sharding(module, raw, fsdp) if raw else None
     return state.shardings[key]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .. import _ops, _reporting
 from .._errors import Context, Operand, ShapeError, Violation
 from .._names import axes as _axes
-from .._values import dtype_name, is_tensor
+from .._values import dtype_name
 from . import ERROR, WARNING, Severities
 
 # Every kind flash-attn's contract reports (the entry points, the kernels, varlen).
@@ -107,11 +107,6 @@ def spec(name: str, tensor) -> Spec:
     if shape and shape[-1] == 1:
         stride = 1
     return Spec(name, shape, dtype_name(tensor.dtype), str(tensor.device), stride)
-
-
-def _is_tensor(value) -> bool:
-    # Only for `_trace/flash.py`, which still exports it; everything else: `_values.is_tensor`.
-    return is_tensor(value)
 
 
 # -- dense: q, k, v as [batch, seq, heads, d_k] ----------------------------------------

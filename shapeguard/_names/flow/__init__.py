@@ -11,7 +11,7 @@ module declares them (`declared`), and only for feature axes.
 """
 
 from . import attention, elementwise, inputs, products, views  # noqa: F401  (they register)
-from .base import _RULES, Made, _fallback, propagates
+from .base import Made, fallback_axes, propagates, rule_for
 from .products import classify_product
 from .views import layout_order, regroup_view
 
@@ -20,14 +20,14 @@ __all__ = ["Made", "classify_product", "layout_order", "propagate", "propagates"
 
 def propagate(call, outputs: list) -> list[Made]:
     """The axes of each output of `call` (an `OpCall`)."""
-    rule = _RULES.get(call.spec.family)
+    rule = rule_for(call.spec.family)
     made = rule(call, outputs) if rule is not None else None
     if made is None or len(made) != len(outputs):
-        made = [_fallback(call, out) for out in outputs]
+        made = [fallback_axes(call, out) for out in outputs]
     fixed = []
     for m, out in zip(made, outputs, strict=True):
         if not _fits(m.dims, out.shape):
-            m = _fallback(call, out)
+            m = fallback_axes(call, out)
         fixed.append(m)
     return fixed
 

@@ -4,7 +4,7 @@ from ... import _ops
 from ..._values import is_tensor
 from .. import dims as D
 from ..dims import BATCH, FEATURE, TOKEN
-from .base import Made, _claim, _fallback, _tensor_args, propagates
+from .base import Made, claim_axis, fallback_axes, propagates
 
 
 @propagates(_ops.ATTENTION)
@@ -29,21 +29,21 @@ def _sdpa(q, k, v, qm, km, vm, outputs, learn: bool = True):
     made = [Made(dims, qm.tags[:-1] + (None,) if qm.tags else (), "context")]
     if not learn:
         return made
-    _claim(qm.dims[-1], FEATURE, "d_k")
-    _claim(km.dims[-1], FEATURE, "d_k")
-    _claim(qm.dims[-2], TOKEN, "seq", side="q")
-    _claim(km.dims[-2], TOKEN, "seq", side="k")
+    claim_axis(qm.dims[-1], FEATURE, "d_k")
+    claim_axis(km.dims[-1], FEATURE, "d_k")
+    claim_axis(qm.dims[-2], TOKEN, "seq", side="q")
+    claim_axis(km.dims[-2], TOKEN, "seq", side="k")
     if k.shape[-2] == v.shape[-2] and k.shape[-2] > 1:
         D.line_up(km.dims[-2], vm.dims[-2])
     if q.dim() >= 4:
         kv = "kv_heads" if k.shape[-3] < q.shape[-3] else "heads"
-        _claim(qm.dims[-3], FEATURE, "heads")
-        _claim(km.dims[-3], FEATURE, kv)
-        _claim(vm.dims[-3], FEATURE, kv)
+        claim_axis(qm.dims[-3], FEATURE, "heads")
+        claim_axis(km.dims[-3], FEATURE, kv)
+        claim_axis(vm.dims[-3], FEATURE, kv)
     if q.dim() >= 3:
         for meta in (qm, km, vm):
             if len(meta.dims[0]) == 1:
-                _claim(meta.dims[0], BATCH)
+                claim_axis(meta.dims[0], BATCH)
     dims = (*qm.dims[:-1], vm.dims[-1])
     return [Made(dims, qm.tags[:-1] + (None,) if qm.tags else (), "context")]
 
@@ -59,13 +59,13 @@ def _mha(q, k, qm, km, vm, outputs, learn: bool = True):
             dims = D.fresh_axes(tuple(extra.shape))
         made.append(Made(tuple(dims), (), "attn"))
     if learn:
-        _claim(qm.dims[0], TOKEN, side="q")
-        _claim(km.dims[0], TOKEN, side="k")
+        claim_axis(qm.dims[0], TOKEN, side="q")
+        claim_axis(km.dims[0], TOKEN, side="k")
         if len(vm.dims) == k.dim() and km.dims[0] and vm.dims[0]:
             D.line_up(km.dims[0], vm.dims[0])  # key i and value i are one position
         if q.dim() == 3:
             for meta in (qm, km, vm):
-                _claim(meta.dims[1], BATCH)
+                claim_axis(meta.dims[1], BATCH)
     return made
 
 
@@ -96,15 +96,15 @@ def _composite(call, outputs):
     or the target of nn.Transformer)."""
     module = call.module
     batch_first = _batch_first(module) if module is not None else False
-    tensors = [t for t in _tensor_args(call) if t.is_floating_point() and t.dim() == 3]
+    tensors = [t for t in call.tensors() if t.is_floating_point() and t.dim() == 3]
     metas = [call.meta_of(t) for t in tensors]
     is_mha = call.spec.name == "MultiheadAttention"
     for index, meta in enumerate(metas):
         seq, batch = (1, 0) if batch_first else (0, 1)
         side = ("q" if index == 0 else "k") if is_mha else ""
-        _claim(meta.dims[seq], TOKEN, side=side)
-        _claim(meta.dims[batch], BATCH)
-        _claim(meta.dims[2], FEATURE)
+        claim_axis(meta.dims[seq], TOKEN, side=side)
+        claim_axis(meta.dims[batch], BATCH)
+        claim_axis(meta.dims[2], FEATURE)
     if is_mha and len(metas) >= 3:
         seq = 1 if batch_first else 0
         if tensors[1].shape[seq] == tensors[2].shape[seq] > 1:
@@ -127,5 +127,5 @@ def _composite(call, outputs):
             dims = (q.dims[batch], *([()] * (out.dim() - 3)), q.dims[seq], k.dims[seq])
             made.append(Made(tuple(dims), (), "attn"))
         else:
-            made.append(_fallback(call, out))
+            made.append(fallback_axes(call, out))
     return made

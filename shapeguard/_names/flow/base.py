@@ -33,18 +33,22 @@ def propagates(*families: str):
     return register
 
 
+def rule_for(family: str) -> Rule | None:
+    """The axis rule registered for an op family, or None (the caller falls back)."""
+    return _RULES.get(family)
+
+
 # -- shared helpers ---------------------------------------------------------------------------
-def _dim(d, ndim: int) -> int | None:
+def wrapped_dim(d, ndim: int) -> int | None:
+    """A `dim` argument as a position in `0..ndim-1` (negative ones wrap), or None when it is
+    not an int (absent, a tuple, a name)."""
     if isinstance(d, int) and not isinstance(d, bool) and ndim:
         return d % ndim
     return None
 
 
-def _tensor_args(call) -> list:
-    return call.tensors()
-
-
-def _first(call):
+def first_tensor(call):
+    """The op's first tensor argument, positional before keyword; None when it has none."""
     for a in call.args:
         if is_tensor(a):
             return a
@@ -59,13 +63,13 @@ def _first(call):
 _SHAPE_KEEPING = frozenset({_ops.OTHER, _ops.SAME, _ops.BINARY})
 
 
-def _fallback(call, out) -> Made:
+def fallback_axes(call, out) -> Made:
     """For an op of an elementwise-like family, the axes of its input of the output's
     shape, when exactly one input has it; else new axes (never a guess from a size that
     happens to coincide, as a product's output with its input's)."""
     shape = tuple(out.shape)
     if call.spec.family in _SHAPE_KEEPING:
-        same = [t for t in _tensor_args(call) if tuple(t.shape) == shape]
+        same = [t for t in call.tensors() if tuple(t.shape) == shape]
         metas = {id(m): m for m in (call.meta_of(t) for t in same)}
         if len(metas) == 1:
             m = next(iter(metas.values()))
@@ -73,15 +77,17 @@ def _fallback(call, out) -> Made:
     return Made(D.fresh_axes(shape, origin=call.op))
 
 
-def _tag_of(meta, i: int):
+def tag_at(meta, i: int):
+    """The q/k tag of axis `i` of a meta, or None (a meta keeps no tags when it has none)."""
     return meta.tags[i] if i < len(meta.tags) else None
 
 
-def _tags(tags: list) -> tuple:
+def tags_if_any(tags: list) -> tuple:
+    """Tags as a `Made` holds them: the tuple when any axis is tagged, else `()`."""
     return tuple(tags) if any(tags) else ()
 
 
-def _claim(axis: Axis, kind: str, name: str | None = None, side: str = "") -> None:
+def claim_axis(axis: Axis, kind: str, name: str | None = None, side: str = "") -> None:
     """What attention says of an axis; never against a kind a parameter already gave it."""
     if not axis:
         return

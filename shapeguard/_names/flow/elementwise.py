@@ -6,12 +6,11 @@ from .. import dims as D
 from ..dims import Axis
 from .base import (
     Made,
-    _fallback,
-    _first,
-    _tag_of,
-    _tags,
-    _tensor_args,
+    fallback_axes,
+    first_tensor,
     propagates,
+    tag_at,
+    tags_if_any,
 )
 from .waiting import carry
 
@@ -19,7 +18,7 @@ from .waiting import carry
 # -- shape-preserving -----------------------------------------------------------------------------
 @propagates(_ops.SAME)
 def _same(call, outputs):
-    x = _first(call)
+    x = first_tensor(call)
     if x is None:
         return None
     m = call.meta_of(x)
@@ -49,7 +48,7 @@ def _tagged(m) -> bool:
 # -- elementwise with broadcasting --------------------------------------------------------------
 @propagates(_ops.BINARY)
 def _binary(call, outputs):
-    tensors = _tensor_args(call)
+    tensors = call.tensors()
     if not tensors:
         return None
     out = outputs[0]
@@ -69,10 +68,10 @@ def _binary(call, outputs):
                 continue
             axis = m.dims[k]
             if not chosen:
-                chosen, tag = axis, _tag_of(m, k)
+                chosen, tag = axis, tag_at(m, k)
             else:
                 D.line_up(chosen, axis)
-                tag = tag or _tag_of(m, k)
+                tag = tag or tag_at(m, k)
         axes.append(chosen)
         tags.append(tag)
     # The operand the result stands for: the first input of the result's shape, else the first
@@ -100,7 +99,7 @@ def _binary(call, outputs):
     # A rotary table scaled by a number is still one; q * cos is not.
     big = [m for t, m in zip(tensors, metas, strict=True) if t.numel() > 1]
     rotary = bool(big) and all(m.rotary for m in big)
-    made = Made(tuple(axes), _tags(tags), role, rotary)
+    made = Made(tuple(axes), tags_if_any(tags), role, rotary)
     carry(call, outputs)
     return [made for _ in outputs]
 
@@ -116,7 +115,7 @@ def _condition(call):
 # -- reductions -------------------------------------------------------------------------------------
 @propagates(_ops.REDUCE)
 def _reduce(call, outputs):
-    x = _first(call)
+    x = first_tensor(call)
     if x is None:
         return None
     args = call.args
@@ -135,12 +134,12 @@ def _reduce(call, outputs):
         drop = {d % ndim for d in dims} if ndim else set()
     if keepdim:
         axes = tuple(() if i in drop else a for i, a in enumerate(m.dims))
-        tags = tuple(None if i in drop else _tag_of(m, i) for i in range(ndim)) if m.tags else ()
+        tags = tuple(None if i in drop else tag_at(m, i) for i in range(ndim)) if m.tags else ()
     else:
         axes = tuple(a for i, a in enumerate(m.dims) if i not in drop)
-        tags = tuple(_tag_of(m, i) for i in range(ndim) if i not in drop) if m.tags else ()
+        tags = tuple(tag_at(m, i) for i in range(ndim) if i not in drop) if m.tags else ()
     made = Made(axes, tags)
     return [
-        made if tuple(o.shape) == tuple(D.size_of(a) for a in axes) else _fallback(call, o)
+        made if tuple(o.shape) == tuple(D.size_of(a) for a in axes) else fallback_axes(call, o)
         for o in outputs
     ]

@@ -4,7 +4,7 @@ from ... import _ops
 from ..._values import is_tensor
 from .. import dims as D
 from ..dims import BATCH, FEATURE, STRUCTURE, TOKEN
-from .base import Made, _first, propagates
+from .base import Made, first_tensor, propagates
 
 
 @propagates(_ops.FACTORY)
@@ -39,7 +39,7 @@ _SPATIAL = {1: ("seq",), 2: ("height", "width"), 3: ("depth", "height", "width")
 
 def _im2col(call, outputs):
     """F.unfold: [N, C, H, W] -> [N, C * kh * kw, L], the L patch positions last."""
-    x = _first(call)
+    x = first_tensor(call)
     out = outputs[0]
     if x is None or x.dim() != 4 or out.dim() != 3:
         return None

@@ -5,7 +5,7 @@ from ..._values import is_tensor
 from .. import dims as D
 from .. import subscripts
 from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
-from .base import Made, _claim, _tag_of, _tags, propagates
+from .base import Made, claim_axis, propagates, tag_at, tags_if_any
 
 # Products that add an input to theirs: beta * input + alpha * (b1 @ b2).
 _BADDBMM, _ADDMM = _ops.by_name("baddbmm"), _ops.by_name("addmm")
@@ -79,8 +79,8 @@ def claim_scores(
     k_heads: Axis | None,
 ) -> None:
     """What a query-key product says of its operands' axes."""
-    _claim(q_rows, TOKEN, "seq", side="q")
-    _claim(k_cols, TOKEN, "seq", side="k")
+    claim_axis(q_rows, TOKEN, "seq", side="q")
+    claim_axis(k_cols, TOKEN, "seq", side="k")
     for axis in (q_contract, k_contract):
         if len(axis) == 1 and D.claim_kind(axis[0][0], FEATURE, STRUCTURE):
             D.claim_part(axis[0], "d_k", STRUCTURE)
@@ -121,7 +121,7 @@ def _batch_axes(metas_shapes: list[tuple], ndim: int) -> tuple[list[Axis], list]
                 continue
             axis = meta.dims[k]
             if not chosen:
-                chosen, tag = axis, _tag_of(meta, k)
+                chosen, tag = axis, tag_at(meta, k)
             else:
                 D.line_up(chosen, axis)
         axes.append(chosen)
@@ -150,7 +150,7 @@ def _matmul(call, a, b, outputs) -> list[Made] | None:
     tags = list(btags)
     if not a_vec:
         dims.append(rows)
-        tags.append(_tag_of(am, a.dim() - 2))
+        tags.append(tag_at(am, a.dim() - 2))
     if not b_vec:
         dims.append(cols)
         tags.append(None)
@@ -169,7 +169,7 @@ def _matmul(call, a, b, outputs) -> list[Made] | None:
                 D.set_side(atom[0].find(), k=True)
         if not call.reported:
             _claim_values(cols, b_dims[-3] if b.dim() >= 3 else None)
-    return [Made(tuple(dims), _tags(tags), role)]
+    return [Made(tuple(dims), tags_if_any(tags), role)]
 
 
 def _claim_values(v_cols: Axis, v_heads: Axis | None) -> None:

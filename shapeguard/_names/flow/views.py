@@ -10,11 +10,11 @@ from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
 from ..intent import count_sources
 from .base import (
     Made,
-    _dim,
-    _first,
-    _tag_of,
-    _tags,
+    first_tensor,
     propagates,
+    tag_at,
+    tags_if_any,
+    wrapped_dim,
 )
 
 
@@ -45,7 +45,7 @@ def regroup_view(meta, src_shape, dst_shape) -> tuple[list[Axis], list[bool]]:
 
 @propagates(_ops.VIEW)
 def _view(call, outputs):
-    x = _first(call)
+    x = first_tensor(call)
     if x is None:
         return None
     m = call.meta_of(x)
@@ -61,8 +61,8 @@ def _view(call, outputs):
     by_axis: dict = {}
     for i, a in enumerate(m.dims):
         if a:
-            by_axis.setdefault(a, []).append(_tag_of(m, i))
-    tags = _tags([by_axis[a].pop(0) if by_axis.get(a) else None for a in axes])
+            by_axis.setdefault(a, []).append(tag_at(m, i))
+    tags = tags_if_any([by_axis[a].pop(0) if by_axis.get(a) else None for a in axes])
     return [Made(tuple(axes), tags, m.role, m.rotary, m.param)]
 
 
@@ -102,7 +102,7 @@ def layout_order(call, ndim: int) -> list[int] | None:
     name = call.spec.name
     if name == "transpose":
         bound = _ops.bind(call.spec, args, call.kwargs)
-        d0, d1 = _dim(bound.get("dim0"), ndim), _dim(bound.get("dim1"), ndim)
+        d0, d1 = wrapped_dim(bound.get("dim0"), ndim), wrapped_dim(bound.get("dim1"), ndim)
         if d0 is None or d1 is None:
             return None
         order = list(range(ndim))
@@ -140,7 +140,7 @@ def layout_order(call, ndim: int) -> list[int] | None:
 
 @propagates(_ops.LAYOUT)
 def _layout(call, outputs):
-    x = _first(call)
+    x = first_tensor(call)
     if x is None:
         return None
     m = call.meta_of(x)
@@ -148,7 +148,7 @@ def _layout(call, outputs):
     if order is None:
         return None
     dims = tuple(m.dims[i] for i in order)
-    tags = tuple(_tag_of(m, i) for i in order) if m.tags else ()
+    tags = tuple(tag_at(m, i) for i in order) if m.tags else ()
     moved = order != list(range(len(order)))
     return [Made(dims, tags, m.role, m.rotary, m.param, moved or m.laid_out)]
 
@@ -190,7 +190,7 @@ def _slice_axis(axis: Axis, size: int, positions=None) -> Axis:
 
 @propagates(_ops.INDEX)
 def _index(call, outputs):
-    x = _first(call)
+    x = first_tensor(call)
     if x is None:
         return None
     m = call.meta_of(x)
@@ -200,7 +200,7 @@ def _index(call, outputs):
     if op == "__getitem__" and len(call.args) >= 2:
         return _getitem(call, x, m, call.args[1], out)
     bound = _ops.bind(call.spec, call.args, call.kwargs)
-    d = _dim(bound.get("dim"), ndim)
+    d = wrapped_dim(bound.get("dim"), ndim)
     if d is None:
         return None
     if op == "select":
@@ -255,14 +255,14 @@ def _getitem(call, x, m, index, out):
                 return None
             for k in range(pos, pos + keep):
                 axes.append(m.dims[k])
-                tags.append(_tag_of(m, k))
+                tags.append(tag_at(m, k))
                 kept.append(None)
             pos += keep
         elif isinstance(item, slice) or _int_list(item):
             if pos >= x.dim():
                 return None
             axes.append(m.dims[pos])  # sized below, from the output
-            tags.append(_tag_of(m, pos))
+            tags.append(tag_at(m, pos))
             n = int(x.shape[pos])
             if isinstance(item, slice):
                 kept.append(range(*item.indices(n)))
@@ -275,12 +275,12 @@ def _getitem(call, x, m, index, out):
             return None
     for k in range(pos, x.dim()):
         axes.append(m.dims[k])
-        tags.append(_tag_of(m, k))
+        tags.append(tag_at(m, k))
         kept.append(None)
     if len(axes) != out.dim():
         return None
     sized = tuple(_slice_axis(a, int(s), c) for a, s, c in zip(axes, out.shape, kept, strict=True))
-    return [Made(sized, _tags(tags), m.role, m.rotary, m.param)]
+    return [Made(sized, tags_if_any(tags), m.role, m.rotary, m.param)]
 
 
 def _int_list(item) -> bool:
@@ -339,21 +339,23 @@ def _join(call, outputs):
     ndim = tensors[0].dim()
     dim = bound.get("dim", 0)
     if call.spec.name == "stack":
-        d = _dim(dim, ndim + 1)
+        d = wrapped_dim(dim, ndim + 1)
         if d is None:
             return None
         lined = _line_up_all(tensors, metas, range(ndim))
         axes = (*lined[:d], D.fresh(len(tensors), origin="stack"), *lined[d:])
         return [Made(tuple(axes))]
-    d = _dim(dim, ndim)
+    d = wrapped_dim(dim, ndim)
     if d is None or out.dim() != ndim:
         return None
     lined = _line_up_all(tensors, metas, [i for i in range(ndim) if i != d])
     parts = [m.dims[d] for m in metas]
     joined = list(lined)
     joined.insert(d, _joined_axis(parts, int(out.shape[d])))
-    tags = [_tag_of(metas[0], i) for i in range(ndim)]
-    return [Made(tuple(joined), _tags(tags), _common_role(metas), all(m.rotary for m in metas))]
+    tags = [tag_at(metas[0], i) for i in range(ndim)]
+    return [
+        Made(tuple(joined), tags_if_any(tags), _common_role(metas), all(m.rotary for m in metas))
+    ]
 
 
 def _line_up_all(tensors, metas, positions) -> list[Axis]:
@@ -402,13 +404,13 @@ def _common_role(metas) -> str | None:
 
 @propagates(_ops.PART)
 def _part(call, outputs):
-    x = _first(call)
+    x = first_tensor(call)
     if x is None:
         return None
     m = call.meta_of(x)
     ndim = x.dim()
     bound = _ops.bind(call.spec, call.args, call.kwargs)
-    d = _dim(bound.get("dim", 0), ndim)
+    d = wrapped_dim(bound.get("dim", 0), ndim)
     if d is None:
         return None
     if call.spec.name == "unbind":
@@ -452,7 +454,7 @@ def _count_copies(call, axes: list[Axis], copies: list[bool]) -> None:
 
 @propagates(_ops.GROW)
 def _grow(call, outputs):
-    x = _first(call)
+    x = first_tensor(call)
     if x is None:
         return None
     m = call.meta_of(x)
@@ -486,7 +488,7 @@ def _grow(call, outputs):
         return [Made(tuple(axes), (), m.role)]
     if op == "repeat_interleave":
         bound = _ops.bind(call.spec, call.args, call.kwargs)
-        repeats, d = bound.get("repeats"), _dim(bound.get("dim"), x.dim())
+        repeats, d = bound.get("repeats"), wrapped_dim(bound.get("dim"), x.dim())
         if not isinstance(repeats, int) or d is None:
             return None
         axes = list(m.dims)

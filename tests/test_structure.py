@@ -285,3 +285,76 @@ def test_the_private_name_scan_sees_each_way_of_reaching_in():
         ("shapeguard._trace.session", "_local"),
         ("shapeguard._trace.owed.Owed", "_cache"),
     }
+
+
+# -- (d) tensor parallelism behind one seam -----------------------------------------------
+# The modules of checks/ that may know tensor parallelism: its rules, the view they read
+# (`TPView`), and the call view that holds it as its one member `tp`. Other rules ask for a
+# TP account of their failures through `checks/_accounts.py`, where tp.py registers it.
+TP_MODULES = {"shapeguard.checks.tp", "shapeguard.checks._tp_view", "shapeguard.checks._view"}
+TP_RULES = "shapeguard.checks.tp"
+
+
+def tp_reaches(module: str, tree: ast.AST) -> set[str]:
+    """How `module` reaches tensor parallelism: an import of the tp rules (`from . import
+    tp`, `from .tp import x`, `import shapeguard.checks.tp`), or a read of the view's `tp`
+    member or of a `tp_` member of anything (`call.tp`, `self.call.tp_owner()`)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {f"import {a.name}" for a in node.names if a.name == TP_RULES}
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, node)
+            if source == TP_RULES or any(f"{source}.{a.name}" == TP_RULES for a in node.names):
+                found.add(f"from {source} import {', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Attribute) and (node.attr == "tp" or node.attr.startswith("tp_")):
+            found.add(f".{node.attr}")
+    return found
+
+
+def test_only_the_tp_rules_reach_tensor_parallelism():
+    reaching = {
+        module: sorted(tp_reaches(module, TREES[module]))
+        for module in MODULES
+        if module.startswith("shapeguard.checks") and module not in TP_MODULES
+    }
+    reaching = {module: how for module, how in reaching.items() if how}
+    assert not reaching, (
+        "a rule not about tensor parallelism reaches it: read nothing of `call.tp`, and ask "
+        f"for a TP account through checks/_accounts.py instead of importing checks.tp: {reaching}"
+    )
+
+
+def test_the_call_view_holds_tensor_parallelism_in_one_member():
+    view = _function("shapeguard.checks._view", "CallView")
+    members = {
+        n.name
+        for n in getattr(view, "body", [])
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    tp_view = _function("shapeguard.checks._tp_view", "TPView")
+    tp_members = {n.name for n in getattr(tp_view, "body", []) if isinstance(n, ast.FunctionDef)}
+    assert "tp" in members and "tensors" in members and "owner" in tp_members
+    reached = sorted(m for m in members if m.startswith("tp_") or m in tp_members)
+    assert not reached, (
+        "CallView's tensor parallelism is its one member `tp` (a checks._tp_view.TPView): "
+        f"move these onto TPView: {reached}"
+    )
+
+
+def test_the_tp_scan_sees_each_way_of_reaching_in():
+    source = (
+        "from . import tp\n"
+        "from .tp import view_violation\n"
+        "import shapeguard.checks.tp\n"
+        "from . import _accounts, tiling\n"
+        "def f(call, self, split):\n"
+        "    call.tp, self.call.tp_owner(), call.tensors(), split.tiles\n"
+    )
+    assert tp_reaches("shapeguard.checks.heads_view", ast.parse(source)) == {
+        "from shapeguard.checks import tp",
+        "from shapeguard.checks.tp import view_violation",
+        "import shapeguard.checks.tp",
+        ".tp",
+        ".tp_owner",
+    }

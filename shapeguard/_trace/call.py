@@ -12,7 +12,6 @@ from .._errors import Operand
 from .._names import axes as _axes
 from .._names import dims as _dims
 from .._names.axes import Axes, format_shape
-from . import tp_session as _tp_session
 from .meta import NO_FLAGS, TensorMeta, role_for
 
 
@@ -236,35 +235,12 @@ class OpCall:
         """`module`'s dotted path under the root, as messages name it."""
         return self.session.module_path(module)
 
-    def tp_owner(self):
-        """The innermost module that declares sizes, and its tensor-parallel split
-        (`_tp.Sharding`, read from DTensor weights), or (None, None)."""
-        return _tp_session.owner(self.session)
-
-    def replicated(self, local, mesh, mesh_dim: int):
-        """How the plain tensor `local` came to be replicated over mesh dim `mesh_dim`
-        (a collective torch.distributed ran: `_tp_session.Replicated`), or None."""
-        return _tp_session.replicated(self.session, local, mesh, mesh_dim)
-
-    def any_replicated(self) -> bool:
-        """Whether a collective made any tensor of this trace replicated (`replicated` and
-        `tiled` answer None for all when not)."""
-        return _tp_session.any_replicated(self.session)
-
-    def any_gathered(self) -> bool:
-        """Whether a reduce-scatter's piece was gathered in this trace (`gathered` answers
-        None for all when not)."""
-        return _tp_session.any_gathered(self.session)
-
-    def tiled(self, tensor):
-        """The gather that stacked copies of a replicated tensor, when `tensor` (or a
-        DTensor's shard) is its output (`_tp_session.Replicated`), or None."""
-        return _tp_session.tiled(self.session, tensor)
-
-    def gathered(self, tensor):
-        """The all_gather of a reduce-scatter's piece, when `tensor` (or a DTensor's
-        shard) is its output (`_tp_session.Gathered`), or None."""
-        return _tp_session.gathered(self.session, tensor)
+    @property
+    def tp(self):
+        """Tensor parallelism's view of the trace (`checks.TPView`: the session's
+        `_tp_session.SessionTP`), or None while DTensor is not imported (no tensor-parallel
+        run can be going on)."""
+        return self.session.tp if _tp.dtensor_class() is not None else None
 
     def declared(self) -> dict[str, tuple[str, int]]:
         """Sizes declared by the innermost module that declares any (d_model, heads, d_k)."""

@@ -4,14 +4,13 @@ root's inputs named on the way in), and module paths and descriptions for messag
 
 import weakref
 
-from .. import _config, _tp
+from .. import _config
 from .._names import axes as _axes
 from . import composites as _composites
 from . import construction as _construction
 from . import internal as _internal
 from . import owed as _owed
 from . import replay as _replay
-from . import tp_session as _tp_session
 from .current import thread_state
 from .interceptor import is_compiling, not_running, torch_compiling
 from .session_state import SessionState
@@ -180,10 +179,8 @@ class ModuleStack(SessionState):
         found = self._declared.get(key)
         if found is None:
             found = _axes.declared_sizes(module)
-            if found and _tp.dtensor_class() is not None:
-                found = _tp_session.local_sizes(
-                    self, module, found
-                )  # a TP shard's local head counts
+            if found:
+                found = self.tp.local_sizes(module, found)  # a TP shard's local head counts
             self._declared[key] = found
         return found
 

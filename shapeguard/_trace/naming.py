@@ -7,12 +7,10 @@ import weakref
 
 import torch
 
-from .. import _tp
 from .._names import dims as _dims
 from .._names import roots as _roots
 from . import replay as _replay
 from . import replay_effects as _replay_effects
-from . import tp_session as _tp_session
 from .meta import FRESH, FRESH_PARAM, TensorMeta, role_for
 from .session_state import SessionState
 
@@ -68,8 +66,8 @@ class InputNaming(SessionState):
         """The meta of `tensor`; one first seen here (a tensor made outside the trace, a
         parameter) gets new axes of its own."""
         meta = self.metas.get(tensor)
-        if meta is None and type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
-            meta = _tp_session.dtensor_meta(self, tensor)  # from_local made it: its shard's axes
+        if meta is None and type(tensor) is not torch.Tensor:
+            meta = self.tp.dtensor_meta(tensor)  # a DTensor from_local made: its shard's axes
             if meta is not None:
                 self.metas[tensor] = meta
         if meta is None:

@@ -81,8 +81,7 @@ class Recording(SessionState):
         meta_of = call.meta_of
         in_metas = [meta_of(t) for t in in_tensors]
         made = _flow.propagate(call, outputs)
-        if self.tp_split:
-            _tp_session.carry(self, call, in_tensors, outputs)
+        self.tp.carry(call, in_tensors, outputs)
         labels = self._output_labels(call, len(outputs))
         first_label = in_metas[0].label if in_metas else None
         if spec.keeps_value and len(in_tensors) == 1:

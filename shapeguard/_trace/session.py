@@ -86,9 +86,8 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self.ledger = _owed.Ledger()
         # What `observe` registered: told of every op the mode is handed (empty: none).
         self.observers: tuple = ()
-        # Set once torch.distributed reduce-scatters a tensor: the user's elementwise ops
-        # and transposes then carry the axis it split (`_tp_session.carry`).
-        self.tp_split = False
+        # Tensor parallelism's state, all of it: the one member the session asks about it.
+        self.tp = _tp_session.SessionTP(self)
 
     def open(self) -> None:
         hooks = torch.nn.modules.module
@@ -282,7 +281,7 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             return func(*args, **kwargs)
         if call is None:
             if site is _source.PLUMBING:
-                return _tp_session.plumbing(self, func, spec, args, kwargs)
+                return self.tp.plumbing(func, spec, args, kwargs)
             return func(*args, **kwargs)  # torch.optim's own, symbolic sizes
         broken = None  # the first error warn mode let through
         yielded = False

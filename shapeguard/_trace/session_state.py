@@ -16,6 +16,7 @@ class SessionState:
         from .meta import TensorTable
         from .owed import Ledger
         from .record import TraceData
+        from .tp_session import SessionTP
 
         trace: TraceData
         metas: TensorTable
@@ -40,6 +41,6 @@ class SessionState:
         _fresh: int
         ledger: Ledger
         observers: tuple
-        tp_split: bool
+        tp: SessionTP
 
         def __getattr__(self, name: str) -> Any: ...

@@ -6,6 +6,9 @@ gather of one), and each module's sharding read once per session (`sharding`, `o
 (reading placements and a module's split from its DTensor weights) is `_tp`, below the
 checks; this module sits with the session, whose state it reads and writes.
 
+The session holds all of it in one member, `session.tp` (a `SessionTP`): the session asks
+it, and the tp rules read it as `call.tp` (`checks.TPView`); no other rule sees it.
+
 Long because every session-side branch for tensor parallelism is here, so that
 the session itself has one seam for it; split, it would spread into the session again.
 """
@@ -46,7 +49,7 @@ def record_sharding(t, meta=None, session=None):
             # shard, after the module's op: what it reduces is told from here.
             module = session.module_stack[-1] if session.module_stack else None
             path = session.module_path(module) if module is not None else ""
-            _state(session).partials[t._local_tensor] = (path, meta.axes, meta.dims)
+            session.tp.state().partials[t._local_tensor] = (path, meta.axes, meta.dims)
     local = local_shape(t)
     numel = 1
     for s in local:
@@ -103,7 +106,7 @@ def _mark_replicated(session, func, args, out) -> None:
     if not args:
         return
     name = getattr(func, "__name__", "")
-    state = _state(session)
+    state = session.tp.state()
     if _ops.declared(name) in _SPLITS and isinstance(out, tuple | list):
         # An all_gather stacks along dim 0; redistribute then chunks that and cats the
         # pieces along the shard dim: the whole cat is the gather, moved.
@@ -210,7 +213,7 @@ def _mark_split(session, func, args, kwargs, out) -> None:
     if not args:
         return
     name = getattr(func, "__name__", "")
-    state = _state(session)
+    state = session.tp.state()
     source = args[0]
     if name == "chunk" and isinstance(out, tuple | list) and isinstance(source, torch.Tensor):
         dim = _dim_of(args, kwargs, 2, source.dim())
@@ -263,7 +266,7 @@ def _mark_split(session, func, args, kwargs, out) -> None:
         # Partial's record names it.
         path, axes = _strong_names(origin) if origin is not None else ("", None)
         state.split[out] = Split(group, dim, source.dim(), path, axes, whole)
-        session.tp_split = True
+        session.tp.split = True
         return
     if name in ("all_gather_into_tensor", "all_gather_tensor"):
         split = state.split.get(source)
@@ -309,7 +312,7 @@ def carry(session, call, tensors, outputs) -> None:
     family = call.spec.family
     if family not in _CARRYING and family != _ops.LAYOUT:
         return
-    state = _state(session)
+    state = session.tp.state()
     for table, key in ((state.split, _split_key), (state.gathered, _gathered_key)):
         marked = [
             (mark, t)
@@ -399,53 +402,6 @@ def _origin(state, t):
     return found if found is not None else state.origins.get(t)
 
 
-def gathered(session, tensor) -> "Gathered | None":
-    """The all_gather of a reduce-scatter's piece that `tensor` (plain, or a DTensor's
-    shard) is the output of (or passed on unchanged)."""
-    return _state(session).gathered.get(tensor)
-
-
-def any_replicated(session) -> bool:
-    """Whether torch.distributed made any tensor of this session replicated (a collective
-    ran): without one, `tiled` and `replicated` answer None for every tensor."""
-    state = _known_state(session)
-    return state is not None and not state.replicated.empty()
-
-
-def any_gathered(session) -> bool:
-    """Whether a reduce-scatter's piece was gathered in this session: without one,
-    `gathered` answers None for every tensor."""
-    state = _known_state(session)
-    return state is not None and not state.gathered.empty()
-
-
-def _known_state(session) -> "_State | None":
-    """`_state` without making one: None for a session torch.distributed has not touched."""
-    ref, found = _last
-    return found if ref() is session else _STATES.get(session)
-
-
-def tiled(session, tensor) -> "Replicated | None":
-    """The gather that stacked tp copies of a tensor every rank held whole, when
-    `tensor` (plain, or a DTensor's shard) is its output (or passed it on unchanged)."""
-    found = _state(session).replicated.get(tensor)
-    return found if found is not None and found.tiled is not None else None
-
-
-def replicated(session, local, mesh, mesh_dim: int) -> "Replicated | None":
-    """How `local` (a plain tensor, a DTensor's shard) came to be replicated over mesh
-    dim `mesh_dim` of `mesh`, by a collective torch.distributed ran; None when nothing
-    says so."""
-    found = _state(session).replicated.get(local)
-    if found is None:
-        return None
-    try:
-        group = mesh.get_group(mesh_dim).group_name
-    except Exception:  # a mesh without process groups (none on this rank): no claim
-        return None
-    return found if found.group == group else None
-
-
 def local_axes(axis, size: int):
     """The atoms of this rank's even shard of `axis` (`size` of its entries): index i of
     a chunk is digit (g // 1) % size of the global index g, the innermost factor of
@@ -499,7 +455,10 @@ def link_local(session, t, meta) -> None:
 def dtensor_meta(session, t):
     """The meta of a DTensor the session sees for the first time (from_local made it
     in torch.distributed): its local shard's axes where the placement replicates, a new
-    axis where it shards; None when the shard has no axes known either."""
+    axis where it shards; None when the shard has no axes known either, or `t` is no
+    DTensor."""
+    if not is_dtensor(t):
+        return None
     from .._names import dims as D
     from .meta import TensorMeta
 
@@ -562,31 +521,11 @@ class _State:
         self.unpadded = TensorTable()  # a padded copy -> the size of its padded dim before
 
 
-_STATES: "weakref.WeakKeyDictionary[object, _State]" = weakref.WeakKeyDictionary()
-
-
-# The last session asked about and its state: rules ask once or twice per op, always of the
-# session that runs it (a weak reference: the cache keeps no session alive).
-_last: tuple = (lambda: None, None)
-
-
-def _state(session) -> _State:
-    global _last
-    ref, found = _last
-    if ref() is session:
-        return found
-    found = _STATES.get(session)
-    if found is None:
-        found = _STATES[session] = _State()
-    _last = (weakref.ref(session), found)
-    return found
-
-
 def sharding(session, module) -> Sharding | None:
     """`read_sharding` of `module`, once per module per session."""
     if dtensor_class() is None:
         return None
-    state = _state(session)
+    state = session.tp.state()
     key = id(module)
     if key not in state.shardings:
         raw = _axes.declared_sizes(module)
@@ -596,19 +535,11 @@ def sharding(session, module) -> Sharding | None:
     return state.shardings[key]
 
 
-def owner(session):
-    """The innermost module on the session's stack that declares sizes, and its sharding."""
-    for module in reversed(session.module_stack):
-        if session.declared_sizes(module):
-            return module, sharding(session, module)
-    return None, None
-
-
 def local_sizes(session, module, found: dict) -> dict:
     """The sizes a tensor-parallel module declares, with its head counts made local
     (n_heads=12 at tp=2 names the local head axis `heads=6`); its axis notes recorded
     on the trace (`heads=6 (12/tp2)`)."""
-    split = sharding(session, module)
+    split = sharding(session, module)  # None unless DTensor is imported
     if split is None:
         return found
     out = dict(found)
@@ -628,3 +559,92 @@ def local_sizes(session, module, found: dict) -> dict:
     path = session.module_path(module)
     info.setdefault("modules", {})[path or type(module).__name__] = describe(split)
     return out
+
+
+class SessionTP:
+    """A session's tensor-parallel state, its one member for it (`session.tp`): the session
+    hands it what torch.distributed runs and the DTensors it meets, and the tp rules read
+    it through `call.tp` (`checks.TPView`). It holds its session weakly (a session is freed
+    by reference counting alone, tests/test_no_cycles.py) and makes its tables on first use:
+    a session tensor parallelism never touches pays one small object."""
+
+    __slots__ = ("_session", "_state", "split")
+
+    def __init__(self, session) -> None:
+        self._session = weakref.ref(session)
+        self._state: _State | None = None
+        # Set once torch.distributed reduce-scatters a tensor: the user's elementwise ops
+        # and transposes then carry the axis it split (`carry`).
+        self.split = False
+
+    def state(self) -> _State:
+        found = self._state
+        if found is None:
+            found = self._state = _State()
+        return found
+
+    # -- what the session asks -------------------------------------------------------------------
+    def plumbing(self, func, spec, args, kwargs):
+        """Run an op of torch.distributed's own (`plumbing`)."""
+        return plumbing(self._session(), func, spec, args, kwargs)
+
+    def carry(self, call, tensors, outputs) -> None:
+        """After each user's op: once a reduce-scatter ran, carry its marks (`carry`)."""
+        if self.split:
+            carry(self._session(), call, tensors, outputs)
+
+    def dtensor_meta(self, t):
+        """The meta of a DTensor first seen (`dtensor_meta`)."""
+        return dtensor_meta(self._session(), t)
+
+    def local_sizes(self, module, found: dict) -> dict:
+        """The sizes `module` declares, its head counts made local (`local_sizes`)."""
+        return local_sizes(self._session(), module, found)
+
+    # -- what the tp rules read (`checks.TPView`) ------------------------------------------------
+    def owner(self):
+        """The innermost module on the session's stack that declares sizes, and its
+        tensor-parallel split (`_tp.Sharding`, read from DTensor weights), or (None, None)."""
+        session = self._session()
+        if session is None:  # a rule runs inside its session: never the case
+            return None, None
+        for module in reversed(session.module_stack):
+            if session.declared_sizes(module):
+                return module, sharding(session, module)
+        return None, None
+
+    def gathered(self, tensor) -> "Gathered | None":
+        """The all_gather of a reduce-scatter's piece that `tensor` (plain, or a DTensor's
+        shard) is the output of (or passed on unchanged)."""
+        return self.state().gathered.get(tensor)
+
+    def any_replicated(self) -> bool:
+        """Whether torch.distributed made any tensor of this session replicated (a collective
+        ran): without one, `tiled` and `replicated` answer None for every tensor."""
+        state = self._state
+        return state is not None and not state.replicated.empty()
+
+    def any_gathered(self) -> bool:
+        """Whether a reduce-scatter's piece was gathered in this session: without one,
+        `gathered` answers None for every tensor."""
+        state = self._state
+        return state is not None and not state.gathered.empty()
+
+    def tiled(self, tensor) -> "Replicated | None":
+        """The gather that stacked tp copies of a tensor every rank held whole, when
+        `tensor` (plain, or a DTensor's shard) is its output (or passed it on unchanged)."""
+        found = self.state().replicated.get(tensor)
+        return found if found is not None and found.tiled is not None else None
+
+    def replicated(self, local, mesh, mesh_dim: int) -> "Replicated | None":
+        """How `local` (a plain tensor, a DTensor's shard) came to be replicated over mesh
+        dim `mesh_dim` of `mesh`, by a collective torch.distributed ran; None when nothing
+        says so."""
+        found = self.state().replicated.get(local)
+        if found is None:
+            return None
+        try:
+            group = mesh.get_group(mesh_dim).group_name
+        except Exception:  # a mesh without process groups (none on this rank): no claim
+            return None
+        return found if found.group == group else None

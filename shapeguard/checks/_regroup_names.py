@@ -4,7 +4,7 @@ names for its target sizes contradict what lands on them."""
 from .._errors import Violation
 from .._names import dims as D
 from .._names.dims import BATCH, COPY, FEATURE, TOKEN
-from . import tp as _tp_checks
+from ._accounts import carve_account
 from ._regroup_unfold import Unfolds
 from ._regroup_view import carve_hint, holds, sizes_merge
 
@@ -73,7 +73,7 @@ class NamedOtherwise(Unfolds):
         if moved is not None:
             hint = moved
         elif intent.name in ("heads", "kv_heads") and held_kind == TOKEN:
-            hint = _tp_checks.carve_note(self.call, self.x, self.label, size) or carve_hint(
+            hint = carve_account(self.call, self.x, self.label, size) or carve_hint(
                 self.label, self.shape, real_i[-1:], self.call.declared(), self.sizes, size
             )
         else:

@@ -7,7 +7,7 @@ from math import prod
 from .._errors import Violation
 from .._names import dims as D
 from .._names.dims import BATCH, FEATURE, TOKEN
-from . import tp as _tp_checks
+from ._accounts import carve_account
 from ._regroup_view import SEQ_AXES, TOKENS, ViewUnderExamination, carve_hint, sizes_merge
 
 
@@ -101,7 +101,7 @@ class TokenCuts(ViewUnderExamination):
         count = self.count(real_j)
         seq_like = token in SEQ_AXES or self.kind(t) == TOKEN
         tp_note = (
-            _tp_checks.carve_note(call, self.x, label, count)
+            carve_account(call, self.x, label, count)
             if token in SEQ_AXES and real_i.index(t) == 0
             else None
         )

@@ -3,6 +3,7 @@
 The session hands each rule its `OpCall`; rules see it through this protocol, so they
 cannot reach the session's state or change the call (mypy checks every rule against
 it). Tensors' metas are the trace's business: rules read them through these methods.
+Tensor parallelism is one member, `tp` (`_tp_view.TPView`), read by the tp rules alone.
 """
 
 from typing import Any, Protocol
@@ -11,6 +12,7 @@ from .. import _ops
 from .._errors import Operand
 from .._names.axes import Axes
 from .._source import Site
+from ._tp_view import TPView
 
 
 class CallView(Protocol):
@@ -52,9 +54,5 @@ class CallView(Protocol):
     def declared(self) -> dict[str, tuple[str, int]]: ...
     def output_labels(self, count: int) -> tuple[str | None, ...]: ...
     def module_path(self, module) -> str: ...
-    def tp_owner(self) -> tuple[Any, Any]: ...  # (module, its `_tp.Sharding`) or (None, None)
-    def replicated(self, local, mesh, mesh_dim: int) -> Any: ...  # `Replicated` or None
-    def any_replicated(self) -> bool: ...  # a collective replicated a tensor of the trace
-    def tiled(self, tensor) -> Any: ...  # `Replicated` (a gather of one) or None
-    def any_gathered(self) -> bool: ...  # a reduce-scatter's piece was gathered in the trace
-    def gathered(self, tensor) -> Any: ...  # `Gathered` (of a `Split`) or None
+    @property
+    def tp(self) -> TPView | None: ...  # for the tp rules only; None while DTensor is not imported

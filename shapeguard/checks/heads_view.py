@@ -10,7 +10,7 @@ from .._errors import Violation
 from .._names import axes as _axes
 from .._values import is_tensor
 from . import ERROR, rule
-from . import tp as _tp_checks
+from ._accounts import count_account
 from ._view import CallView
 from ._view_shape import target_shape, view_compatible
 from .config import divisibility_violation
@@ -24,7 +24,7 @@ from .regroup import noncontiguous_hint
         "view_numel": ERROR,
         "noncontiguous_view": ERROR,
         "head_divisibility": ERROR,
-        # Tensor parallelism's account of a wrong element count (checks/tp.py).
+        # The account tensor parallelism registers of a wrong element count (`_accounts`).
         "tp_global_heads": ERROR,
         "tp_local_heads": ERROR,
     },
@@ -46,7 +46,7 @@ def view(call: CallView) -> Iterator[Violation]:
     expr = f"{label}.{call.op}({spelled})"
     resolved = _axes.resolve_view_shape(numel, target)
     if resolved is None:
-        yield _tp_checks.view_violation(call, x, target, expr, label) or _numel_violation(
+        yield count_account(call, x, target, expr, label) or _numel_violation(
             call, x, label, expr, shape, target
         )
         return

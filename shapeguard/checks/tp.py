@@ -18,8 +18,10 @@ on the meta device:
 - `tp_shard_axis_mismatch` (sequence parallelism): attention given the gather of a
   reduce-scatter's piece declared a shard of another axis than the one it was split along.
 
-The view checks are called by the view rules (`heads_view`, `regroup`): they explain a
-failure those rules find, in TP terms, instead of adding a second finding for it.
+The view checks are accounts the view rules (`heads_view`, `regroup`) ask for through
+`_accounts`, where this module registers them: they explain a failure those rules find,
+in TP terms, instead of adding a second finding for it, and those rules never import this
+module. Everything of the trace these rules read of tensor parallelism is `call.tp`.
 """
 
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ from .. import _ops, _tp
 from .._errors import Violation
 from .._names import axes as _axes
 from . import ERROR, WARNING, declare, is_tensor, rule
+from ._accounts import accounts_for_carve, accounts_for_count
 from ._view import CallView
 
 # Raised through the view rule (heads_view), which explains its own failures in TP terms.
@@ -44,7 +47,8 @@ def _local_tp(split) -> str:
 def sharded_projection(call: CallView) -> Iterator[Violation]:
     """A column-parallel projection cuts its heads: read when it runs (FSDP2 has unsharded
     its weight by then, so only the TP sharding is left)."""
-    if _tp.dtensor_class() is None:
+    tp = call.tp
+    if tp is None:
         return
     weight = call.bound().get("weight")
     if not _tp.is_dtensor(weight):
@@ -52,7 +56,7 @@ def sharded_projection(call: CallView) -> Iterator[Violation]:
     leaf = call.module  # the projection running (an nn.Linear), inside its owner
     if leaf is None:
         return
-    module, split = call.tp_owner()
+    module, split = tp.owner()
     if module is leaf or split is None or split.head_dim is None:
         return
     projection = next(
@@ -126,13 +130,15 @@ def _head_split(target, resolved, split, x_features: int):
     return target[-2]
 
 
+@accounts_for_count
 def view_violation(call: CallView, x, target, expr: str, label: str) -> Violation | None:
     """A view whose element count is wrong because of tensor parallelism: the global head
     count on this rank's shard (`tp_global_heads`), or the local count on a DTensor
     (`tp_local_heads`). None when TP does not explain it."""
-    if _tp.dtensor_class() is None or not is_tensor(x) or x.dim() < 1:
+    tp = call.tp
+    if tp is None or not is_tensor(x) or x.dim() < 1:
         return None
-    module, split = call.tp_owner()
+    module, split = tp.owner()
     if split is None or split.head_dim is None:
         return None
     features = int(x.shape[-1])
@@ -206,12 +212,14 @@ def _local_on_dtensor(call: CallView, x, split, count, features, expr, label, op
     return Violation("tp_local_heads", relation, operands, hint)
 
 
+@accounts_for_carve
 def carve_note(call: CallView, x, label: str, count: int | None = None) -> str | None:
     """For the T5 spelling `view(bs, -1, n_heads, d)` of a local shard, which folds the
     missing tp factor into the sequence axis: what tp did, for the hint."""
-    if _tp.dtensor_class() is None or _tp.is_dtensor(x) or not is_tensor(x):
+    tp = call.tp
+    if tp is None or _tp.is_dtensor(x) or not is_tensor(x):
         return None
-    module, split = call.tp_owner()
+    module, split = tp.owner()
     if split is None or split.head_dim is None:
         return None
     features = int(x.shape[-1])
@@ -359,11 +367,12 @@ def shard_of_replicated(call: CallView) -> Iterator[Violation]:
     marks them in torch.distributed's plumbing). A tensor fed to the model, whose
     placement nothing records, is never claimed replicated: SequenceParallel's own
     contract is an input already sharded by the caller."""
-    if _tp.dtensor_class() is None or not call.any_replicated():
+    tp = call.tp
+    if tp is None or not tp.any_replicated():
         return  # no collective ran: nothing is replicated (one test, on every op)
     for t in call.tensors():
         dtensor = _tp.is_dtensor(t)
-        gathered = call.tiled(t._local_tensor if dtensor else t)
+        gathered = tp.tiled(t._local_tensor if dtensor else t)
         if gathered is not None:
             yield _gather_of_replicated(call, t, gathered)
             return
@@ -372,7 +381,7 @@ def shard_of_replicated(call: CallView) -> Iterator[Violation]:
         for k, p in enumerate(t.placements):
             if type(p).__name__ != "Shard":
                 continue
-            found = call.replicated(t._local_tensor, t.device_mesh, k)
+            found = tp.replicated(t._local_tensor, t.device_mesh, k)
             if found is not None:
                 yield _shard_of_replicated(call, t, k, p.dim % t.dim(), found)
                 return
@@ -472,10 +481,11 @@ def shard_axis_mismatch(call: CallView) -> Iterator[Violation]:
     position-wise sublayer (norm, MLP) given the same mismatch scatters each token back
     where it was, computing the right values, and sharding one axis throughout (batch
     instead of seq) is consistent; neither is a finding."""
-    if _tp.dtensor_class() is None or not call.any_gathered():
+    tp = call.tp
+    if tp is None or not tp.any_gathered():
         return  # no gather of a scattered piece in this trace (one test, on every linear)
     leaf = call.module
-    module, split = call.tp_owner()
+    module, split = tp.owner()
     if leaf is None or split is None or module is leaf:
         return
     projection = next(
@@ -487,7 +497,7 @@ def shard_axis_mismatch(call: CallView) -> Iterator[Violation]:
     x = call.bound().get("input")
     if x is None or not is_tensor(x):
         return
-    gathered = call.gathered(x._local_tensor if _tp.is_dtensor(x) else x)  # type: ignore[attr-defined]
+    gathered = tp.gathered(x._local_tensor if _tp.is_dtensor(x) else x)  # type: ignore[attr-defined]
     if gathered is None or gathered.dim == gathered.split.dim:
         return
     yield _gathered_across(call, x, gathered, call.module_path(module), projection.name)

@@ -20,7 +20,7 @@ from ._view import CallView
 CountAccount = Callable[[CallView, Any, Any, str, str], Violation | None]
 # (call, the tensor viewed, its label, the head count the view asks, if known) -> the hint
 # that explains heads carved out of the sequence axis, or None.
-CarveAccount = Callable[[CallView, Any, str, "int | None"], str | None]
+CarveAccount = Callable[[CallView, Any, str, int | None], str | None]
 
 _COUNT: list[CountAccount] = []
 _CARVE: list[CarveAccount] = []

@@ -9,6 +9,7 @@ import torch
 
 from .. import _ops, _source, _tp
 from .._errors import Operand
+from .._memo import Memo
 from .._names import axes as _axes
 from .._names import dims as _dims
 from .._names.axes import Axes, format_shape
@@ -22,21 +23,17 @@ def op_name(func) -> str:
 
 def _is_tensor_method(func) -> bool:
     try:
-        return _METHODS[func]
-    except KeyError:
-        pass
+        found = _METHODS.get(func)
     except TypeError:  # an unhashable callable
         return _read_is_method(func)
-    found = _read_is_method(func)
-    if len(_METHODS) > 4096:
-        _METHODS.clear()
-    _METHODS[func] = found
+    if found is None:
+        found = _METHODS.put(func, _read_is_method(func))
     return found
 
 
 # Whether a function torch hands the mode is a Tensor method, by function: its names are
-# read once (the same few hundred functions make every op).
-_METHODS: dict = {}
+# read once (the same few hundred functions make every op, hence the bound).
+_METHODS = Memo("tensor methods", 4096)
 
 
 def _read_is_method(func) -> bool:
@@ -279,13 +276,14 @@ class OpCall:
         return self.session._output_labels(self, count)
 
 
-_DTYPE_NAMES: dict = {}
+# torch has a few dozen dtypes; the bound only guards against a caller that makes its own.
+_DTYPE_NAMES = Memo("dtype names (trace)", 256)
 
 
 def dtype_name(dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+        name = _DTYPE_NAMES.put(dtype, str(dtype).removeprefix("torch."))
     return name
 
 

@@ -12,7 +12,7 @@ from .._errors import Operand
 from .._memo import Memo
 from .._names import axes as _axes
 from .._names import dims as _dims
-from .._names.axes import Axes, format_shape
+from .._names.axes import AxisNames, format_shape
 from . import tp_session as _tp_session
 from .meta import NO_FLAGS, TensorMeta, role_for
 
@@ -185,7 +185,7 @@ class OpCall:
         meta = self.meta(tensor)
         return meta.label if meta is not None and meta.label else default
 
-    def axes(self, tensor) -> Axes:
+    def axes(self, tensor) -> AxisNames:
         """The names of the tensor's axes (None where only the size is known)."""
         return self.meta_of(tensor).axes
 

@@ -110,7 +110,7 @@ def format_shape(
     return "[" + ", ".join(parts) + "]"
 
 
-def axis_name(axes: AxisNames | None, dim: int, ndim: int) -> str:
+def axis_label(axes: AxisNames | None, dim: int, ndim: int) -> str:
     """The name of axis `dim`, or `dim N` when it has none."""
     dim = dim % ndim if ndim else dim
     if axes and len(axes) == ndim:

@@ -158,7 +158,7 @@ def _shape_intent(call, frame, text: str, tensor_name: str, index: int, part: bo
     axis = call.meta_of(tensor).dims[index]
     if not axis:
         return None
-    return Intent(text, D.kind_of(axis), D.axis_name(axis), axis, part)
+    return Intent(text, D.kind_of(axis), D.known_name(axis), axis, part)
 
 
 def _read(node: ast.AST, bindings: dict, depth: int, line: int):

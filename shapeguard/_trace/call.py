@@ -216,7 +216,7 @@ class OpCall:
         )
 
     def axis(self, tensor, dim: int) -> str:
-        return _axes.axis_name(self.axes(tensor), dim, tensor.dim())
+        return _axes.axis_label(self.axes(tensor), dim, tensor.dim())
 
     # -- module context ----------------------------------------------------------
     @property

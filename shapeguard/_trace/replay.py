@@ -102,13 +102,13 @@ class ReplayMismatch(InternalError):
     followed (a replay would have made other effects than the reference path)."""
 
 
-def checking() -> bool:
-    """Whether sessions check their replays (`SHAPEGUARD_REPLAY=check`): each step a replay
+def verifying() -> bool:
+    """Whether sessions verify their replays (`SHAPEGUARD_REPLAY=check`): each step a replay
     matches runs the reference path, whose step must be the one recorded."""
     return os.environ.get("SHAPEGUARD_REPLAY", "").strip().lower() == "check"
 
 
-def check(expected: "Step", found: "Step | None", why: str, op: str) -> None:
+def verify(expected: "Step", found: "Step | None", why: str, op: str) -> None:
     """Raise `ReplayMismatch` where `found`, the step the reference path recorded (None: a
     barrier, for `why`), is not `expected`, the recorded step a replay matched."""
     if found is None:

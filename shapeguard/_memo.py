@@ -8,7 +8,8 @@ re-putting an entry after `pop` makes it the newest, so the order is that of use
 Every memo is registered, so tests can see each one's bound and `clear_all` resets them.
 
 `get` is the table's own `dict.get`, so a lookup on the hot path costs what a plain
-dict's does; only `put`, on a miss, pays for the bound.
+dict's does; only `put`, on a miss, pays for the bound, under the memo's lock (threads
+share the memos: two that make room at once must not both drop the oldest entry).
 
 >>> squares = Memo("squares (doctest)", 2, drop="oldest")
 >>> squares.put(1, 1), squares.put(2, 4), squares.put(3, 9)
@@ -17,6 +18,7 @@ dict's does; only `put`, on a miss, pays for the bound.
 (None, 9, 2)
 """
 
+import threading
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
@@ -30,7 +32,7 @@ class Memo:
     counts its clears there. For keys made of `id(obj)`, `held`/`hold` keep `obj` in the
     entry, so the id is not reused while the entry lives, and check it on the way out."""
 
-    __slots__ = ("name", "bound", "drop", "on_clear", "_table", "get")
+    __slots__ = ("name", "bound", "drop", "on_clear", "_table", "_lock", "get")
 
     get: Callable[..., Any]
 
@@ -51,21 +53,24 @@ class Memo:
         self.drop = drop
         self.on_clear = on_clear
         self._table: dict = {}
+        self._lock = threading.Lock()
         self.get = self._table.get
         _ALL.append(self)
 
     def put(self, key: Hashable, value: Any) -> Any:
         table = self._table
-        if len(table) >= self.bound and key not in table:
-            if self.drop == "all":
-                self.clear()
-            else:
-                del table[next(iter(table))]
-        table[key] = value
+        with self._lock:
+            if len(table) >= self.bound and key not in table:
+                if self.drop == "all":
+                    self._empty()
+                else:
+                    del table[next(iter(table))]
+            table[key] = value
         return value
 
     def pop(self, key: Hashable, default: Any = None) -> Any:
-        return self._table.pop(key, default)
+        with self._lock:
+            return self._table.pop(key, default)
 
     def held(self, key: Hashable, owner: object) -> Any:
         """The value `hold` put for `owner` at `key`, or None (another object's: an id reused)."""
@@ -78,6 +83,10 @@ class Memo:
         return value
 
     def clear(self) -> None:
+        with self._lock:
+            self._empty()
+
+    def _empty(self) -> None:
         self._table.clear()
         if self.on_clear is not None:
             self.on_clear()

@@ -3,6 +3,7 @@ room its one stated way, and is registered so `clear_all` reaches it."""
 
 import importlib
 import pkgutil
+import threading
 
 import pytest
 
@@ -43,6 +44,27 @@ def test_held_entries_answer_only_for_the_object_they_hold():
     assert memo.held(id(owner), owner) == "value"
     assert memo.held(id(owner), other) is None  # an id reused by another object
     assert memo.get(id(owner)) == (owner, "value")  # the entry keeps its owner alive
+
+
+def test_threads_making_room_at_once_keep_the_bound_and_raise_nothing():
+    memo = Memo("test: threads", 16, drop="oldest")
+    errors = []
+
+    def fill(base: int) -> None:
+        try:
+            for i in range(2000):
+                memo.put((base, i), i)
+                memo.put((base, i), memo.pop((base, i)))  # used again: the newest
+        except Exception as error:  # any error is the failure this test reports
+            errors.append(repr(error))
+
+    threads = [threading.Thread(target=fill, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(memo) == memo.bound
 
 
 def test_clear_all_empties_every_memo_and_runs_their_on_clear():

@@ -103,7 +103,8 @@ def test_every_cache_of_the_package_is_a_registered_bounded_memo():
         "code kinds", "parsed blocks", "file stamps", "sites", "renamed sites", "view plans",
         "function assignments", "keys-first products", "tensor methods", "dtype names",
         "dtype names (trace)", "dtype facts", "shared tuples", "op specs", "replay matchers",
-        "replay openers", "flash parameters",
+        "replay openers", "flash parameters", "fresh origins", "einsum verdicts",
+        "contract specs",
     } <= names  # fmt: skip
     for memo in package:
         assert 1 <= memo.bound <= 50_000, memo

@@ -1,7 +1,9 @@
 """The bounded memo tables (`shapeguard/_memo.py`): each keeps at most its bound, makes
 room its one stated way, and is registered so `clear_all` reaches it."""
 
+import ast
 import importlib
+import pathlib
 import pkgutil
 import threading
 
@@ -121,3 +123,42 @@ def test_a_traced_forward_keeps_every_memo_within_its_bound():
         model(x, x, x)
     assert trace.events and len(sites) > 0
     assert all(len(m) <= m.bound for m in _memo.memos())
+
+
+# Module-level dicts of the package that are not caches, each with why: any other one is
+# a cache, and belongs in a Memo (a stale entry fails too, so the list only shrinks).
+NOT_CACHES = {
+    ("shapeguard._ops", "_TABLE"): "the op table, built at import",
+    ("shapeguard._ops", "_OTHERS"): "one Op per spelling, compared by identity",
+    ("shapeguard._compiled", "_compiled_errors"): "one class per error type, for except",
+    ("shapeguard.checks", "_DECLARED"): "the kinds each rule family declares",
+    ("shapeguard.checks._flash_contract", "WRAPPED"): "the entry points the open trace wraps",
+    ("shapeguard._names.flow.base", "_RULES"): "the axis rules, registered at import",
+    ("shapeguard._names.flow.waiting", "_HANDED"): "findings handed from a call's rules",
+    ("shapeguard._names.flow.waiting", "_WAITING"): "findings waiting on a live tensor",
+    ("shapeguard._trace.replay", "_BARRIERS"): "one barrier step per Why reason",
+    ("shapeguard._trace.composites", "_watched"): "the modules a guard watches",
+}
+
+
+def _module_dicts() -> set[tuple[str, str]]:
+    root = pathlib.Path(shapeguard.__file__).parent
+    found = set()
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.parse(path.read_text()).body:
+            target = node.target if isinstance(node, ast.AnnAssign) else None
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+            value = getattr(node, "value", None)
+            empty = isinstance(value, ast.Dict) and not value.keys
+            if isinstance(target, ast.Name) and empty:
+                found.add((module, target.id))
+    return found
+
+
+def test_every_module_level_dict_of_the_package_is_a_memo_or_says_why_not():
+    found = _module_dicts()
+    assert sorted(found - NOT_CACHES.keys()) == [], "a cache: make it a _memo.Memo"
+    assert sorted(NOT_CACHES.keys() - found) == [], "stale: remove from NOT_CACHES"

@@ -7,9 +7,11 @@ once, and a process that makes new code objects without end, a notebook, starts 
 re-putting an entry after `pop` makes it the newest, so the order is that of use).
 Every memo is registered, so tests can see each one's bound and `clear_all` resets them.
 
-`get` is the table's own `dict.get`, so a lookup on the hot path costs what a plain
-dict's does; only `put`, on a miss, pays for the bound, under the memo's lock (threads
-share the memos: two that make room at once must not both drop the oldest entry).
+`get` is the table's own `dict.get`: a lookup costs what a plain dict's does, about 10 ns
+more through the memo's attribute, so a hot path keeps `memo.get` in a local or a module
+name (it stays valid: the table is emptied in place, never replaced). Only `put`, on a
+miss, pays for the bound, under the memo's lock (threads share the memos: two that make
+room at once must not both drop the oldest entry).
 
 >>> squares = Memo("squares (doctest)", 2, drop="oldest")
 >>> squares.put(1, 1), squares.put(2, 4), squares.put(3, 9)

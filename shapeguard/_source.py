@@ -336,10 +336,10 @@ def op_site() -> Site | None:
 
 def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
     in_module = False
-    kinds = _kinds
+    kind_of = _kinds.get  # a local call per frame: the cheapest lookup Python has
     while frame is not None:
         code = frame.f_code
-        entry = kinds.get(id(code))
+        entry = kind_of(id(code))
         kind = entry[1] if entry is not None and entry[0] is code else _kind(code)
         if not kind:
             lasti = frame.f_lasti
@@ -369,10 +369,10 @@ def op_frame(frame: FrameType | None) -> tuple[FrameType | None, bool] | None:
     (None, False) past a floor or off the stack; None where torch.optim called the op
     outside a module (`OPTIMIZER`). torch.distributed's frames are walked through."""
     in_module = False
-    kinds = _kinds
+    kind_of = _kinds.get  # a local call per frame: the cheapest lookup Python has
     while frame is not None:
         code = frame.f_code
-        entry = kinds.get(id(code))
+        entry = kind_of(id(code))
         kind = entry[1] if entry is not None and entry[0] is code else _kind(code)
         if not kind:
             return frame, in_module

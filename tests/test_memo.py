@@ -27,6 +27,17 @@ def test_drop_all_empties_the_table_when_full_and_counts_the_clear():
     assert clears == [0]  # run once, after the table was emptied
 
 
+def test_a_kept_get_stays_valid_across_clears():
+    memo = Memo("test: kept get", 2)
+    get = memo.get  # what a hot path keeps in a local or a module name
+    memo.put("a", 1)
+    memo.put("b", 2)
+    memo.put("c", 3)  # made room: emptied
+    memo.clear()
+    memo.put("d", 4)
+    assert (get("a"), get("d"), get("e", "absent")) == (None, 4, "absent")
+
+
 def test_drop_oldest_drops_the_first_put_and_pop_then_put_makes_an_entry_newest():
     memo = Memo("test: drop oldest", 3, drop="oldest")
     for key in "abc":

@@ -44,6 +44,7 @@ MISSED = object()  # a replayed op that was not the recording's next step
 
 # (spelling, op) by the function torch hands the mode: two lookups made once per function.
 _SPECS = Memo("op specs", 4096)  # bounded: the same few hundred functions make every op
+_known_spec = _SPECS.get  # the interceptor's lookup, one global call on every op
 
 
 def spec_of(func) -> tuple:
@@ -87,7 +88,7 @@ class Interceptor(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         try:
-            found = _SPECS.get(func)
+            found = _known_spec(func)
         except TypeError:  # an unhashable callable
             found = None
         if found is None:

@@ -29,25 +29,25 @@ TARGET = 20.0
 
 
 def measure(batch: int = 8, seq: int = 512, d_model: int = 512, *, repeats: int = 5) -> dict:
-    """Median seconds of one plain forward and of one `run_check`, and their paired ratio."""
+    """Median seconds of one plain forward and of one `run_probes`, and their paired ratio."""
     import seed_mha
     import torch
 
     import shapeguard
-    from shapeguard._probes.check import run_check
+    from shapeguard._probes.check import run_probes
 
     one_thread()
     torch.manual_seed(0)
     model = shapeguard.unguard(seed_mha.MultiHeadAttention(d_model=d_model, n_heads=8)).eval()
     args, kwargs = seed_mha.example_inputs(batch=batch, seq=seq, d_model=d_model)
-    report = run_check(model, args, kwargs)
+    report = run_probes(model, args, kwargs)
 
     def forward():
         with torch.no_grad():
             model(*args, **kwargs)
 
     timings = compare(
-        [Variant("forward", forward), Variant("check", lambda: run_check(model, args, kwargs))],
+        [Variant("forward", forward), Variant("check", lambda: run_probes(model, args, kwargs))],
         repeats=repeats,
         warmup=1,
     )

@@ -20,6 +20,7 @@ from ._contract.call import remember, signature_key
 from ._errors import ShapeError
 from ._trace import current as _current
 
+# Not a memo: one class per error type, so that `except` sees one; bounded by the ShapeErrors.
 _compiled_errors: dict[type, type] = {}
 
 

@@ -27,7 +27,7 @@ from ._trace.current import current_session
 class GuardOptions:
     mode: str = "raise"
     strict: bool = False
-    check: str = "every"
+    calls_checked: str = "every"  # guard(check=...): "every" call, or the "first" per signature
     ops: bool = True
     max_events: int = 100_000
 
@@ -435,7 +435,7 @@ def _pre_checks(rt, module, args, kwargs) -> None:
         return None
     options = state.options
     key = None
-    if options.check == "first":
+    if options.calls_checked == "first":
         # Before the off switch: a seen signature skips the checks either way, and this
         # is the path a training loop takes on every step, so it stays a dict lookup.
         key = rt.signature_key(args, kwargs)

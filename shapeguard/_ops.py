@@ -474,6 +474,8 @@ _op("conv1d", CONV, "conv2d", "conv3d", params=("input", "weight", "bias", "stri
 _op("__setitem__", WRITE)
 
 
+# Not a memo: one Op per spelling, compared by identity (callers keep them), and the
+# spellings are torch's function names, a set bounded by torch itself.
 _OTHERS: dict[str, Op] = {}
 
 

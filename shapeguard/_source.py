@@ -21,6 +21,7 @@ import typing
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
+from ._memo import Memo
 from ._source_ast import NodeIndex, describe_node, index_tree, short_label
 
 # CPython 3.11 keeps the AST constructor's recursion depth in state shared by threads:
@@ -142,7 +143,8 @@ _TORCH_OPTIM = os.sep + os.path.join("torch", "optim") + os.sep
 # is not reused): the user's (0), internal (1), internal and an nn.Module's forward (2), a
 # floor (3: see `stop_at`), torch.distributed's (4) or torch.optim's (5: see `op_site`). Keyed by id because code objects compare (and hash) by
 # content: two files may hold equal ones, and hashing a code object hashes its constants.
-_kinds: dict[int, tuple[CodeType, int]] = {}
+# Bounded by the code objects a process runs through (a notebook makes new ones per cell).
+_kinds = Memo("code kinds", 20_000)
 _INTERNAL, _IN_MODULE, _FLOOR, _DISTRIBUTED, _OPTIMIZER = 1, 2, 3, 4, 5
 
 
@@ -161,10 +163,7 @@ def _kind(code: CodeType) -> int:
         kind = _DISTRIBUTED
     else:
         kind = _OPTIMIZER if _TORCH_OPTIM in filename else _INTERNAL
-    if len(_kinds) > 20_000:
-        _kinds.clear()
-    _kinds[id(code)] = (code, kind)
-    return kind
+    return _kinds.hold(id(code), code, kind)
 
 
 def user_code_position() -> tuple[int, int] | None:
@@ -206,9 +205,11 @@ def function_node(filename: str, scope: int) -> ast.AST | None:
 # for the most recently used blocks only: a parsed block is a few hundred objects that
 # every full collection of the garbage collector walks, and once a function's sites are
 # built (`_site_cache`, strings only) its tree is read again only for a site not seen yet.
-_trees: dict[tuple[str, int], list] = {}
-_stamps: dict[str, tuple | None] = {}
 _TREES_KEPT = 64
+_trees = Memo("parsed blocks", _TREES_KEPT, drop="oldest")
+# filename -> its stamp when last read; a file not in it is checked against linecache on
+# its next read, so dropping entries (a process that reads more files than this) is safe.
+_stamps = Memo("file stamps", 4096)
 
 
 def _stamp(filename: str) -> tuple | None:
@@ -222,9 +223,9 @@ def _stamp(filename: str) -> tuple | None:
 def _fresh_lines(filename: str) -> tuple[tuple | None, list[str]]:
     """The file's stamp and lines, re-read when the file changed since last read."""
     stamp = _stamp(filename)
-    if filename in _stamps and _stamps[filename] != stamp:
+    if _stamps.get(filename) != stamp:
         linecache.checkcache(filename)
-    _stamps[filename] = stamp
+        _stamps.put(filename, stamp)
     return stamp, linecache.getlines(filename)
 
 
@@ -246,10 +247,7 @@ def _entry(filename: str, first: int, code: CodeType | None = None) -> list:
         if tree is None:
             tree = _parse(lines, 0)
         cached = [stamp, tree, None]
-        while len(_trees) >= _TREES_KEPT:
-            del _trees[next(iter(_trees))]  # the least recently used
-    _trees[key] = cached  # (re)inserted last: the most recently used
-    return cached
+    return _trees.put(key, cached)  # (re)put last: the most recently used
 
 
 def _parse(lines: list[str], offset: int, header: bool = False) -> ast.AST | None:
@@ -319,7 +317,7 @@ def forget(filename: str) -> None:
     """Drop what was parsed of a file (a file rewritten in place with the same size and
     time stamp: rare, but a test can do it)."""
     for key in [k for k in _trees if k[0] == filename]:
-        del _trees[key]
+        _trees.pop(key)
     _stamps.pop(filename, None)
     linecache.checkcache(filename)
 
@@ -340,10 +338,10 @@ def op_site() -> Site | None:
 
 def _innermost_site(frame: FrameType | None, *, plumbing: bool) -> Site | None:
     in_module = False
-    kinds = _kinds
+    kind_of = _kinds.get  # a local call per frame: the cheapest lookup Python has
     while frame is not None:
         code = frame.f_code
-        entry = kinds.get(id(code))
+        entry = kind_of(id(code))
         kind = entry[1] if entry is not None and entry[0] is code else _kind(code)
         if not kind:
             lasti = frame.f_lasti
@@ -373,10 +371,10 @@ def op_frame(frame: FrameType | None) -> tuple[FrameType | None, bool] | None:
     (None, False) past a floor or off the stack; None where torch.optim called the op
     outside a module (`OPTIMIZER`). torch.distributed's frames are walked through."""
     in_module = False
-    kinds = _kinds
+    kind_of = _kinds.get  # a local call per frame: the cheapest lookup Python has
     while frame is not None:
         code = frame.f_code
-        entry = kinds.get(id(code))
+        entry = kind_of(id(code))
         kind = entry[1] if entry is not None and entry[0] is code else _kind(code)
         if not kind:
             return frame, in_module
@@ -413,8 +411,15 @@ def site_key(code: CodeType, lasti: int, in_module: bool, site: Site) -> tuple |
 
 
 # Sites by (id of the code object, instruction, in a module); the entry keeps the code.
-_site_cache: dict[tuple[int, int, bool], tuple[CodeType, Site]] = {}
 site_epoch = [0]  # counts the clears of `_site_cache` (`site_key`)
+
+
+def _next_epoch() -> None:
+    site_epoch[0] += 1  # the keys `site_key` gave name sites no longer cached
+
+
+# Bounded: notebooks re-create code objects, each with new sites.
+_site_cache = Memo("sites", 50_000, on_clear=_next_epoch)
 
 
 def _named_by_caller(frame: FrameType, site: Site, depth: int = 0) -> Site:
@@ -436,18 +441,15 @@ def _named_by_caller(frame: FrameType, site: Site, depth: int = 0) -> Site:
 
 # (id of a site, the caller's targets) -> (the site, it named so): one object per naming, so
 # that a replay, which compares sites by identity, sees the same site on every call.
-_renamed_cache: dict[tuple[int, tuple[str, ...]], tuple[Site, Site]] = {}
+_renamed_cache = Memo("renamed sites", 50_000)  # as many as `_site_cache` holds sites
 
 
 def _renamed(site: Site, targets: tuple[str, ...]) -> Site:
     key = (id(site), targets)
-    entry = _renamed_cache.get(key)
-    if entry is not None and entry[0] is site:
-        return entry[1]
-    renamed = dataclasses.replace(site, targets=targets, returned=False)
-    if len(_renamed_cache) > 50_000:
-        _renamed_cache.clear()
-    _renamed_cache[key] = (site, renamed)
+    renamed = _renamed_cache.held(key, site)
+    if renamed is None:
+        renamed = dataclasses.replace(site, targets=targets, returned=False)
+        _renamed_cache.hold(key, site, renamed)
     return renamed
 
 
@@ -458,12 +460,7 @@ def site_at(code: CodeType, lasti: int, in_module: bool) -> Site:
     entry = _site_cache.get(key)
     if entry is not None and entry[0] is code:
         return entry[1]
-    site = _build_site(code, lasti, in_module)
-    if len(_site_cache) > 50_000:  # notebooks re-create code objects; keep the cache bounded
-        _site_cache.clear()
-        site_epoch[0] += 1  # the keys `site_key` gave name sites no longer cached
-    _site_cache[key] = (code, site)
-    return site
+    return _site_cache.hold(key, code, _build_site(code, lasti, in_module))
 
 
 def _build_site(code: CodeType, lasti: int, in_module: bool) -> Site:

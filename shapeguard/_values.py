@@ -6,6 +6,8 @@ a probe or a command has loaded it anyway).
 
 from typing import TYPE_CHECKING, TypeGuard
 
+from ._memo import Memo
+
 if TYPE_CHECKING:
     import torch
 
@@ -29,12 +31,13 @@ def _tensor_class() -> type:
 
 
 # dtype -> its name: the session asks for every tensor it records.
-_DTYPE_NAMES: dict = {}
+# (torch has a few dozen dtypes; the bound only guards against a caller that makes its own).
+_DTYPE_NAMES = Memo("dtype names", 256)
 
 
 def dtype_name(dtype) -> str:
     """`float32` for `torch.float32` (a NumPy dtype or a name as it is)."""
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+        name = _DTYPE_NAMES.put(dtype, str(dtype).removeprefix("torch."))
     return name

@@ -687,7 +687,7 @@ def check_matrix(chosen):
     """`shapeguard.check` on each configuration: statuses, failures and skips, and counts."""
     from collections import Counter, defaultdict
 
-    from shapeguard._probes.check import run_check
+    from shapeguard._probes.check import run_probes
 
     counts = defaultdict(Counter)
     start = time.perf_counter()
@@ -695,7 +695,7 @@ def check_matrix(chosen):
         model, args, kwargs = build(config)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            report = run_check(model, args, kwargs)
+            report = run_probes(model, args, kwargs)
         cells = []
         for r in report.results:
             status = r.status if r.status != "skipped" or r.applicable else "n/a"

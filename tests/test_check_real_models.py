@@ -23,7 +23,7 @@ import pytest
 import real_models
 import torch
 
-from shapeguard._probes.check import run_check
+from shapeguard._probes.check import run_probes
 
 pytestmark = pytest.mark.no_shapeguard
 
@@ -61,7 +61,7 @@ def _check(config, use_cache=False):
     model, args, kwargs = real_models.build(config)
     if use_cache:
         kwargs = {**kwargs, "use_cache": True}
-    return run_check(model, args, kwargs)
+    return run_probes(model, args, kwargs)
 
 
 def _unexpected_skips(config, report):

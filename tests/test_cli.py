@@ -743,7 +743,7 @@ def test_check_runs_the_pluggable_probes(monkeypatch):
     from shapeguard._probes.report import CheckReport
     from shapeguard._probes.result import ProbeResult
 
-    def run_check(model, args, kwargs):
+    def run_probes(model, args, kwargs):
         calls.append((type(model).__name__, [tuple(a.shape) for a in args], sorted(kwargs)))
         return CheckReport(
             type(model).__name__,
@@ -756,7 +756,7 @@ def test_check_runs_the_pluggable_probes(monkeypatch):
         )
 
     monkeypatch.setitem(
-        sys.modules, "shapeguard._probes.check", types.SimpleNamespace(run_check=run_check)
+        sys.modules, "shapeguard._probes.check", types.SimpleNamespace(run_probes=run_probes)
     )
     result = run("check", SEED)
     assert calls == [("MultiHeadAttention", [(2, 16, 512)], ["mask"])]

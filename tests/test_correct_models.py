@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import shapeguard
-from shapeguard._probes.check import run_check
+from shapeguard._probes.check import run_probes
 
 B, S, SK, H, DK = 2, 5, 7, 3, 11
 D = H * DK  # 33
@@ -30,7 +30,7 @@ def assert_correct(model, *args, expect: dict | None = None, **kwargs):
     torch.manual_seed(0)
     trace = shapeguard.trace(model, *args, **kwargs)
     assert trace.findings == [], [f.message for f in trace.findings]
-    report = run_check(model, args, kwargs)
+    report = run_probes(model, args, kwargs)
     assert report.passed, report.render(width=160)
     statuses = {r.name: r.status for r in report.results}
     for name, status in (expect or {}).items():

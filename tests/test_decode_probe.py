@@ -8,7 +8,7 @@ import pytest
 import torch
 from cached_attention import B, CachedAttention, D, S
 
-from shapeguard._probes.check import check, run_check
+from shapeguard._probes.check import check, run_probes
 
 pytestmark = pytest.mark.no_shapeguard
 
@@ -180,7 +180,7 @@ def test_transformers_models_decode_as_they_run_whole(family, padding):
         if c.family == family and c.padding == padding and c.sizes == "distinct"
     )
     model, args, kwargs = real_models.build(config)
-    report = run_check(model, args, kwargs)
+    report = run_probes(model, args, kwargs)
     result = decode(report)
     assert result.status == "passed", report.render(width=160)
     assert "with its own cache (cache=)" in result.message

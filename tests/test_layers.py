@@ -11,11 +11,11 @@ PACKAGE = ROOT / "shapeguard"
 # Lowest first. A module belongs to the first entry it is, or is inside.
 LAYERS = {
     # errors, the off switch, the op table, naming, source lines, the reporting path, what
-    # every layer asks of a value (is it a tensor, its dtype's name)
+    # every layer asks of a value (is it a tensor, its dtype's name), the bounded memo tables
     "vocabulary": (
         "shapeguard._version", "shapeguard._errors", "shapeguard._config", "shapeguard._ops",
         "shapeguard._names", "shapeguard._source", "shapeguard._source_ast", "shapeguard._suppress",
-        "shapeguard._reporting", "shapeguard._ranks", "shapeguard._values",
+        "shapeguard._reporting", "shapeguard._ranks", "shapeguard._values", "shapeguard._memo",
     ),
     # rules on the op table; the DTensor reader they use
     "checks": ("shapeguard.checks", "shapeguard._tp"),

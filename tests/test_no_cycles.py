@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import shapeguard
-from shapeguard._probes.check import run_check
+from shapeguard._probes.check import run_probes
 from shapeguard._tracer import Trace
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
@@ -183,7 +183,7 @@ def test_a_probe_check_inside_a_background_trace_leaves_no_cycle(sizes):
         with outer:
             session = weakref.ref(outer._session)
             shapeguard.trace(model, x)
-            report = run_check(model, (x,), {})
+            report = run_probes(model, (x,), {})
         passed = report.passed
         del outer, report, x
         alive = session() is not None

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shapeguard._probes.check import check, run_check
+from shapeguard._probes.check import check, run_probes
 
 pytestmark = pytest.mark.no_shapeguard
 
@@ -1153,7 +1153,7 @@ def test_the_command_exits_0_on_inconclusive_and_says_how_many(tmp_path):
 
 
 def test_run_check_takes_the_inputs_as_a_tuple_and_a_dict():
-    report = run_check(build(PerHeadGate, "distinct"), (data("distinct"),), {})
+    report = run_probes(build(PerHeadGate, "distinct"), (data("distinct"),), {})
     assert result(report, "head-permutation invariance").status == "inconclusive"
 
 

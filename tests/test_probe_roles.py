@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shapeguard._probes.check import check, run_check
+from shapeguard._probes.check import check, run_probes
 
 pytestmark = pytest.mark.no_shapeguard
 
@@ -145,13 +145,13 @@ class BatchLM(TinyLM):
 def test_dict_and_dataclass_batches_are_probed_input_by_input(kind):
     parts = {"input_ids": ids(), "attention_mask": keep_mask([S, 6, 4])}
     batch = parts if kind == "dict" else Batch(**parts)
-    report = run_check(BatchLM(), (batch,), {})
+    report = run_probes(BatchLM(), (batch,), {})
     assert report.passed, report.render(width=160)
     assert result(report, "batch independence").message.startswith(
         "changing example 2 of 3 (batch.input_ids; its padding in batch.attention_mask)"
     )
     assert result(report, "key-padding invariance").status == "passed"
-    bug = run_check(BatchLM(bug="roll_batch"), (batch,), {})
+    bug = run_probes(BatchLM(bug="roll_batch"), (batch,), {})
     assert result(bug, "batch independence").status == "failed"
 
 

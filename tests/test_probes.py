@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shapeguard import ContractError
-from shapeguard._probes.check import check, run_check
+from shapeguard._probes.check import check, run_probes
 
 B, H, S, DK = 2, 3, 5, 11
 D = H * DK  # 33
@@ -178,7 +178,7 @@ def test_a_padding_mask_read_as_seq_by_seq_is_the_trace_s_finding_and_probes_fol
     # trace says so (mask_axis); the probes read the mask as the module applies it.
     x = torch.randn(5, 5, D)
     mask = (torch.arange(5)[None, :] < torch.tensor([5, 3, 4, 2, 5])[:, None]).long()
-    report = run_check(Attention(), (x, mask), {})
+    report = run_probes(Attention(), (x, mask), {})
     shapes = result(report, "shape checks")
     assert shapes.status == "failed" and "(mask_axis)" in shapes.message
     assert result(report, "sub-batch consistency").status == "passed"

@@ -61,7 +61,7 @@ def test_a_site_parses_its_function_not_the_file(tmp_path):
     assert _labels(module.Attention()) == ["hidden", "output"]
     parsed = [key for key in _source._trees if key[0] == str(path)]
     assert parsed and all(first > 0 for _, first in parsed)  # functions, never the file
-    tree = _source._trees[parsed[0]][1]
+    tree = _source._trees.get(parsed[0])[1]
     assert len(tree.body) == 1  # one function (under its dummy class header)
 
 

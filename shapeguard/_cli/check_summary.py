@@ -5,7 +5,7 @@ that proves nothing either way: the detail says why; it fails nothing), `n/a` (o
 property does not hold for this kind of module by design, `applicable: false`) or `skip`
 (the probes did not run at all: `--device meta`, a failed trace); details are the full
 messages of failures, printed under the table, then the summary line (`Summary.line`).
-The probes come from `probe_runner` (`_probes.check.run_check`), whose `CheckReport` the
+The probes come from `probe_runner` (`_probes.check.run_probes`), whose `CheckReport` the
 summary reads (`probe_rows`).
 """
 
@@ -118,11 +118,11 @@ def _run_probes(model, inputs, run, device: str, find_runner, progress) -> Summa
 
 
 def probe_runner():
-    """The semantic probes as `f(model, args: tuple, kwargs: dict)`: `check.run_check`,
+    """The semantic probes as `f(model, args: tuple, kwargs: dict)`: `check.run_probes`,
     imported when `shapeguard check` runs them (they import torch)."""
     import importlib
 
-    return importlib.import_module("shapeguard._probes.check").run_check
+    return importlib.import_module("shapeguard._probes.check").run_probes
 
 
 def probe_rows(report: "CheckReport") -> list[tuple[str, str, str]]:

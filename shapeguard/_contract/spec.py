@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import jaxtyping
 
+from .._memo import Memo
+
 
 @dataclass(frozen=True, slots=True)
 class _Dim:
@@ -34,7 +36,8 @@ class Spec:
         return f'{self.dtype_label}[{self.array_label}, "{self.dim_str}"]'
 
 
-_spec_cache: dict[type, Spec] = {}
+# By jaxtyping array type, one per annotation the user writes: bounded all the same.
+_spec_cache = Memo("contract specs", 4096)
 
 
 def _is_array_type(hint) -> bool:
@@ -45,7 +48,7 @@ def spec_of(array_type) -> Spec:
     """The `Spec` of a jaxtyping array type, read on first use."""
     spec = _spec_cache.get(array_type)
     if spec is None:
-        spec = _spec_cache[array_type] = _read_spec(array_type)
+        spec = _spec_cache.put(array_type, _read_spec(array_type))
     return spec
 
 

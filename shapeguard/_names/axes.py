@@ -8,7 +8,8 @@ are tuples of ints.
 from collections.abc import Iterable, Sequence
 from math import prod
 
-Axes = tuple[str | None, ...]
+# A shape's axis names, one per axis (None: unnamed); `dims.Axis` is an axis's provenance.
+AxisNames = tuple[str | None, ...]
 
 # Attribute names that declare a size, per axis name. Order matters: first hit wins.
 ATTRIBUTE_AXES: dict[str, tuple[str, ...]] = {
@@ -91,7 +92,9 @@ def declared_sizes(module: object) -> dict[str, tuple[str, int]]:
     return found
 
 
-def format_shape(shape: Sequence[int], axes: Axes | None = None, notes: dict | None = None) -> str:
+def format_shape(
+    shape: Sequence[int], axes: AxisNames | None = None, notes: dict | None = None
+) -> str:
     """`[batch=2, heads=8, seq=16, d_k=64]`; unnamed axes show their size alone. `notes`
     add to a name of a given size: {("heads", 6): "12/tp2"} gives `heads=6 (12/tp2)`."""
     if axes is None or len(axes) != len(shape):
@@ -107,7 +110,7 @@ def format_shape(shape: Sequence[int], axes: Axes | None = None, notes: dict | N
     return "[" + ", ".join(parts) + "]"
 
 
-def axis_name(axes: Axes | None, dim: int, ndim: int) -> str:
+def axis_label(axes: AxisNames | None, dim: int, ndim: int) -> str:
     """The name of axis `dim`, or `dim N` when it has none."""
     dim = dim % ndim if ndim else dim
     if axes and len(axes) == ndim:

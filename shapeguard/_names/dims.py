@@ -530,7 +530,7 @@ def atom_name(atom: Atom, _depth: int = 0) -> str | None:
     return None
 
 
-def axis_name(axis: Axis, tag: str | None = None) -> str | None:
+def known_name(axis: Axis, tag: str | None = None) -> str | None:
     """The name users read for an axis (None: shown by its size alone)."""
     if not axis:
         return None
@@ -557,8 +557,8 @@ def _composite_name(axis: Axis) -> str | None:
 
 def names_of(axes: Sequence[Axis], tags: Sequence[str | None] = ()) -> tuple[str | None, ...]:
     if not tags:
-        return tuple(axis_name(a) for a in axes)
-    return tuple(axis_name(a, t) for a, t in zip(axes, tags, strict=False))
+        return tuple(known_name(a) for a in axes)
+    return tuple(known_name(a, t) for a, t in zip(axes, tags, strict=False))
 
 
 def describe_atom(atom: Atom) -> str:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import _source
+from .._memo import Memo
 from .._values import is_tensor
 from . import dims as D
 from .axes import ATTRIBUTE_AXES
@@ -72,18 +73,15 @@ def count_sources(call, count: int) -> list[Axis | None]:
 # site's own, count): an Intent, None, or (text, tensor name, index, part) for a shape
 # read, whose tensor is looked up in the frame of each call. Keyed by the site's id and
 # holding the site, as `_source` keys its own: a file edited on disk makes new sites.
-_plans: dict[tuple[int, bool, int], tuple[object, list]] = {}
+# Bounded by the view and repeat sites a process meets, a few per attention module.
+_plans = Memo("view plans", 4096)
 
 
 def _plan(site, matches: bool, count: int) -> list:
     key = (id(site), matches, count)
-    entry = _plans.get(key)
-    if entry is not None and entry[0] is site:
-        return entry[1]
-    plan = _read_plan(site, matches, count)
-    if len(_plans) > 4096:
-        _plans.clear()
-    _plans[key] = (site, plan)
+    plan = _plans.held(key, site)
+    if plan is None:
+        plan = _plans.hold(key, site, _read_plan(site, matches, count))
     return plan
 
 
@@ -160,7 +158,7 @@ def _shape_intent(call, frame, text: str, tensor_name: str, index: int, part: bo
     axis = call.meta_of(tensor).dims[index]
     if not axis:
         return None
-    return Intent(text, D.kind_of(axis), D.axis_name(axis), axis, part)
+    return Intent(text, D.kind_of(axis), D.known_name(axis), axis, part)
 
 
 def _read(node: ast.AST, bindings: dict, depth: int, line: int):
@@ -251,8 +249,8 @@ class _Binding:
 
 # (filename, scope) -> `_aliases`: its values are nodes of the function's tree, so only the
 # latest functions are kept, as `_source` keeps its trees.
-_alias_cache: dict[tuple[str, int], dict] = {}
 _ALIASES_KEPT = 64
+_alias_cache = Memo("function assignments", _ALIASES_KEPT, drop="oldest")
 
 
 def _aliases(site) -> dict:
@@ -269,10 +267,7 @@ def _aliases(site) -> dict:
         for stmt, block in _statements(func):
             for node in _own_nodes(stmt):
                 _bind(node, block, bindings)
-    while len(_alias_cache) >= _ALIASES_KEPT:
-        del _alias_cache[next(iter(_alias_cache))]  # the oldest
-    _alias_cache[key] = bindings
-    return bindings
+    return _alias_cache.put(key, bindings)
 
 
 def _statements(func: ast.AST):

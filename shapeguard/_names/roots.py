@@ -50,7 +50,7 @@ def guess_mask(axes: tuple[Axis, ...], main: tuple[Axis, ...]) -> None:
     two sizes differ (else nothing: a guess must never pick the wrong one)."""
     sizes = {}
     for axis in main:
-        name = D.axis_name(axis)
+        name = D.known_name(axis)
         if name in ("batch", "seq") and axis:
             sizes[name] = D.size_of(axis)
     if len(sizes) != 2 or sizes["batch"] == sizes["seq"]:
@@ -67,7 +67,7 @@ def mask_batch(axes: tuple[Axis, ...], main: tuple[Axis, ...]) -> None:
     input's batch: batch-first like it, by convention (attention names it for good)."""
     if len(axes) < 2 or not main or not main[0] or not axes[0]:
         return
-    if D.axis_name(main[0]) == "batch" and D.size_of(axes[0]) == D.size_of(main[0]):
+    if D.known_name(main[0]) == "batch" and D.size_of(axes[0]) == D.size_of(main[0]):
         D.claim_atoms(axes[0], BATCH, CONVENTION)
 
 

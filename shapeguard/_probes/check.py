@@ -72,10 +72,10 @@ def check(model, *inputs, causal: bool | None = None, seed: int = 0, **kwargs) -
         (True, ['passed', 'passed'])
     """
     __tracebackhide__ = True
-    return run_check(model, inputs, kwargs, causal=causal, seed=seed)
+    return run_probes(model, inputs, kwargs, causal=causal, seed=seed)
 
 
-def run_check(
+def run_probes(
     model,
     args: tuple = (),
     kwargs: dict | None = None,

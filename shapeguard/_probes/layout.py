@@ -163,7 +163,7 @@ def read_layout(
     )
     if group_roots and not out_groups:
         axes = ", ".join(
-            f"{D.axis_name(((r, 1, r.size),)) or 'axis'} of {n}"
+            f"{D.known_name(((r, 1, r.size),)) or 'axis'} of {n}"
             for r, n in zip(group_roots, group_names, strict=True)
         )
         layout.made_inside = (

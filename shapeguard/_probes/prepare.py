@@ -139,7 +139,7 @@ def _refs(layout, output) -> dict:
 
 
 def _pin_of(model, seed: int):
-    """The RNG pin on `model` (`run_check` puts it there before the probes); a caller
+    """The RNG pin on `model` (`run_probes` puts it there before the probes); a caller
     that builds a subject on its own copy (bench/check_probe.py) gets one put there now,
     so the reference run and every probe run start from one RNG state all the same."""
     from .runs import Pin

@@ -9,9 +9,10 @@ import torch
 
 from .. import _ops, _source, _tp
 from .._errors import Operand
+from .._memo import Memo
 from .._names import axes as _axes
 from .._names import dims as _dims
-from .._names.axes import Axes, format_shape
+from .._names.axes import AxisNames, format_shape
 from .meta import NO_FLAGS, TensorMeta, role_for
 
 
@@ -21,21 +22,17 @@ def op_name(func) -> str:
 
 def _is_tensor_method(func) -> bool:
     try:
-        return _METHODS[func]
-    except KeyError:
-        pass
+        found = _METHODS.get(func)
     except TypeError:  # an unhashable callable
         return _read_is_method(func)
-    found = _read_is_method(func)
-    if len(_METHODS) > 4096:
-        _METHODS.clear()
-    _METHODS[func] = found
+    if found is None:
+        found = _METHODS.put(func, _read_is_method(func))
     return found
 
 
 # Whether a function torch hands the mode is a Tensor method, by function: its names are
-# read once (the same few hundred functions make every op).
-_METHODS: dict = {}
+# read once (the same few hundred functions make every op, hence the bound).
+_METHODS = Memo("tensor methods", 4096)
 
 
 def _read_is_method(func) -> bool:
@@ -187,7 +184,7 @@ class OpCall:
         meta = self.meta(tensor)
         return meta.label if meta is not None and meta.label else default
 
-    def axes(self, tensor) -> Axes:
+    def axes(self, tensor) -> AxisNames:
         """The names of the tensor's axes (None where only the size is known)."""
         return self.meta_of(tensor).axes
 
@@ -218,7 +215,7 @@ class OpCall:
         )
 
     def axis(self, tensor, dim: int) -> str:
-        return _axes.axis_name(self.axes(tensor), dim, tensor.dim())
+        return _axes.axis_label(self.axes(tensor), dim, tensor.dim())
 
     # -- module context ----------------------------------------------------------
     @property
@@ -255,13 +252,14 @@ class OpCall:
         return self.session._output_labels(self, count)
 
 
-_DTYPE_NAMES: dict = {}
+# torch has a few dozen dtypes; the bound only guards against a caller that makes its own.
+_DTYPE_NAMES = Memo("dtype names (trace)", 256)
 
 
 def dtype_name(dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+        name = _DTYPE_NAMES.put(dtype, str(dtype).removeprefix("torch."))
     return name
 
 

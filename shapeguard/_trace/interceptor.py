@@ -8,6 +8,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import _config, _ops
+from .._memo import Memo
 from .current import thread_state
 from .session_state import SessionState
 
@@ -42,7 +43,8 @@ def is_compiling() -> bool:
 MISSED = object()  # a replayed op that was not the recording's next step
 
 # (spelling, op) by the function torch hands the mode: two lookups made once per function.
-_SPECS: dict = {}
+_SPECS = Memo("op specs", 4096)  # bounded: the same few hundred functions make every op
+_known_spec = _SPECS.get  # the interceptor's lookup, one global call on every op
 
 
 def spec_of(func) -> tuple:
@@ -50,19 +52,16 @@ def spec_of(func) -> tuple:
     and calls this on a miss only)."""
     try:
         known = _SPECS.get(func)
-    except TypeError:  # an unhashable callable
-        known = None
-    if known is not None:
-        return known
+    except TypeError:  # an unhashable callable: looked up each time
+        return _lookup(func)
+    if known is None:
+        known = _SPECS.put(func, _lookup(func))
+    return known
+
+
+def _lookup(func) -> tuple:
     op = _ops.name_of(func)
-    found = (op, _ops.lookup(op))
-    try:
-        if len(_SPECS) > 4096:
-            _SPECS.clear()
-        _SPECS[func] = found
-    except TypeError:  # an unhashable callable
-        pass
-    return found
+    return (op, _ops.lookup(op))
 
 
 class _Closed:
@@ -89,7 +88,7 @@ class Interceptor(TorchFunctionMode):
         if kwargs is None:
             kwargs = {}
         try:
-            found = _SPECS.get(func)
+            found = _known_spec(func)
         except TypeError:  # an unhashable callable
             found = None
         if found is None:

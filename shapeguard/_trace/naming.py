@@ -123,6 +123,7 @@ def _nested_tensors(name: str, value, depth: int = 0) -> list:
     return found
 
 
+# Not a memo: weak keys, so bounded by the module classes alive.
 _param_cache: "weakref.WeakKeyDictionary[type, tuple[str, ...]]" = weakref.WeakKeyDictionary()
 
 

@@ -19,6 +19,7 @@ import weakref
 
 import torch
 
+from .._memo import Memo
 from .._names import dims as _dims
 from . import replay_effects as _replay_effects
 from .meta import FRESH, FRESH_PARAM, TensorMeta
@@ -27,7 +28,8 @@ from .meta import FRESH, FRESH_PARAM, TensorMeta
 # `with trace():` block keeps of its replayed metas stays bounded.
 MAX_OWED = 65_536
 
-_ORIGINS: dict = {}  # (state name, a parameter, ndim) -> the origin of each axis
+# (state name, a parameter, ndim) -> the origin of each axis: a model's state names, bounded.
+_ORIGINS = Memo("fresh origins", 4096)
 
 
 class Ledger:
@@ -90,10 +92,7 @@ def fill_fresh(meta: TensorMeta, shape, nature: tuple) -> None:
 def _origins(name: str, param: bool, ndim: int) -> tuple:
     origin = "a parameter" if param else "a tensor made outside the trace"
     found = tuple(f"axis {i} of {name}" if name else origin for i in range(ndim))
-    if len(_ORIGINS) > 4096:
-        _ORIGINS.clear()
-    _ORIGINS[(name, param, ndim)] = found
-    return found
+    return _ORIGINS.put((name, param, ndim), found)
 
 
 def _make(step, metas: tuple) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .._errors import Finding, ShapeError
-from .._names.axes import Axes, format_shape
+from .._names.axes import AxisNames, format_shape
 
 if TYPE_CHECKING:
     from .meta import TensorMeta
@@ -22,7 +22,7 @@ class TensorRecord:
     label: str | None
     role: str | None
     shape: tuple[int, ...]
-    axes: Axes
+    axes: AxisNames
     dtype: str
     nbytes: int
     device: str = "cpu"

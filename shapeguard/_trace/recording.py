@@ -5,6 +5,7 @@ the op's axis rule) and its event kept on the trace, shapes only.
 import torch
 
 from .. import _ops, _source, _tp
+from .._memo import Memo
 from .._names import flow as _flow
 from . import replay as _replay
 from . import tp_session as _tp_session
@@ -23,7 +24,7 @@ def static(tensor, meta: TensorMeta | None = None) -> tuple:
     device = "cpu" if tensor.is_cpu else "meta" if tensor.is_meta else tensor.device.type
     facts = _DTYPE_FACTS.get(dtype)
     if facts is None:
-        facts = _DTYPE_FACTS[dtype] = (dtype_name(dtype), dtype.itemsize)
+        facts = _DTYPE_FACTS.put(dtype, (dtype_name(dtype), dtype.itemsize))
     if type(tensor) is not torch.Tensor and _tp.is_dtensor(tensor):
         sharded = _tp_session.record_sharding(tensor, meta, current_session())
         return tensor.shape, facts[0], device, facts[1], sharded
@@ -31,13 +32,13 @@ def static(tensor, meta: TensorMeta | None = None) -> tuple:
 
 
 # (name, item size) by dtype: two reads of every tensor an event keeps, made once per dtype.
-_DTYPE_FACTS: dict = {}
+_DTYPE_FACTS = Memo("dtype facts", 256)  # torch has a few dozen dtypes
 # Tuples events keep, one of each value (`shared`): the collector tracks every tuple and
 # torch.Size an event keeps, and a run makes a full collection per some 70,000 of them
 # kept (the 3.11 collector counts objects made and not yet freed), so a traced test or
 # training loop that kept four per tensor of each op paid for several more. Ops repeat
-# their shapes and signatures: one tuple each, bounded.
-_SHARED: dict = {}
+# their shapes and signatures: one tuple each, bounded (a model has a few hundred).
+_SHARED = Memo("shared tuples", 8192)
 
 
 def shared(value: tuple) -> tuple:
@@ -49,9 +50,7 @@ def shared(value: tuple) -> tuple:
     except TypeError:
         return value
     if found is None:
-        if len(_SHARED) > 8192:
-            _SHARED.clear()
-        found = _SHARED[value] = value
+        found = _SHARED.put(value, value)
     return found
 
 

@@ -35,6 +35,7 @@ import weakref
 import torch
 
 from .._errors import InternalError
+from .._memo import Memo
 
 OP, ENTER, EXIT, NAME, BARRIER = range(5)
 
@@ -92,6 +93,7 @@ def barrier(why: str) -> "Step":
     return found
 
 
+# Not a memo: one shared step per `Why` reason, so bounded by that class.
 _BARRIERS: dict = {}
 
 
@@ -100,13 +102,13 @@ class ReplayMismatch(InternalError):
     followed (a replay would have made other effects than the reference path)."""
 
 
-def checking() -> bool:
-    """Whether sessions check their replays (`SHAPEGUARD_REPLAY=check`): each step a replay
+def verifying() -> bool:
+    """Whether sessions verify their replays (`SHAPEGUARD_REPLAY=check`): each step a replay
     matches runs the reference path, whose step must be the one recorded."""
     return os.environ.get("SHAPEGUARD_REPLAY", "").strip().lower() == "check"
 
 
-def check(expected: "Step", found: "Step | None", why: str, op: str) -> None:
+def verify(expected: "Step", found: "Step | None", why: str, op: str) -> None:
     """Raise `ReplayMismatch` where `found`, the step the reference path recorded (None: a
     barrier, for `why`), is not `expected`, the recorded step a replay matched."""
     if found is None:
@@ -240,10 +242,10 @@ class _Opener:
         self.recordings: list[Recording] = []
 
 
+# Not a memo: a module's openers live and die with it (weak keys), one per kind of session.
 _by_module: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-_by_key: dict = {}
+# Openers without a module (a `with trace():` line): as many as a process has such lines.
+_by_key = Memo("replay openers", _MAX_OPENERS)
 
 
 def active() -> bool:
@@ -259,22 +261,21 @@ def opener(kind: str, owner) -> _Opener | None:
     there is none or replay is off."""
     if owner is None or not active():
         return None
-    if isinstance(owner, torch.nn.Module):
-        try:
-            table = _by_module.get(owner)
-            if table is None:
-                table = _by_module[owner] = {}
-        except TypeError:
-            return None
-        key: object = kind
-    else:
-        table = _by_key
+    if not isinstance(owner, torch.nn.Module):
         key = (kind, owner)
-        if key not in table and len(table) >= _MAX_OPENERS:
-            table.clear()
-    found = table.get(key)
+        found = _by_key.get(key)
+        if found is None:
+            found = _by_key.put(key, _Opener())
+        return found
+    try:
+        table = _by_module.get(owner)
+        if table is None:
+            table = _by_module[owner] = {}
+    except TypeError:
+        return None
+    found = table.get(kind)
     if found is None:
-        found = table[key] = _Opener()
+        found = table[kind] = _Opener()
     return found
 
 

@@ -59,7 +59,7 @@ class ReplayLayer(SessionState):
                 self._diverge(_replay.Why.OTHER_OUTPUTS)
                 self._append(None, _replay.Why.OTHER_OUTPUTS)
                 return
-            _replay.check(expected, step, why, step.event[0] if step and step.event else "")
+            _replay.verify(expected, step, why, step.event[0] if step and step.event else "")
             return
         recorder = self.recorder
         if recorder is None:  # recording stopped at a barrier already
@@ -136,7 +136,7 @@ class ReplayLayer(SessionState):
                 metas = self._match_inputs(step, tensors)
                 if metas is None:
                     continue
-                if self._checking:
+                if self._verifying:
                     # The reference path names the inputs; `_append` compares its step.
                     self._expected = step
                     self.replay = steps
@@ -180,7 +180,7 @@ class ReplayLayer(SessionState):
             choices = (replay,) if replay is not None else ()
         get = self.metas.lookup
         ledger = self.ledger
-        checking = self._checking
+        verifying = self._verifying
         plain = False  # the op runs unchecked: its error is torch's, not ours
         why = _replay.Why.OTHER_FUNCTION  # (of the last step compared, when none is this op)
         try:
@@ -237,7 +237,7 @@ class ReplayLayer(SessionState):
                         if not ledger.paid:
                             objs = _OWED  # made when read (`_owed`)
                             break
-                        if checking:
+                        if verifying:
                             objs = _CHECK
                             break
                         objs = self._resolve(step, tensors, metas)
@@ -298,7 +298,7 @@ class ReplayLayer(SessionState):
                     if not ledger.paid:  # (`_values_pass` may have paid it)
                         objs = _OWED
                         break
-                    if checking:
+                    if verifying:
                         objs = _CHECK
                         break
                     objs = self._resolve(step, tensors, metas)
@@ -396,7 +396,7 @@ class ReplayLayer(SessionState):
 
     def _check_op(self, step, func, op: str, spec, args: tuple, kwargs: dict):
         """`SHAPEGUARD_REPLAY=check`: run the op on the reference path (`_dispatch`), whose
-        step must be `step`, the one the replay matched (`_replay.check` raises otherwise).
+        step must be `step`, the one the replay matched (`_replay.verify` raises otherwise).
         Outputs of other shapes make the replay step aside, as they would replaying."""
         __tracebackhide__ = True
         self._expected = step

@@ -11,6 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import _ops
+from .._memo import Memo
 
 if TYPE_CHECKING:
     from .replay import Step
@@ -215,10 +216,9 @@ def matcher(step: "Step"):
     shape_key = (count, names, tuple(c[:2] for c in checks), tuple(where_tensors), unseen)
     make = _matchers.get(shape_key)
     if make is None:
-        if len(_matchers) > 4096:
-            _matchers.clear()
-        make = _compile_matcher(count, names, checks, where_tensors, unseen)
-        _matchers[shape_key] = make
+        make = _matchers.put(
+            shape_key, _compile_matcher(count, names, checks, where_tensors, unseen)
+        )
     constants = [c[2] for c in checks]
     firsts = iter(recorded)
     for slot, shape, dtype in inputs:
@@ -233,7 +233,8 @@ def matcher(step: "Step"):
 GENERIC = object()  # what a matcher returns where only the generic comparison can tell
 
 
-_matchers: dict = {}
+# By the form of a step's arguments: a model has a few dozen forms, hence the bound.
+_matchers = Memo("replay matchers", 4096)
 
 
 def _compile_matcher(count: int, names: tuple, checks: tuple, where_tensors: list, unseen):

@@ -79,7 +79,7 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self.replayed = 0  # steps replayed (the trace sums them: `Trace._replayed`)
         # `SHAPEGUARD_REPLAY=check`: each step a replay matches runs the reference path,
         # whose step (`_append`) must be `_expected`, the one the replay matched.
-        self._checking = False
+        self._verifying = False
         self._expected = None
         self._fresh = 0  # tensors made outside the trace, numbered as first seen (negative)
         # The replayed steps whose effects are made when first read (`_owed`).
@@ -110,8 +110,8 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self.enabled = _config.is_enabled()
         opener = self._opener
         if opener is not None:
-            self._checking = _replay.checking()
-            if self._checking:
+            self._verifying = _replay.verifying()
+            if self._verifying:
                 self.ledger.pay()  # (nothing owed: the reference path makes every step)
             if opener.recordings:
                 self._choices = [r.steps for r in opener.recordings]

@@ -36,8 +36,8 @@ class SessionState:
         recorder: list | None
         step: int
         replayed: int
-        _checking: bool
-        _expected: Any  # the recorded step a checked replay matched, or None
+        _verifying: bool
+        _expected: Any  # the recorded step a verified replay matched, or None
         _fresh: int
         ledger: Ledger
         observers: tuple

@@ -49,7 +49,7 @@ class NamedOtherwise(Unfolds):
         return said or _established_of(held) is not None
 
     def _intent_violation(self, j: int, intent, held, held_kind) -> Violation:
-        held_name = D.axis_name(held) or " * ".join(D.describe_atom(a) for a in held)
+        held_name = D.known_name(held) or " * ".join(D.describe_atom(a) for a in held)
         size = self.resolved[j]
         said = f"{intent.text} ({intent.name})" if intent.name else intent.text
         if intent.kind == FEATURE and held_kind == BATCH:

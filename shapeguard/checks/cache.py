@@ -89,7 +89,7 @@ def cache_grown_along(call: CallView) -> Iterator[Violation]:
     past_label = items[0] if len(items) == 2 else "the cache"
     new_label = items[1] if len(items) == 2 else "the new keys"
     grows, seq = (
-        f"{name} (axis {i})" if (name := D.axis_name(axes[i])) else f"axis {i}" for i in (d, e)
+        f"{name} (axis {i})" if (name := D.known_name(axes[i])) else f"axis {i}" for i in (d, e)
     )
     sequence = f"the sequence, {seq}," if certain else "the sequence,"
     yield Violation(

@@ -10,12 +10,12 @@ A function of the same name from elsewhere is left alone: each checker first mak
 sure the call is flash-attn's (or shapeguard's).
 """
 
-import functools
 import inspect
 from collections.abc import Iterator
 
 from .. import _ops
 from .._errors import Violation
+from .._memo import Memo
 from .._values import is_tensor
 from . import _flash_contract, _flash_varlen, rule
 from ._view import CallView
@@ -104,9 +104,16 @@ def _varlen(shown, p, spec, *, flash: bool, kernel: bool):
     )  # fmt: skip
 
 
-@functools.cache
+# By flash-attn function: a dozen entry points, and the wrappers a trace makes of them.
+_PARAMETERS = Memo("flash parameters", 256)
+
+
 def _parameters(func) -> tuple[str, ...]:
-    try:
-        return tuple(inspect.signature(func).parameters)
-    except (TypeError, ValueError):
-        return ()
+    found = _PARAMETERS.get(func)
+    if found is None:
+        try:
+            found = tuple(inspect.signature(func).parameters)
+        except (TypeError, ValueError):
+            found = ()
+        _PARAMETERS.put(func, found)
+    return found

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from .. import _ops, _source
 from .._errors import Operand, Violation
+from .._memo import Memo
 from .._names import axes as _axes
 from .._values import is_tensor
 from . import ERROR, rule
@@ -243,8 +244,9 @@ def _letter_sizes(spec: str, shape: tuple[int, ...]) -> dict[str, list[int]] | N
 
 
 # (equation, operand shapes) -> `_einsum_mismatch`'s verdict (False: nothing to check): it
-# reads the equation and the sizes only, and an einsum in a loop repeats both.
-_VERDICTS: dict = {}
+# reads the equation and the sizes only, and an einsum in a loop repeats both (bounded: a
+# model has a few einsums at a few sizes each).
+_VERDICTS = Memo("einsum verdicts", 4096)
 _UNSEEN = object()
 
 
@@ -265,9 +267,7 @@ def einsum_sizes(call: CallView) -> Iterator[Violation]:
     if found is _UNSEEN:
         specs, _ = _parse_einsum(equation)
         found = _einsum_mismatch(specs, tensors) if len(specs) == len(tensors) else False
-        if len(_VERDICTS) > 4096:
-            _VERDICTS.clear()
-        _VERDICTS[key] = found
+        _VERDICTS.put(key, found)
     if found is False:
         return
     if found is None:

@@ -391,7 +391,7 @@ def _shard_of_replicated(call: CallView, t, k: int, d: int, found) -> Violation:
     name, tp = _tp.mesh_dims(t.device_mesh)[k]
     local = _tp.local_shape(t)
     label = call.label_of(t, "input")
-    named = _axes.axis_name(found.axes, d, len(found.axes)) if found.axes else ""
+    named = _axes.axis_label(found.axes, d, len(found.axes)) if found.axes else ""
     axis = named if named and not named.startswith("dim") else f"dim {d}"
     module = call.module
     path = call.module_path(module) if module is not None else ""
@@ -421,7 +421,7 @@ def _gather_of_replicated(call: CallView, t, gathered) -> Violation:
     if len(grown) == 1 and len(shape) == len(source.shape):
         d = grown[0]
         tp = shape[d] // source.shape[d]
-        named = _axes.axis_name(source.axes, d, len(source.axes)) if source.axes else ""
+        named = _axes.axis_label(source.axes, d, len(source.axes)) if source.axes else ""
         axis = named if named and not named.startswith("dim") else f"dim {d}"
         size = f"its {axis} is {shape[d]} = {source.shape[d]} x {tp} ranks, "
     else:
@@ -511,7 +511,7 @@ def _first_reader(split, projection) -> bool:
 
 
 def _axis(split, d: int) -> str:
-    named = _axes.axis_name(split.axes, d, split.ndim) if split.axes else ""
+    named = _axes.axis_label(split.axes, d, split.ndim) if split.axes else ""
     return named if named and not named.startswith("dim") else f"dim {d}"
 
 

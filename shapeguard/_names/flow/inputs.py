@@ -46,10 +46,10 @@ def _im2col(call, outputs):
     xm = call.meta_of(x)
     channels = xm.dims[1]
     D.claim_atoms(
-        channels, FEATURE, STRUCTURE, "channels" if D.axis_name(channels) is None else None
+        channels, FEATURE, STRUCTURE, "channels" if D.known_name(channels) is None else None
     )
     for axis, name in ((xm.dims[2], "height"), (xm.dims[3], "width")):
-        D.claim_atoms(axis, TOKEN, STRUCTURE, name if D.axis_name(axis) is None else None)
+        D.claim_atoms(axis, TOKEN, STRUCTURE, name if D.known_name(axis) is None else None)
     kernel = int(out.shape[1]) // max(D.size_of(channels), 1)
     features = D.normalize(
         (
@@ -90,7 +90,7 @@ def _conv(call, outputs):
     # The kind first: a conventional name of another kind (audio's mel bins read as seq)
     # goes with it, and the conv's own name comes in its place.
     D.claim_atoms(channels, FEATURE, STRUCTURE)
-    if D.axis_name(channels) is None:
+    if D.known_name(channels) is None:
         D.claim_atoms(channels, FEATURE, STRUCTURE, "channels")
     D.claim_atoms(wm.dims[0], FEATURE, D.PARAM)
     out_channels = wm.dims[0]
@@ -105,14 +105,14 @@ def _conv(call, outputs):
         src = xm.dims[lead + 1 + i]
         name = names[i]
         D.claim_atoms(src, TOKEN, STRUCTURE)
-        if D.axis_name(src) is None and name is not None:
+        if D.known_name(src) is None and name is not None:
             D.claim_atoms(src, TOKEN, STRUCTURE, name)
         size = int(out.shape[lead + 1 + i])
         if size == D.size_of(src):
             axes.append(src)
         else:
             # Strided: new positions, read from the old ones (patches, frames).
-            keep = D.axis_name(src)
+            keep = D.known_name(src)
             axes.append(
                 D.fresh(
                     size,

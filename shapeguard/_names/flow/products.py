@@ -1,6 +1,7 @@
 """Contractions: matmul, bmm, baddbmm, linear, einsum; what a query-key product says."""
 
 from ... import _ops
+from ..._memo import Memo
 from ..._values import is_tensor
 from .. import dims as D
 from .. import subscripts
@@ -322,7 +323,7 @@ def _heads_letter(batch: str, spec: str, dims, contract: Axis) -> str | None:
 # the dims of their queries' and keys' axes: softmax(dim=-1) over such scores runs along the
 # queries, and its hint names the product to fix, with its subscripts (a memo for messages
 # only, bounded; dims are never reused, so an entry cannot name another product).
-_KEYS_FIRST: dict[tuple[int, ...], tuple[str, str]] = {}
+_KEYS_FIRST = Memo("keys-first products", 256)
 
 
 def _note_keys_first(call, rows: Axis, cols: Axis, product) -> None:
@@ -336,11 +337,9 @@ def _note_keys_first(call, rows: Axis, cols: Axis, product) -> None:
         else None
     )
     words = subscripts.words_of(pattern) if pattern is not None else None
-    if len(_KEYS_FIRST) > 256:
-        _KEYS_FIRST.clear()
-    _KEYS_FIRST[_pair_key(rows, cols)] = (
-        pattern or equation.text,
-        equation.write(equation.specs, out, words),
+    _KEYS_FIRST.put(
+        _pair_key(rows, cols),
+        (pattern or equation.text, equation.write(equation.specs, out, words)),
     )
 
 

@@ -376,7 +376,7 @@ def _line_up_all(tensors, metas, positions) -> list[Axis]:
 def _joined_axis(parts: list[Axis], size: int) -> Axis:
     """The axis a concatenation makes: a new dim, named and kinded like its parts when
     they agree (a cache of seq + new seq is seq; two halves of d_k are d_k)."""
-    names = {D.axis_name(p) for p in parts if p}
+    names = {D.known_name(p) for p in parts if p}
     kinds = {D.kind_of(p) for p in parts if p} - {None}
     name = names.pop() if len(names) == 1 else None
     if name in ("seq_q", "seq_k"):

@@ -28,6 +28,7 @@ class Waiting(NamedTuple):
     shape: tuple[int, ...]
 
 
+# Not memos (state between a call's rules and its axis rule, and on tensors alive).
 # id(call) -> (call, what its rules handed, the thread): read by the call's own axis rule,
 # after the op. A call's rules and its axis rule run in one dispatch on one thread, with no
 # other call's between them: a hand of another call of the same thread is stale (its op

@@ -47,9 +47,9 @@ class _GuardState:
 
 _guarded: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _last_traces: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-# Sessions a guard opened and has not closed yet, per thread (sessions belong to the
-# thread that opened them): while none is open, the forward hook has no session to close
-# and skips looking for one.
+# Sessions a guard opened and has not closed yet, per thread (a forward runs in one thread,
+# and no task switches inside it): while none is open, the forward hook has no session
+# to close and skips looking for one.
 _owned = threading.local()
 
 

@@ -224,7 +224,7 @@ def _into_caller(merged) -> list:
     current = None
     current_module = sys.modules.get("shapeguard._trace.current")
     if current_module is not None:
-        current = getattr(current_module.thread_state, "session", None)
+        current = current_module.current_session()
     errors = []
     for group in merged.groups:
         f = group.by_rank[group.ranks[0]]

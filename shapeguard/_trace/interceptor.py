@@ -88,12 +88,6 @@ class Interceptor(TorchFunctionMode):
         __tracebackhide__ = True
         if kwargs is None:
             kwargs = {}
-        sessions = _innermost()
-        if not sessions:
-            return func(*args, **kwargs)  # another task of this thread has a trace open
-        # A closed one (a task outliving its creator's block) lets every call through:
-        # `close` turns `enabled` off and empties `observers`.
-        session = sessions[-1]
         try:
             found = _SPECS.get(func)
         except TypeError:  # an unhashable callable
@@ -101,15 +95,20 @@ class Interceptor(TorchFunctionMode):
         if found is None:
             found = spec_of(func)
         op, spec = found
+        # Before the context is read: dynamo, tracing this mode, cannot read a ContextVar.
+        if spec.family == _QUERY or (
+            torch_compiling() and not getattr(thread_state, "eager", False)
+        ):
+            return func(*args, **kwargs)
+        sessions = _innermost()
+        if not sessions:
+            return func(*args, **kwargs)  # another task of this thread has a trace open
+        # A closed one (a task outliving its creator's block) lets every call through:
+        # `close` turns `enabled` off and empties `observers`.
+        session = sessions[-1]
         if session.observers:  # the one test an unobserved session pays (`Session.observe`)
             return session._observed(func, op, spec, args, kwargs)
-        if (
-            spec.family == _QUERY
-            or session._dispatching
-            or (torch_compiling() and not getattr(thread_state, "eager", False))
-            or not session.enabled
-            or _config.disabled_by_api
-        ):
+        if session._dispatching or not session.enabled or _config.disabled_by_api:
             return func(*args, **kwargs)
         session._dispatching = True
         try:

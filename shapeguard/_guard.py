@@ -451,9 +451,9 @@ def _pre_checks(rt, module, args, kwargs) -> None:
         # A background session (the pytest plugin's) lets a guarded module keep its own
         # options and last_trace; it still receives the findings when this one closes.
         if session is None or session.background:
+            from ._public_trace import Trace
+            from ._trace.opening import begin
             from ._trace.replay import opener
-            from ._trace.tracing import begin
-            from ._tracer import Trace
 
             trace = Trace(mode=options.mode, strict=options.strict, max_events=options.max_events)
             _last_traces[module] = trace

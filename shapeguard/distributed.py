@@ -115,7 +115,7 @@ def _rank_main(fn, rank: int, world: int, port: int, args: tuple, folder: str) -
 
     import torch.distributed as dist
 
-    from . import _tracer as _trace
+    from . import _public_trace
     from ._errors import ShapeError, ShapeWarning
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -130,7 +130,7 @@ def _rank_main(fn, rank: int, world: int, port: int, args: tuple, folder: str) -
         world_size=world,
         timeout=timedelta(seconds=60),
     )
-    trace = _trace.Trace(mode="raise")
+    trace = _public_trace.Trace(mode="raise")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ShapeWarning)

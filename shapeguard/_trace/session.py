@@ -43,7 +43,7 @@ from .meta import NO_FLAGS, TensorTable
 from .module_stack import ModuleStack, weak
 from .naming import InputNaming
 from .observe import Observation, Observer
-from .record import TraceData as Trace
+from .record import TraceData
 from .recording import Recording, symbolic
 from .replay_layer import ReplayLayer
 
@@ -51,9 +51,9 @@ _QUERY = _ops.QUERY
 
 
 class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
-    """The live side of a Trace: mode, hooks, module stack and tensor names."""
+    """The live side of a TraceData: mode, hooks, module stack and tensor names."""
 
-    def __init__(self, trace: Trace, root, opener=None) -> None:
+    def __init__(self, trace: TraceData, root, opener=None) -> None:
         self.trace = trace
         self._root = weak(root) if root is not None else None
         self.owner = None  # the guarded module that opened this session, if any
@@ -84,7 +84,7 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self._choices: list = []
         self.recorder: list | None = None
         self.step = 0
-        self.replayed = 0  # steps replayed (the trace sums them: `Trace._replayed`)
+        self.replayed = 0  # steps replayed (the trace sums them: `TraceData._replayed`)
         # `SHAPEGUARD_REPLAY=check`: each step a replay matches runs the reference path,
         # whose step (`_append`) must be `_expected`, the one the replay matched.
         self._checking = False
@@ -387,7 +387,7 @@ def _rule_name(rule) -> str:
     return f"rule {rule.family}.{getattr(rule.check, '__qualname__', '?')}"
 
 
-def open_session(trace: Trace, root, opener=None) -> Session:
+def open_session(trace: TraceData, root, opener=None) -> Session:
     """Open a session. `opener` (from `_replay.opener`) says who opens it, so a session
     that repeats an earlier one of the same opener replays it (see `_replay`)."""
     session = Session(trace, root, opener)

@@ -19,10 +19,10 @@ from ._guard import guard as guard
 from ._guard import is_guarded as is_guarded
 from ._guard import last_trace as last_trace
 from ._guard import unguard as unguard
+from ._public_trace import Trace as Trace
+from ._public_trace import trace as trace
 from ._trace.record import Event as Event
 from ._trace.record import TensorRecord as TensorRecord
-from ._tracer import Trace as Trace
-from ._tracer import trace as trace
 
 # Names that need torch (or jaxtyping) load on first use: {name: (module, attribute)};
 # attribute None means the submodule itself.

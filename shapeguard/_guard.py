@@ -47,9 +47,9 @@ class _GuardState:
 
 _guarded: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _last_traces: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-# Sessions a guard opened and has not closed yet, per thread (sessions belong to the
-# thread that opened them): while none is open, the forward hook has no session to close
-# and skips looking for one.
+# Sessions a guard opened and has not closed yet, per thread (a forward runs in one thread,
+# and no task switches inside it): while none is open, the forward hook has no session
+# to close and skips looking for one.
 _owned = threading.local()
 
 
@@ -451,9 +451,9 @@ def _pre_checks(rt, module, args, kwargs) -> None:
         # A background session (the pytest plugin's) lets a guarded module keep its own
         # options and last_trace; it still receives the findings when this one closes.
         if session is None or session.background:
+            from ._public_trace import Trace
+            from ._trace.opening import begin
             from ._trace.replay import opener
-            from ._trace.tracing import begin
-            from ._tracer import Trace
 
             trace = Trace(mode=options.mode, strict=options.strict, max_events=options.max_events)
             _last_traces[module] = trace

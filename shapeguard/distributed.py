@@ -116,7 +116,7 @@ def _rank_main(fn, rank: int, world: int, port: int, args: tuple, folder: str) -
 
     import torch.distributed as dist
 
-    from . import _tracer as _trace
+    from . import _public_trace
     from ._errors import ShapeError, ShapeWarning
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -131,7 +131,7 @@ def _rank_main(fn, rank: int, world: int, port: int, args: tuple, folder: str) -
         world_size=world,
         timeout=timedelta(seconds=60),
     )
-    trace = _trace.Trace(mode="raise")
+    trace = _public_trace.Trace(mode="raise")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ShapeWarning)
@@ -225,7 +225,7 @@ def _into_caller(merged) -> list:
     current = None
     current_module = sys.modules.get("shapeguard._trace.current")
     if current_module is not None:
-        current = getattr(current_module.thread_state, "session", None)
+        current = current_module.current_session()
     errors = []
     for group in merged.groups:
         f = group.by_rank[group.ranks[0]]

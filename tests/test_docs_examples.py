@@ -71,3 +71,16 @@ def test_readme_example_runs_and_says_what_the_readme_says(tmp_path):
     )
     trace = shapeguard.trace(model, torch.randn(2, 16, 512))
     assert trace.shape_of("scores") == (2, 8, 16, 16)
+
+
+@pytest.mark.no_shapeguard
+def test_the_async_server_example_prints_what_docs_guard_says(tmp_path, capsys):
+    text = (ROOT / "docs" / "guard.md").read_text()
+    section = text.split("### Tracing requests in an async server\n", 1)[1]
+    code, printed = re.search(
+        r"```python\n(.*?)```\n\nprints\n\n```text\n(.*?)```", section, re.S
+    ).groups()
+    script = tmp_path / "async_server.py"
+    script.write_text(code)
+    exec(compile(code, str(script), "exec"), {"__name__": "async_server"})
+    assert capsys.readouterr().out == printed

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import shapeguard
-from shapeguard._tracer import Trace
+from shapeguard._public_trace import Trace
 
 sys.path.insert(0, os.path.dirname(__file__))
 import real_models  # noqa: E402

@@ -394,9 +394,10 @@ class _Counting(torch.overrides.TorchFunctionMode):
 @pytest.mark.no_shapeguard  # inspects the mode stack itself
 def test_a_trace_inside_a_background_one_runs_without_the_background_mode_below_it():
     # The background trace (the pytest plugin's) steps aside for a trace opened inside
-    # it; its mode, left below, was called again for every op of the inner trace and every
-    # tensor attribute the inner trace's own code read. It is off the stack meanwhile, and
-    # back after, also when the inner block raises; a mode of the user's in between stays.
+    # it: a mode per session, left below, was called again for every op of the inner trace
+    # and every tensor attribute the inner trace's own code read. There is one mode per
+    # thread, whichever sessions are open, also when the inner block raises; a mode of the
+    # user's pushed above it stays where it is.
     depth = torch._C._len_torch_function_stack
     outer = shapeguard.Trace(background=True)
     with outer:
@@ -413,9 +414,10 @@ def test_a_trace_inside_a_background_one_runs_without_the_background_mode_below_
         counting = _Counting()
         with counting:
             with shapeguard.trace() as under_user_mode:
-                assert depth() == 3  # not the top: left where it is
+                assert depth() == 2  # no second mode: the thread's one, below the user's
                 torch.randn(B, SQ, D).softmax(-1)
             assert depth() == 2
+            assert torch._C._get_function_stack_at(1) is counting
     assert depth() == 0
     assert [e.op for e in outer.events] == ["randn"]
     assert len(under_user_mode.events) == 2 and counting.calls >= 2

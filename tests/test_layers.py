@@ -22,7 +22,7 @@ LAYERS = {
     # the interceptor, the session, the records; shapeguard.attention dispatches through it
     "trace": ("shapeguard._trace", "shapeguard.attention"),
     "on the trace": (
-        "shapeguard.report", "shapeguard._tracer", "shapeguard._contract",
+        "shapeguard.report", "shapeguard._public_trace", "shapeguard._contract",
         "shapeguard.contracts", "shapeguard._guard", "shapeguard._compiled", "shapeguard._probes",
         "shapeguard._explain", "shapeguard.distributed", "shapeguard._merge",
         "shapeguard._cli.check_summary",  # rows of a report: read by the CLI only
@@ -143,14 +143,14 @@ def test_rules_read_the_call_through_its_view():
 
 
 def test_sessions_open_in_one_place():
-    """Every opener goes through `_trace/tracing.py` (`tracing()` or `begin()`), so a
+    """Every opener goes through `_trace/opening.py` (`recording_session()` or `begin()`), so a
     session is always entered and closed the same way."""
     openers = sorted(
         f"{module}:{node.lineno}"
         for module, path in MODULES.items()
-        if module not in ("shapeguard._trace.tracing", "shapeguard._trace.session")
+        if module not in ("shapeguard._trace.opening", "shapeguard._trace.session")
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
         and getattr(node.func, "attr", getattr(node.func, "id", None)) == "open_session"
     )
-    assert not openers, f"open a session with _trace.tracing instead: {openers}"
+    assert not openers, f"open a session with _trace.opening instead: {openers}"

@@ -18,7 +18,7 @@ from torch import nn
 
 import shapeguard
 from shapeguard._probes.check import run_probes
-from shapeguard._tracer import Trace
+from shapeguard._public_trace import Trace
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import seed_mha  # noqa: E402

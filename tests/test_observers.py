@@ -14,11 +14,11 @@ from torch import nn
 
 import shapeguard
 from shapeguard._probes.watch import Watch
+from shapeguard._public_trace import Trace
 from shapeguard._trace import replay as _replay
 from shapeguard._trace import session as _session
 from shapeguard._trace.current import current_session
-from shapeguard._trace.tracing import tracing
-from shapeguard._tracer import Trace
+from shapeguard._trace.opening import recording_session
 
 pytestmark = pytest.mark.no_shapeguard  # the plugin's own session would hold every op
 
@@ -57,7 +57,7 @@ class Ops:
 def test_an_observer_sees_each_op_once_with_its_output():
     x = torch.randn(4, 3)
     ops = Ops()
-    with tracing(Trace()) as session:
+    with recording_session(Trace()) as session:
         observer = Recorder(session)
         with session.observe(observer):
             ops(x)
@@ -72,7 +72,7 @@ def test_an_observer_sees_each_op_once_with_its_output():
 
 def test_an_observer_is_removed_after_an_exception():
     x = torch.randn(4, 3)
-    with tracing(Trace()) as session:
+    with recording_session(Trace()) as session:
         observer = Recorder(session)
         with pytest.raises(ValueError), session.observe(observer):
             x.relu()
@@ -87,7 +87,7 @@ def test_an_observer_is_removed_after_an_exception():
 
 
 def test_a_closed_observation_ends_that_registration_only():
-    with tracing(Trace()) as session:
+    with recording_session(Trace()) as session:
         observer = Recorder(session)
         first, second = session.observe(observer), session.observe(observer)
         first.close()
@@ -103,7 +103,7 @@ def test_without_an_observer_the_interceptor_never_calls_into_observers(monkeypa
 
     monkeypatch.setattr(_session.Session, "_observed", fail)
     x = torch.randn(4, 3)
-    with tracing(Trace()) as session:
+    with recording_session(Trace()) as session:
         assert session.observers == ()
         Ops()(x)
     assert [e.op for e in session.trace.events] == ["relu", "transpose", "matmul"]
@@ -147,14 +147,14 @@ def test_an_observed_composite_runs_its_ops_in_view():
             return self.layer(x) * 2
 
     model = User()
-    with torch.no_grad(), tracing(Trace(), model, (x,)) as session:
+    with torch.no_grad(), recording_session(Trace(), model, (x,)) as session:
         watch = Watch(session, keep_values=True)
         with watch:
             model(x)
     ops = [op for op, *_ in watch.values or []]
     assert "multi_head_attention_forward" in ops and "layer_norm" in ops
     assert [e.op for e in session.trace.events] == ops  # the session checked them one by one
-    with torch.no_grad(), tracing(Trace(), model, (x,)) as session:
+    with torch.no_grad(), recording_session(Trace(), model, (x,)) as session:
         model(x)  # unobserved: suspended for torch's fast path, one event for the layer
     assert [e.op for e in session.trace.events] == ["TransformerEncoderLayer", "mul"]
 
@@ -162,7 +162,7 @@ def test_an_observed_composite_runs_its_ops_in_view():
 def test_a_composite_root_entered_before_the_observer_is_seen_op_by_op():
     layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True).eval()
     x = torch.randn(2, 5, 16)
-    with torch.no_grad(), tracing(Trace(), layer, (x,)) as session:
+    with torch.no_grad(), recording_session(Trace(), layer, (x,)) as session:
         watch = Watch(session, keep_values=True)
         with watch:
             layer(x)
@@ -174,7 +174,7 @@ def test_a_composite_root_entered_before_the_observer_is_seen_op_by_op():
 
 
 def test_a_watch_pushes_no_mode_of_its_own():
-    with tracing(Trace()) as session:
+    with recording_session(Trace()) as session:
         with Watch(session):
             depth = torch._C._len_torch_function_stack()
             top = torch._C._get_function_stack_at(depth - 1)
@@ -183,7 +183,7 @@ def test_a_watch_pushes_no_mode_of_its_own():
 
 # -- run_observed: one forward read, nothing checked --------------------------------------
 def test_run_observed_tells_every_op_and_checks_nothing():
-    from shapeguard._trace.tracing import run_observed
+    from shapeguard._trace.opening import run_observed
 
     class Broken(nn.Module):  # a regroup that cannot hold: a checked forward would raise
         def forward(self, x):

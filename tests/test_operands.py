@@ -560,7 +560,7 @@ def test_a_broken_rule_never_fails_a_run_under_W_error(broken, users_mode):
 def test_a_background_trace_collects_the_failures_inside_it(broken, users_mode):
     # The pytest plugin's trace, around a block traced on its own: it sees the findings of
     # the block, and its failures too.
-    from shapeguard._tracer import Trace
+    from shapeguard._public_trace import Trace
 
     broken("mul", ValueError("a rule's bug"))
     with warnings.catch_warnings():

@@ -1,4 +1,5 @@
-"""The threading contract: a trace belongs to the thread that opened it. Several threads
+"""The threading contract: a trace belongs to the context that opened it, and a thread
+starts with its own (asyncio tasks: tests/test_lifecycle.py). Several threads
 tracing at once each get their own events and findings, nothing leaks from one to another,
 and `shapeguard.disabled()` switches off only the thread that entered it."""
 

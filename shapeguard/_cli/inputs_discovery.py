@@ -110,7 +110,7 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
     forward raised (other than stopping because every leaf was read)."""
     import torch
 
-    from .._trace.tracing import run_observed
+    from .._trace.opening import run_observed
 
     watcher = _Watcher(tensors, leaves, model)
     training = {m: m.training for m in model.modules()}
@@ -145,7 +145,7 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
 
 
 class _Observing:
-    """The session's observer (`_trace.tracing.run_observed`) for a `_Watcher`: what an
+    """The session's observer (`_trace.opening.run_observed`) for a `_Watcher`: what an
     op reads, before it runs; what its output carries on, after."""
 
     __slots__ = ("follow", "watcher")

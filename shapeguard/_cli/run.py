@@ -11,7 +11,7 @@ import gc
 from dataclasses import dataclass, field
 
 from .._errors import Finding, ShapeError
-from .._tracer import Trace
+from .._public_trace import Trace
 from .loader import ModelCrashed, error_lines, is_memory_error
 from .picking import on_device
 
@@ -63,8 +63,8 @@ def run_traced(
     import torch
 
     from .._errors import ShapeWarning
-    from .._trace.tracing import tracing
-    from .._tracer import Trace
+    from .._public_trace import Trace
+    from .._trace.opening import recording_session
 
     trace = Trace(mode="raise", strict=strict)
     run = Run(trace)
@@ -79,7 +79,7 @@ def run_traced(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
             try:
-                with tracing(trace, model, args, kwargs) as session:
+                with recording_session(trace, model, args, kwargs) as session:
                     if prepare is not None:
                         prepare(session)
                     with torch.no_grad(), on_device(device):
@@ -188,7 +188,7 @@ def add_crash(trace, crash: ModelCrashed) -> None:
 def failure_trace(kind: str, message: str, location: str, hint: str):
     """A trace holding only the failure that stopped the model before any forward ran
     (importing the file, building the model), for `--json` and `--html`."""
-    from .._tracer import Trace
+    from .._public_trace import Trace
 
     trace = Trace()
     add_error(trace, kind, message, location=location, hint=hint)

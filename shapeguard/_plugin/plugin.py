@@ -19,8 +19,8 @@ import pytest
 
 from .._config import MODES, is_enabled
 from .._errors import Finding, ShapeWarning
+from .._public_trace import Trace
 from .._trace.record import Event
-from .._tracer import Trace
 from .ini import MARKERS, add_ini_keys
 
 _LAST_OPS = 10  # ops listed before the violation in the report section

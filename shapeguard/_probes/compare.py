@@ -61,7 +61,7 @@ def tolerance(dtypes) -> float:
 
 class DtypeScan:
     """Notes the floating dtypes of every op's outputs: an observer of a session
-    (`_trace.tracing.run_observed`)."""
+    (`_trace.opening.run_observed`)."""
 
     def __init__(self) -> None:
         self.dtypes: set = set()

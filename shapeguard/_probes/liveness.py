@@ -23,7 +23,7 @@ _ATTENTION = (_ops.ATTENTION, _ops.FLASH)
 
 
 class _Noise:
-    """An observer of one forward (`_trace.tracing.run_observed`) that adds noise of its
+    """An observer of one forward (`_trace.opening.run_observed`) that adds noise of its
     own scale to each attention op's output, in place (a private copy's forward, under
     no_grad). Softmax weights are followed through whatever reads them (masking, dropout,
     casts, views) to the product with V."""
@@ -70,7 +70,7 @@ def _is_weights(table, value) -> bool:
 def deaf(s: Subject) -> str:
     """Why the compared outputs do not depend on the attention ("" where they do, or
     where no attention op was found to test it with)."""
-    from .._trace.tracing import run_observed
+    from .._trace.opening import run_observed
 
     leaves = [leaf for leaf in s.layout.outputs if leaf.path in s.refs]
     if not leaves:

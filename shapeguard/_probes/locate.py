@@ -18,13 +18,13 @@ def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
 
     from .. import _config
     from .._errors import ShapeWarning
-    from .._trace.tracing import tracing
-    from .._tracer import Trace
+    from .._public_trace import Trace
+    from .._trace.opening import recording_session
 
     args, kwargs = inputs
     with _config.forced_on(), warnings.catch_warnings():
         warnings.simplefilter("ignore", ShapeWarning)
-        with tracing(Trace(mode=mode), s.model, args, kwargs) as session:
+        with recording_session(Trace(mode=mode), s.model, args, kwargs) as session:
             watch = Watch(session, keep_values=True)
             with watch:
                 s.model(*args, **kwargs)
@@ -37,15 +37,15 @@ def traced_findings(s: Subject, inputs) -> list:
 
     from .. import _config
     from .._errors import ShapeWarning
-    from .._trace.tracing import tracing
-    from .._tracer import Trace
+    from .._public_trace import Trace
+    from .._trace.opening import recording_session
 
     args, kwargs = inputs
     trace = Trace(mode="warn")
     with _config.forced_on(), warnings.catch_warnings():
         warnings.simplefilter("ignore", ShapeWarning)
         # A rule's error in warn mode is a finding already; torch's own is the step's.
-        with tracing(trace, s.model, args, kwargs), contextlib.suppress(Exception):
+        with recording_session(trace, s.model, args, kwargs), contextlib.suppress(Exception):
             s.model(*args, **kwargs)
     return trace.findings
 

@@ -235,13 +235,13 @@ def _run(s: Subject, inputs, observer):
 
     from .. import _config
     from .._errors import ShapeWarning
-    from .._trace.tracing import tracing
-    from .._tracer import Trace
+    from .._public_trace import Trace
+    from .._trace.opening import recording_session
 
     args, kwargs = inputs
     with _config.forced_on(), warnings.catch_warnings():
         warnings.simplefilter("ignore", ShapeWarning)
-        with tracing(Trace(mode="warn"), s.model, args, kwargs) as session:
+        with recording_session(Trace(mode="warn"), s.model, args, kwargs) as session:
             observer.session = session
             with session.observe(observer):
                 return s.model(*args, **kwargs)

@@ -270,7 +270,7 @@ def _tolerance(s) -> float:
     under a scan of every op's output dtype (a float64 copy may cast to float32 inside)."""
     import torch
 
-    from .._trace.tracing import run_observed
+    from .._trace.opening import run_observed
 
     scan = _probes.DtypeScan()
     inputs = s.inputs

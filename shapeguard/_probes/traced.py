@@ -9,7 +9,7 @@ from .. import _probes
 from . import ProbeResult
 
 if TYPE_CHECKING:
-    from .._tracer import Trace
+    from .._public_trace import Trace
     from .watch import Watch
 
 
@@ -34,8 +34,8 @@ def trace_for_probes(model, args: tuple, kwargs: dict, *, like: Traced | None = 
 
     from .. import _config
     from .._errors import ShapeWarning
-    from .._trace.tracing import tracing
-    from .._tracer import Trace
+    from .._public_trace import Trace
+    from .._trace.opening import recording_session
 
     trace = Trace(mode="warn")
     # Bound to the session once it is open: a forward whose entry fails still has one.
@@ -46,7 +46,7 @@ def trace_for_probes(model, args: tuple, kwargs: dict, *, like: Traced | None = 
     try:
         with switch, warnings.catch_warnings():
             warnings.simplefilter("ignore", ShapeWarning)
-            with tracing(trace, model, args, kwargs) as session:
+            with recording_session(trace, model, args, kwargs) as session:
                 watch.session = session
                 with watch:
                     out = model(*args, **kwargs)

@@ -10,7 +10,7 @@ intercepts (`call`), the names and roles of their tensors (`meta`), what it reco
 what observers of a session are told (`observe`), config checks at construction
 (`construction`), flash-attn's wrapped entry points (`flash`), tensor parallelism's state,
 the session's one member for it (`tp_session`), contained failures (`internal`), and the
-one way to open a session for one forward (`tracing`).
+one way to open a session for one forward (`opening`: `recording_session`, `begin`).
 
 Builds on the checks and the vocabulary; report, contracts, guard, probes and the
 public `shapeguard.trace` build on it.

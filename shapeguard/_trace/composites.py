@@ -13,11 +13,11 @@ visible) at their boundary instead:
   layout, for each distinct attention of an encoder/decoder layer), and the checkers
   registered for that op run on them, with the attention module on the module stack,
   so messages read as they did when shapeguard saw torch's own call;
-- then shapeguard's modes are popped off torch's function-mode stack (only when one of
-  them is on top: another mode on top means the slow path anyway, and the ops inside
-  stay visible as before);
+- then shapeguard's mode (the thread's interceptor) is popped off torch's function-mode
+  stack (only when it is on top: another mode on top means the slow path anyway, and the
+  ops inside stay visible as before);
 - on exit (the session's `always_call` forward hook, which torch runs also when forward
-  raises) the modes are pushed back and the call is recorded as one event.
+  raises) the mode is pushed back and the call is recorded as one event.
 
 A composite inside a composite (the encoder of `nn.Transformer`) is inside the
 suspension already: it is neither checked nor recorded again.
@@ -403,6 +403,11 @@ def suspended(session) -> bool:
     return state is not None and state.suspension is not None
 
 
+def suspending() -> bool:
+    """Whether a composite of this thread holds shapeguard's mode off the stack."""
+    return any(s.popped for s in _active())
+
+
 def _active() -> list:
     found = getattr(_local, "active", None)
     if found is None:
@@ -429,7 +434,7 @@ def enter(session, module, args: tuple, kwargs: dict) -> None:
     # pytest plugin's, which checked it already): take this session's mode off too.
     outer = any(s.module is module for s in _active())
     popped = _pop_interceptors(session)
-    if not popped:
+    if not popped and not outer:
         return  # another mode on top: the slow path, whose ops the session sees as before
     enabled = _config.is_enabled()
     site = _source.user_site() if enabled else None

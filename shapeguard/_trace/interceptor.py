@@ -1,16 +1,28 @@
-"""The interceptor: the TorchFunctionMode a session pushes, which hands every torch
-function, Tensor method and operator call of its thread to the session. The replay layer
-is consulted first (`Session._replay_op`: the op as the recording's next step, or MISSED),
+"""The interceptor: the TorchFunctionMode that hands every torch function, Tensor method
+and operator call to the session open in the calling context. The replay layer is
+consulted first (`Session._replay_op`: the op as the recording's next step, or MISSED),
 then the reference path (`Session._dispatch`: check, run, name, record).
+
+One interceptor per thread, on torch's (per-thread) mode stack while any session of the
+thread is open (`acquire_interceptor` and `release_interceptor` count them): sessions belong to contexts (`current`),
+several of which (asyncio tasks) share a thread and its mode stack. The last session to
+close takes it off wherever it sits, so blocks closed in any order leave no mode behind.
 """
 
+import threading
+
 import torch
+from torch._C import (
+    _get_function_stack_at,
+    _len_torch_function_stack,
+    _pop_torch_function_stack,
+    _push_on_torch_function_stack,
+)
 from torch.overrides import TorchFunctionMode
 
 from .. import _config, _ops
 from .._memo import Memo
-from .current import thread_state
-from .session_state import SessionState
+from .current import open_sessions, thread_state
 
 _QUERY = _ops.QUERY
 torch_compiling = torch.compiler.is_compiling
@@ -64,27 +76,15 @@ def _lookup(func) -> tuple:
     return (op, _ops.lookup(op))
 
 
-class _Closed:
-    """What a closed session's mode holds instead of it: every call goes through."""
-
-    observers = ()
-    _dispatching = True
-
-
-CLOSED = _Closed()
+_innermost = open_sessions.get
 
 
 class Interceptor(TorchFunctionMode):
     shapeguard_interceptor = True  # how `_composites` tells ours from other modes
 
-    def __init__(self, session: SessionState) -> None:
-        super().__init__()
-        self.session = session
-
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Session.dispatch, inlined: one frame less on every call torch makes.
         __tracebackhide__ = True
-        session = self.session
         if kwargs is None:
             kwargs = {}
         try:
@@ -94,16 +94,20 @@ class Interceptor(TorchFunctionMode):
         if found is None:
             found = spec_of(func)
         op, spec = found
+        # Before the context is read: dynamo, tracing this mode, cannot read a ContextVar.
+        if spec.family == _QUERY or (
+            torch_compiling() and not getattr(thread_state, "eager", False)
+        ):
+            return func(*args, **kwargs)
+        sessions = _innermost()
+        if not sessions:
+            return func(*args, **kwargs)  # another task of this thread has a trace open
+        # A closed one (a task outliving its creator's block) lets every call through:
+        # `close` turns `enabled` off and empties `observers`.
+        session = sessions[-1]
         if session.observers:  # the one test an unobserved session pays (`Session.observe`)
             return session._observed(func, op, spec, args, kwargs)
-        if (
-            spec.family == _QUERY
-            or session._dispatching
-            or (torch_compiling() and not getattr(thread_state, "eager", False))
-            or getattr(thread_state, "session", None) is not session
-            or not session.enabled
-            or _config.disabled_by_api
-        ):
+        if session._dispatching or not session.enabled or _config.disabled_by_api:
             return func(*args, **kwargs)
         session._dispatching = True
         try:
@@ -114,3 +118,64 @@ class Interceptor(TorchFunctionMode):
             return session._dispatch(func, op, spec, args, kwargs)
         finally:
             session._dispatching = False
+
+
+class _Holder:
+    """A thread's interceptor and how many of the thread's sessions use it."""
+
+    __slots__ = ("mode", "users")
+
+    def __init__(self) -> None:
+        self.mode = Interceptor()
+        self.users = 0
+
+
+_threads = threading.local()
+
+
+def _holder() -> _Holder:
+    holder = getattr(_threads, "holder", None)
+    if holder is None:
+        holder = _threads.holder = _Holder()
+    return holder
+
+
+def acquire_interceptor() -> Interceptor:
+    """The calling thread's interceptor, pushed on torch's mode stack by its first user."""
+    holder = _holder()
+    if not holder.users:
+        _push_on_torch_function_stack(holder.mode)
+    holder.users += 1
+    return holder.mode
+
+
+def release_interceptor(mode: Interceptor, *, suspended: bool) -> None:
+    """One user of `mode` less: the last takes it off the stack wherever it sits (a mode
+    pushed above it by the user stays). While others remain it is put back if something
+    took it off (dynamo's trace, unwinding an error, can), unless a composite holds it off
+    the stack (`suspended`: `_composites` pushes it back when the composite returns)."""
+    holder = getattr(_threads, "holder", None)
+    if holder is None or holder.mode is not mode:
+        return  # opened in another thread: that thread's stack is not this one's to change
+    holder.users = max(holder.users - 1, 0)
+    if not holder.users:
+        remove(mode)
+    elif not suspended and not on_stack(mode):
+        _push_on_torch_function_stack(mode)
+
+
+def on_stack(mode) -> bool:
+    return any(_get_function_stack_at(i) is mode for i in range(_len_torch_function_stack()))
+
+
+def remove(mode) -> None:
+    """Take `mode` off torch's function-mode stack wherever it sits; the modes above it
+    stay, in their order."""
+    n = _len_torch_function_stack()
+    for i in range(n - 1, -1, -1):
+        if _get_function_stack_at(i) is mode:
+            above = [_pop_torch_function_stack() for _ in range(n - 1 - i)]
+            _pop_torch_function_stack()
+            for other in reversed(above):
+                _push_on_torch_function_stack(other)
+            return

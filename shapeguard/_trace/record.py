@@ -178,7 +178,7 @@ MAX_INTERNAL = 64
 @dataclass(eq=False)
 class TraceData:
     """What a shapeguard trace saw, as plain data: events, findings, and the queries and
-    JSON of them. Sessions record into it; `shapeguard.Trace` (`_tracer.py`) adds the
+    JSON of them. Sessions record into it; `shapeguard.Trace` (`_public_trace.py`) adds the
     context manager and the renderers, which sit above this layer."""
 
     mode: str = "raise"

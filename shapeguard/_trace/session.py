@@ -1,8 +1,9 @@
-"""A session: one trace's interception of the ops of one thread, by concern.
+"""A session: one trace's interception of the ops of one context, by concern.
 
 A session is opened by `trace()` or by the first guarded module to run, and is closed,
-whatever happens, by the same party. While it is open every torch function, Tensor method
-and operator call in this thread goes through its interceptor (`_trace/interceptor.py`),
+whatever happens, by the same party. While it is the innermost one open in its context
+(`_trace/current.py`: an asyncio task, or a thread) every torch function, Tensor method
+and operator call there goes through the thread's interceptor (`_trace/interceptor.py`),
 which consults the replay layer first (`_trace/replay_layer.py`) and then the reference
 path (`Session._dispatch` here: the op's checker runs first, so shape bugs are reported
 before torch raises, then the op, then its output is named and recorded). The other
@@ -11,11 +12,10 @@ tensors first seen (`_trace/naming.py`), recording (`_trace/recording.py`) and r
 (`_trace/findings.py`).
 """
 
+import contextvars
 import dataclasses
-import typing
 
 import torch
-from torch._C import _pop_torch_function_stack, _push_on_torch_function_stack
 
 from .. import _config, _ops, _source
 from .. import checks as _checks
@@ -28,14 +28,22 @@ from . import replay as _replay
 from . import replay_match as _replay_match
 from . import tp_session as _tp_session
 from .call import OpCall
-from .current import current_session, thread_state
+from .current import closed, current_session, opened
 from .findings import Findings
-from .interceptor import CLOSED, MISSED, Interceptor, is_compiling, not_running, spec_of
+from .interceptor import (
+    MISSED,
+    Interceptor,
+    acquire_interceptor,
+    is_compiling,
+    not_running,
+    release_interceptor,
+    spec_of,
+)
 from .meta import NO_FLAGS, TensorTable
 from .module_stack import ModuleStack, weak
 from .naming import InputNaming
 from .observe import Observation, Observer
-from .record import TraceData as Trace
+from .record import TraceData
 from .recording import Recording, symbolic
 from .replay_layer import ReplayLayer
 
@@ -43,9 +51,9 @@ _QUERY = _ops.QUERY
 
 
 class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
-    """The live side of a Trace: mode, hooks, module stack and tensor names."""
+    """The live side of a TraceData: mode, hooks, module stack and tensor names."""
 
-    def __init__(self, trace: Trace, root, opener=None) -> None:
+    def __init__(self, trace: TraceData, root, opener=None) -> None:
         self.trace = trace
         self._root = weak(root) if root is not None else None
         self.owner = None  # the guarded module that opened this session, if any
@@ -58,13 +66,13 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self._seen_modules: set[int] = set()
         self._declared: dict[int, dict[str, tuple[str, int]]] = {}
         self._warned: set[tuple[str, str]] = set()
-        self._mode = Interceptor(self)
+        self._mode: Interceptor | None = None  # the thread's, while this session is open
         self._handles: list = []
         self._dispatching = False
         self._previous: Session | None = None
-        # The background session (the pytest plugin's) whose mode this one took off the
-        # stack while it is open (`_lift`), to push back on close.
-        self._lifted: Session | None = None
+        # Of the context's open sessions, set by `open` (reset by `current.closed`).
+        self._token: contextvars.Token | None = None
+        self.live = False  # open: what `current_session` asks of the innermost session
         self._flash_held = False  # this session holds a wrap of flash-attn's entry points
         # The off switch, read when the session opens and when a forward starts (the root
         # module entered), not per op; `disable()` is seen at once.
@@ -76,7 +84,7 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self._choices: list = []
         self.recorder: list | None = None
         self.step = 0
-        self.replayed = 0  # steps replayed (the trace sums them: `Trace._replayed`)
+        self.replayed = 0  # steps replayed (the trace sums them: `TraceData._replayed`)
         # `SHAPEGUARD_REPLAY=check`: each step a replay matches runs the reference path,
         # whose step (`_append`) must be `_expected`, the one the replay matched.
         self._verifying = False
@@ -96,15 +104,14 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             hooks.register_module_forward_hook(self._on_module_exit, always_call=True),
         ]
         previous = current_session()
-        self._lifted = _lift(previous)
         try:
-            self._mode.__enter__()
+            self._mode = acquire_interceptor()
         except BaseException:
-            self._restore_lifted()
             self._remove_hooks()
             raise
         self._previous = previous
-        thread_state.session = self
+        self._token = opened(self)
+        self.live = True
         self.trace._live += 1
         self._flash_held = _flash.patch()
         self.enabled = _config.is_enabled()
@@ -131,17 +138,19 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         if not self.ledger.paid and self.ledger.steps:
             self.trace._ledgers.append(self.ledger)  # its events' metas: paid when read
         try:
-            _composites.release(self)  # a composite's suspended modes, before ours is popped
-            # Dynamo's trace, into which `_compiled.check` runs a forward, can leave the
-            # stack without our mode when an error unwinds through it: nothing to pop then
-            # (and never another's mode: a lifted background session's is not there).
-            if _composites.top_mode() is self._mode:
-                self._mode.__exit__(None, None, None)
+            _composites.release(self)  # a composite's suspended mode, before ours is released
         finally:
             self._remove_hooks()
-            self._restore_lifted()
-            if getattr(thread_state, "session", None) is self:
-                thread_state.session = self._previous
+            mode, self._mode = self._mode, None
+            if mode is not None:
+                release_interceptor(mode, suspended=_composites.suspending())
+            # Out of the context's open sessions wherever it sits (blocks closed in any
+            # order); a copy of the context (a task it made) sees it closed.
+            self.live = False
+            self.enabled = False
+            self.observers = ()
+            token, self._token = self._token, None  # the token holds the context: no cycle
+            closed(self, token)
             previous, self._previous = self._previous, None
             if previous is not None and previous.background:
                 previous.trace.findings.extend(self.trace.findings)
@@ -152,15 +161,6 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
                 self.trace.settle()
             self.metas = TensorTable()
             self.module_stack.clear()
-            # The mode and the session hold each other: a cycle that only the garbage
-            # collector would free, with the trace's events and metas hanging off it (some
-            # hundred objects per forward). A mode left on a stack lets every call through.
-            self._mode.session = typing.cast("Session", CLOSED)
-
-    def _restore_lifted(self) -> None:
-        lifted, self._lifted = self._lifted, None
-        if lifted is not None and lifted._mode.session is lifted:  # still open
-            _push_on_torch_function_stack(lifted._mode)
 
     def _remove_hooks(self) -> None:
         for handle in self._handles:
@@ -226,8 +226,8 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             spec.family == _QUERY
             or self._dispatching
             or is_compiling()
-            # An inner session sees this op too (its mode runs first); check it once.
-            or getattr(thread_state, "session", None) is not self
+            # Only the innermost session of the context checks an op.
+            or current_session() is not self
             or not self.enabled
             or _config.disabled_by_api
         ):
@@ -382,28 +382,11 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         return out
 
 
-def _lift(previous: "Session | None") -> "Session | None":
-    """Take a background session's mode off the stack while a session opened inside it is
-    open: it steps aside then (it lets every call through to the inner one, which records
-    it), and a mode below the inner one is called again for every op the inner one runs
-    and for every tensor attribute the inner one's own code reads (tens of thousands of
-    calls in the project's suite). Only when its mode is the top of the stack; returns
-    the session lifted, or None."""
-    if (
-        previous is None
-        or not previous.trace.background
-        or _composites.top_mode() is not previous._mode
-    ):
-        return None
-    _pop_torch_function_stack()
-    return previous
-
-
 def _rule_name(rule) -> str:
     return f"rule {rule.family}.{getattr(rule.check, '__qualname__', '?')}"
 
 
-def open_session(trace: Trace, root, opener=None) -> Session:
+def open_session(trace: TraceData, root, opener=None) -> Session:
     """Open a session. `opener` (from `_replay.opener`) says who opens it, so a session
     that repeats an earlier one of the same opener replays it (see `_replay`)."""
     session = Session(trace, root, opener)

@@ -77,7 +77,7 @@ def capture_attention(model, /, *args, **kwargs) -> dict[str, dict]:
     """
     import torch
 
-    from .._trace.tracing import run_observed
+    from .._trace.opening import run_observed
 
     captured: dict[str, dict] = {}
     with torch.no_grad(), torch.random.fork_rng(devices=[]):

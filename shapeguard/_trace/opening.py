@@ -1,4 +1,4 @@
-"""The one way to run code under a session: `tracing()` for a block, `begin()` where the
+"""The one way to run code under a session: `recording_session()` for a block, `begin()` where the
 start and the end are in different hooks (the guard's pre- and post-forward hooks).
 
 Every opener (`shapeguard.trace`, a guarded module, the CLI's run, `check` and its
@@ -8,12 +8,12 @@ its first op) and always closed, also when the forward raises.
 """
 
 from .. import _config
-from .record import TraceData as Trace
+from .record import TraceData
 from .session import Session, close_session, open_session
 
 
 def begin(
-    trace: Trace, model=None, args: tuple = (), kwargs: dict | None = None, opener=None
+    trace: TraceData, model=None, args: tuple = (), kwargs: dict | None = None, opener=None
 ) -> Session:
     """Open a session that records into `trace`. With a module, enter it with the inputs
     of its forward. The caller closes the session with `close_session`, also on error;
@@ -30,7 +30,7 @@ def begin(
     return session
 
 
-class tracing:  # noqa: N801 (used as a function: `with tracing(...) as session`)
+class recording_session:  # noqa: N801 (used as a function: `with recording_session(...) as session`)
     """A session open for the block (see `begin`), closed when it ends however it ends.
 
     A class, not a generator: errors raised while entering are located at the user's line,
@@ -40,7 +40,12 @@ class tracing:  # noqa: N801 (used as a function: `with tracing(...) as session`
     __slots__ = ("_opened", "_session")
 
     def __init__(
-        self, trace: Trace, model=None, args: tuple = (), kwargs: dict | None = None, opener=None
+        self,
+        trace: TraceData,
+        model=None,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        opener=None,
     ):
         self._opened = (trace, model, args, kwargs, opener)
         self._session: Session | None = None
@@ -62,7 +67,7 @@ def run_observed(model, args: tuple, kwargs: dict, observer_for):
     they see the ops through the one interceptor, with the session's module paths."""
     with (
         _config.disabled(),
-        tracing(Trace(mode="warn"), model, args, kwargs) as session,
+        recording_session(TraceData(mode="warn"), model, args, kwargs) as session,
         session.observe(observer_for(session)),
     ):
         return model(*args, **kwargs)

@@ -51,11 +51,11 @@ def trace(
         model(*args, **kwargs)
         return record
     from ._trace import replay as _replay
-    from ._trace.tracing import tracing
+    from ._trace.opening import recording_session
 
     # A model given to trace() is an opener: its sessions replay once they repeat.
     root = model if hasattr(model, "named_modules") else None
-    with tracing(record, model, args, kwargs, opener=_replay.opener("model", root)):
+    with recording_session(record, model, args, kwargs, opener=_replay.opener("model", root)):
         model(*args, **kwargs)
     return record
 
@@ -78,7 +78,7 @@ class Trace(TraceData):
     def __enter__(self) -> "Trace":
         from . import _source
         from ._trace import replay as _replay
-        from ._trace.tracing import begin
+        from ._trace.opening import begin
 
         # Blocks opened on one line repeat (a test helper, a training loop): see `_trace.replay`.
         where = _source.user_code_position()

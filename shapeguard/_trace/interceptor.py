@@ -67,7 +67,10 @@ def spec_of(func) -> tuple:
     except TypeError:  # an unhashable callable: looked up each time
         return _lookup(func)
     if known is None:
-        known = _SPECS.put(func, _lookup(func))
+        known = _lookup(func)
+        if torch_compiling():  # dynamo, tracing this mode, cannot enter the memo's lock
+            return known
+        known = _SPECS.put(func, known)
     return known
 
 

@@ -5,7 +5,9 @@ The bugs are the zoo's silent ones (tests/bug_zoo.py, run by tests/test_invarian
 bug, in its code styles, is found at the distinct, coincident and realistic sizes by
 `test_bug_is_found`, and its fix, the same module built without the bug, gives no finding
 there by `test_fixed_code_gives_no_finding`), and those of tests/rule_cases.py, mostly
-loud, which this module runs the same way (`test_case_is_found`, `test_fixed_case_is_clean`).
+loud, which this module runs the same way (`test_case_is_found`, `test_fixed_case_is_clean`),
+and the tensor-parallel ones of tests/tp_cases.py, on one rank of torch's fake process group
+(`test_tp_case_is_found`, `test_fixed_tp_case_is_clean`).
 RULE_BUGS says which bugs each rule finds, and `test_the_rule_itself_finds_its_bugs`
 checks that the rule itself (not another one) yields the bug's kind on them.
 
@@ -28,9 +30,11 @@ import pytest
 import rule_cases
 import test_invariants as invariants
 import torch
+import tp_cases
 
 import shapeguard
 from shapeguard import ShapeError, ShapeWarning, checks
+from shapeguard.distributed import fake_tp
 
 pytestmark = pytest.mark.no_shapeguard  # the bugs warn and raise on purpose
 
@@ -138,6 +142,12 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "sdpa.sdpa_contract": ("kv_heads-sdpa",),
     "softmax.softmax_over_keys": ("softmax_axis-tutorial", "softmax_axis-einops"),
     "tiling.mask_tiling": ("mask_repeat-mha_repeat", "mask_repeat-einops_repeat"),
+    "tp.dtensor_mixed": ("plain_operand-matmul",),
+    "tp.dtensor_mixed_elementwise": ("plain_operand-mul",),
+    "tp.shard_axis_mismatch": ("gather_other_axis-attention",),
+    "tp.shard_of_replicated": ("replicated_as_shard-norm",),
+    "tp.shard_of_replicated_elementwise": ("replicated_as_shard-gate",),
+    "tp.sharded_projection": ("tp_too_wide-kv_heads",),
 }
 
 # Rules with no bug test and counterpart at the three settings yet. This list only shrinks:
@@ -145,17 +155,10 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
 UNTESTED: set[str] = {
     # layout_bshd is not found at the coincident sizes (test_flash_layout_at_every_setting)
     "flash.flash_contract",
-    # Tensor parallelism: DTensors on a process group (tests/test_tp.py, at fixed sizes).
-    "tp.dtensor_mixed",
-    "tp.dtensor_mixed_elementwise",
-    "tp.shard_axis_mismatch",
-    "tp.shard_of_replicated",
-    "tp.shard_of_replicated_elementwise",
-    "tp.sharded_projection",
 }
 
 BUGS = {str(bug): bug for bug in invariants.BUGS}
-OWN = {str(case): case for case in CASES}
+OWN = {str(case): case for case in [*CASES, *tp_cases.CASES]}
 SETTINGS = {sizes.name: sizes for sizes in zoo.SETTINGS}
 SETTING = pytest.mark.parametrize("sizes", zoo.SETTINGS, ids=lambda s: s.name)
 
@@ -174,8 +177,9 @@ def test_every_rule_has_its_bug_tests():
     missing = sorted(set(rules) - set(RULE_BUGS) - UNTESTED)
     assert not missing, (
         "rules without a bug test and a correct counterpart at the three size settings: add "
-        "a silent bug to tests/bug_zoo.py in two styles (tests/test_invariants.py BUGS), or a "
-        "loud one to tests/rule_cases.py (CASES here), and name it in RULE_BUGS: "
+        "a silent bug to tests/bug_zoo.py in two styles (tests/test_invariants.py BUGS), a "
+        "loud one to tests/rule_cases.py (CASES here), or a tensor-parallel one to "
+        "tests/tp_cases.py (its CASES), and name it in RULE_BUGS: "
         f"{missing}"
     )
     stale = sorted((set(RULE_BUGS) | UNTESTED) - set(rules))
@@ -209,9 +213,14 @@ def test_the_three_settings_run_every_bug_and_its_fix():
         axes = _parametrized(test)
         assert axes["bug"] == invariants.BUGS, test.__name__
         assert axes["sizes"] == list(zoo.SETTINGS), test.__name__
-    for test in (test_case_is_found, test_fixed_case_is_clean):
+    for test, cases in (
+        (test_case_is_found, CASES),
+        (test_fixed_case_is_clean, CASES),
+        (test_tp_case_is_found, tp_cases.CASES),
+        (test_fixed_tp_case_is_clean, tp_cases.CASES),
+    ):
         axes = _parametrized(test)
-        assert axes["case"] == CASES and axes["sizes"] == list(zoo.SETTINGS), test.__name__
+        assert axes["case"] == cases and axes["sizes"] == list(zoo.SETTINGS), test.__name__
 
 
 # -- the bugs are found, their fixes clean --------------------------------------------------
@@ -251,7 +260,41 @@ def test_fixed_case_is_clean(case, sizes):
 
 def test_the_cases_cover_each_bug_with_marked_lines():
     assert {case.name for case in CASES} <= set(MARKED)
-    assert len(OWN) == len(CASES)
+    assert {case.name for case in tp_cases.CASES} <= set(TP_MARKED)
+    assert len(OWN) == len(CASES) + len(tp_cases.CASES)
+
+
+# -- the tensor-parallel bugs of tests/tp_cases.py, on one rank of torch's fake process group
+TP_MARKED = defaultdict(set)  # bug name -> the lines of tp_cases.py marked `# <- name`
+for _number, _line in enumerate(Path(tp_cases.__file__).read_text().splitlines(), 1):
+    if "# <- " in _line:
+        TP_MARKED[_line.rsplit("# <- ", 1)[1].strip()].add(_number)
+
+
+def tp_outcome(case: tp_cases.TPCase, sizes, bug) -> list:
+    """`outcome` of the case's module (bug=None: the fix), parallelized on a fake mesh."""
+    torch.manual_seed(0)
+    with fake_tp(case.degree(sizes, bug)) as mesh:
+        return outcome(*case.make(sizes, bug, mesh))
+
+
+@SETTING
+@pytest.mark.parametrize("case", tp_cases.CASES, ids=str)
+def test_tp_case_is_found(case, sizes):
+    found = tp_outcome(case, sizes, case.name)
+    assert [f.kind for f in found] == [case.kind], [str(f) for f in found]
+    (finding,) = found
+    for part in case.says(sizes):  # the message's first line, of an error or a warning
+        assert part in finding.relation, finding.relation
+    assert case.fix in finding.hint, finding.hint
+    path, _, line = finding.location.rpartition(":")
+    assert Path(path).name == "tp_cases.py" and int(line) in TP_MARKED[case.name], finding.location
+
+
+@SETTING
+@pytest.mark.parametrize("case", tp_cases.CASES, ids=str)
+def test_fixed_tp_case_is_clean(case, sizes):
+    assert tp_outcome(case, sizes, None) == []
 
 
 # flash_attention's contract reads the layout from sizes: with batch == seq == heads it takes
@@ -295,8 +338,11 @@ def _yields(bug_id: str, setting: str) -> frozenset[tuple[str, str]]:
     checks._RULES[:] = [recording(r) for r in original]
     checks._BY_SPELLING = checks._SINGLE_PROCESS = None
     try:
-        if bug_id in OWN:
-            outcome(*OWN[bug_id].make(SETTINGS[setting], OWN[bug_id].name))
+        case = OWN.get(bug_id)
+        if isinstance(case, tp_cases.TPCase):
+            tp_outcome(case, SETTINGS[setting], case.name)
+        elif case is not None:
+            outcome(*case.make(SETTINGS[setting], case.name))
         else:
             model, args = BUGS[bug_id].make(SETTINGS[setting], BUGS[bug_id].name)
             with contextlib.suppress(ShapeError):  # a loud bug at these sizes

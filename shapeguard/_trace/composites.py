@@ -88,17 +88,13 @@ def top_mode():
 
 
 def _pop_interceptors(session) -> list:
-    """Pop every shapeguard mode at the top of the stack, provided the session's own mode
-    is among them; return them top first (empty: nothing was popped)."""
-    popped: list = []
-    while (top := top_mode()) is not None:
-        if not getattr(top, "shapeguard_interceptor", False):  # the session's mode says so
-            break
-        popped.append(_pop_torch_function_stack())
-    if popped and not any(mode is session._mode for mode in popped):
-        _push_back(popped)
+    """Pop the session's mode (its thread's one interceptor: `interceptor.acquire_interceptor`)
+    when it is at the top of the stack; return what was popped (empty: another mode is on
+    top, or the session holds none)."""
+    mode = session._mode
+    if mode is None or top_mode() is not mode:
         return []
-    return popped
+    return [_pop_torch_function_stack()]
 
 
 def _push_back(popped: list) -> None:

@@ -83,7 +83,7 @@ _innermost = open_sessions.get
 
 
 class Interceptor(TorchFunctionMode):
-    shapeguard_interceptor = True  # how `_composites` tells ours from other modes
+    shapeguard_interceptor = True  # how code that lists the mode stack tells ours apart
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Session.dispatch, inlined: one frame less on every call torch makes.

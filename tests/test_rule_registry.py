@@ -235,10 +235,22 @@ def outcome(model, args) -> list:
     return list(trace.findings)
 
 
-MARKED = defaultdict(set)  # bug name -> the lines of rule_cases.py marked `# <- name`
-for _number, _line in enumerate(Path(rule_cases.__file__).read_text().splitlines(), 1):
-    if "# <- " in _line:
-        MARKED[_line.rsplit("# <- ", 1)[1].strip()].add(_number)
+def marked_lines(module) -> dict[str, set[int]]:
+    """Bug name -> the lines of `module`'s file marked `# <- name`."""
+    marked = defaultdict(set)
+    for number, line in enumerate(Path(module.__file__).read_text().splitlines(), 1):
+        if "# <- " in line:
+            marked[line.rsplit("# <- ", 1)[1].strip()].add(number)
+    return marked
+
+
+def assert_at_marked_line(finding, module, marked: dict[str, set[int]], name: str) -> None:
+    path, _, line = finding.location.rpartition(":")
+    assert Path(path).name == Path(module.__file__).name, finding.location
+    assert int(line) in marked[name], finding.location
+
+
+MARKED = marked_lines(rule_cases)
 
 
 @SETTING
@@ -248,8 +260,7 @@ def test_case_is_found(case, sizes):
     assert [f.kind for f in found] == [case.kind], [str(f) for f in found]
     (finding,) = found
     assert any(fix in finding.hint for fix in case.fix), finding.hint
-    path, _, line = finding.location.rpartition(":")
-    assert Path(path).name == "rule_cases.py" and int(line) in MARKED[case.name], finding.location
+    assert_at_marked_line(finding, rule_cases, MARKED, case.name)
 
 
 @SETTING
@@ -265,10 +276,7 @@ def test_the_cases_cover_each_bug_with_marked_lines():
 
 
 # -- the tensor-parallel bugs of tests/tp_cases.py, on one rank of torch's fake process group
-TP_MARKED = defaultdict(set)  # bug name -> the lines of tp_cases.py marked `# <- name`
-for _number, _line in enumerate(Path(tp_cases.__file__).read_text().splitlines(), 1):
-    if "# <- " in _line:
-        TP_MARKED[_line.rsplit("# <- ", 1)[1].strip()].add(_number)
+TP_MARKED = marked_lines(tp_cases)
 
 
 def tp_outcome(case: tp_cases.TPCase, sizes, bug) -> list:
@@ -287,8 +295,7 @@ def test_tp_case_is_found(case, sizes):
     for part in case.says(sizes):  # the message's first line, of an error or a warning
         assert part in finding.relation, finding.relation
     assert case.fix in finding.hint, finding.hint
-    path, _, line = finding.location.rpartition(":")
-    assert Path(path).name == "tp_cases.py" and int(line) in TP_MARKED[case.name], finding.location
+    assert_at_marked_line(finding, tp_cases, TP_MARKED, case.name)
 
 
 @SETTING

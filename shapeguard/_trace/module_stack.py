@@ -11,7 +11,7 @@ from . import construction as _construction
 from . import internal as _internal
 from . import owed as _owed
 from . import replay as _replay
-from .current import open_sessions
+from .current import current_session
 from .interceptor import is_compiling, not_running, torch_compiling
 from .session_state import SessionState
 
@@ -41,8 +41,7 @@ class ModuleStack(SessionState):
         return ref() if ref is not None else None
 
     def _on_module_enter(self, module, args) -> None:
-        sessions = open_sessions.get()
-        if not sessions or sessions[-1] is not self:
+        if current_session() is not self:
             return  # an inner session, or another context's, is tracking modules now
         stack = self.module_stack
         replay = self.replay
@@ -79,8 +78,7 @@ class ModuleStack(SessionState):
         except Exception as error:
             if not _internal.contained(self.trace, error, "leaving a composite", _class(module)):
                 raise
-        sessions = open_sessions.get()
-        if sessions and sessions[-1] is self:
+        if current_session() is self:
             stack = self.module_stack
             replay = self.replay
             if replay is not None and stack and stack[-1] is module:

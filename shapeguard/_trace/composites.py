@@ -413,7 +413,7 @@ def _active() -> list:
 
 def enter(session, module, args: tuple, kwargs: dict) -> None:
     """On entering `module` in the session's module stack: check a composite at its
-    boundary, then suspend shapeguard's modes for its forward."""
+    boundary, then suspend the thread's interceptor for its forward."""
     __tracebackhide__ = True
     state = _state(session)
     if state.suspension is not None:

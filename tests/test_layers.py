@@ -17,8 +17,8 @@ LAYERS = {
         "shapeguard._names", "shapeguard._source", "shapeguard._source_ast", "shapeguard._suppress",
         "shapeguard._reporting", "shapeguard._ranks", "shapeguard._values", "shapeguard._memo",
     ),
-    # rules on the op table; the DTensor reader they use
-    "checks": ("shapeguard.checks", "shapeguard._tp"),
+    # rules on the op table; the DTensor reader they use; the attention reach they compute
+    "checks": ("shapeguard.checks", "shapeguard._tp", "shapeguard._reach"),
     # the interceptor, the session, the records; shapeguard.attention dispatches through it
     "trace": ("shapeguard._trace", "shapeguard.attention"),
     "on the trace": (

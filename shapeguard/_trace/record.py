@@ -217,6 +217,9 @@ class TraceData:
     # Failures of shapeguard's own code that the trace contained (`_trace/internal.py`):
     # none in a healthy run; each op it concerns ran as without shapeguard.
     internal_errors: list[InternalFailure] = field(default_factory=list)
+    # Each attention site's reach (`_reach.rows.Reach`: which keys each query can see, as
+    # runs, never tensors), in the order the sites ran.
+    reach: list = field(default_factory=list, repr=False)
 
     @property
     def events(self) -> list[Event]:

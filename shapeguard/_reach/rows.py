@@ -59,6 +59,11 @@ class Reach:
     how: str = "mask"
     lead_axes: tuple[str, ...] = ()
     event: int = -1  # the trace's event index of the op, -1 where none
+    # What the established intent says (`invariants.judge` fills them; empty where no
+    # intent is known): per example, the keys that are padding; and the cells an
+    # invariant flags, as (leading index, query, runs of keys) each.
+    padding: tuple[Runs, ...] = ()
+    marks: tuple[tuple[tuple[int, ...], int, Runs], ...] = ()
 
     # -- building --------------------------------------------------------------------
     @classmethod

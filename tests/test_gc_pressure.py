@@ -25,7 +25,7 @@ from attention_models import CausalSelfAttention  # noqa: E402
 pytestmark = pytest.mark.no_shapeguard
 
 # A recorded op keeps its event (one tuple, and one of its tensors' metas), its outputs'
-# metas (a meta, its new axes and a weak table entry each): 7 to 11 in these cases; a
+# metas (a meta, its new axes and a weak table entry each): 7 to 10.5 in these cases; a
 # replayed op's meta has no axes until they are read (`_trace/owed.py`): 5 for the
 # replayed nanoGPT stack. It was 15 to 20 when every event kept its own torch.Size and
 # tuple per tensor, two lists of metas, and an empty frozenset per output.

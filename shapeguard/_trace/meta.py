@@ -199,9 +199,10 @@ class TensorTable:
     torch's `WeakTensorKeyDictionary` builds a `WeakIdRef` on every lookup (1.5 us); a
     plain dict keyed by id, checked against the weak reference, costs a dict lookup. A new
     tensor that reuses the id never reads the old entry (the reference is dead). Entries
-    of collected tensors are swept when the table has doubled since the last sweep, not
-    by a callback per reference: a callback costs more than the entry, and one that held
-    the dict made each entry a reference cycle."""
+    of collected tensors are swept when the table has doubled since the last sweep, and
+    when a forward ends (`ModuleStack.exit_module`), not by a callback per reference: a
+    callback costs more than the entry, and one that held the dict made each entry a
+    reference cycle."""
 
     __slots__ = ("_data", "_limit", "__weakref__")
 
@@ -233,9 +234,9 @@ class TensorTable:
         data = self._data
         data[id(tensor)] = (_weakref.ref(tensor), meta)
         if len(data) > self._limit:
-            self._sweep()
+            self.sweep()
 
-    def _sweep(self) -> None:
+    def sweep(self) -> None:
         """Drop the entries of collected tensors."""
         data = self._data
         for key in [k for k, entry in data.items() if entry[0]() is None]:
@@ -248,7 +249,7 @@ class TensorTable:
             del self._data[id(tensor)]
 
     def __len__(self) -> int:
-        self._sweep()
+        self.sweep()
         return len(self._data)
 
     def empty(self) -> bool:

@@ -167,6 +167,10 @@ class ModuleStack(SessionState):
         self.step += 1
         if stack and stack[-1] is module:
             del stack[-1]  # the innermost module: the usual case
+            if not stack:
+                # The forward is over: let go of the metas of the tensors it freed now, not
+                # at the table's next doubling (a count of them that depended on id reuse).
+                self.metas.sweep()
             return
         for i in range(len(stack) - 1, -1, -1):
             if stack[i] is module:

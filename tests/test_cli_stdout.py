@@ -205,3 +205,35 @@ def test_a_long_model_line_wraps_between_its_arguments_and_a_long_input_between_
         + ", ".join(f"level_{i}: [3, 5, 64] float32" for i in range(4))
         + "}  (from --input)",
     ]
+
+
+def test_json_to_stdout_holds_a_report_made_while_the_model_is_built(tmp_path):
+    # The guarded constructor raises before any forward (the early report's path).
+    path = write(
+        tmp_path,
+        """
+        from torch import nn
+
+        import shapeguard
+
+        print("building")
+
+
+        @shapeguard.guard
+        class MultiHeadAttention(nn.Module):
+            def __init__(self, d_model=64, n_heads=6):
+                super().__init__()
+                self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+                self.W_q = nn.Linear(d_model, d_model)
+
+            def forward(self, x):
+                return self.W_q(x)
+        """,
+    )
+    result = run("trace", path, "--json", "-")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert [f["kind"] for f in json.loads(result.stdout)["findings"]] == ["head_divisibility"]
+    assert result.stderr.splitlines() == [
+        "building",
+        f"shapeguard: head_divisibility violation in {path}",
+    ]

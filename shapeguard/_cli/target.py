@@ -64,7 +64,7 @@ _OPTIONS = (
         "json_path",
         metavar="FILE",
         help="Write the report as JSON (schema in docs/json-schema.md); '-' for stdout "
-        "instead of the table.",
+        "instead of the table (the model's own prints then go to stderr).",
     ),
     click.option("--html", "html_path", metavar="FILE", help="Write a self-contained HTML report."),
     click.option(

@@ -29,6 +29,7 @@ LONG_FIRST = (
     "test_cli_users.py",
     "test_meta_imports.py",
     "test_pytest_plugin.py",
+    "test_packaging.py",
     "test_bench_smoke.py",
     "test_real_models.py",
     "test_check_real_models.py",

@@ -189,3 +189,62 @@ def test_one_documented_command_regenerates_every_golden_file():
 
 def test_the_contributing_page_is_in_the_docs_nav():
     assert "  - Contributing: contributing.md" in (ROOT / "mkdocs.yml").read_text().splitlines()
+
+
+def test_ci_tests_the_built_wheel_from_a_fresh_virtualenv():
+    """After the suite, .ci/run builds the sdist and the wheel and hands them to .ci/wheel,
+    which installs the wheel (torch first) into a fresh virtualenv and, from a temporary
+    folder, runs the README's first command's trace, the smoke test, --version and the
+    plugin's options. The step cannot vanish without this test failing."""
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert 'pip install "twine>=6" -c constraints/test.txt && .ci/wheel' in ci
+    script = ROOT / ".ci" / "wheel"
+    assert script.stat().st_mode & 0o111, ".ci/wheel is executable"
+    lines = [line.split("#", 1)[0].strip() for line in script.read_text().splitlines()]
+    readme = (ROOT / "README.md").read_text()
+    first = re.findall(r"```bash\n(.*?)\n```", readme, re.S)[0].strip()
+    trace = first.split(" && ")[-1]
+    assert trace.startswith("shapeguard trace examples/")
+    assert trace in lines, f"the README's trace, verbatim: {trace}"
+    order = [
+        "python -m build --no-isolation --outdir dist . && twine check --strict dist/*",
+        'cd "$work"',
+        "unset PYTHONPATH",
+        "python3 -m venv venv",
+        'pip install torch==2.13.0 && pip install "$wheel" pytest -c "$constraints"',
+        trace,
+        "python smoke.py",
+        "shapeguard --version",
+        'python -m pytest --help | grep -- "--shapeguard-strict"',
+    ]
+    assert [lines.index(line) for line in order] == sorted(lines.index(line) for line in order)
+    assert "set -euo pipefail" in lines
+    assert (ROOT / ".ci" / "smoke.py").is_file()
+
+
+def test_the_release_workflow_tests_and_publishes_the_built_files():
+    """A version tag builds, checks (twine), tests the built wheel with .ci/wheel, and only
+    then publishes by trusted publishing, from an environment, with an identity token."""
+    workflow = (ROOT / ".github" / "workflows" / "release.yml").read_text()
+    assert re.search(r"^on:\n  push:\n    tags: \[\"v\*\"\]$", workflow, re.M)
+    jobs = workflow.split("\njobs:\n", 1)[1]
+    build, test, publish = _jobs(jobs)
+    assert "python -m build --outdir dist ." in build and "twine check --strict dist/*" in build
+    assert "shapeguard/_version.py" in build and "CHANGELOG.md" in build
+    assert "needs: build" in test and ".ci/wheel dist/*.whl" in test
+    assert "needs: [build, test]" in publish
+    assert "uses: pypa/gh-action-pypi-publish@release/v1" in publish
+    assert "id-token: write" in publish and "environment:" in publish
+    assert "password" not in publish and "secrets." not in workflow  # no stored token
+    assert "  - Releasing: release.md" in (ROOT / "mkdocs.yml").read_text().splitlines()
+    assert "docs/release.md" in (ROOT / "README.md").read_text()
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]" in changelog and "keepachangelog.com" in changelog
+
+
+def _jobs(text: str) -> tuple[str, str, str]:
+    """The build, test and publish jobs' texts, in that order."""
+    parts = re.split(r"^  (\w+):\n", text, flags=re.M)
+    named = dict(zip(parts[1::2], parts[2::2], strict=True))
+    assert list(named) == ["build", "test", "publish"], list(named)
+    return named["build"], named["test"], named["publish"]

@@ -107,7 +107,7 @@ def _trace_and_report(target, all_ops: bool, no_fold: bool, hold) -> None:
     notes = _notes(target, picked, inputs)
     target.report(
         trace,
-        render_target(picked, inputs),
+        render_target(picked, inputs, width),
         # No op recorded (the forward failed at once): no table, the findings alone.
         lambda: (
             render_table(
@@ -299,7 +299,7 @@ def _check_and_report(target, hold) -> None:
     width, color = _stdout_style()
     target.report(
         run.trace,
-        render_target(picked, inputs),
+        render_target(picked, inputs, width),
         lambda: (
             render_check(summary.rows, width=width, color=color)
             + "".join(f"\n{d}\n" for d in summary.details)

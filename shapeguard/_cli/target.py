@@ -64,7 +64,7 @@ _OPTIONS = (
         "json_path",
         metavar="FILE",
         help="Write the report as JSON (schema in docs/json-schema.md); '-' for stdout "
-        "instead of the table.",
+        "instead of the table (the model's own prints then go to stderr).",
     ),
     click.option("--html", "html_path", metavar="FILE", help="Write a self-contained HTML report."),
     click.option(
@@ -116,7 +116,8 @@ def target_options(command):
     @functools.wraps(command)
     def with_target(**options):
         target = Target(**{name: options.pop(name) for name in _PARAMS})
-        return command(target, **options)
+        with target.json_only_stdout():
+            return command(target, **options)
 
     for option in reversed(_OPTIONS):
         with_target = option(with_target)
@@ -162,6 +163,8 @@ class Target:
         self.format = output_format
         self.strict = strict
         self.show_traceback = show_traceback
+        # `--json -`'s JSON, held until the command is done (`json_only_stdout`).
+        self._json_held: list[str] | None = None
         # The options that pick the model and its inputs, as given: what a simulated
         # rank's subprocess (`trace --tp`) runs with.
         self.argv = [
@@ -198,6 +201,31 @@ class Target:
             yield module
 
     @contextlib.contextmanager
+    def json_only_stdout(self):
+        """With `--json -`, stdout holds the JSON alone: whatever else writes to it while the
+        block runs (the model's prints at import, build and forward) goes to stderr, and the
+        JSON is written once the block is left, also on a failure."""
+        if self.json_path != "-":
+            yield
+            return
+        from .json_stdout import stdout_to_stderr
+
+        self._json_held = []
+        try:
+            with stdout_to_stderr():
+                yield
+        finally:
+            held, self._json_held = self._json_held, None
+            for text in held:
+                click.echo(text)
+
+    def _echo_json(self, text: str) -> None:
+        if self._json_held is None:
+            click.echo(text)
+        else:
+            self._json_held.append(text)
+
+    @contextlib.contextmanager
     def translate(self):
         """Turn library exceptions into the CLI's exit statuses (ShapeError: the report on stdout)."""
         from .._errors import ShapeError
@@ -231,7 +259,7 @@ class Target:
         trace = failure_trace(kind, message, location, hint)
         self.write_files(trace)
         if self.json_path == "-":
-            click.echo(trace.to_json())
+            self._echo_json(trace.to_json())
         elif self.format == "github":
             click.echo(render_github(trace), nl=False)
         else:
@@ -250,7 +278,7 @@ class Target:
 
         self.write_files(trace, check=check, attention=attention)
         if self.json_path == "-":
-            click.echo(_json(trace, check))
+            self._echo_json(_json(trace, check))
         elif self.format == "github":
             click.echo(render_github(trace, check.rows if check else ()), nl=False)
         elif _ranks.shows_full_report():

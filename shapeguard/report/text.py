@@ -4,6 +4,7 @@ tensor, or per op) and the check summary, rendered with rich to plain text (or c
 import io
 import os
 import re
+import textwrap
 from collections.abc import Iterable
 
 from .. import _ops
@@ -49,14 +50,15 @@ _CHECK_STYLES = {
 _LAYER_INDEX = re.compile(r"(?:(?<=\.)|^)\d+(?=\.|$)")
 
 
-def render_target(picked, inputs) -> str:
+def render_target(picked, inputs, width: int | None = None) -> str:
     """The two lines above the table: the model (`picking.Picked`) and its inputs
-    (`_inputs.Inputs`), each input named after the forward parameter it goes to."""
+    (`_inputs.Inputs`), each input named after the forward parameter it goes to. Given a
+    `width`, a line longer than it wraps between its parts, under its label."""
     import inspect
 
     model = type(picked.model).__name__
     shown = getattr(picked, "shown", {})
-    args = ", ".join(f"{k}={shown.get(k) or repr(v)}" for k, v in picked.kwargs.items())
+    args = [f"{k}={shown.get(k) or repr(v)}" for k, v in picked.kwargs.items()]
     how = picked.how if picked.how == model else f"{model} from {picked.how}"
     try:
         names = list(inspect.signature(picked.model.forward).parameters)
@@ -68,10 +70,38 @@ def render_target(picked, inputs) -> str:
         f"{name}={_value_text(name, value, notes)}" if name else _value_text(name, value, notes)
         for name, value in [*named, *inputs.kwargs.items()]
     ]
+    # Two spaces before `(from ...)`: one the parts are joined by, one its own.
+    tail = f"{' ' if shapes else '  '}(from {inputs.how})"
     return (
-        f"model   {how}{f' ({args})' if args else ''}\n"
-        f"inputs  {', '.join(shapes)}  (from {inputs.how})"
+        _wrap("model   ", [how, *_listed(args, "(", ")")], width)
+        + "\n"
+        + _wrap("inputs  ", [*_listed(shapes, "", ""), tail], width)
     )
+
+
+def _listed(items: list[str], opening: str, closing: str) -> list[str]:
+    """`items` as the parts of one comma-separated list, each with its punctuation."""
+    last = len(items) - 1
+    return [
+        f"{opening if i == 0 else ''}{item}{closing if i == last else ','}"
+        for i, item in enumerate(items)
+    ]
+
+
+def _wrap(label: str, parts: list[str], width: int | None) -> str:
+    """`label` and the parts joined by spaces; given a `width`, a part that would pass it
+    starts a line of its own, indented under the label, and a part wider than a line is
+    broken between its words."""
+    if width is None:
+        return label + " ".join(parts)
+    room = max(width - len(label), 20)
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + 1 + len(part) <= room:
+            lines[-1] += " " + part
+        else:
+            lines.extend(textwrap.wrap(part.strip(), room) or [""])
+    return "\n".join((label if i == 0 else " " * len(label)) + line for i, line in enumerate(lines))
 
 
 def _value_text(name: str, value, notes: dict) -> str:

@@ -405,3 +405,43 @@ def test_a_background_trace_collects_the_reach_of_traces_opened_inside_it():
     assert [r.count for r in inner.reach] == [1]
     (reach,) = outer.reach
     assert reach.count == 2 and reach.op == "softmax"
+
+
+# -- transformers models, left padded (their masks built by their own code) ----------------------
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_a_left_padded_llama_records_each_examples_causal_rows(impl):
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import real_models
+
+    config = real_models.Config(f"llama-{impl}-left-distinct", "llama", impl, "left", "distinct")
+    model, args, kwargs = real_models.build(config)
+    real = kwargs["attention_mask"].bool()
+    b, s = real.shape
+    with torch.no_grad(), shapeguard.trace() as t:
+        model(*args, **kwargs)
+    op = "softmax" if impl == "eager" else "scaled_dot_product_attention"
+    found = sites(t, op)
+    assert [r.module for r in found] == [f"model.layers.{i}.self_attn" for i in range(len(found))]
+    assert len(found) >= 2
+    heads = found[0].lead[1]
+    # A real query sees the real keys up to itself; a padded query (left) sees none.
+    want = expected(
+        b, heads, s, s, lambda bb, _h, i, j: bool(real[bb, i] and real[bb, j]) and j <= i
+    )
+    for reach in found:
+        assert_reach(reach, want)
+
+
+def test_reach_off_reads_nothing():
+    from shapeguard.checks import reach
+
+    q, k, v = qkv(SETTINGS[0])
+    with reach.off(), shapeguard.trace() as t:
+        Scores("masked_fill_triu")(q, k, v)
+    assert t.reach == []
+    with shapeguard.trace() as t:
+        Scores("masked_fill_triu")(q, k, v)
+    assert len(t.reach) == 1

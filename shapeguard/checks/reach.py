@@ -11,6 +11,7 @@ The reach is handed to the session (`CallView.keep_reach`), which keeps it on th
 Where no intent is established nothing is claimed: the reach is kept and shown only.
 """
 
+import contextlib
 from collections.abc import Iterator
 
 from .. import _ops
@@ -40,10 +41,28 @@ _SITES = (
 )
 
 
+# Reach is read at every site; `off` turns it off for the process, only so that
+# bench/reach.py can time the trace without it side by side (not public API).
+_reading = True
+
+
+@contextlib.contextmanager
+def off() -> Iterator[None]:
+    """No reach read while the block runs (the benchmark's baseline)."""
+    global _reading
+    before, _reading = _reading, False
+    try:
+        yield
+    finally:
+        _reading = before
+
+
 @rule(*_SITES, kinds=KINDS, order=3)
 def attention_reach(call: CallView) -> Iterator[Violation]:
     """Read this site's reach, hand it to the session, and report what the invariants
     find in it."""
+    if not _reading:
+        return
     import torch
 
     with torch.no_grad():

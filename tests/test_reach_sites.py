@@ -445,3 +445,11 @@ def test_reach_off_reads_nothing():
     with shapeguard.trace() as t:
         Scores("masked_fill_triu")(q, k, v)
     assert len(t.reach) == 1
+
+
+def test_nested_and_sparse_tensors_are_not_read():
+    from shapeguard.checks._reach_read import readable
+
+    nested = torch.nested.nested_tensor([torch.randn(2, 5), torch.randn(3, 5)], layout=torch.jagged)
+    sparse = torch.randn(4, 4).to_sparse()
+    assert not readable(nested) and not readable(sparse) and readable(torch.randn(4, 4))

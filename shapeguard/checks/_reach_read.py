@@ -10,11 +10,12 @@ Values are read only from readable tensors (small, plain, on the CPU: never meta
 on an accelerator); elsewhere there is no reach, silently. Nothing here writes to a tensor.
 """
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeGuard
 
 from .. import _ops
 from .._reach.rows import Reach, query_sample
-from ._mask_effects import broadcasts_to, has_shape, readable
+from ._mask_effects import broadcasts_to, has_shape
+from ._mask_effects import readable as _small_cpu
 from ._mask_uses import HIDING, mask_uses
 from .mha import bind_arguments
 
@@ -67,6 +68,12 @@ def reach(call) -> Reach | None:
         )
     except ValueError:
         return None  # past the bound on leading slices (`query_sample`): no reach
+
+
+def readable(t) -> TypeGuard["torch.Tensor"]:
+    """A tensor whose values (or, for is_causal, whose place) a reach may read: small, plain,
+    on the CPU (`_mask_effects.readable`), strided and not nested."""
+    return _small_cpu(t) and not t.is_nested and str(t.layout) == "torch.strided"
 
 
 def _rows(t, queries, axis: int = -2):

@@ -2,9 +2,10 @@
 scores a softmax reads (whatever masks were added or filled in before), SDPA's attn_mask
 and is_causal, nn.MultiheadAttention's attn_mask and key_padding_mask as torch combines
 them, flash-attn's dense call (shapeguard.attention's or flash-attn's own: causal aligned
-bottom-right, window_size). Each reader returns the bool `visible` rows (True where a key can be seen) of the
-sampled queries only (`_reach.rows.query_sample`), so what it builds stays within
-`MAX_ROWS` x seq_k, and `reach` turns them into a `Reach` (runs, never a tensor).
+bottom-right, window_size). Each reader returns the bool `visible` rows (True where a key
+can be seen) of the sampled queries only (`_reach.rows.query_sample`), so what it builds
+stays within `MAX_ROWS` x seq_k, and `reach` turns them into a `Reach` (runs, never a
+tensor).
 
 Values are read only from readable tensors (small, plain, on the CPU: never meta, fake or
 on an accelerator); elsewhere there is no reach, silently. Nothing here writes to a tensor.
@@ -32,7 +33,7 @@ class _Read(NamedTuple):
     seq_q: int
     seq_k: int
     queries: tuple[int, ...] | None  # the kept queries (None: all)
-    how: str  # "mask", "causal" or "unmasked"
+    how: str  # "mask", "causal", "window" or "unmasked" (`Reach.how`)
     lead_axes: tuple[str, ...]
 
 

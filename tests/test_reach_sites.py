@@ -453,3 +453,32 @@ def test_nested_and_sparse_tensors_are_not_read():
     nested = torch.nested.nested_tensor([torch.randn(2, 5), torch.randn(3, 5)], layout=torch.jagged)
     sparse = torch.randn(4, 4).to_sparse()
     assert not readable(nested) and not readable(sparse) and readable(torch.randn(4, 4))
+
+
+def test_a_transformer_layer_on_its_fast_path_records_its_attention():
+    """nn.TransformerEncoderLayer in eval and no_grad is checked at its boundary (the
+    composite keeps torch's fused kernel): its attention's reach is kept all the same."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).eval()
+    x = torch.randn(3, 7, 64)
+    lengths = [7, 5, 2]
+    padded = torch.arange(7)[None, :] >= torch.tensor(lengths)[:, None]
+    with torch.no_grad(), shapeguard.trace() as t:
+        plain_free = layer(x, src_key_padding_mask=padded)
+    (reach,) = sites(t, "multi_head_attention_forward")
+    assert reach.module == "self_attn"
+    assert_reach(reach, expected(3, 4, 7, 7, lambda bb, _h, _i, j: j < lengths[bb]))
+    with torch.no_grad():
+        assert torch.equal(plain_free, layer(x, src_key_padding_mask=padded))
+
+
+def test_log_softmax_over_masked_scores_records_the_same_reach():
+    q, k, _ = qkv(SETTINGS[0])
+    s = SETTINGS[0].seq
+    with shapeguard.trace() as t:
+        scores = (q @ k.transpose(-2, -1)).masked_fill(
+            torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf")
+        )
+        F.log_softmax(scores, dim=-1)
+    (reach,) = sites(t, "log_softmax")
+    assert_reach(reach, expected(3, 4, s, s, lambda _b, _h, i, j: j <= i))

@@ -482,3 +482,18 @@ def test_log_softmax_over_masked_scores_records_the_same_reach():
         F.log_softmax(scores, dim=-1)
     (reach,) = sites(t, "log_softmax")
     assert_reach(reach, expected(3, 4, s, s, lambda _b, _h, i, j: j <= i))
+
+
+def test_mha_is_causal_without_weights_is_the_triangle_torch_uses():
+    """With is_causal=True, no key_padding_mask and need_weights=False, torch drops the
+    attn_mask and has SDPA apply its own triangle: that triangle is what the queries see."""
+    sizes = SETTINGS[0]
+    b, h, s, e = sizes.batch, sizes.heads, sizes.seq, sizes.heads * sizes.d_k
+    mha = _mha(sizes, batch_first=True)
+    x = torch.randn(b, s, e)
+    nothing_hidden = torch.zeros(s, s, dtype=torch.bool)  # only a hint, by torch's contract
+    with shapeguard.trace() as t:
+        mha(x, x, x, attn_mask=nothing_hidden, is_causal=True, need_weights=False)
+    (reach,) = sites(t, "multi_head_attention_forward")
+    assert_reach(reach, expected(b, h, s, s, lambda _b, _h, i, j: j <= i))
+    assert reach.how == "causal"

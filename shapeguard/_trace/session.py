@@ -90,6 +90,7 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self._verifying = False
         self._expected = None
         self._fresh = 0  # tensors made outside the trace, numbered as first seen (negative)
+        self._reach_passed: tuple | None = None  # see `ReplayLayer._values_pass`
         # The replayed steps whose effects are made when first read (`_owed`).
         self.ledger = _owed.Ledger()
         # What `observe` registered: told of every op the mode is handed (empty: none).
@@ -154,6 +155,8 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             previous, self._previous = self._previous, None
             if previous is not None and previous.background:
                 previous.trace.findings.extend(self.trace.findings)
+                for reach in self.trace.reach:
+                    previous.trace.add_reach(reach)
                 for failure in self.trace.internal_errors:
                     previous.trace.add_internal(dataclasses.replace(failure))
             self.trace._live -= 1
@@ -326,6 +329,8 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             if reported:
                 call.flagged = frozenset(reported) | upstream
             call.reported = bool(reported)
+            if call.reach:
+                self.keep_reach(call.reach, step)
         try:
             if step is not None and reads is not None and reads.read:
                 # Before the op: an op in place changes what it writes into.

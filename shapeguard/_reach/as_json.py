@@ -1,0 +1,45 @@
+"""One site's reach as JSON data (the trace's `--json` `reach` list; docs/json-schema.md):
+where it is, its sizes, its description, and its rows as runs of visible keys, bounded."""
+
+from .describe import describe
+from .rows import Reach
+
+# Stored rows written per site at most: whole leading slices while they fit (one at least);
+# the slices left out are counted in `slices_omitted`.
+JSON_MAX_ROWS = 4096
+
+
+def reach_dict(reach: Reach) -> dict:
+    """The site as plain data: `rows` holds, per stored leading slice, one pattern number per
+    kept query; `patterns` the distinct rows as [start, stop) runs of visible keys."""
+    kept = len(reach.kept_queries)
+    slices = list(reach.slices())
+    written = max(1, min(len(slices), JSON_MAX_ROWS // max(kept, 1)))
+    rows = [list(reach.rows[i * kept : (i + 1) * kept]) for i in range(written)]
+    used = sorted({p for row in rows for p in row})
+    number = {p: n for n, p in enumerate(used)}
+    return {
+        "site": reach.module,
+        "event": reach.event,
+        "op": reach.op,
+        "location": reach.location,
+        "how": reach.how,
+        "lead": list(reach.lead),
+        "lead_axes": list(reach.lead_axes),
+        "stored": list(reach.stored),
+        "seq_q": reach.seq_q,
+        "seq_k": reach.seq_k,
+        "summary": describe(reach),
+        "queries": list(reach.queries) if reach.queries is not None else None,
+        "patterns": [[list(run) for run in reach.patterns[p]] for p in used],
+        "rows": [
+            {"index": list(s), "patterns": [number[p] for p in row]}
+            for s, row in zip(slices, rows, strict=False)
+        ],
+        "slices_omitted": len(slices) - written,
+        "padding": [[list(run) for run in runs] for runs in reach.padding],
+        "marks": [
+            {"index": list(index), "query": query, "keys": [list(run) for run in runs]}
+            for index, query, runs in reach.marks
+        ],
+    }

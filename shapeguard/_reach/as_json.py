@@ -33,7 +33,7 @@ def reach_dict(reach: Reach) -> dict:
         "queries": list(reach.queries) if reach.queries is not None else None,
         "patterns": [[list(run) for run in reach.patterns[p]] for p in used],
         "rows": [
-            {"index": list(s), "patterns": [number[p] for p in row]}
+            {"index": list(s), "pattern": [number[p] for p in row]}
             for s, row in zip(slices, rows, strict=False)
         ],
         "slices_omitted": len(slices) - written,

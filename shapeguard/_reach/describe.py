@@ -136,7 +136,11 @@ def slice_text(reach: Reach, index: tuple[int, ...], padding: Runs) -> str:
     rows = [(q, reach.row(index, q)) for q in reach.kept_queries]
     past = reach.seq_k - reach.seq_q
     real = [(q, r) for q, r in rows if not _inside(q + past, padding)] or rows
+    # Rows that see keys the intent calls padding (its invariants flag them) are named as
+    # they are, the padding not taken out.
     named = pattern(real, reach.seq_q, reach.seq_k, padding)
+    if named is None and padding:
+        named = pattern(rows, reach.seq_q, reach.seq_k)
     if named is not None:
         return named
     q, runs = real[-1]
@@ -156,6 +160,8 @@ def pattern(
         return "all keys"
     for past in dict.fromkeys((max(seq_k - seq_q, 0), 0)):
         cached = f", {past} cached keys" if past else ""
+        if past == 0 and seq_k > seq_q:
+            cached = " from key 0 (top-left)"  # the later keys are seen by no query
         ends = [min(q + past + 1, seq_k) for q, _ in rows]
         if all(r == subtract(((0, e),), padding) for (_, r), e in zip(rows, ends, strict=True)):
             return "causal" + cached

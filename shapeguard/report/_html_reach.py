@@ -103,7 +103,7 @@ def svg_matrix(reach: Reach, picture: Picture, queries: list[int]) -> str:
     ]
     title = f"{picture.label}: query {queries[-1]} sees {runs_text(reach.row(picture.index, queries[-1]))}"
     return (
-        f'<svg class="reach" xmlns="http://www.w3.org/2000/svg" role="img" '
+        f'<svg class="reach" role="img" '
         f'width="{_n(MARGIN + width + 8)}" height="{_n(MARGIN + height + 4)}">'
         f"<title>{escaped(title)}</title>{''.join(parts)}</svg>"
     )

@@ -414,3 +414,35 @@ def test_report_loads_in_headless_chromium_without_errors(tmp_path):
     assert white / len(pixels) < 0.95, "the screenshot is (almost) blank"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, ARTIFACTS / "html-report.png")
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason="no /usr/bin/chromium: install Debian's `chromium` package to run the browser test",
+)
+def test_reach_pictures_load_in_headless_chromium_without_errors(tmp_path):
+    """The reach section of a causal, left-padded site (example 1's keys 0..1 padding, one
+    flagged row) drawn by a real browser: no console error, its SVGs there, not blank."""
+    from reach_pictures import left_padded_trace, reach_page
+
+    page = tmp_path / "reach.html"
+    page.write_text(reach_page(left_padded_trace()))
+    url = page.as_uri()
+    dom = _chromium("--dump-dom", url, user_data=tmp_path / "profile-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "data-js-error" not in dom.stdout
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    assert console == [], console
+    assert dom.stdout.count('<svg class="reach"') == 2  # examples 0 and 2 alike, example 1
+    assert 'class="pad"' in dom.stdout and 'class="flag"' in dom.stdout
+
+    shot = tmp_path / "reach.png"
+    taken = _chromium(
+        f"--screenshot={shot}", "--window-size=720,420", url, user_data=tmp_path / "profile-shot"
+    )
+    assert taken.returncode == 0 and shot.exists(), taken.stderr[-2000:]
+    pixels = _png_pixels(shot.read_bytes())
+    assert b"\x34\x51\xb2" in pixels, "no cell drawn in the seen color"
+    assert sum(p == b"\xff\xff\xff" for p in pixels) / len(pixels) < 0.97, "almost blank"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, ARTIFACTS / "reach.png")

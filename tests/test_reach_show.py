@@ -131,6 +131,15 @@ def test_a_sampled_site_says_so_and_derives_no_padding():
     assert describe(reach(causal(600), 2, 3)) == "causal (from 512 of 600 queries, sampled)"
 
 
+def test_a_site_without_queries_is_said_and_not_drawn():
+    site = Reach.from_visible(torch.ones(0, 5, dtype=torch.bool), op="softmax")
+    assert describe(site) == "no cell (0 queries, 5 keys)"
+    assert render_reach(traced(site)) == (
+        f"softmax in (top level) [seq_q=0, seq_k=5], read from: mask\n  no cell (0 queries, 5 keys)\n\n{LEGEND}\n"
+    )
+    assert '<svg class="reach"' not in render_html(traced(site))
+
+
 def test_pattern_reads_runs_of_any_origin():
     rows = [(0, ((0, 1),)), (1, ((0, 2),)), (2, ((1, 3),)), (3, ((2, 4),))]
     assert pattern(rows, 4, 4) == "window 2"

@@ -32,6 +32,8 @@ def example_axis(reach: Reach) -> int | None:
 
 def describe(reach: Reach) -> str:
     """The one-line description of `reach` (see the module's docstring)."""
+    if not reach.seq_q or not reach.seq_k:
+        return f"no cell ({reach.seq_q} queries, {reach.seq_k} keys)"
     axis = example_axis(reach)
     padding = paddings(reach)
     texts = {index: slice_text(reach, index, pad) for index, pad in padded_slices(reach)}

@@ -47,7 +47,7 @@ def _site(trace, number: int, reach: Reach) -> str:
         f"<code>{escaped(f.kind)}</code> {escaped(f.headline)}</li>"
         for n, f in findings_at(trace, reach)
     )
-    drawn, more = pictures(reach)
+    drawn, more = pictures(reach) if reach.seq_q and reach.seq_k else ([], 0)
     figures = "".join(_figure(reach, p) for p in drawn)
     tail = f'<p class="note">{more} more distinct slices not drawn.</p>' if more else ""
     return (

@@ -76,7 +76,7 @@ def site_text(trace, reach: Reach) -> str:
     shape = f"[{lead + ', ' if lead else ''}seq_q={reach.seq_q}, seq_k={reach.seq_k}]"
     lines = [f"{site_label(trace, reach)} {shape}, read from: {reach.how}", f"  {describe(reach)}"]
     lines += [f"  {f.severity} {f.kind}: {f.headline}" for _, f in findings_at(trace, reach)]
-    drawn, more = pictures(reach)
+    drawn, more = pictures(reach) if reach.seq_q and reach.seq_k else ([], 0)
     for picture in drawn:
         lines.append(f"  {picture.label}:")
         lines += [

@@ -4,12 +4,9 @@ a LAYER that names no site as a usage error that lists the sites."""
 import textwrap
 
 import pytest
-import torch
 from click.testing import CliRunner
 
-from shapeguard._cli import commands as _cli
 from shapeguard._cli.commands import cli
-from shapeguard._reach.rows import Reach
 
 MODEL = """
 import math
@@ -66,36 +63,7 @@ def model(tmp_path):
     return path
 
 
-@pytest.fixture
-def recorded(monkeypatch):
-    """The sites' reach as the recording gives it (`Reach.from_visible` of the masks this
-    model builds), where the trace recorded none: the option is tested on its own."""
-    real = _cli._load_and_run
-
-    def load_and_run(*args, **kwargs):
-        picked, inputs, run = real(*args, **kwargs)
-        if not run.trace.reach:
-            keep = torch.ones(3, 9, dtype=torch.bool)
-            keep[1, :2] = False
-            visible = torch.ones(9, 9, dtype=torch.bool).tril() & keep[:, None, None, :]
-            for n in (0, 1):
-                run.trace.reach.append(
-                    Reach.from_visible(
-                        visible,
-                        lead=(3, 4),
-                        op="softmax",
-                        module=f"layers.{n}",
-                        location="model.py:20",
-                        lead_axes=("batch", "heads"),
-                        event=100 + n,
-                    )
-                )
-        return picked, inputs, run
-
-    monkeypatch.setattr(_cli, "_load_and_run", load_and_run)
-
-
-def test_reach_of_one_layer_is_drawn_on_stdout(model, recorded):
+def test_reach_of_one_layer_is_drawn_on_stdout(model):
     result = run("trace", model, "--reach", "layers.1")
     assert result.exit_code == 0, result.stderr
     out = result.stdout.splitlines()
@@ -112,14 +80,14 @@ def test_reach_of_one_layer_is_drawn_on_stdout(model, recorded):
     assert result.stderr == ""
 
 
-def test_reach_without_a_layer_draws_every_site(model, recorded):
+def test_reach_without_a_layer_draws_every_site(model):
     result = run("trace", model, "--reach")
     assert result.exit_code == 0, result.stderr
     assert result.stdout.count("read from: mask") == 2
     assert result.stderr == ""
 
 
-def test_a_layer_that_names_no_site_is_a_usage_error_listing_the_sites(model, recorded):
+def test_a_layer_that_names_no_site_is_a_usage_error_listing_the_sites(model):
     result = run("trace", model, "--reach=decoder")
     assert result.exit_code == 2
     assert result.stdout == ""
@@ -129,7 +97,7 @@ def test_a_layer_that_names_no_site_is_a_usage_error_listing_the_sites(model, re
     ]
 
 
-def test_the_table_has_the_sites_lines_folded(model, recorded):
+def test_the_table_has_the_sites_lines_folded(model):
     result = run("trace", model)
     assert result.exit_code == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if "reach" in line]

@@ -287,6 +287,7 @@ def test_the_json_reach_list_holds_the_site_and_its_rows_as_runs():
         "seq_q": 4,
         "seq_k": 4,
         "summary": "causal + padding: key 3 in example 1",
+        "count": 1,
         "queries": None,
         "patterns": [[[0, 1]], [[0, 2]], [[0, 3]], [[0, 4]]],
         "rows": [

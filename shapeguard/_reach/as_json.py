@@ -30,6 +30,7 @@ def reach_dict(reach: Reach) -> dict:
         "seq_q": reach.seq_q,
         "seq_k": reach.seq_k,
         "summary": describe(reach),
+        "count": reach.count,
         "queries": list(reach.queries) if reach.queries is not None else None,
         "patterns": [[list(run) for run in reach.patterns[p]] for p in used],
         "rows": [

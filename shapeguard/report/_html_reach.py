@@ -26,9 +26,11 @@ svg.reach text { font-size:10px; fill:var(--muted); font-family:ui-monospace,mon
 """
 
 
-def reach_section(trace) -> str:
-    """Every site's reach, with a legend; a note where no site was recorded."""
-    if not trace.reach:
+def reach_section(trace, sites: list[Reach] | None = None) -> str:
+    """Every site's reach (or those of `sites`), with a legend; a note where none was
+    recorded."""
+    sites = trace.reach if sites is None else sites
+    if not sites:
         return '<p class="note">No attention site\'s reach was recorded.</p>'
     legend = (
         '<p class="note">Which keys each query can see, read from the values that reach the '
@@ -38,7 +40,7 @@ def reach_section(trace) -> str:
         '<span class="swatch" style="background:#f6d7a7"></span>padding'
         '<span class="swatch" style="background:#c62828"></span>flagged by a finding</p>'
     )
-    return legend + "".join(_site(trace, n, reach) for n, reach in enumerate(trace.reach))
+    return legend + "".join(_site(trace, n, reach) for n, reach in enumerate(sites))
 
 
 def _site(trace, number: int, reach: Reach) -> str:

@@ -44,6 +44,11 @@ def table_lines(trace, *, fold: bool = False) -> list[str]:
             continue
         seen.add(key)
         lines.append(f"reach {site_label(trace, reach)}: {text}")
+    dropped = getattr(trace, "reach_dropped", 0)
+    if dropped:
+        lines.append(
+            f"{dropped} more distinct reach{'es' if dropped != 1 else ''} not kept (the trace's bound)"
+        )
     if folded:
         alike = "sites not shown: they repeat" if folded != 1 else "site not shown: it repeats"
         lines.append(f"{folded} reach {alike} a site above in another layer (--no-fold shows them)")

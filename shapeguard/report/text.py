@@ -240,8 +240,7 @@ def render_table(
     for row in rows:
         # Text cells: "[batch=2, ...]" would otherwise be read as rich markup.
         table.add_row(*(Text(row[i]) for i in keep))
-    # One line per attention site: what its queries see (`_reach_text`).
-    lines = table_lines(trace, fold=fold)
+    lines = []
     if not rows and not all_ops and trace.events:
         count = len(trace.events)
         lines.append(
@@ -256,6 +255,8 @@ def render_table(
             f"{folded} {repeat} above in another layer, with the same op and shapes "
             "(--no-fold shows them)"
         )
+    # One line per attention site: what its queries see (`_reach_text`).
+    lines += table_lines(trace, fold=fold)
     lines += _findings_lines(trace, notes)
     return _render(table, lines, width=width, color=color).rstrip() + "\n"
 

@@ -96,6 +96,12 @@ def test_the_intents_padding_is_the_one_said(batch, heads, seq):
     hidden[1, :, :2, :] = True  # the padded query's row unmasked, as transformers does
     site = dataclasses.replace(reach(hidden, batch, heads), padding=((), ((0, 2),)))
     assert describe(site) == "causal + padding: keys 0..1 in example 1"
+    # The padding mask put on the query axis: the padded queries see nothing, the real
+    # ones every key up to their own, padding included (the intent's marks flag those).
+    on_queries = causal(seq).expand(batch, 1, seq, seq).clone()
+    on_queries[1, :, :2, :] = False
+    site = dataclasses.replace(reach(on_queries, batch, heads), padding=((), ((0, 2),)))
+    assert describe(site) == "causal + padding: keys 0..1 in example 1"
 
 
 @pytest.mark.parametrize(("batch", "heads", "seq"), SIZES, ids=IDS)

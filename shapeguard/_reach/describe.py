@@ -142,7 +142,7 @@ def slice_text(reach: Reach, index: tuple[int, ...], padding: Runs) -> str:
     # they are, the padding not taken out.
     named = pattern(real, reach.seq_q, reach.seq_k, padding)
     if named is None and padding:
-        named = pattern(rows, reach.seq_q, reach.seq_k)
+        named = pattern(real, reach.seq_q, reach.seq_k)
     if named is not None:
         return named
     q, runs = real[-1]

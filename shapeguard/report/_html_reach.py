@@ -16,6 +16,7 @@ MARGIN = 34  # room for the query labels on the left and the key labels above
 REACH_CSS = """
 .reach-site { margin:0 0 22px; } .reach-site h3 { font-size:14px; margin:0 0 2px; }
 .reach-site .describe { margin:0 0 6px; font-family:ui-monospace,"DejaVu Sans Mono",Menlo,monospace; }
+.reach-site ul.reach-findings { list-style:none; padding-left:0; margin:0 0 6px; }
 .reach-site .pictures { display:flex; flex-wrap:wrap; gap:14px; }
 .reach-site figure { margin:0; font-size:12px; color:var(--muted); }
 svg.reach rect.hidden { fill:#eef0f4; } svg.reach rect.seen { fill:#3451b2; }

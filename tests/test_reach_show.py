@@ -11,7 +11,7 @@ import torch
 
 import shapeguard
 from shapeguard._errors import Finding
-from shapeguard._reach.as_json import JSON_MAX_ROWS
+from shapeguard._reach.as_json import JSON_MAX_ROWS, JSON_MAX_RUNS
 from shapeguard._reach.describe import describe, pattern
 from shapeguard._reach.rows import Reach
 from shapeguard.report._reach_text import LEGEND, NoSuchSite, render_reach, table_lines
@@ -307,10 +307,20 @@ def test_the_json_reach_list_holds_the_site_and_its_rows_as_runs():
 
 
 def test_the_json_rows_are_bounded():
+    triangles = torch.stack([torch.ones(64, 64, dtype=torch.bool).tril(k) for k in range(-50, 50)])
+    site = Reach.from_visible(triangles, lead=(100,), op="softmax")
+    (found,) = traced(site).to_dict()["reach"]
+    assert len(found["rows"]) == JSON_MAX_ROWS // 64 and found["slices_omitted"] == 100 - 64
+    used = {p for r in found["rows"] for p in r["pattern"]}
+    assert used == set(range(len(found["patterns"])))
+
+
+def test_the_json_runs_are_bounded_for_scattered_masks():
     torch.manual_seed(0)
     site = Reach.from_visible(torch.rand(100, 64, 64) > 0.5, lead=(100,), op="softmax")
     (found,) = traced(site).to_dict()["reach"]
-    assert len(found["rows"]) == JSON_MAX_ROWS // 64 and found["slices_omitted"] == 100 - 64
-    assert sum(len(r["pattern"]) for r in found["rows"]) <= JSON_MAX_ROWS
-    used = {p for r in found["rows"] for p in r["pattern"]}
-    assert used == set(range(len(found["patterns"])))
+    runs = sum(len(pattern) for pattern in found["patterns"])
+    assert runs <= JSON_MAX_RUNS < runs + 64 * 64
+    assert found["slices_omitted"] == 100 - len(found["rows"]) > 0
+    said = r"query 63 sees keys [^;]*, \.\.\. \(\d+ runs\) \(\d+ of 64\) in example \d"
+    assert re.fullmatch(f"{said}; {said}; {said}; and 97 more groups of examples", found["summary"])

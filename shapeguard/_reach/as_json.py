@@ -4,9 +4,11 @@ where it is, its sizes, its description, and its rows as runs of visible keys, b
 from .describe import describe
 from .rows import Reach
 
-# Stored rows written per site at most: whole leading slices while they fit (one at least);
-# the slices left out are counted in `slices_omitted`.
+# Stored rows, and runs in the patterns they use, written per site at most: whole leading
+# slices while both fit; the slices left out are counted in `slices_omitted` (all of them
+# where one slice of a scattered mask holds more runs than that).
 JSON_MAX_ROWS = 4096
+JSON_MAX_RUNS = 65536
 
 
 def reach_dict(reach: Reach) -> dict:
@@ -14,9 +16,20 @@ def reach_dict(reach: Reach) -> dict:
     kept query; `patterns` the distinct rows as [start, stop) runs of visible keys."""
     kept = len(reach.kept_queries)
     slices = list(reach.slices())
-    written = max(1, min(len(slices), JSON_MAX_ROWS // max(kept, 1)))
-    rows = [list(reach.rows[i * kept : (i + 1) * kept]) for i in range(written)]
-    used = sorted({p for row in rows for p in row})
+    rows: list[list[int]] = []
+    seen: set[int] = set()
+    runs = 0
+    for i in range(len(slices)):
+        row = list(reach.rows[i * kept : (i + 1) * kept])
+        new = set(row) - seen
+        more = sum(len(reach.patterns[p]) for p in new)
+        if (len(rows) + 1) * kept > max(JSON_MAX_ROWS, kept) or runs + more > JSON_MAX_RUNS:
+            break
+        rows.append(row)
+        seen |= new
+        runs += more
+    written = len(rows)
+    used = sorted(seen)
     number = {p: n for n, p in enumerate(used)}
     return {
         "site": reach.module,

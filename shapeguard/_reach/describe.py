@@ -18,6 +18,8 @@ from .rows import Reach, Runs, count, runs_text
 
 # Groups of examples (or heads) listed by name in one line; the rest are counted.
 MAX_GROUPS = 3
+# Runs of a row said in words at most (a scattered mask's row may hold thousands).
+MAX_RUNS_SAID = 4
 
 
 def example_axis(reach: Reach) -> int | None:
@@ -146,7 +148,14 @@ def slice_text(reach: Reach, index: tuple[int, ...], padding: Runs) -> str:
     if named is not None:
         return named
     q, runs = real[-1]
-    return f"query {q} sees {runs_text(runs)} ({count(runs)} of {reach.seq_k})"
+    return f"query {q} sees {bounded_runs_text(runs)} ({count(runs)} of {reach.seq_k})"
+
+
+def bounded_runs_text(runs: Runs, limit: int = MAX_RUNS_SAID) -> str:
+    """`runs_text` of at most `limit` runs: `keys 0..2, 4, 6, ... (1021 runs)` past it."""
+    if len(runs) <= limit:
+        return runs_text(runs)
+    return f"{runs_text(runs[:limit])}, ... ({len(runs)} runs)"
 
 
 def pattern(

@@ -3,8 +3,10 @@ one small inline SVG matrix per group of alike examples and heads (queries as ro
 columns), padding and flagged cells marked. Drawn from runs, so a long sequence is as cheap
 as a short one; past `MAX_SVG_ROWS` queries the rows are sampled, and the picture says so."""
 
-from .._reach.describe import describe
-from .._reach.rows import Reach, runs_text
+import math
+
+from .._reach.describe import bounded_runs_text, describe
+from .._reach.rows import Reach
 from ._html_page import escaped
 from ._reach_view import Picture, findings_at, pictures, sampling_note, shown_queries, site_label
 
@@ -87,8 +89,14 @@ def svg_matrix(reach: Reach, picture: Picture, queries: list[int]) -> str:
     ]
     for i, q in enumerate(queries):
         y = MARGIN + i * ch
-        parts += [_run(a, b, y, cw, ch, "seen") for a, b in reach.row(picture.index, q)]
-        parts += [_run(a, b, y, cw, ch, "flag") for a, b in picture.marks.get(q, ())]
+        parts += [
+            _run(a, b, y, cw, ch, "seen")
+            for a, b in _pixels(reach.row(picture.index, q), cw, reach.seq_k)
+        ]
+        parts += [
+            _run(a, b, y, cw, ch, "flag")
+            for a, b in _pixels(picture.marks.get(q, ()), cw, reach.seq_k)
+        ]
     if cw >= 6 and ch >= 6:  # small enough to tell cells apart: a white grid between them
         parts += [
             _line(MARGIN + k * cw, MARGIN, MARGIN + k * cw, MARGIN + height)
@@ -104,7 +112,7 @@ def svg_matrix(reach: Reach, picture: Picture, queries: list[int]) -> str:
         f'<text x="{MARGIN - 4}" y="{_n(MARGIN + ch)}" text-anchor="end">q{queries[0]}</text>',
         f'<text x="{MARGIN - 4}" y="{_n(MARGIN + height)}" text-anchor="end">q{queries[-1]}</text>',
     ]
-    title = f"{picture.label}: query {queries[-1]} sees {runs_text(reach.row(picture.index, queries[-1]))}"
+    title = f"{picture.label}: query {queries[-1]} sees {bounded_runs_text(reach.row(picture.index, queries[-1]))}"
     return (
         f'<svg class="reach" role="img" '
         f'width="{_n(MARGIN + width + 8)}" height="{_n(MARGIN + height + 4)}">'
@@ -112,7 +120,23 @@ def svg_matrix(reach: Reach, picture: Picture, queries: list[int]) -> str:
     )
 
 
-def _run(a: int, b: int, y: float, cw: float, ch: float, kind: str) -> str:
+def _pixels(runs, cw: float, keys: int) -> list[tuple[float, float]]:
+    """`runs` as drawn at `cw` pixels a key: where a pixel holds several keys, runs that
+    meet in one pixel are one rect (a scattered row is at most one rect a pixel, not one
+    a run)."""
+    if cw >= 1:
+        return list(runs)
+    out: list[tuple[float, float]] = []
+    for a, b in runs:
+        start, stop = math.floor(a * cw) / cw, min(math.ceil(b * cw) / cw, keys)
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
+
+
+def _run(a: float, b: float, y: float, cw: float, ch: float, kind: str) -> str:
     return (
         f'<rect class="{kind}" x="{_n(MARGIN + a * cw)}" y="{_n(y)}" width="{_n((b - a) * cw)}" '
         f'height="{_n(ch)}"/>'

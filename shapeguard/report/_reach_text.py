@@ -1,6 +1,7 @@
 """The reach as text: the trace table's line per attention site, and the character matrix
 `shapeguard trace --reach [LAYER]` prints (queries as rows, keys as columns)."""
 
+import bisect
 import re
 
 from .._reach.describe import describe
@@ -134,4 +135,11 @@ def _cell(row: Runs, padding: Runs, flagged: Runs, a: int, b: int) -> str:
 
 
 def _overlap(runs: Runs, a: int, b: int) -> int:
-    return sum(max(0, min(b, d) - max(a, c)) for c, d in runs)
+    """How many of keys a..b-1 the sorted, disjoint `runs` hold (found by bisection: a row
+    of a scattered mask may hold thousands of runs)."""
+    total = 0
+    for c, d in runs[bisect.bisect_right(runs, a, key=lambda run: run[1]) :]:
+        if c >= b:
+            break
+        total += min(b, d) - max(a, c)
+    return total

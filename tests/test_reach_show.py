@@ -275,6 +275,11 @@ def test_the_html_samples_long_sites_visibly_and_leaves_out_the_section_without_
     assert "64 of 700 queries drawn (sampled; the trace kept 512)" in page
     assert page.count('class="seen"') == 64
     assert 'id="reach"' not in render_html(traced())
+    torch.manual_seed(0)
+    site = reach(torch.rand(8, 3000) > 0.5, 1, 1)  # ~750 runs a row, 3000 keys in 360 px
+    runs = sum(len(site.row((0, 0), q)) for q in range(8))
+    drawn = render_html(traced(site)).count('class="seen"')
+    assert runs > 8 * 360 and 0 < drawn <= 8 * 360 // 2  # a gap of a pixel between rects
 
 
 # -- JSON -------------------------------------------------------------------------------------------

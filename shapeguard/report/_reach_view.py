@@ -134,7 +134,10 @@ def sampling_note(reach: Reach, drawn: int) -> str:
 def _event(trace, index: int):
     if index < 0:
         return None
-    for event in trace.events:
+    events = trace.events
+    if index < len(events) and events[index].index == index:
+        return events[index]  # no event dropped before it: its position is its index
+    for event in events:
         if event.index == index:
             return event
     return None

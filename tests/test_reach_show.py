@@ -270,6 +270,15 @@ def test_the_html_draws_each_site_with_padding_flags_and_its_findings():
     assert drawn in render_fragment(traced(first, second, findings=[flagged]))
 
 
+def test_a_notebook_shows_the_reach_of_a_real_trace():
+    from reach_pictures import left_padded_trace
+
+    shown = left_padded_trace()._repr_html_()
+    assert shown.startswith('<div class="shapeguard">')
+    assert "causal + padding: keys 0..1 in example 1" in shown
+    assert shown.count('<svg class="reach"') == 2 and shown.count('class="pad"') == 1
+
+
 def test_the_html_samples_long_sites_visibly_and_leaves_out_the_section_without_reach():
     page = render_html(traced(reach(causal(700), 1, 1)))
     assert "64 of 700 queries drawn (sampled; the trace kept 512)" in page

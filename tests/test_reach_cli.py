@@ -107,3 +107,13 @@ def test_the_table_has_the_sites_lines_folded(model):
     assert lines[1] == (
         "1 reach site not shown: it repeats a site above in another layer (--no-fold shows them)"
     )
+
+
+def test_a_file_taken_as_the_layer_says_where_reach_goes(model):
+    result = run("trace", "--reach", model)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"shapeguard: error: --reach took {model} as its LAYER: put --reach after FILE "
+        f"(shapeguard trace {model} --reach), or write --reach=LAYER"
+    ]

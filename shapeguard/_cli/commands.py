@@ -8,6 +8,7 @@ warnings) to stderr. torch is imported only by the commands that need it.
 """
 
 import contextlib
+import os
 import sys
 from collections.abc import Mapping
 
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     flag_value="",
     default=None,
     metavar="[LAYER]",
+    callback=lambda ctx, param, value: _reach_layer(value),
     help="Instead of the table, draw which keys each query sees at the attention sites of "
     "LAYER (a module path, a glob or a substring of one; every site without it), per example "
     "and head where they differ. Put it after FILE, or write --reach=LAYER.",
@@ -146,6 +148,17 @@ def _trace_and_report(target, all_ops: bool, no_fold: bool, hold, reach_layer=No
         raise Failed(
             _count_text(trace) + f" in {target.file}", run.shape_error, target.show_traceback
         )
+
+
+def _reach_layer(value: str | None) -> str | None:
+    """--reach's LAYER; a Python file there is FILE taken as the LAYER (`--reach model.py`:
+    an option's optional value takes the next word), a usage error that says so."""
+    if value and value.endswith(".py") and os.path.isfile(value):
+        raise UsageFailure(
+            f"--reach took {value} as its LAYER: put --reach after FILE "
+            f"(shapeguard trace {value} --reach), or write --reach=LAYER"
+        )
+    return value
 
 
 def _reach_text(trace, layer: str | None) -> str | None:

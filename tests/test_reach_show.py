@@ -15,6 +15,7 @@ from shapeguard._reach.as_json import JSON_MAX_ROWS, JSON_MAX_RUNS
 from shapeguard._reach.describe import describe, pattern
 from shapeguard._reach.rows import Reach
 from shapeguard.report._reach_text import LEGEND, NoSuchSite, render_reach, table_lines
+from shapeguard.report._reach_view import MAX_PICTURES, pictures
 from shapeguard.report.html import render_fragment, render_html
 
 # (batch, heads, seq): pairwise distinct, coincident, realistic.
@@ -224,6 +225,27 @@ def test_the_matrix_draws_each_distinct_example_with_padding_and_flags():
         "\n"
         f"{LEGEND}\n"
     )
+
+
+def test_pictures_are_labelled_with_the_examples_and_heads_they_stand_for():
+    by_head = torch.stack([causal(7) if h % 2 == 0 else window(7, 3) for h in range(4)])
+    drawn, more = pictures(reach(by_head, 3, 4))
+    assert [p.label for p in drawn] == ["every example, heads 0, 2", "every example, heads 1, 3"]
+    assert more == 0
+    checkered = torch.stack(
+        [
+            torch.stack([causal(7) if (h + b) % 2 == 0 else window(7, 3) for h in range(4)])
+            for b in range(3)
+        ]
+    )
+    drawn, _ = pictures(reach(checkered, 3, 4))
+    assert [p.label for p in drawn] == [
+        "slices [0, 0], [0, 2], [1, 1], [1, 3] and 2 more",
+        "slices [0, 1], [0, 3], [1, 0], [1, 2] and 2 more",
+    ]
+    distinct = torch.stack([window(7, w) for w in range(1, 8)])  # 7 heads, 7 pictures
+    drawn, more = pictures(reach(distinct, 1, 7))
+    assert len(drawn) == MAX_PICTURES and more == 7 - MAX_PICTURES
 
 
 def test_long_sites_are_sampled_and_share_columns_and_say_so():

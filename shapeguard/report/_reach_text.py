@@ -89,7 +89,7 @@ def site_text(trace, reach: Reach) -> str:
             "    " + line for line in matrix(reach, picture.index, picture.padding, picture.marks)
         ]
     if more:
-        lines.append(f"  {more} more distinct slices not drawn (--json has every row)")
+        lines.append(f"  {more} more distinct slices not drawn (--json writes their rows)")
     return "\n".join(lines)
 
 

@@ -233,10 +233,20 @@ class Stack(nn.Module):
     assert folded.exit_code == 0, folded.stderr
     assert "blocks.0 " in folded.stdout and "blocks.3 " not in folded.stdout
     assert "rows not shown: they repeat rows above in another layer" in folded.stdout
-    assert re.match(r"\d+ rows not shown", folded.stdout.splitlines()[-2])
-    assert CLEAN.match(folded.stdout.splitlines()[-1])
+    lines = folded.stdout.splitlines()
+    assert re.match(r"\d+ rows not shown", lines[-4])
+    assert lines[-3].startswith("reach #") and " in blocks.0 (model.py:" in lines[-3]
+    assert lines[-2] == (
+        "3 reach sites not shown: they repeat a site above in another layer (--no-fold shows them)"
+    )
+    assert CLEAN.match(lines[-1])
     every = run("trace", path, "--no-fold")
     assert "blocks.3 " in every.stdout and "not shown" not in every.stdout
+    assert [
+        line.split(" in ")[1].split(" ")[0]
+        for line in every.stdout.splitlines()
+        if line.startswith("reach #")
+    ] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
 
 
 # -- trace: violations and crashes (exit 1) ----------------------------------------------------

@@ -414,3 +414,39 @@ def test_report_loads_in_headless_chromium_without_errors(tmp_path):
     assert white / len(pixels) < 0.95, "the screenshot is (almost) blank"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, ARTIFACTS / "html-report.png")
+
+
+@pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason="no /usr/bin/chromium: install Debian's `chromium` package to run the browser test",
+)
+def test_reach_pictures_load_in_headless_chromium_without_errors(tmp_path):
+    """The reach section of a real trace (a causal layer, example 1 left-padded by two
+    tokens) drawn by a real browser: no console error, its SVGs there, not blank."""
+    from reach_pictures import left_padded_trace, reach_page
+
+    trace = left_padded_trace()
+    assert [r.op for r in trace.reach] == ["softmax"]
+    page = tmp_path / "reach.html"
+    page.write_text(reach_page(trace))
+    url = page.as_uri()
+    dom = _chromium("--dump-dom", url, user_data=tmp_path / "profile-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "data-js-error" not in dom.stdout
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    assert console == [], console
+    assert "causal + padding: keys 0..1 in example 1" in dom.stdout
+    assert dom.stdout.count('<svg class="reach"') == 2  # examples 0 and 2 alike, example 1
+    assert dom.stdout.count('class="pad"') == 1
+
+    shot = tmp_path / "reach.png"
+    taken = _chromium(
+        f"--screenshot={shot}", "--window-size=720,330", url, user_data=tmp_path / "profile-shot"
+    )
+    assert taken.returncode == 0 and shot.exists(), taken.stderr[-2000:]
+    pixels = _png_pixels(shot.read_bytes())
+    assert b"\x34\x51\xb2" in pixels, "no cell drawn in the seen color"
+    assert b"\xf6\xd7\xa7" in pixels, "no padding drawn"
+    assert sum(p == b"\xff\xff\xff" for p in pixels) / len(pixels) < 0.97, "almost blank"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, ARTIFACTS / "reach.png")

@@ -8,6 +8,7 @@ warnings) to stderr. torch is imported only by the commands that need it.
 """
 
 import contextlib
+import os
 import sys
 from collections.abc import Mapping
 
@@ -72,7 +73,19 @@ def main(argv: list[str] | None = None) -> None:
     "mesh), its tp_plan dict, or q/k/v colwise and the output projection rowwise; "
     "--tp 1,2,4,8 sweeps the degrees and names those that work.",
 )
-def trace(target, all_ops, no_fold, tp_degrees):
+@click.option(
+    "--reach",
+    "reach_layer",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[LAYER]",
+    callback=lambda ctx, param, value: _reach_layer(value),
+    help="Instead of the table, draw which keys each query sees at the attention sites of "
+    "LAYER (a module path, a glob or a substring of one; every site without it), per example "
+    "and head where they differ. Put it after FILE, or write --reach=LAYER.",
+)
+def trace(target, all_ops, no_fold, tp_degrees, reach_layer):
     """Run one forward of the model in FILE and show every attention tensor's shape.
 
     Inputs come from --input, else FILE's example_inputs(), else the forward's
@@ -91,12 +104,12 @@ def trace(target, all_ops, no_fold, tp_degrees):
 
     hold = Freezer()  # the collector frozen from the model's build until the report is out
     try:
-        _trace_and_report(target, all_ops, no_fold, hold)
+        _trace_and_report(target, all_ops, no_fold, hold, reach_layer)
     finally:
         hold.close()
 
 
-def _trace_and_report(target, all_ops: bool, no_fold: bool, hold) -> None:
+def _trace_and_report(target, all_ops: bool, no_fold: bool, hold, reach_layer=None) -> None:
     from ..report.text import render_findings, render_table, render_target
 
     with target.loaded() as module, contextlib.ExitStack() as stack:
@@ -105,12 +118,15 @@ def _trace_and_report(target, all_ops: bool, no_fold: bool, hold) -> None:
     trace = run.trace
     width, color = _stdout_style()
     notes = _notes(target, picked, inputs)
+    reach = _reach_text(trace, reach_layer)
     target.report(
         trace,
         render_target(picked, inputs, width),
         # No op recorded (the forward failed at once): no table, the findings alone.
         lambda: (
-            render_table(
+            reach + render_findings(trace, notes)
+            if reach is not None
+            else render_table(
                 trace,
                 width=width,
                 color=color,
@@ -132,6 +148,30 @@ def _trace_and_report(target, all_ops: bool, no_fold: bool, hold) -> None:
         raise Failed(
             _count_text(trace) + f" in {target.file}", run.shape_error, target.show_traceback
         )
+
+
+def _reach_layer(value: str | None) -> str | None:
+    """--reach's LAYER; a Python file there is FILE taken as the LAYER (`--reach model.py`:
+    an option's optional value takes the next word), a usage error that says so."""
+    if value and value.endswith(".py") and os.path.isfile(value):
+        raise UsageFailure(
+            f"--reach took {value} as its LAYER: put --reach after FILE "
+            f"(shapeguard trace {value} --reach), or write --reach=LAYER"
+        )
+    return value
+
+
+def _reach_text(trace, layer: str | None) -> str | None:
+    """`--reach [LAYER]`'s matrices (None without the option); a LAYER that names no
+    attention site is a usage error that lists the sites."""
+    if layer is None:
+        return None
+    from ..report._reach_text import NoSuchSite, render_reach
+
+    try:
+        return render_reach(trace, layer or None) + "\n"
+    except NoSuchSite as error:
+        raise UsageFailure(str(error)) from None
 
 
 def _simulate_tp(target, text: str) -> None:

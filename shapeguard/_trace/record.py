@@ -432,6 +432,7 @@ class TraceData:
         return [f for f in self.findings if f.severity == "warning"]
 
     def to_dict(self) -> dict:
+        from .._reach.as_json import reach_dict
         from .._version import __version__
 
         return {
@@ -444,6 +445,7 @@ class TraceData:
             "suppressed": [f.to_dict() for f in self.suppressed],
             "dropped_events": self.dropped_events,
             "distributed": self.distributed_info(),
+            "reach": [reach_dict(r) for r in self.reach],
         }
 
     def distributed_info(self) -> dict | None:

@@ -18,11 +18,13 @@ from ._html_flow import flow_section
 from ._html_heatmaps import heatmap_section, hover_data
 from ._html_memory import memory_section
 from ._html_page import ERROR_TRAP, PAGE, PAGE_CSS, SCRIPT, escaped, fill_template
+from ._html_reach import REACH_CSS, reach_section
 from ._html_source import line_anchor, source_section
 
 __all__ = ["capture_attention", "render_fragment", "render_html"]
 
 _MAX_OPS_LISTED = 3000
+CSS = PAGE_CSS + REACH_CSS
 
 
 def render_html(
@@ -56,6 +58,7 @@ def render_html(
     sections = [] if checks is None else [("checks", "Checks", _checks_section(checks))]
     sections += [
         ("flow", "Attention flow", flow_section(trace, blocks)),
+        *([("reach", "Attention reach", reach_section(trace))] if trace.reach else []),
         ("findings", f"Findings ({len(trace.findings)})", _findings_section(trace)),
         ("source", "Source", source_section(trace)),
         ("heatmaps", "Attention weights", heatmap_section(trace, attention)),
@@ -70,7 +73,7 @@ def render_html(
     return fill_template(
         PAGE,
         title=escaped(title),
-        css=PAGE_CSS,
+        css=CSS,
         trap=ERROR_TRAP,
         script=SCRIPT,
         header=_header(trace, title, checks),
@@ -156,8 +159,9 @@ def _checks_section(checks) -> str:
 
 
 def render_fragment(trace) -> str:
-    """The report's findings, attention flow and its table of ops, as one `<div>` with its
-    own styles, for a notebook cell (`Trace._repr_html_`)."""
+    """The report's findings, attention flow, reach (where a site recorded one) and its
+    table of ops, as one `<div>` with its own styles, for a notebook cell
+    (`Trace._repr_html_`)."""
     from .text import attention_rows
 
     head = "".join(
@@ -171,6 +175,7 @@ def render_fragment(trace) -> str:
         f'<div class="shapeguard"><style>{_scoped_css()}</style>'
         f"<p>{escaped(_text_summary(trace))}</p>"
         f"{_findings_section(trace)}{flow_section(trace, _flow.build_blocks(trace))}"
+        f"{reach_section(trace) if trace.reach else ''}"
         f'<table class="ops"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
     )
 
@@ -178,7 +183,7 @@ def render_fragment(trace) -> str:
 def _scoped_css() -> str:
     """The page's styles, each rule limited to `.shapeguard` (a notebook has its own page)."""
     rules = []
-    for rule in PAGE_CSS.split("}"):
+    for rule in CSS.split("}"):
         selectors, brace, body = rule.partition("{")
         if not brace:
             continue

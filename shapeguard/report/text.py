@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from .. import _ops
 from .._names.roles import ROLES
 from .._values import dtype_name, is_tensor
+from ._reach_text import table_lines
 
 # Ops that make or combine attention tensors, shown even when no role was found: the
 # op table's `shown` ops, in every spelling an event may carry.
@@ -239,6 +240,9 @@ def render_table(
     At `width` columns (None: as wide as the table needs, nothing cut or wrapped) the
     columns that matter least give way first (`_FIT_STEPS`).
 
+    Under the table, one line per attention site says which keys its queries see
+    (`causal + padding: keys 7..8 in example 1`: `_reach_text.table_lines`).
+
     With `fold`, a row that repeats an earlier row in another layer (`blocks.7.attn` for
     `blocks.0.attn`: same op, tensor, shape, dtype and source line) is left out, so an
     80-layer model reads as one layer plus the layers that differ; rows with a finding
@@ -281,6 +285,8 @@ def render_table(
             f"{folded} {repeat} above in another layer, with the same op and shapes "
             "(--no-fold shows them)"
         )
+    # One line per attention site: what its queries see (`_reach_text`).
+    lines += table_lines(trace, fold=fold)
     lines += _findings_lines(trace, notes)
     return _render(table, lines, width=width, color=color).rstrip() + "\n"
 

@@ -4,7 +4,7 @@ queries past the stated size, and the text users read."""
 import pytest
 import torch
 
-from shapeguard._reach.rows import MAX_QUERIES, Reach, count, runs_text, sampled_queries
+from shapeguard._reach.rows import MAX_QUERIES, MAX_RUNS, Reach, count, runs_text, sampled_queries
 
 
 def causal(n: int) -> torch.Tensor:
@@ -52,8 +52,11 @@ def test_long_sequences_keep_a_stated_sample_of_queries():
 
 
 def test_many_distinct_slices_keep_fewer_queries_each_and_stay_bounded():
-    visible = torch.rand(64, 32, 600, 40, generator=torch.Generator().manual_seed(0)) > 0.5
-    reach = Reach.from_visible(visible)
+    # Every (example, head) slice its own prefix length: 2048 distinct slices of one run per row.
+    keys = torch.arange(40)
+    limit = (torch.arange(64 * 32).reshape(64, 32, 1, 1) + torch.arange(600).reshape(600, 1)) % 40
+    reach = Reach.from_visible(keys <= limit)
+    assert reach.stored == (64, 32)
     assert reach.queries is not None and len(reach.queries) == 8
     assert len(reach.rows) == 64 * 32 * 8
 
@@ -61,3 +64,14 @@ def test_many_distinct_slices_keep_fewer_queries_each_and_stay_bounded():
 def test_no_tensor_is_kept():
     reach = Reach.from_visible(causal(5))
     assert not any(isinstance(getattr(reach, f), torch.Tensor) for f in reach.__slots__)
+
+
+def test_a_scattered_mask_past_the_runs_bound_is_refused_not_stored_unbounded():
+    visible = torch.rand(8, 4, 600, 4096, generator=torch.Generator().manual_seed(0)) > 0.5
+    with pytest.raises(ValueError, match=f"past {MAX_RUNS}"):
+        Reach.from_visible(visible)
+
+
+def test_no_keys_gives_empty_rows():
+    reach = Reach.from_visible(torch.zeros(2, 3, 0, dtype=torch.bool))
+    assert reach.row((1,), 2) == () and reach.summary() == "query 2 sees no key (0 of 0)"

@@ -9,7 +9,8 @@ stored (lead..., query). Leading axes along which every row is alike are kept at
 one run each. Past `MAX_QUERIES` queries only a stated sample of them is kept (the
 first and last `EDGE` and evenly spaced ones between): memory stays bounded at long
 sequences, at most `MAX_ROWS` stored rows (`from_visible` raises ValueError past
-`MAX_ROWS // MIN_QUERIES` distinct leading slices: the caller records no reach there).
+`MAX_ROWS // MIN_QUERIES` distinct leading slices, or past `MAX_RUNS` runs in all: the
+caller records no reach there).
 
 Nothing here holds a tensor: a trace keeps shapes, never tensors.
 """
@@ -32,6 +33,10 @@ EDGE = 64  # the first and last queries a sample always keeps
 # kept each (`sampled_queries`), never fewer than MIN_QUERIES; the transient bool tensor
 # is at most MAX_ROWS x seq_k (64 MiB at 4096 keys).
 MAX_ROWS = 1 << 14
+# Runs kept per site in all: a scattered mask (random keys, a dropout-like pattern) has
+# about seq_k / 2 runs per row, millions at 4096 keys; past this bound `from_visible`
+# raises ValueError and the site records no reach rather than an unbounded one.
+MAX_RUNS = 1 << 16
 MIN_QUERIES = 8
 
 
@@ -239,10 +244,15 @@ def _distinct_runs(flat) -> tuple[tuple[Runs, ...], list[int]]:
 
     if flat.shape[0] == 0:
         return (), []
+    if flat.shape[1] == 0:  # no key at all: every row is the empty one
+        return ((),), [0] * flat.shape[0]
     unique, inverse = torch.unique(flat, dim=0, return_inverse=True)
     edges = torch.diff(
         torch.nn.functional.pad(unique.to(torch.int8), (1, 1)), dim=-1
     )  # 1 where a run starts, -1 one past where it ends
+    runs_in_all = int((edges == 1).sum())
+    if runs_in_all > MAX_RUNS:
+        raise ValueError(f"reach: {runs_in_all} runs of visible keys is past {MAX_RUNS}")
     starts = (edges == 1).nonzero().tolist()
     stops = (edges == -1).nonzero().tolist()
     runs: list[list[tuple[int, int]]] = [[] for _ in range(unique.shape[0])]

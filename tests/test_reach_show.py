@@ -353,10 +353,10 @@ def test_the_json_rows_are_bounded():
 
 def test_the_json_runs_are_bounded_for_scattered_masks():
     torch.manual_seed(0)
-    site = Reach.from_visible(torch.rand(100, 64, 64) > 0.5, lead=(100,), op="softmax")
+    site = Reach.from_visible(torch.rand(40, 64, 64) > 0.5, lead=(40,), op="softmax")
     (found,) = traced(site).to_dict()["reach"]
     runs = sum(len(pattern) for pattern in found["patterns"])
     assert runs <= JSON_MAX_RUNS < runs + 64 * 64
-    assert found["slices_omitted"] == 100 - len(found["rows"]) > 0
+    assert found["slices_omitted"] == 40 - len(found["rows"]) > 0
     said = r"query 63 sees keys [^;]*, \.\.\. \(\d+ runs\) \(\d+ of 64\) in example \d"
-    assert re.fullmatch(f"{said}; {said}; {said}; and 97 more groups of examples", found["summary"])
+    assert re.fullmatch(f"{said}; {said}; {said}; and 37 more groups of examples", found["summary"])

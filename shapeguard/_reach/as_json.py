@@ -8,7 +8,7 @@ from .rows import Reach
 # slices while both fit; the slices left out are counted in `slices_omitted` (all of them
 # where one slice of a scattered mask holds more runs than that).
 JSON_MAX_ROWS = 4096
-JSON_MAX_RUNS = 65536
+JSON_MAX_RUNS = 16384  # a quarter of the runs a site may hold (`rows.MAX_RUNS`)
 
 
 def reach_dict(reach: Reach) -> dict:

@@ -57,6 +57,10 @@ def reach(s: Subject) -> ProbeResult:
     layout = s.layout
     if not layout.lengths:
         return not_applicable(NAME, "no input has a token axis")
+    if layout.batch_size is None:
+        # Which axis is which example cannot be read (a view that mixed the batch in,
+        # the trace's finding): no reach to lay out per example.
+        return not_applicable(NAME, "no input has a batch axis")
     if layout.ambiguous:
         return inconclusive(NAME, layout.ambiguous)
     measured = measure(s)
@@ -309,6 +313,8 @@ def _row_line(record: MeasuredReach, i: int, b: int, q: int | None) -> str:
 
 def _passed(s: Subject, m: Measured, record: MeasuredReach, intents) -> ProbeResult:
     said = "; ".join(intents.values())
+    if s.causal and "causal" not in intents:
+        said += "; the output keeps no positions, so no claim on later inputs"
     rows = len(m.positions) if m.positions is not None else 1
     shape = f"{len(m.examples)} examples x {rows} outputs x {s.layout.lengths[0]} inputs"
     return ProbeResult(
@@ -323,7 +329,7 @@ def _passed(s: Subject, m: Measured, record: MeasuredReach, intents) -> ProbeRes
 def _measured_only(s: Subject, m: Measured, record: MeasuredReach) -> str:
     """Why no invariant applies, naming what was seen, then the reach measured."""
     seen = []
-    if (s.layout.batch_size or 1) < 2:
+    if s.layout.batch_size == 1:
         seen.append("one example")
     elif s.layout.ambiguous_batch or s.out_batch is None:
         seen.append("examples the outputs do not keep apart")

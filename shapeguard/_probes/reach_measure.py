@@ -81,7 +81,11 @@ def measure(s: Subject) -> Measured | str:
     grads = _by_autograd(s, examples, positions)
     if isinstance(grads, tuple):
         strength, how = grads
-        return Measured(strength, examples, positions, out_length, how, floor)
+        if bool(torch.isfinite(strength).all()):
+            return Measured(strength, examples, positions, out_length, how, floor)
+        # 0 * NaN: a row that sees no key (a padded query) is NaN, and its softmax's
+        # backward spreads NaN to every key's gradient, dependent or not.
+        grads = "its gradients are not finite"
     if batch * length > MAX_RUNS:
         return (
             f"{grads}, and perturbing the {batch * length} input cells one by one is past "

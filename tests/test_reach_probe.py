@@ -302,3 +302,69 @@ def test_a_tiny_bert_with_right_padding_runs_the_probe_clean():
     assert "later input" not in result.message
     r = result.reach.reach
     assert r.row((2,), 0) == ((0, 5),)  # example 2 has 5 real tokens, every one in reach
+
+
+# -- the drawing ---------------------------------------------------------------------------
+def test_the_html_report_draws_the_measured_reach_with_padding_and_marks():
+    import shapeguard
+    from shapeguard.report.html import render_html
+
+    model, x, batch, seq = model_and_data("distinct", causal=True, bug="future")
+    mask = keep_mask(batch, seq, left=True)
+    report = check(model, x, mask)
+    record = next(r for r in report.results if r.name == "reach").reach.to_dict()
+    page = render_html(shapeguard.trace(model, x, mask), probe_reach=record)
+    section = page.split('<section id="reach">')[1].split("</section>")[0]
+    assert section.startswith("<h2>Measured reach</h2>")
+    assert "Measured by autograd through x." in section
+    assert section.count("<figure>") == batch
+    assert section.count('class="pad"') == batch - 1  # example 0 has no padding
+    assert section.count('class="mark"') == 1
+    assert "<title>output 0: 0..1</title>" in section  # the leak: output 0 sees input 1
+    assert "No example moves another." in section
+    assert "http" not in section
+
+
+def test_shapeguard_check_html_draws_the_reach(tmp_path):
+    import textwrap
+
+    from click.testing import CliRunner
+
+    from shapeguard._cli.commands import cli
+
+    path = tmp_path / "leak.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import torch
+            import torch.nn.functional as F
+            from torch import nn
+
+
+            class Attn(nn.Module):
+                def __init__(self, d=64, h=4):
+                    super().__init__()
+                    self.h, self.hd = h, d // h
+                    self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+                def forward(self, x):
+                    B, T, C = x.shape
+                    q, k, v = self.c_attn(x).split(C, dim=2)
+                    q = q.view(B, T, self.h, self.hd).transpose(1, 2)
+                    k = k.view(B, T, self.h, self.hd).transpose(1, 2)
+                    v = v.view(B, T, self.h, self.hd).transpose(1, 2)
+                    hidden = torch.ones(T, T, dtype=torch.bool).triu(2)  # sees t + 1
+                    scores = (q @ k.transpose(-2, -1)).masked_fill(hidden, float("-inf"))
+                    y = F.softmax(scores / self.hd**0.5, dim=-1) @ v
+                    return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+            """
+        )
+    )
+    html = tmp_path / "report.html"
+    done = CliRunner().invoke(cli, ["check", str(path), "--html", str(html)])
+    assert done.exit_code == 1, done.stdout + done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("│ reach"))
+    assert "│ FAIL" in row
+    page = html.read_text()
+    assert '<section id="reach"><h2>Measured reach</h2>' in page
+    assert page.count('class="mark"') == 1

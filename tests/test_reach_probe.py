@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shapeguard import _config
-from shapeguard._probes import reach
+from shapeguard._probes import measured_reach
 from shapeguard._probes.check import check
 from shapeguard._probes.prepare import prepare_subject
 from shapeguard._probes.report import CheckReport
@@ -97,7 +97,7 @@ def reach_of(model, *args, **kwargs):
         traced = trace_for_probes(work, args, kwargs)
         with _config.disabled():  # the probes' runs are plain forwards, as in check
             subject = prepare_subject(work, model, args, kwargs, traced, None, 0, CheckReport(""))
-            return reach(subject)
+            return measured_reach(subject)
 
 
 def first_line(result):

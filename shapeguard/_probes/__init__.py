@@ -48,7 +48,7 @@ from .decode import decode_consistency
 from .edits import take_examples
 from .heads import head_permutation
 from .layout import read_layout
-from .reach import reach
+from .reach import measured_reach
 from .result import ProbeResult, inconclusive, not_applicable, skipped
 from .sequence import causality, key_padding, length_change, token_permutation
 from .subject import Subject, declared_sizes
@@ -71,8 +71,8 @@ __all__ = [
     "leaves",
     "length_change",
     "not_applicable",
+    "measured_reach",
     "pick",
-    "reach",
     "read_layout",
     "rebuild",
     "rtol_for",

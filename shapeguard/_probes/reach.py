@@ -52,7 +52,7 @@ class Cell:
     position: int
 
 
-def reach(s: Subject) -> ProbeResult:
+def measured_reach(s: Subject) -> ProbeResult:
     """Measure the model's reach and check it against the established intent."""
     layout = s.layout
     if not layout.lengths:

@@ -2,17 +2,18 @@
 
 By autograd where the input path is differentiable: the output of the embedding that
 turns the token ids into vectors (or the floating data input itself) is made a leaf
-that requires grad, and one backward per sampled output row (example, position), of
+that requires grad, and a backward pass per sampled output row (example, position), of
 the row against fixed random weights, gives that row's gradient with respect to every
 (example, position) of the inputs at once, so that dependence across examples shows
-too. Random weights, not the row's sum: a LayerNorm's outputs sum to a constant.
+too. The rows' passes run batched (`is_grads_batched`, vmap) where every op has a
+batching rule, else one after another. Random weights, not the row's sum: a LayerNorm's outputs sum to a constant.
 Elsewhere by perturbation: one run per input (example, position), its ids or data
 redrawn there, compared with the reference run.
 
 Bounded cost: at most `MAX_EXAMPLES` examples and `MAX_ROWS` output rows in all (the
 positions sampled per example as `_reach.rows.sampled_queries` samples queries: the
 first and last ones and evenly spaced between), so at most `MAX_ROWS` backward passes
-after one forward; perturbation only where the inputs have at most `MAX_RUNS`
+after one forward (batched: `BATCHED_CELLS` seeded output values per pass at most); perturbation only where the inputs have at most `MAX_RUNS`
 (example, position) cells. What is kept is a float `[examples, rows, batch, length]`
 of strengths, at most `MAX_ROWS x batch x length` values, dropped once the reach is read.
 
@@ -37,6 +38,8 @@ MAX_EXAMPLES = 8
 MAX_ROWS = 64  # output rows measured in all (one backward each)
 MIN_ROWS = 4  # output rows per example, at the least
 MAX_RUNS = 256  # perturbation runs (one per input cell) at the most
+# Output values seeded per batched backward pass: [rows, *output] seeds, 32 MiB in float64.
+BATCHED_CELLS = 1 << 22
 
 
 @dataclass(slots=True)
@@ -179,21 +182,57 @@ def _why_not(ids, hooked, axes) -> str:
 
 
 def _backward(s: Subject, out, examples, positions, axes) -> torch.Tensor:
-    batch, length = s.layout.batch_size or 1, s.layout.lengths[0]
-    rows = positions if positions is not None else (None,)
-    strength = torch.zeros(len(examples), len(rows), batch, length, dtype=torch.float64)
-    weights = None
+    """Strengths [examples, rows, batch, length]: each output row's gradient against
+    fixed random weights, with respect to every input cell (`axes`)."""
+    rows = [(b, q) for b in examples for q in (positions if positions is not None else (None,))]
+    weights = torch.randn(
+        output_row(s, out, *rows[0]).shape, generator=s.generator, dtype=torch.float64
+    ).to(out.dtype)
+    try:
+        flat = _batched(s, out, rows, weights, axes)
+    except Exception:  # an op without a batching rule (vmap): one backward per row
+        flat = _looped(s, out, rows, weights, axes)
+    return flat.view(len(examples), len(rows) // len(examples), *flat.shape[1:])
+
+
+def _batched(s: Subject, out, rows, weights, axes) -> torch.Tensor:
+    """The rows' gradients by batched backward passes (`is_grads_batched`), in chunks of
+    at most `BATCHED_CELLS` output values."""
+    import warnings
+
     xs = [x for x, _, _ in axes]
-    for i, b in enumerate(examples):
-        for j, q in enumerate(rows):
-            row = output_row(s, out, b, q)
-            if weights is None:
-                weights = torch.randn(row.shape, generator=s.generator, dtype=torch.float64)
-            scalar = (row * weights.to(row.dtype).to(row.device)).sum()
-            grads = torch.autograd.grad(scalar, xs, retain_graph=True, allow_unused=True)
-            for g, (_, b_axis, s_axis) in zip(grads, axes, strict=True):
-                if g is not None:
-                    strength[i, j] += _per_cell(g, b_axis, s_axis)
+    chunk = max(1, BATCHED_CELLS // max(out.numel(), 1))
+    parts = []
+    for start in range(0, len(rows), chunk):
+        some = rows[start : start + chunk]
+        seeds = torch.zeros(len(some), *out.shape, dtype=out.dtype, device=out.device)
+        for k, (b, q) in enumerate(some):
+            output_row(s, seeds[k], b, q).copy_(weights)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # vmap's note on a slower fallback
+            grads = torch.autograd.grad(
+                out, xs, seeds, retain_graph=True, allow_unused=True, is_grads_batched=True
+            )
+        part = torch.zeros(len(some), s.layout.batch_size or 1, s.layout.lengths[0])
+        part = part.double()
+        for g, (_, b_axis, s_axis) in zip(grads, axes, strict=True):
+            if g is not None:
+                for k in range(len(some)):
+                    part[k] += _per_cell(g[k], b_axis, s_axis)
+        parts.append(part)
+    return torch.cat(parts)
+
+
+def _looped(s: Subject, out, rows, weights, axes) -> torch.Tensor:
+    xs = [x for x, _, _ in axes]
+    strength = torch.zeros(len(rows), s.layout.batch_size or 1, s.layout.lengths[0])
+    strength = strength.double()
+    for k, (b, q) in enumerate(rows):
+        scalar = (output_row(s, out, b, q) * weights).sum()
+        grads = torch.autograd.grad(scalar, xs, retain_graph=True, allow_unused=True)
+        for g, (_, b_axis, s_axis) in zip(grads, axes, strict=True):
+            if g is not None:
+                strength[k] += _per_cell(g, b_axis, s_axis)
     return strength
 
 

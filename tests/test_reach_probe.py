@@ -239,6 +239,28 @@ def test_an_output_of_the_last_position_passes_without_a_causal_claim(size):
     assert result.reach.positions is False
 
 
+class Similarity(nn.Module):
+    """Every example's pooled attention output against every other's, as CLIP's
+    texts-by-images logits: rows that see every example by design."""
+
+    def __init__(self, heads, d_k):
+        super().__init__()
+        self.attention = Attention(heads, d_k)
+
+    def forward(self, x):
+        pooled = self.attention(x).mean(dim=1)
+        return pooled @ pooled.t()
+
+
+@pytest.mark.parametrize("size", ["distinct", "realistic"])
+def test_an_output_whose_rows_see_every_example_by_design_is_no_batch_finding(size):
+    batch, heads, seq, d_k = SIZES[size]
+    x = torch.randn(batch, seq, heads * d_k, generator=torch.Generator().manual_seed(1))
+    result = reach_of(Similarity(heads, d_k).eval(), x)
+    assert result.status != "failed", result.message
+    assert "examples never move each other" not in result.message
+
+
 # -- in check: the table, the JSON, and the model left as it was ---------------------------
 def test_check_reports_the_reach_and_leaves_the_model_as_it_was():
     model, x, _, _ = model_and_data("distinct", causal=True, bug="future")

@@ -63,6 +63,10 @@ def measured_reach(s: Subject) -> ProbeResult:
         return not_applicable(NAME, "no input has a batch axis")
     if layout.ambiguous:
         return inconclusive(NAME, layout.ambiguous)
+    if s.out_batch is None and layout.batch_size != 1:
+        return not_applicable(
+            NAME, "the first output has no batch axis whose examples can be told apart"
+        )
     measured = measure(s)
     if isinstance(measured, str):
         return inconclusive(NAME, f"the reach cannot be measured: {measured}")
@@ -137,8 +141,10 @@ def _intents(s: Subject, m: Measured) -> dict[str, str]:
         (layout.batch_size or 1) >= 2
         and not layout.ambiguous_batch
         and s.out_batch is not None
-        and s.outputs(batch=True)
+        and any(s.refs.get(leaf.path) is s.reference for leaf in s.outputs(batch=True))
     ):
+        # The measured output's examples can be told apart (not CLIP's texts-by-images
+        # logits, whose rows are meant to see every example of the other kind).
         found["batch"] = "examples never move each other"
     pad = layout.padded(0)
     if pad is not None and bool(pad.any()):

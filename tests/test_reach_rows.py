@@ -61,3 +61,14 @@ def test_many_distinct_slices_keep_fewer_queries_each_and_stay_bounded():
 def test_no_tensor_is_kept():
     reach = Reach.from_visible(causal(5))
     assert not any(isinstance(getattr(reach, f), torch.Tensor) for f in reach.__slots__)
+
+
+def test_slices_given_whole_and_all_alike_are_stored_once():
+    visible = causal(7).expand(3, 4, 7, 7).clone()  # materialized, not broadcast
+    reach = Reach.from_visible(visible)
+    assert reach.stored == (1, 1) and reach.lead == (3, 4)
+    assert reach.row((2, 3), 4) == ((0, 5),)
+    visible[1, 2, 0, 6] = True  # one slice differs: its axes are kept
+    reach = Reach.from_visible(visible)
+    assert reach.stored == (3, 4)
+    assert reach.row((1, 2), 0) == ((0, 1), (6, 7)) and reach.row((0, 2), 0) == ((0, 1),)

@@ -390,3 +390,20 @@ def test_shapeguard_check_html_draws_the_reach(tmp_path):
     page = html.read_text()
     assert '<section id="reach"><h2>Measured reach</h2>' in page
     assert page.count('class="mark"') == 1
+
+
+def test_clip_s_texts_by_images_logits_make_no_batch_claim():
+    """CLIP's first output pairs every image with every text: its rows move with every
+    example by design, so the reach probe claims nothing across examples."""
+    pytest.importorskip("transformers")
+    import real_models
+
+    config = next(c for c in real_models.configs() if c.id == "clip-eager-none-distinct")
+    model, args, kwargs = real_models.build(config)
+    result = reach_of(model, *args, **kwargs)
+    assert result.status == "skipped", result.message
+    assert first_line(result).startswith(
+        "measured only, no intent to compare with: an output whose examples cannot be told "
+        "apart, no padded input"
+    )
+    assert result.reach.crossing  # measured and kept all the same

@@ -337,8 +337,8 @@ def _measured_only(s: Subject, m: Measured, record: MeasuredReach) -> str:
     seen = []
     if s.layout.batch_size == 1:
         seen.append("one example")
-    elif s.layout.ambiguous_batch or s.out_batch is None:
-        seen.append("examples the outputs do not keep apart")
+    else:  # the batch intent was not established: `_intents`
+        seen.append("an output whose examples cannot be told apart")
     pad = s.layout.padded(0)
     seen.append("no padding mask" if pad is None else "no padded input")
     if not s.causal:

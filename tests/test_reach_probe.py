@@ -173,6 +173,29 @@ def test_a_padded_key_leak_fails_at_a_padded_input(size):
     assert result.reach.reach.padding[example]
 
 
+class ConvMixer(nn.Module):
+    """Attention that hides padded keys, beside a convolution along the positions that
+    carries them to their neighbours by design: no promise of the mask is broken."""
+
+    def __init__(self, heads, d_k):
+        super().__init__()
+        self.attention = Attention(heads, d_k)
+        self.conv = nn.Conv1d(heads * d_k, heads * d_k, 3, padding=1)
+
+    def forward(self, x, mask):
+        return self.attention(x, mask) + self.conv(x.transpose(1, 2)).transpose(1, 2)
+
+
+def test_a_padded_input_that_reaches_outputs_outside_attention_is_inconclusive():
+    batch, heads, seq, d_k = SIZES["distinct"]
+    x = torch.randn(batch, seq, heads * d_k, generator=torch.Generator().manual_seed(1))
+    mask = keep_mask(batch, seq, left=False)
+    result = reach_of(ConvMixer(heads, d_k).eval(), x, mask)
+    assert result.status == "inconclusive", result.message
+    assert first_line(result).startswith("the padded positions reach the real tokens through ")
+    assert "(a convolution along the positions), not through attention" in first_line(result)
+
+
 # -- the correct counterparts pass, or say why there is nothing to compare --------------------
 @pytest.mark.parametrize("size", SIZES)
 def test_a_causal_decoder_passes_and_sees_its_prefix(size):

@@ -33,7 +33,7 @@ from .._reach.rows import Reach, Runs
 from .compare import scale_of
 from .edits import perturbed
 from .locate import locate, region_batch, region_padding, region_prefix
-from .reach_measure import Measured, measure, output_row
+from .reach_measure import Measured, measure, output_row, token_inputs
 from .reach_record import MeasuredReach
 from .result import ProbeResult, inconclusive, not_applicable
 from .subject import Subject
@@ -240,7 +240,7 @@ def _failure(s: Subject, m: Measured, record: MeasuredReach, found) -> ProbeResu
     kind, cell, changed, dev = found[0]
     b = m.examples[cell.i]
     q = m.positions[cell.j] if m.positions is not None else None
-    tokens = ", ".join(leaf.name for leaf in s.layout.leaves_of("ids", "data") if leaf.seq)
+    tokens = token_inputs(s)
     at = f"position {cell.position} of example {cell.example}"
     output = (
         f"the output at position {q} of example {b}" if q is not None else f"example {b}'s output"
@@ -280,7 +280,7 @@ def _through_attention(s: Subject, found: list) -> tuple[list, str]:
     mask does not promise to hide it there), and the reason where one was dropped."""
     kept, why = [], ""
     for kind, cell, changed, dev in found:
-        outside = _outside_attention(s, changed, cell.position) if kind == "padding" else ""
+        outside = _outside_attention(s, changed, cell.position, dev) if kind == "padding" else ""
         if outside:
             why = outside
         else:
@@ -288,7 +288,7 @@ def _through_attention(s: Subject, found: list) -> tuple[list, str]:
     return kept, why
 
 
-def _outside_attention(s: Subject, changed, position: int) -> str:
+def _outside_attention(s: Subject, changed, position: int, dev: float) -> str:
     """The inconclusive reason where the padded input reaches the outputs outside
     attention (`padding_paths`), or ""."""
     from .padding_paths import not_promised, padding_paths
@@ -300,7 +300,7 @@ def _outside_attention(s: Subject, changed, position: int) -> str:
         return ""  # no evidence either way: the counterexample stands
     if paths is None or paths.elsewhere is None:
         return ""
-    return not_promised(paths.elsewhere, 0.0).replace(" by 0 of", " of")
+    return not_promised(paths.elsewhere, dev)
 
 
 def _also(kind: str, cell: Cell, m: Measured) -> str:

@@ -95,7 +95,7 @@ def measure(s: Subject) -> Measured | str:
             f"the bound of {MAX_RUNS} runs"
         )
     strength = _by_perturbation(s, examples, positions, batch, length)
-    how = f"perturbation of {_names(s)}, one run per input cell ({grads})"
+    how = f"perturbation of {token_inputs(s)}, one run per input cell ({grads})"
     return Measured(strength, examples, positions, out_length, how, s.rtol, absolute=True)
 
 
@@ -139,7 +139,7 @@ def _by_autograd(s: Subject, examples, positions) -> tuple[torch.Tensor, str] | 
     finally:
         for handle in hooks:
             handle.remove()
-    what = " and ".join(hooked) if hooked else _names(s)
+    what = " and ".join(hooked) if hooked else token_inputs(s)
     return strength, f"autograd through {what}"
 
 
@@ -272,7 +272,8 @@ def _by_perturbation(s: Subject, examples, positions, batch: int, length: int) -
     return strength
 
 
-def _names(s: Subject) -> str:
+def token_inputs(s: Subject) -> str:
+    """The names of the ids and data inputs of the measured tokens (group 0)."""
     names = [
         leaf.name
         for leaf in s.layout.leaves_of("ids", "data")

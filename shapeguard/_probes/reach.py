@@ -80,7 +80,7 @@ def measured_reach(s: Subject) -> ProbeResult:
             found.append((kind, *hit))
     found, outside = _through_attention(s, found)
     if found:
-        marks = tuple(_mark(measured, record, cell) for _, cell, _, _ in found)
+        marks = tuple(_mark(measured, cell) for _, cell, _, _ in found)
         record = replace(record, reach=replace(record.reach, marks=marks))
         result = _failure(s, measured, record, found)
     elif outside:
@@ -127,7 +127,8 @@ def _runs(row: torch.Tensor) -> Runs:
     return tuple(runs)
 
 
-def _mark(m: Measured, record: MeasuredReach, cell: Cell):
+def _mark(m: Measured, cell: Cell):
+    """The cell as `Reach.marks` holds it: (leading index, query, runs of keys)."""
     q = m.positions[cell.j] if m.positions is not None else 0
     return ((cell.i,), q, ((cell.position, cell.position + 1),))
 

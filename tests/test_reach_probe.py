@@ -196,6 +196,32 @@ def test_a_padded_input_that_reaches_outputs_outside_attention_is_inconclusive()
     assert "(a convolution along the positions), not through attention" in first_line(result)
 
 
+class IndexedTable(nn.Module):
+    """Token ids looked up by F.embedding in a table (no nn.Embedding to hook), then
+    attention."""
+
+    def __init__(self, heads, d_k, **how):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(50, heads * d_k))
+        self.attention = Attention(heads, d_k, **how)
+
+    def forward(self, ids):
+        return self.attention(F.embedding(ids, self.table))
+
+
+@pytest.mark.parametrize(("bug", "status"), [(None, "passed"), ("future", "failed")])
+def test_without_an_embedding_the_reach_is_measured_by_perturbation(bug, status):
+    batch, heads, seq, d_k = SIZES["distinct"]
+    ids = torch.randint(0, 50, (batch, seq), generator=torch.Generator().manual_seed(2))
+    torch.manual_seed(0)
+    result = reach_of(IndexedTable(heads, d_k, causal=True, bug=bug).eval(), ids)
+    assert result.status == status, result.message
+    how = "perturbation of ids, one run per input cell (no nn.Embedding reads the token ids)"
+    assert result.reach.how == how
+    if bug:
+        assert first_line(result).startswith("changing ids at position 1 of example 0, later ")
+
+
 # -- the correct counterparts pass, or say why there is nothing to compare --------------------
 @pytest.mark.parametrize("size", SIZES)
 def test_a_causal_decoder_passes_and_sees_its_prefix(size):

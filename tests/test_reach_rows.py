@@ -75,3 +75,14 @@ def test_a_scattered_mask_past_the_runs_bound_is_refused_not_stored_unbounded():
 def test_no_keys_gives_empty_rows():
     reach = Reach.from_visible(torch.zeros(2, 3, 0, dtype=torch.bool))
     assert reach.row((1,), 2) == () and reach.summary() == "query 2 sees no key (0 of 0)"
+
+
+def test_slices_given_whole_and_all_alike_are_stored_once():
+    visible = causal(7).expand(3, 4, 7, 7).clone()  # materialized, not broadcast
+    reach = Reach.from_visible(visible)
+    assert reach.stored == (1, 1) and reach.lead == (3, 4)
+    assert reach.row((2, 3), 4) == ((0, 5),)
+    visible[1, 2, 0, 6] = True  # one slice differs: its axes are kept
+    reach = Reach.from_visible(visible)
+    assert reach.stored == (3, 4)
+    assert reach.row((1, 2), 0) == ((0, 1), (6, 7)) and reach.row((0, 2), 0) == ((0, 1),)

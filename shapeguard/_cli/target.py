@@ -297,7 +297,17 @@ class Target:
             except ImportError as error:
                 raise UsageFailure(f"--html is not available in this version ({error})") from None
             checks = check.rows if check else None
-            _write(_ranks.rank_path(self.html_path), render_html(trace, attention, checks=checks))
+            page = render_html(trace, attention, checks=checks, probe_reach=_probe_reach(check))
+            _write(_ranks.rank_path(self.html_path), page)
+
+
+def _probe_reach(check) -> dict | None:
+    """The reach the probes measured (the reach probe's record), for --html; or None."""
+    report = getattr(check, "report", None)
+    for result in report.results if report is not None else ():
+        if result.reach is not None:
+            return result.reach.to_dict()
+    return None
 
 
 def echo(text: str) -> None:

@@ -17,7 +17,10 @@ those axes apart, or does not apply to the module, says so and is skipped.
 - length change: the module runs at a shorter length, and a causal module's first
   t outputs are the outputs of the first t tokens alone;
 - decode consistency (causal modules with a cache): a prefill then one token at a time
-  with the module's own cache gives the outputs of one forward (`decode`).
+  with the module's own cache gives the outputs of one forward (`decode`);
+- reach: which inputs move which outputs, measured by autograd (or perturbation) and
+  checked cell by cell against the intent the probes above establish (`reach`, with
+  `reach_measure` and `reach_record`).
 
 Everything here runs on a private copy of the module, in float64 when it can.
 
@@ -45,6 +48,7 @@ from .decode import decode_consistency
 from .edits import take_examples
 from .heads import head_permutation
 from .layout import read_layout
+from .reach import measured_reach
 from .result import ProbeResult, inconclusive, not_applicable, skipped
 from .sequence import causality, key_padding, length_change, token_permutation
 from .subject import Subject, declared_sizes
@@ -67,6 +71,7 @@ __all__ = [
     "leaves",
     "length_change",
     "not_applicable",
+    "measured_reach",
     "pick",
     "read_layout",
     "rebuild",

@@ -28,6 +28,7 @@ PROBES = (
     _probes.head_permutation,
     _probes.length_change,
     _probes.decode_consistency,
+    _probes.measured_reach,
 )
 # Each probe's name in the report (its results say it too; a probe that crashes does not).
 NAMES = {
@@ -39,6 +40,7 @@ NAMES = {
     _probes.head_permutation: "head-permutation invariance",
     _probes.length_change: "length change",
     _probes.decode_consistency: "decode consistency",
+    _probes.measured_reach: "reach",
 }
 
 

@@ -14,6 +14,10 @@ A probe has three outcomes, and a fourth for a property with nothing to act on:
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .reach_record import MeasuredReach
 
 PASSED = "passed"
 FAILED = "failed"
@@ -37,6 +41,8 @@ class ProbeResult:
         op: the traced op a failure points to, "op at file:line (module)".
         applicable: False for a probe whose property does not hold for this kind of
             module by design (no mask to pad, not causal, no cache): nothing was missed.
+        reach: what the reach probe measured (`reach_record.MeasuredReach`), for the
+            JSON and the drawing; None for every other probe.
     """
 
     name: str
@@ -46,6 +52,7 @@ class ProbeResult:
     tolerance: float | None = None
     op: str = ""
     applicable: bool = True
+    reach: "MeasuredReach | None" = None
 
     @property
     def passed(self) -> bool:
@@ -86,6 +93,7 @@ class ProbeResult:
             "diverged": diverged,
             "tolerance": self.tolerance,
             "op": self.op,
+            "reach": self.reach.to_dict() if self.reach is not None else None,
         }
 
 
@@ -127,4 +135,5 @@ def demoted(result: ProbeResult, why: str) -> ProbeResult:
         result.deviation,
         result.tolerance,
         result.op,
+        reach=result.reach,
     )

@@ -110,6 +110,8 @@ table.source tr.note-row.warning pre { border-color:var(--warn); }
   margin:1px 4px 1px 0; white-space:nowrap; }
 .heatmaps .grid { display:flex; flex-wrap:wrap; gap:12px; }
 .heatmaps figure { margin:0; text-align:center; font-size:12px; color:var(--muted); }
+.reach-probe { display:flex; flex-wrap:wrap; gap:16px; }
+.reach-probe figure { margin:0; text-align:center; font-size:12px; color:var(--muted); }
 img.heat { image-rendering:pixelated; border:1px solid var(--line); display:block; }
 .legend { color:var(--muted); margin-left:10px; white-space:nowrap; }
 .ramp { display:inline-block; width:90px; height:10px; vertical-align:middle; border-radius:2px; }

@@ -19,6 +19,7 @@ from ._html_heatmaps import heatmap_section, hover_data
 from ._html_memory import memory_section
 from ._html_page import ERROR_TRAP, PAGE, PAGE_CSS, SCRIPT, escaped, fill_template
 from ._html_reach import REACH_CSS, reach_section
+from ._html_reach_probe import probe_reach_section
 from ._html_source import line_anchor, source_section
 
 __all__ = ["capture_attention", "render_fragment", "render_html"]
@@ -33,6 +34,7 @@ def render_html(
     *,
     title: str = "shapeguard report",
     checks: list[tuple[str, str, str]] | None = None,
+    probe_reach: dict | None = None,
 ) -> str:
     """One self-contained HTML page for `trace`.
 
@@ -43,6 +45,8 @@ def render_html(
         title: the page title.
         checks: `shapeguard check`'s (check, status, detail) rows: a Checks section, and
             the verdict counts the failed ones.
+        probe_reach: the reach `shapeguard check` measured (its reach probe's record,
+            `result.reach.to_dict()`), drawn per example in a Measured reach section.
 
     Returns:
         The page, as a string; write it to a `.html` file and open it in any browser.
@@ -56,6 +60,8 @@ def render_html(
     """
     blocks = _flow.build_blocks(trace)
     sections = [] if checks is None else [("checks", "Checks", _checks_section(checks))]
+    if probe_reach is not None:
+        sections.append(("measured-reach", "Measured reach", probe_reach_section(probe_reach)))
     sections += [
         ("flow", "Attention flow", flow_section(trace, blocks)),
         *([("reach", "Attention reach", reach_section(trace))] if trace.reach else []),

@@ -385,7 +385,7 @@ def test_the_html_report_draws_the_measured_reach_with_padding_and_marks():
     report = check(model, x, mask)
     record = next(r for r in report.results if r.name == "reach").reach.to_dict()
     page = render_html(shapeguard.trace(model, x, mask), probe_reach=record)
-    section = page.split("<section id=\"measured-reach\">")[1].split("</section>")[0]
+    section = page.split('<section id="measured-reach">')[1].split("</section>")[0]
     assert section.startswith("<h2>Measured reach</h2>")
     assert "Measured by autograd through x." in section
     assert section.count("<figure>") == batch

@@ -1,0 +1,69 @@
+"""The reach of a FlexAttention call: its BlockMask's `mask_mod` evaluated on the index
+grid of the traced sizes, as torch's `create_mask` evaluates it (b, h, q_idx, kv_idx
+under vmap), on sampled query rows and one example at a time, so the cost is bounded:
+at most `MAX_CELLS` cells per evaluation and `rows.MAX_ROWS` stored rows.
+
+Every example and head is evaluated: whether the mod reads `b` or `h` is read from its
+effect (`Reach` keeps an axis at 1 where every slice is alike), never from its code.
+"""
+
+from typing import TYPE_CHECKING
+
+from .rows import MAX_QUERIES, MAX_ROWS, MIN_QUERIES, Reach, sampled_queries
+
+if TYPE_CHECKING:
+    import torch
+
+# Cells of one evaluation (heads x kept queries x keys): the mod's intermediates are this
+# size (int64 indices: 8 bytes a cell, 32 MiB at the bound).
+MAX_CELLS = 1 << 22
+
+
+def kept_queries(batch: int, heads: int, seq_q: int, seq_k: int) -> tuple[int, ...] | None:
+    """The queries to evaluate (None: all), or () where even `MIN_QUERIES` per slice is
+    past the bounds (then no reach is read)."""
+    limit = min(MAX_QUERIES, MAX_ROWS // max(batch * heads, 1), MAX_CELLS // (heads * seq_k))
+    if limit < MIN_QUERIES:
+        return ()
+    return sampled_queries(seq_q, limit)
+
+
+def visible_of(
+    mask_mod, batch: int, heads: int, seq_q: int, seq_k: int
+) -> tuple["torch.Tensor", tuple[int, ...] | None] | None:
+    """The bool `[batch, heads, kept queries, seq_k]` of `mask_mod` and the kept queries,
+    or None where it is past the bounds or the mod cannot be evaluated on CPU index
+    grids (it reads tensors on another device, or fails: torch will say so when it runs)."""
+    import torch
+    from torch.nn.attention.flex_attention import create_mask
+
+    queries = kept_queries(batch, heads, seq_q, seq_k)
+    if queries == ():
+        return None
+    rows = torch.arange(seq_q) if queries is None else torch.tensor(queries)
+
+    def at_kept(first: int):
+        def mod(b, h, q_idx, kv_idx):
+            return mask_mod(b + first, h, rows[q_idx], kv_idx)
+
+        return mod
+
+    slices = []
+    try:
+        for example in range(batch):
+            got = create_mask(at_kept(example), 1, heads, len(rows), seq_k, device="cpu")
+            slices.append(got.to(torch.bool))
+    except Exception:  # the user's mod: no claim where it cannot be evaluated here
+        return None
+    return torch.cat(slices), queries
+
+
+def reach_of(mask_mod, batch: int, heads: int, seq_q: int, seq_k: int, **where) -> Reach | None:
+    """The `Reach` (how="block_mask") of `mask_mod` at these sizes, or None (`visible_of`)."""
+    found = visible_of(mask_mod, batch, heads, seq_q, seq_k)
+    if found is None:
+        return None
+    visible, queries = found
+    return Reach.from_kept(
+        visible, queries, seq_q, (batch, heads), **{"how": "block_mask", **where}
+    )

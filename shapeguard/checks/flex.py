@@ -41,17 +41,25 @@ def block_mask_fits(call: CallView) -> Iterator[Violation]:
         return  # torch's own checks say it
     if mask is None or not hasattr(mask, "kv_num_blocks"):
         return
+    q_name, k_name = _label(call, q, 0, "query"), _label(call, k, 1, "key")
     operands = (
-        call.operand(call.label_of(q, "query"), q),
-        call.operand(call.label_of(k, "key"), k),
-        Operand("block_mask", _mask_text(mask)),
+        call.operand(q_name, q),
+        call.operand(k_name, k),
+        Operand(_label(call, mask, 4, "block_mask"), _mask_text(mask)),
     )
-    found = list(_shape_problems(q, k, mask))
+    found = list(_shape_problems(q, k, mask, q_name, k_name))
     for relation, hint in found:
         yield Violation("block_mask_shape", relation, operands, hint)
     if found:
         return
     yield from _broadcasts(call, q, mask, operands)
+
+
+def _label(call: CallView, value, index: int, param: str) -> str:
+    """The user's expression for argument `param` (positional `index`), else its name."""
+    if index < len(call.args) and call.args[index] is value:
+        return call.label(index, param)
+    return call.label_of(value, param) if is_tensor(value) else param
 
 
 def _mask_text(mask) -> str:
@@ -61,7 +69,7 @@ def _mask_text(mask) -> str:
     return f"[batch={b}, heads={h}, seq_q={sq}, seq_k={sk}] in blocks of {bq} x {bk}"
 
 
-def _shape_problems(q, k, mask) -> Iterator[tuple[str, str]]:
+def _shape_problems(q, k, mask, q_name: str, k_name: str) -> Iterator[tuple[str, str]]:
     """(relation, hint) for each size of `mask` that does not fit q and k, as torch's
     kernels read it: seq_lengths, then the blocks, then batch and heads."""
     B, H, sq, _ = (int(s) for s in q.shape)  # noqa: N806 (flex_attention's own names)
@@ -74,7 +82,7 @@ def _shape_problems(q, k, mask) -> Iterator[tuple[str, str]]:
         if (mq, mk) != (sq, sk):
             relation = (
                 f"flex_attention: block_mask was made for seq_q={mq}, seq_k={mk} (its "
-                f"seq_lengths), but query has seq_q={sq} and key seq_k={sk}"
+                f"seq_lengths), but {q_name} has seq_q={sq} and {k_name} seq_k={sk}"
             )
             if sq <= mq and sk <= mk:
                 hint = (
@@ -99,7 +107,7 @@ def _shape_problems(q, k, mask) -> Iterator[tuple[str, str]]:
     for axis, have, want, param in (("batch", mask_b, B, "B"), ("heads", mask_h, H, "H")):
         if have not in (1, want):
             yield (
-                f"flex_attention: block_mask has {axis}={have}, query has {axis}={want} "
+                f"flex_attention: block_mask has {axis}={have}, {q_name} has {axis}={want} "
                 "(a BlockMask's batch and heads are 1, broadcast, or the query's)",
                 f"create_block_mask(mask_mod, {param}={want}, ...) for this query, or "
                 f"{param}=None to share one mask over {axis} when the mask_mod does not "

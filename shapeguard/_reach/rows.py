@@ -154,6 +154,32 @@ class Reach:
             **{"op": "", "module": "", "location": "", **where},
         )
 
+    @classmethod
+    def from_runs(
+        cls,
+        runs: "list[Runs]",
+        queries: tuple[int, ...] | None,
+        seq_q: int,
+        seq_k: int,
+        lead: tuple[int, ...],
+        **where,
+    ) -> "Reach":
+        """The reach whose kept `queries` of `seq_q` (None: all) each see `runs[i]`, alike
+        in every leading slice: for a caller that knows the runs without a mask (packed
+        documents from `cu_seqlens`, where a bool row would be as long as every token)."""
+        patterns: dict[Runs, int] = {}
+        rows = array("I", (patterns.setdefault(r, len(patterns)) for r in runs))
+        return cls(
+            lead=tuple(int(s) for s in lead),
+            seq_q=int(seq_q),
+            seq_k=int(seq_k),
+            stored=(1,) * len(lead),
+            patterns=tuple(patterns),
+            rows=rows,
+            queries=queries,
+            **{"op": "", "module": "", "location": "", **where},
+        )
+
     # -- reading ---------------------------------------------------------------------
     @property
     def kept_queries(self) -> tuple[int, ...]:

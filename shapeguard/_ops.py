@@ -436,8 +436,20 @@ _FLASH_FORMS = {
 FLASH_ENTRY_POINTS = tuple(_FLASH_FORMS)
 for _name, _form in _FLASH_FORMS.items():
     _op(_name, FLASH, shown=True, step="fused", flash_form=_form, flash_entry="flash_attn")
-for _name, _form in (("flash_attention", "dense"), ("flash_attention_varlen", "varlen")):
-    _op(_name, FLASH, shown=True, step="fused", flash_form=_form, flash_entry="shapeguard")
+_op(
+    "flash_attention", FLASH, shown=True, step="fused", flash_form="dense", flash_entry="shapeguard"
+)
+_op(
+    "flash_attention_varlen",
+    FLASH,
+    params=(
+        "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+    ),
+    shown=True,
+    step="fused",
+    flash_form="varlen",
+    flash_entry="shapeguard",
+)  # fmt: skip
 _op(
     "_flash_attn_forward",
     FLASH,

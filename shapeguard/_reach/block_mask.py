@@ -64,6 +64,7 @@ def reach_of(mask_mod, batch: int, heads: int, seq_q: int, seq_k: int, **where) 
     if found is None:
         return None
     visible, queries = found
-    return Reach.from_kept(
-        visible, queries, seq_q, (batch, heads), **{"how": "block_mask", **where}
+    sampled = (queries, seq_q) if queries is not None else None
+    return Reach.from_visible(
+        visible, (batch, heads), sampled=sampled, **{"how": "block_mask", **where}
     )

@@ -136,48 +136,6 @@ class Reach:
         )
 
     @classmethod
-    def from_kept(
-        cls,
-        visible: "torch.Tensor",
-        queries: tuple[int, ...] | None,
-        seq_q: int,
-        lead: tuple[int, ...],
-        **where,
-    ) -> "Reach":
-        """As `from_visible`, for a caller that evaluates its mask row by row (a
-        FlexAttention `mask_mod`, `cu_seqlens`) and so samples the queries first: the
-        query axis of `visible` (`[*lead, len(queries), seq_k]`, leading axes 1 or
-        `lead`'s) holds `queries` of `seq_q` (None: all of them). The caller keeps
-        `queries` within `sampled_queries(seq_q, MAX_ROWS // prod(lead))`."""
-        import torch
-
-        lead = tuple(int(s) for s in lead)
-        sk = int(visible.shape[-1])
-        given = tuple(int(s) for s in visible.shape[:-2])
-        if len(given) != len(lead):
-            raise ValueError(f"reach: visible {tuple(visible.shape)} for leading shape {lead}")
-        visible = visible.detach().to("cpu", torch.bool)
-        stored = _squeezed(visible, given)
-        for axis, size in enumerate(stored):
-            if size == 1 and given[axis] > 1:
-                visible = visible.narrow(axis, 0, 1)
-        nq = int(visible.shape[-2])
-        flat = visible.reshape(prod(stored) * nq, sk)
-        if prod(stored) * nq > MAX_ROWS:
-            raise ValueError(f"reach: {prod(stored) * nq} rows is past {MAX_ROWS}")
-        patterns, inverse = _distinct_runs(flat)
-        return cls(
-            lead=lead,
-            seq_q=int(seq_q),
-            seq_k=sk,
-            stored=stored,
-            patterns=patterns,
-            rows=array("I", inverse),
-            queries=queries,
-            **{"op": "", "module": "", "location": "", **where},
-        )
-
-    @classmethod
     def from_runs(
         cls,
         runs: "list[Runs]",

@@ -11,11 +11,19 @@ from .._values import is_tensor
 from ._view import CallView
 
 
+def is_flex(func) -> bool:
+    """Whether `func` is torch's own `flex_attention` (what the trace's wrapper hands on)."""
+    return (
+        getattr(func, "__module__", "") == "torch.nn.attention.flex_attention"
+        and getattr(func, "__name__", "") == "flex_attention"
+    )
+
+
 def reach_at(call: CallView) -> Reach | None:
     """The call's reach, or None where it is not one of these calls or cannot be read."""
     spec = call.spec
     if spec is _ops.FLEX:
-        return _flex(call)
+        return _flex(call) if is_flex(call.func) else None
     if spec.flash_form == "varlen":
         return _varlen(call)
     return None
@@ -25,7 +33,7 @@ def _where(call: CallView) -> dict:
     site = call.site
     module = call.module
     return {
-        "op": call.spec.name,
+        "op": call.op,
         "module": call.module_path(module) if module is not None else "",
         "location": site.location if site is not None else "",
     }
@@ -56,36 +64,27 @@ def _unmasked(batch: int, heads: int, seq_q: int, seq_k: int, where: dict) -> Re
     )
 
 
-# Each packed entry point's arguments, in order: torch's `varlen_attn` and shapeguard's
-# `flash_attention_varlen` (flash-attn's own is not installed here: not read).
-_VARLEN_ORDER = {
-    "varlen_attn": ("q", "k", "v", "cu_q", "cu_k"),
-    "flash_attention_varlen": ("q", "k", "v", "cu_q", "cu_k"),
-}
-_VARLEN_KEYWORDS = {
-    "query": "q", "key": "k", "value": "v", "cu_seq_q": "cu_q", "cu_seq_k": "cu_k",
-    "cu_seqlens_q": "cu_q", "cu_seqlens_k": "cu_k",
-}  # fmt: skip
-
-
 def _varlen(call: CallView) -> Reach | None:
-    name = call.spec.name
-    if name not in _VARLEN_ORDER:
-        return None
-    given = dict(zip(_VARLEN_ORDER[name], call.args, strict=False))
-    given.update({_VARLEN_KEYWORDS.get(key, key): value for key, value in call.kwargs.items()})
-    q, cu_q, cu_k = given.get("q"), given.get("cu_q"), given.get("cu_k")
-    if name == "varlen_attn" and cu_k is None:
-        cu_k = cu_q  # torch's varlen_attn: None shares the query's boundaries
+    """torch's `varlen_attn` (causal by its window (-1, 0)) or shapeguard's
+    `flash_attention_varlen` (`causal=`): their arguments as the op table names them."""
+    bound = call.bound()
+    torch_entry = call.spec.flash_entry == "torch"
+    if torch_entry:
+        q, cu_q, cu_k = bound.get("query"), bound.get("cu_seq_q"), bound.get("cu_seq_k")
+        if cu_k is None:
+            cu_k = cu_q  # None shares the query's boundaries
+    elif call.spec.flash_entry == "shapeguard":
+        q, cu_q, cu_k = bound.get("q"), bound.get("cu_seqlens_q"), bound.get("cu_seqlens_k")
+    else:
+        return None  # flash-attn's own (not installed here): not read
     if not (is_tensor(q) and is_tensor(cu_q) and is_tensor(cu_k)) or q.dim() != 3:
         return None
     if any(t.device.type != "cpu" or t.dim() != 1 for t in (cu_q, cu_k)):
         return None
-    window = _window(given.get("window_size", (-1, -1)))
+    window = _window(bound.get("window_size", (-1, -1)))
     if window is None:
         return None
-    # torch's varlen_attn is causal by its window (-1, 0); shapeguard's takes `causal`.
-    causal = window == (-1, 0) if name == "varlen_attn" else bool(given.get("causal", False))
+    causal = window == (-1, 0) if torch_entry else bool(bound.get("causal", False))
     bounds_q = tuple(int(x) for x in cu_q.tolist())
     bounds_k = tuple(int(x) for x in cu_k.tolist())
     return packed.reach_of(

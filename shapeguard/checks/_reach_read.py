@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .. import _ops
 from .._reach.rows import Reach, query_sample
+from ._fused_reach import reach_at
 from ._mask_effects import broadcasts_to, has_shape, readable
 from ._mask_uses import HIDING, mask_uses
 from .mha import bind_arguments
@@ -38,6 +39,8 @@ def reach(call) -> Reach | None:
     """The reach of the attention site `call` is, or None where it cannot be read (an
     unreadable tensor, a softmax over scores no query-key product made, too many slices)."""
     op = call.spec
+    if op is _ops.FLEX or op.flash_form == "varlen":
+        return reach_at(call)  # read from the call's arguments: a mask_mod, cu_seqlens
     try:
         if op is _ops.SDPA:
             read = _sdpa(call)

@@ -16,19 +16,12 @@ from .._errors import Operand, Violation
 from .._reach.block_mask import reach_of
 from .._values import is_tensor
 from . import ERROR, WARNING, rule
+from ._fused_reach import is_flex
 from ._view import CallView
 
 _KINDS = {"block_mask_shape": ERROR, "block_mask_broadcast": WARNING}
 # torch's BlockMask for "no mask" (`_create_empty_block_mask`): it fits every length.
 _NO_MASK_BLOCK = 1 << 30
-
-
-def is_flex(func) -> bool:
-    """Whether `func` is torch's own `flex_attention` (what the trace's wrapper hands on)."""
-    return (
-        getattr(func, "__module__", "") == "torch.nn.attention.flex_attention"
-        and getattr(func, "__name__", "") == "flex_attention"
-    )
 
 
 @rule(_ops.FLEX, kinds=_KINDS)

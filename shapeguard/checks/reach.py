@@ -4,7 +4,8 @@ against the intent that can be established (`_reach.invariants.judge`).
 
 The sites: a softmax over the last axis of scores whose last two axes a query-key product
 made the queries and the keys (a key is hidden where the value is -inf or at or below the
-mask reader's threshold, whatever code put it there), SDPA, and nn.MultiheadAttention.
+mask reader's threshold, whatever code put it there), SDPA, nn.MultiheadAttention,
+FlexAttention (its `mask_mod`) and packed attention (`cu_seqlens`: `_fused_reach`).
 The reach is handed to the session (`CallView.keep_reach`), which keeps it on the trace
 (`TraceData.reach`, folded and bounded); the findings are the invariants' (all warnings).
 Where no intent is established nothing is claimed: the reach is kept and shown only.
@@ -30,7 +31,15 @@ KINDS = {
 
 
 @rule(
-    _ops.by_name("softmax"), _ops.by_name("log_softmax"), _ops.SDPA, _ops.MHA, kinds=KINDS, order=3
+    _ops.by_name("softmax"),
+    _ops.by_name("log_softmax"),
+    _ops.SDPA,
+    _ops.MHA,
+    _ops.FLEX,
+    _ops.VARLEN,
+    _ops.by_name("flash_attention_varlen"),
+    kinds=KINDS,
+    order=3,
 )
 def attention_reach(call: CallView) -> Iterator[Violation]:
     """Read this site's reach, hand it to the session, and report what the invariants

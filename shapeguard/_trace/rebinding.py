@@ -81,6 +81,11 @@ class Rebinder:
             if self._depth == 0:
                 self._uninstall()
 
+    def forget_scan(self) -> None:
+        """Scan `sys.modules` again at the next `patch`: a namespace run in place of a
+        module (runpy's `__main__`) changes no module count the cache could see."""
+        self._scan_key = ()
+
     def _install(self) -> None:
         found = {
             key: func

@@ -27,3 +27,4 @@ def _loaded() -> dict[int, object]:
 _rebinder = Rebinder(_loaded)
 patch = _rebinder.patch
 restore = _rebinder.restore
+forget_scan = _rebinder.forget_scan

@@ -483,3 +483,33 @@ def test_transformers_flex_attention_models_run_clean():
                 out = model(ids).logits
         assert trace.findings == [], [str(f) for f in trace.findings]
         assert torch.equal(out, plain)
+
+
+@SETTING
+def test_a_score_mod_that_writes_minus_inf_is_part_of_the_reach(sizes):
+    q, k, v = qkv(sizes)
+    window = max(1, sizes.seq // 3)
+
+    def causal_by_score(score, b, h, q_idx, kv_idx):
+        return torch.where(q_idx >= kv_idx, score, float("-inf"))
+
+    def sliding(b, h, q_idx, kv_idx):
+        return q_idx - kv_idx < window
+
+    def bias(score, b, h, q_idx, kv_idx):  # a position bias hides nothing
+        return score - (q_idx - kv_idx).abs()
+
+    mask = create_block_mask(sliding, None, None, sizes.seq, sizes.seq_k, device="cpu")
+    with shapeguard.trace() as trace:
+        flex_attention(q, k, v, score_mod=causal_by_score)
+        flex_attention(q, k, v, score_mod=causal_by_score, block_mask=mask)
+        flex_attention(q, k, v, score_mod=bias)
+    alone, both, biased = trace.reach
+    assert (alone.how, both.how, biased.how) == ("score_mod", "block_mask", "score_mod")
+    for reach, sees in (
+        (alone, lambda b, h, i, j: i >= j),
+        (both, lambda b, h, i, j: 0 <= i - j < window),
+        (biased, lambda b, h, i, j: True),
+    ):
+        want = expected_rows(sizes, sizes.seq_k, sees)
+        assert {key: reach.row(key[:2], key[2]) for key in want} == want

@@ -1,5 +1,5 @@
-"""The reach of a FlexAttention call: its BlockMask's `mask_mod` evaluated on the index
-grid of the traced sizes, as torch's `create_mask` evaluates it (b, h, q_idx, kv_idx
+"""The reach of a FlexAttention call: its BlockMask's `mask_mod` (and its `score_mod`'s
+-inf) evaluated on the index grid of the traced sizes, as torch's `create_mask` evaluates it (b, h, q_idx, kv_idx
 under vmap), on sampled query rows and one example at a time, so the cost is bounded:
 at most `MAX_CELLS` cells per evaluation and `rows.MAX_ROWS` stored rows.
 
@@ -29,11 +29,14 @@ def kept_queries(batch: int, heads: int, seq_q: int, seq_k: int) -> tuple[int, .
 
 
 def visible_of(
-    mask_mod, batch: int, heads: int, seq_q: int, seq_k: int
+    mask_mod, batch: int, heads: int, seq_q: int, seq_k: int, score_mod=None
 ) -> tuple["torch.Tensor", tuple[int, ...] | None] | None:
-    """The bool `[batch, heads, kept queries, seq_k]` of `mask_mod` and the kept queries,
-    or None where it is past the bounds or the mod cannot be evaluated on CPU index
-    grids (it reads tensors on another device, or fails: torch will say so when it runs)."""
+    """The bool `[batch, heads, kept queries, seq_k]` of `mask_mod` (None: every key) and
+    of `score_mod` (a key it sets to -inf for a score of 0 is hidden, as `create_mask`
+    reads a score_mod), and the kept queries; or None where it is past the bounds or a
+    mod cannot be evaluated on CPU index grids (it reads tensors on another device, or
+    fails: torch will say so when it runs). Nothing is claimed then: a reach without the
+    score_mod's -inf could see keys that the model hides."""
     import torch
     from torch.nn.attention.flex_attention import create_mask
 
@@ -42,25 +45,38 @@ def visible_of(
         return None
     rows = torch.arange(seq_q) if queries is None else torch.tensor(queries)
 
-    def at_kept(first: int):
+    def masking(first: int):
         def mod(b, h, q_idx, kv_idx):
             return mask_mod(b + first, h, rows[q_idx], kv_idx)
+
+        return mod
+
+    def scoring(first: int):
+        def mod(score, b, h, q_idx, kv_idx):
+            return score_mod(score, b + first, h, rows[q_idx], kv_idx)
 
         return mod
 
     slices = []
     try:
         for example in range(batch):
-            got = create_mask(at_kept(example), 1, heads, len(rows), seq_k, device="cpu")
-            slices.append(got.to(torch.bool))
+            seen = torch.ones(1, heads, len(rows), seq_k, dtype=torch.bool)
+            if mask_mod is not None:
+                seen &= create_mask(masking(example), 1, heads, len(rows), seq_k, "cpu")
+            if score_mod is not None:
+                seen &= create_mask(scoring(example), 1, heads, len(rows), seq_k, "cpu")
+            slices.append(seen)
     except Exception:  # the user's mod: no claim where it cannot be evaluated here
         return None
     return torch.cat(slices), queries
 
 
-def reach_of(mask_mod, batch: int, heads: int, seq_q: int, seq_k: int, **where) -> Reach | None:
-    """The `Reach` (how="block_mask") of `mask_mod` at these sizes, or None (`visible_of`)."""
-    found = visible_of(mask_mod, batch, heads, seq_q, seq_k)
+def reach_of(
+    mask_mod, batch: int, heads: int, seq_q: int, seq_k: int, score_mod=None, **where
+) -> Reach | None:
+    """The `Reach` (how="block_mask") of `mask_mod` and `score_mod` at these sizes, or
+    None (`visible_of`)."""
+    found = visible_of(mask_mod, batch, heads, seq_q, seq_k, score_mod)
     if found is None:
         return None
     visible, queries = found

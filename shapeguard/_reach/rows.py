@@ -55,7 +55,8 @@ class Reach:
     rows: array  # pattern number per stored (lead..., kept query), row-major
     queries: tuple[int, ...] | None = None
     # How the reach was read: "mask" (a mask's values), "causal" (is_causal), "unmasked",
-    # "window" (flash-attn's window_size), "block_mask", "cu_seqlens", "probe".
+    # "window" (flash-attn's window_size), "block_mask" (FlexAttention's mask_mod, and its
+    # score_mod's -inf), "score_mod" (a score_mod's -inf alone), "cu_seqlens", "probe".
     how: str = "mask"
     lead_axes: tuple[str, ...] = ()
     event: int = -1  # the trace's event index of the op, -1 where none

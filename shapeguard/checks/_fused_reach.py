@@ -48,12 +48,17 @@ def _flex(call: CallView) -> Reach | None:
         return None
     batch, heads, seq_q, seq_k = int(q.shape[0]), int(q.shape[1]), int(q.shape[2]), int(k.shape[2])
     where = {**_where(call), "lead_axes": ("batch", "heads")}
-    if mask is None:
+    score_mod = bound.get("score_mod")
+    if mask is None and score_mod is None:
         return _unmasked(batch, heads, seq_q, seq_k, where)
-    mod = getattr(mask, "mask_mod", None)
-    if mod is None or tuple(int(s) for s in mask.seq_lengths) != (seq_q, seq_k):
-        return None  # a mask for other lengths: `block_mask_shape` says so
-    return block_mask.reach_of(mod, batch, heads, seq_q, seq_k, **where)
+    mask_mod = None
+    if mask is not None:
+        mask_mod = getattr(mask, "mask_mod", None)
+        if mask_mod is None or tuple(int(s) for s in mask.seq_lengths) != (seq_q, seq_k):
+            return None  # a mask for other lengths: `block_mask_shape` says so
+    else:
+        where["how"] = "score_mod"
+    return block_mask.reach_of(mask_mod, batch, heads, seq_q, seq_k, score_mod, **where)
 
 
 def _unmasked(batch: int, heads: int, seq_q: int, seq_k: int, where: dict) -> Reach:

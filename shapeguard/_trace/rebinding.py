@@ -59,7 +59,7 @@ class Rebinder:
         self._depth = 0
         self.bindings: list[tuple[dict, str, object, object]] = []
         self._scan_key: tuple = ()  # scan sys.modules again only when it or `found` changed
-        self._locations: list[tuple[dict, str]] = []
+        self._plan: list[tuple[dict, str, object, object]] = []  # what the last scan found
 
     def patch(self) -> bool:
         """One reference more; the first rebinds. Never raises. True: pass it to `restore`."""
@@ -96,19 +96,19 @@ class Rebinder:
             return
         key = (len(sys.modules), frozenset(found))
         if key != self._scan_key:
-            self._locations = bound_names(found, list(sys.modules.values()))
+            # The bindings to make, wrappers included, are made once per scan: a session
+            # that opens after it makes no object (tests/test_gc_pressure.py counts them).
+            wrappers = {ident: wrap(func) for ident, func in found.items()}
+            self._plan = [
+                (namespace, name, found[id(namespace[name])], wrappers[id(namespace[name])])
+                for namespace, name in bound_names(found, list(sys.modules.values()))
+            ]
             self._scan_key = key
-        wrappers: dict[int, object] = {}
-        for namespace, name in self._locations:
-            value = namespace.get(name)
-            original = found.get(id(value))
-            if original is None or value is not original:
-                continue
-            wrapper = wrappers.get(id(original))
-            if wrapper is None:
-                wrapper = wrappers[id(original)] = wrap(original)
-            namespace[name] = wrapper
-            self.bindings.append((namespace, name, original, wrapper))
+        for binding in self._plan:
+            namespace, name, original, wrapper = binding
+            if namespace.get(name) is original:
+                namespace[name] = wrapper
+                self.bindings.append(binding)
 
     def _uninstall(self) -> None:
         bindings, self.bindings[:] = list(self.bindings), []

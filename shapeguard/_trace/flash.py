@@ -4,8 +4,10 @@ point for flash-attn support (the contract, re-exported from `checks/_flash_cont
 
 While a session is open, `flash_attn.flash_attn_func` and its siblings, and every
 module global bound to them (`from flash_attn import flash_attn_func`), are replaced
-by wrappers that route the call through the session; they are put back when the last
-session closes. Nothing is wrapped unless flash_attn was already imported by the user.
+by wrappers that route the call through the session (`rebinding.wrap`); they are put
+back when the last session closes. Nothing is wrapped unless flash_attn was already
+imported by the user. torch's flex_attention and varlen_attn are wrapped the same way
+(`torch_entries`, on `rebinding.Rebinder`).
 """
 
 import sys

@@ -164,27 +164,35 @@ def test_masks_that_fit_are_silent_and_outputs_unchanged(sizes, batch, heads):
 
 
 @SETTING
-def test_a_batch_one_mask_whose_mask_mod_reads_b_warns(sizes):
+def test_a_batch_one_mask_whose_mask_mod_reads_b_warns_where_the_blocks_differ(sizes):
     q, k, v = qkv(sizes, seq_k=sizes.seq)
     # Each example its own split into two documents: the mod reads b.
-    split = torch.tensor([1 + i % (sizes.seq - 1) for i in range(sizes.batch)])
+    split = [1 + i % (sizes.seq - 1) for i in range(sizes.batch)]
+    cut = torch.tensor(split)
 
     def documents(b, h, q_idx, kv_idx):
-        return (q_idx < split[b]) == (kv_idx < split[b])
+        return (q_idx < cut[b]) == (kv_idx < cut[b])
 
-    shared = create_block_mask(documents, None, None, sizes.seq, sizes.seq, device="cpu")
+    def made(B, block=1):  # noqa: N803 (create_block_mask's own name)
+        return create_block_mask(documents, B, None, sizes.seq, sizes.seq, "cpu", block)
+
+    # Blocks of one position: every block is full or empty, made for example 0 only.
     with pytest.warns(ShapeWarning) as caught:
-        traced(q, k, v, shared)
+        traced(q, k, v, made(None))
     (warning,) = [w.message for w in caught if isinstance(w.message, ShapeWarning)]
+    differ = sum(s != split[0] for s in split)
     assert warning.kind == "block_mask_broadcast"
     assert lines(warning)[0] == (
         f"flex_attention: block_mask made for batch=1 is shared by batch={sizes.batch}, but "
-        "its mask_mod reads b: other examples see other keys"
+        f"its mask_mod reads b: {differ} of {sizes.batch} examples need other blocks than "
+        "example 0's (first: example 1, query 0)"
     )
     assert f"create_block_mask(mask_mod, B={sizes.batch}, ...)" in lines(warning)[-1]
-    own = create_block_mask(documents, sizes.batch, None, sizes.seq, sizes.seq, device="cpu")
-    _, trace = traced(q, k, v, own)  # one mask per example: silent
-    assert trace.findings == []
+    for silent in (made(sizes.batch), made(None, 128)):
+        # One mask per example; or one partial block of 128, where the kernel applies
+        # the mod to every example: silent.
+        _, trace = traced(q, k, v, silent)
+        assert trace.findings == []
 
 
 def test_a_head_one_mask_whose_mask_mod_reads_h_warns():
@@ -194,8 +202,9 @@ def test_a_head_one_mask_whose_mask_mod_reads_h_warns():
     def global_head(b, h, q_idx, kv_idx):
         return (h == 0) | (q_idx >= kv_idx)
 
-    with pytest.warns(ShapeWarning, match="its mask_mod reads h: other heads see other keys"):
-        traced(q, k, v, create_block_mask(global_head, None, None, s.seq, s.seq, device="cpu"))
+    shared = create_block_mask(global_head, None, None, s.seq, s.seq, "cpu", 2)
+    with pytest.warns(ShapeWarning, match="3 of 4 heads need other blocks than head 0's"):
+        traced(q, k, v, shared)
 
 
 # -- the reach of a mask_mod ---------------------------------------------------------------------

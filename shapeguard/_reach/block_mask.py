@@ -84,3 +84,37 @@ def reach_of(
     return Reach.from_visible(
         visible, (batch, heads), sampled=sampled, **{"how": "block_mask", **where}
     )
+
+
+def _blocks(num, indices) -> "torch.Tensor | None":
+    """bool `[batch, heads, q_blocks, kv_blocks]`: the blocks listed by a BlockMask's
+    (num_blocks, indices) pair (only the first `num` indices of a row count)."""
+    import torch
+
+    if num is None or indices is None:
+        return None
+    kv_blocks = int(indices.shape[-1])
+    listed = torch.arange(kv_blocks) < num.unsqueeze(-1)
+    where = torch.where(listed, indices.long(), kv_blocks)
+    out = torch.zeros(*indices.shape[:-1], kv_blocks + 1, dtype=torch.bool)
+    out.scatter_(-1, where, True)
+    return out[..., :kv_blocks]
+
+
+def kernel_visible(mask, visible, queries: tuple[int, ...] | None) -> "torch.Tensor":
+    """What a kernel that skips blocks computes from `mask`'s blocks (bool, broadcast to
+    `visible`'s `[batch, heads, kept queries, seq_k]`, the `mask_mod`'s own rows): every
+    key of a full block, the mod's keys in a partial block, none elsewhere. Where the
+    mask's batch or heads are 1 every example (head) gets the first one's blocks."""
+    import torch
+
+    partial = _blocks(mask.kv_num_blocks, mask.kv_indices)
+    full = _blocks(mask.full_kv_num_blocks, mask.full_kv_indices)
+    block_q, block_k = (int(s) for s in mask.BLOCK_SIZE)
+    seq_q, seq_k = int(visible.shape[-2]), int(visible.shape[-1])
+    kept = torch.arange(seq_q) if queries is None else torch.tensor(queries)
+    rows, cols = kept // block_q, torch.arange(seq_k) // block_k
+    seen = visible.clone() if partial is None else partial[..., rows, :][..., cols] & visible
+    if full is not None:
+        seen = seen | full[..., rows, :][..., cols]
+    return seen

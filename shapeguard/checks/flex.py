@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from .. import _ops
 from .._errors import Operand, Violation
-from .._reach.block_mask import reach_of
+from .._reach import block_mask
 from .._values import is_tensor
 from . import ERROR, WARNING, rule
 from ._fused_reach import is_flex
@@ -109,8 +109,12 @@ def _shape_problems(q, k, mask, q_name: str, k_name: str) -> Iterator[tuple[str,
 
 
 def _broadcasts(call: CallView, q, mask, operands) -> Iterator[Violation]:
-    """A mask made for batch (heads) 1 broadcast over the query's, whose `mask_mod` gives
-    other keys for other examples (heads): a kernel that skips blocks reads example 0's."""
+    """A mask made for batch (heads) 1 shared by the query's, whose `mask_mod` needs other
+    blocks for another example (head) than the first: a kernel that skips blocks computes
+    each with the first one's (torch's eager CPU path applies the mod everywhere and
+    hides it). Read by comparing the mod's rows with what the blocks let through."""
+    import torch
+
     B, H, sq, _ = (int(s) for s in q.shape)  # noqa: N806 (flex_attention's own names)
     mask_b, mask_h = (int(s) for s in mask.kv_num_blocks.shape[:2])
     if not ((mask_b == 1 and B > 1) or (mask_h == 1 and H > 1)):
@@ -118,19 +122,37 @@ def _broadcasts(call: CallView, q, mask, operands) -> Iterator[Violation]:
     mod = getattr(mask, "mask_mod", None)
     if mod is None or q.device.type != "cpu":
         return
-    reach = reach_of(mod, B, H, sq, int(mask.seq_lengths[1]))
-    if reach is None:
+    with torch.no_grad():
+        found = block_mask.visible_of(mod, B, H, sq, int(mask.seq_lengths[1]))
+        if found is None:
+            return
+        visible, queries = found
+        wrong = block_mask.kernel_visible(mask, visible, queries) != visible
+    if not bool(wrong.any()):
         return
-    axes = (("batch", mask_b, B, "b", "examples"), ("heads", mask_h, H, "h", "heads"))
-    for index, (axis, have, want, index_name, plural) in enumerate(axes):
-        if have == 1 and want > 1 and reach.stored[index] > 1:
-            first = "example 0" if axis == "batch" else "head 0"
-            yield Violation(
-                "block_mask_broadcast",
-                f"flex_attention: block_mask made for {axis}=1 is shared by {axis}={want}, "
-                f"but its mask_mod reads {index_name}: other {plural} see other keys",
-                operands,
-                f"create_block_mask(mask_mod, {'B' if axis == 'batch' else 'H'}={want}, ...): "
-                f"its blocks were computed for {first} only, and a kernel that skips blocks "
-                f"(compiled, on a GPU) applies them to every one of the {want} {plural}",
-            )
+    kept = queries if queries is not None else range(sq)
+    axes = (
+        ("batch", mask_b, B, "b", "examples", "example"),
+        ("heads", mask_h, H, "h", "heads", "head"),
+    )
+    for axis, (name, have, want, index_name, plural, single) in enumerate(axes):
+        if have != 1 or want == 1:
+            continue
+        # The slices of this axis that differ where the other axis is at its first.
+        along = wrong.narrow(1 - axis, 0, 1).flatten(2).any(-1).flatten()
+        if not bool(along.any()):
+            continue
+        first = int(along.nonzero()[0])
+        at = wrong.narrow(axis, first, 1).narrow(1 - axis, 0, 1).flatten(0, 1)[0]
+        query = kept[int(at.any(-1).nonzero()[0])]
+        yield Violation(
+            "block_mask_broadcast",
+            f"flex_attention: block_mask made for {name}=1 is shared by {name}={want}, but "
+            f"its mask_mod reads {index_name}: {int(along.sum())} of {want} {plural} need "
+            f"other blocks than {single} 0's (first: {single} {first}, query {query})",
+            operands,
+            f"create_block_mask(mask_mod, {'B' if axis == 0 else 'H'}={want}, ...): a "
+            f"kernel that skips blocks (compiled, on a GPU) computes every {single} with "
+            f"{single} 0's blocks; torch's eager CPU path applies the mask_mod everywhere "
+            "and hides it",
+        )

@@ -1,7 +1,9 @@
 """torch's FlexAttention: a BlockMask checked against the q and k it is applied to, before
 the call runs (torch's kernels index the mask by q's batch, head and block: a mask made
-for other sizes reads other rows, or past its end, pytorch#172225), and the reach of its
-`mask_mod` evaluated on the traced sizes (`_reach/block_mask.py`).
+for other sizes reads other rows, or past its end, pytorch#172225), and a mask shared
+over the batch or heads whose `mask_mod` needs other blocks for another example or head
+(the mod evaluated on the traced sizes, `_reach/block_mask.py`). The call's reach is
+recorded and judged by `reach.attention_reach` (read by `_fused_reach`).
 
 The call reaches this family only through the wrapper a trace puts on
 `torch.nn.attention.flex_attention.flex_attention` (`_trace/torch_entries.py`): no

@@ -75,7 +75,8 @@ class Op:
     #   metadata (item, tolist, __bool__: what a recorded step must remember, `_trace.replay`)
     # flash-attn: how q, k, v arrive ("dense", "qkvpacked", "kvpacked", "varlen",
     # "varlen_qkvpacked", "varlen_kvpacked") and whose entry point it is ("flash_attn",
-    # "kernel": a torch.ops.flash_attn op, "shapeguard": shapeguard.attention's).
+    # "kernel": a torch.ops.flash_attn op, "shapeguard": shapeguard.attention's, "torch":
+    # torch.nn.attention.varlen's).
     flash_form: str = ""
     flash_entry: str = ""
     # A layer torch's SequenceParallel style runs on this rank's slice of seq (norms,
@@ -410,6 +411,18 @@ MHA = _op(
     shown=True,
     step="module",
 )  # fmt: skip
+# torch's FlexAttention, a Python function over a higher-order op that runs compiled (no
+# mode sees it): wrapped while a trace is open (`_trace/torch_entries.py`), as flash-attn's.
+FLEX = _op(
+    "flex_attention",
+    ATTENTION,
+    params=(
+        "query", "key", "value", "score_mod", "block_mask", "scale", "enable_gqa",
+        "return_lse", "kernel_options",
+    ),
+    shown=True,
+    step="fused",
+)  # fmt: skip
 # flash-attn: its Python entry points (wrapped while a trace is open), its torch.ops
 # kernels, and shapeguard.attention's own entry points. All take [batch, seq, heads, d_k].
 _FLASH_FORMS = {
@@ -423,8 +436,20 @@ _FLASH_FORMS = {
 FLASH_ENTRY_POINTS = tuple(_FLASH_FORMS)
 for _name, _form in _FLASH_FORMS.items():
     _op(_name, FLASH, shown=True, step="fused", flash_form=_form, flash_entry="flash_attn")
-for _name, _form in (("flash_attention", "dense"), ("flash_attention_varlen", "varlen")):
-    _op(_name, FLASH, shown=True, step="fused", flash_form=_form, flash_entry="shapeguard")
+_op(
+    "flash_attention", FLASH, shown=True, step="fused", flash_form="dense", flash_entry="shapeguard"
+)
+_op(
+    "flash_attention_varlen",
+    FLASH,
+    params=(
+        "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+    ),
+    shown=True,
+    step="fused",
+    flash_form="varlen",
+    flash_entry="shapeguard",
+)  # fmt: skip
 _op(
     "_flash_attn_forward",
     FLASH,
@@ -452,6 +477,16 @@ _op(
     flash_form="varlen",
     flash_entry="kernel",
 )  # fmt: skip
+# torch.nn.attention.varlen's packed attention [total, heads, d_k] (wrapped, as FLEX).
+VARLEN = _op(
+    "varlen_attn",
+    FLASH,
+    params=("query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k"),
+    shown=True,
+    step="fused",
+    flash_form="varlen",
+    flash_entry="torch",
+)
 # torch's attention modules, recorded as one call each: their fused fast paths run unseen.
 COMPOSITES = (
     "MultiheadAttention",

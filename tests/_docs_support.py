@@ -75,10 +75,13 @@ def run_script(path: str):
 
     def run():
         from shapeguard._trace import flash as _flash
+        from shapeguard._trace import torch_entries
 
-        # flash-attn names bound by `from flash_attn import ...` are found by a scan that
-        # is cached per set of modules; each snippet is a new namespace, so scan again.
+        # flash-attn and flex_attention names bound by `from ... import` are found by a
+        # scan that is cached per set of modules; each snippet is a new namespace, so
+        # scan again.
         _flash._scan_key = None
+        torch_entries.forget_scan()
         runpy.run_path(path, run_name="__main__")
 
     return run

@@ -20,9 +20,12 @@ runs each bug and its fix at the three size settings. The line where a bug bites
     cache_axis        a decode step's keys appended to the cache along the heads
     mask_new_only     a decode step's causal mask over the new tokens only, not the cache
     flash_layout      flash_attention given [batch, heads, seq, d_k] for its [b, s, h, d]
+    block_mask_reused a FlexAttention block mask made once for the longest sequence and
+                      reused for shorter ones
 """
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -260,3 +263,35 @@ class Flash(nn.Module):
         if self.bug == "flash_layout":
             context = context.transpose(1, 2)
         return self.out(context.reshape(B, S, d_model))
+
+
+class Flex(nn.Module):
+    """Causal FlexAttention; the bug makes its block mask once, for `max_seq` positions, and
+    reuses it whatever the sequence (torch refuses it too, without the names)."""
+
+    def __init__(self, d_model, n_heads, max_seq, bug=None):
+        super().__init__()
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        self.n_heads, self.bug = n_heads, bug
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.made = create_block_mask(_causal, None, None, max_seq, max_seq, device="cpu")
+
+    def forward(self, x):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        B, S, d_model = x.shape
+        q, k, v = (_heads(t, B, S, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        if self.bug == "block_mask_reused":
+            block_mask = self.made
+        else:
+            block_mask = create_block_mask(_causal, None, None, S, S, device="cpu")
+        with warnings.catch_warnings():  # eager flex_attention warns that it is unfused
+            warnings.filterwarnings("ignore", "flex_attention called without torch.compile")
+            context = flex_attention(q, k, v, block_mask=block_mask)  # <- block_mask_reused
+        return self.out(context.transpose(1, 2).reshape(B, S, d_model))
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx

@@ -198,6 +198,9 @@ NOT_TORCH = {
             "_flash_attn_varlen_forward.default",
         )
     },
+    "flex_attention": "torch's Python function over a compiled higher-order op, wrapped while "
+    "a trace is open (_trace/torch_entries.py)",
+    "varlen_attn": "torch.nn.attention.varlen's Python function, wrapped as flex_attention",
     "names": "Tensor.names (named tensors) is gone in torch 2.13; earlier torch still has it",
 }
 # shapeguard.attention's own entry points, recorded under their own names.
@@ -238,7 +241,8 @@ def test_the_composites_are_the_modules_checked_at_their_boundary():
 def test_flags_and_steps_are_the_tables_own():
     assert {op.step for op in _ops.ALL} <= {"", *_ops.STEPS}
     fused = {op.name for op in _ops.ALL if op.step == "fused"}
-    assert fused == {_ops.SDPA.name} | {op.name for op in _ops.ALL if op.family == _ops.FLASH}
+    flash = {op.name for op in _ops.ALL if op.family == _ops.FLASH}
+    assert fused == {_ops.SDPA.name, _ops.FLEX.name} | flash
     # Events carry torch's spelling, so the report's sets hold every spelling.
     assert {"masked_fill_", "__rmatmul__"} <= _ops.shown_ops()
     assert "take_along_dim" in _ops.spellings_where(reads_table=True)

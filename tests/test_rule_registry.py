@@ -87,6 +87,9 @@ GROUPED = _of(
 CROSS = _of(lambda s, bug: rule_cases.CrossMHA(s.d_model, s.heads, bug), rule_cases.padded_memory)
 DECODING = _of(lambda s, bug: rule_cases.Decoding(s.d_model, s.heads, bug), invariants.with_cache)
 FLASH = _of(lambda s, bug: rule_cases.Flash(s.d_model, s.heads, bug), invariants.x_only)
+FLEX = _of(
+    lambda s, bug: rule_cases.Flex(s.d_model, s.heads, 2 * s.seq + 1, bug), invariants.x_only
+)
 
 CASES = [
     Case("mask_not_bool", "masked_fill", masked("masked_fill"), "mask_dtype", ("mask == 0",)),
@@ -104,6 +107,7 @@ CASES = [
     Case("memory_mask", "mha", CROSS, "mha_key_padding_mask", ("[batch, seq_k]",)),
     Case("cache_axis", "cat", DECODING, "cache_axis", ("along the sequence axis",)),
     Case("mask_new_only", "sdpa", DECODING, "mask_cache_length", ("cached + new keys",)),
+    Case("block_mask_reused", "flex", FLEX, "block_mask_shape", ("create_block_mask(",)),
 ]  # fmt: skip
 
 # Rule ("family.function") -> the bugs ("bug-style": test_invariants.BUGS or CASES) on
@@ -113,6 +117,7 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "cache.mask_key_length": ("mask_new_only-sdpa",),
     "contraction.einsum_axes": ("contraction-einsum",),
     "contraction.product_axes": ("contraction-tutorial_attn_v", "contraction-hf_eager_q_k"),
+    "flex.block_mask_fits": ("block_mask_reused-flex",),
     "elementwise.arithmetic": ("positions_unsliced-learned",),
     "elementwise.bool_mask_added": ("mask_not_bool-added",),
     "elementwise.masked_fill": ("mask_not_bool-masked_fill",),

@@ -60,7 +60,8 @@ class Reach:
     rows: array  # pattern number per stored (lead..., kept query), row-major
     queries: tuple[int, ...] | None = None
     # How the reach was read: "mask" (a mask's values), "causal" (is_causal), "unmasked",
-    # "window" (flash-attn's window_size), "block_mask", "cu_seqlens", "probe".
+    # "window" (flash-attn's window_size), "block_mask" (FlexAttention's mask_mod, and its
+    # score_mod's -inf), "score_mod" (a score_mod's -inf alone), "cu_seqlens", "probe".
     how: str = "mask"
     lead_axes: tuple[str, ...] = ()
     event: int = -1  # the trace's event index of the op, -1 where none
@@ -136,6 +137,32 @@ class Reach:
             stored=stored,
             patterns=patterns,
             rows=array("I", inverse),
+            queries=queries,
+            **{"op": "", "module": "", "location": "", **where},
+        )
+
+    @classmethod
+    def from_runs(
+        cls,
+        runs: "list[Runs]",
+        queries: tuple[int, ...] | None,
+        seq_q: int,
+        seq_k: int,
+        lead: tuple[int, ...],
+        **where,
+    ) -> "Reach":
+        """The reach whose kept `queries` of `seq_q` (None: all) each see `runs[i]`, alike
+        in every leading slice: for a caller that knows the runs without a mask (packed
+        documents from `cu_seqlens`, where a bool row would be as long as every token)."""
+        patterns: dict[Runs, int] = {}
+        rows = array("I", (patterns.setdefault(r, len(patterns)) for r in runs))
+        return cls(
+            lead=tuple(int(s) for s in lead),
+            seq_q=int(seq_q),
+            seq_k=int(seq_k),
+            stored=(1,) * len(lead),
+            patterns=tuple(patterns),
+            rows=rows,
             queries=queries,
             **{"op": "", "module": "", "location": "", **where},
         )

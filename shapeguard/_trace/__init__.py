@@ -8,7 +8,8 @@ naming of tensors first seen (`naming`), recording (`recording`) and reporting
 intercepts (`call`), the names and roles of their tensors (`meta`), what it records
 (`record`: plain data), torch's composites it keeps on their fast paths (`composites`),
 what observers of a session are told (`observe`), config checks at construction
-(`construction`), flash-attn's wrapped entry points (`flash`), tensor parallelism's state,
+(`construction`), flash-attn's wrapped entry points (`flash`) and torch's (`flex_attention`,
+`varlen_attn`: `torch_entries`), both bound through `rebinding`, tensor parallelism's state,
 the session's one member for it (`tp_session`), contained failures (`internal`), and the
 one way to open a session for one forward (`opening`: `recording_session`, `begin`).
 

@@ -4,14 +4,14 @@ point for flash-attn support (the contract, re-exported from `checks/_flash_cont
 
 While a session is open, `flash_attn.flash_attn_func` and its siblings, and every
 module global bound to them (`from flash_attn import flash_attn_func`), are replaced
-by wrappers that route the call through the session; they are put back when the last
-session closes. Nothing is wrapped unless flash_attn was already imported by the user.
+by wrappers that route the call through the session (`rebinding.wrap`); they are put
+back when the last session closes. Nothing is wrapped unless flash_attn was already
+imported by the user. torch's flex_attention and varlen_attn are wrapped the same way
+(`torch_entries`, on `rebinding.Rebinder`).
 """
 
-import functools
 import sys
 import threading
-import types
 
 from ..checks._flash_contract import (
     ENTRY_POINTS,
@@ -38,6 +38,7 @@ from ..checks._flash_varlen import (
     check_varlen_qkvpacked,
     cu_seqlens,
 )
+from .rebinding import bound_names, wrap
 
 __all__ = [
     "ENTRY_POINTS",
@@ -116,7 +117,7 @@ def _install() -> None:
     WRAPPED.update(found)
     key = (len(sys.modules), frozenset(found))
     if key != _scan_key:
-        _locations[:] = _scan(found)
+        _locations[:] = bound_names(found, list(sys.modules.values()))
         _scan_key = key
     wrappers: dict[int, object] = {}
     for namespace, name in _locations:
@@ -126,23 +127,9 @@ def _install() -> None:
             continue
         wrapper = wrappers.get(id(original))
         if wrapper is None:
-            wrapper = wrappers[id(original)] = _wrap(original)
+            wrapper = wrappers[id(original)] = wrap(original)
         namespace[name] = wrapper
         _bindings.append((namespace, name, original, wrapper))
-
-
-def _scan(found: dict[int, object]) -> list[tuple[dict, str]]:
-    """Every (module globals, name) bound to one of the `found` functions."""
-    locations = []
-    for mod in list(sys.modules.values()):
-        if isinstance(mod, types.ModuleType):
-            namespace = vars(mod)
-            locations += [
-                (namespace, name)
-                for name, value in list(namespace.items())
-                if id(value) in found and found[id(value)] is value
-            ]
-    return locations
 
 
 def _uninstall() -> None:
@@ -154,20 +141,3 @@ def _uninstall() -> None:
         except Exception:
             continue
     WRAPPED.clear()
-
-
-def _wrap(original):
-    @functools.wraps(original)
-    def checked(*args, **kwargs):
-        __tracebackhide__ = True
-        from .current import current_session
-
-        session = current_session()
-        if session is None:  # another thread, or called after the trace closed
-            return original(*args, **kwargs)
-        # The session checks the call against the contract (checks/flash.py), runs it with
-        # the interceptor quiet, and records one event named after the original.
-        return session.dispatch(original, args, kwargs)
-
-    checked.__shapeguard_original__ = original  # type: ignore[attr-defined]  # a marker on the wrapper
-    return checked

@@ -26,6 +26,7 @@ from . import internal as _internal
 from . import owed as _owed
 from . import replay as _replay
 from . import replay_match as _replay_match
+from . import torch_entries as _torch_entries
 from . import tp_session as _tp_session
 from .call import OpCall
 from .current import closed, current_session, opened
@@ -74,6 +75,7 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self._token: contextvars.Token | None = None
         self.live = False  # open: what `current_session` asks of the innermost session
         self._flash_held = False  # this session holds a wrap of flash-attn's entry points
+        self._torch_held = False  # and of torch's (`torch_entries`)
         # The off switch, read when the session opens and when a forward starts (the root
         # module entered), not per op; `disable()` is seen at once.
         self.enabled = True
@@ -115,6 +117,7 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self.live = True
         self.trace._live += 1
         self._flash_held = _flash.patch()
+        self._torch_held = _torch_entries.patch()
         self.enabled = _config.is_enabled()
         opener = self._opener
         if opener is not None:
@@ -129,9 +132,11 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             opener.sessions += 1
 
     def close(self) -> None:
-        # First, so flash-attn's functions are restored whatever fails below (it never raises).
+        # First, so the wrapped functions are restored whatever fails below (never raises).
         held, self._flash_held = self._flash_held, False
         _flash.restore(held)
+        held, self._torch_held = self._torch_held, False
+        _torch_entries.restore(held)
         self._stop_recording()
         self.replay = None
         self.trace._replayed += self.replayed

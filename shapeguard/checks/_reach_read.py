@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeGuard
 
 from .. import _ops
 from .._reach.rows import Reach, query_sample
+from ._fused_reach import reach_at
 from ._mask_effects import broadcasts_to, has_shape
 from ._mask_effects import readable as _small_cpu
 from ._mask_uses import HIDING, mask_uses
@@ -41,6 +42,8 @@ def reach(call) -> Reach | None:
     """The reach of the attention site `call` is, or None where it cannot be read (an
     unreadable tensor, a softmax over scores no query-key product made, too many slices)."""
     op = call.spec
+    if op is _ops.FLEX or op.flash_form == "varlen":
+        return reach_at(call)  # read from the call's arguments: a mask_mod, cu_seqlens
     try:
         if op is _ops.SDPA:
             read = _sdpa(call)

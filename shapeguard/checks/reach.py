@@ -4,8 +4,11 @@ against the intent that can be established (`_reach.invariants.judge`).
 
 The sites: a softmax over the last axis of scores whose last two axes a query-key product
 made the queries and the keys (a key is hidden where the value is -inf or at or below the
-mask reader's threshold, whatever code put it there), SDPA, nn.MultiheadAttention, and
-flash-attn's dense call (shapeguard.attention's `flash_attention`, `flash_attn_func`).
+mask reader's threshold, whatever code put it there), SDPA, nn.MultiheadAttention,
+flash-attn's dense call (shapeguard.attention's `flash_attention`, `flash_attn_func`),
+FlexAttention (its `mask_mod` and `score_mod`) and packed attention (`cu_seqlens`: torch's
+`varlen_attn`, shapeguard.attention's `flash_attention_varlen`), the last two read by
+`_fused_reach`.
 The reach is handed to the session (`CallView.keep_reach`), which keeps it on the trace
 (`TraceData.reach`, folded and bounded); the findings are the invariants' (all warnings).
 Where no intent is established nothing is claimed: the reach is kept and shown only.
@@ -38,6 +41,9 @@ _SITES = (
     _ops.MHA,
     _ops.by_name("flash_attention"),
     _ops.by_name("flash_attn_func"),
+    _ops.FLEX,
+    _ops.VARLEN,
+    _ops.by_name("flash_attention_varlen"),
 )
 
 

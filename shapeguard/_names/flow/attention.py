@@ -17,7 +17,7 @@ def _attention(call, outputs):
     for meta, role in ((qm, "Q"), (km, "K"), (vm, "V")):
         if meta.role is None:
             meta.role = role
-    if call.spec is _ops.SDPA:
+    if call.spec is _ops.SDPA or call.spec is _ops.FLEX:  # both [batch, heads, seq, d_k]
         return _sdpa(q, k, v, qm, km, vm, outputs, learn=not call.reported)
     return _mha(q, k, qm, km, vm, outputs, learn=not call.reported)
 

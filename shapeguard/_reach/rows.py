@@ -90,8 +90,9 @@ class Reach:
         stored = (1,) * (len(lead) - len(given)) + given
         visible = visible.detach().to("cpu", torch.bool).reshape(*stored, sq, sk)
         stored = _squeezed(visible, stored)
-        visible = visible.expand(*stored, sq, sk) if visible.shape[:-2] != stored else visible
-        visible = visible.reshape(*stored, sq, sk)
+        for axis, size in enumerate(stored):
+            if size == 1 and visible.shape[axis] > 1:
+                visible = visible.narrow(axis, 0, 1)  # every slice along it is alike
         slices = prod(stored)
         if slices * MIN_QUERIES > MAX_ROWS:
             raise ValueError(f"reach: {slices} distinct slices is past {MAX_ROWS // MIN_QUERIES}")

@@ -6,6 +6,7 @@ import weakref
 
 from .. import _config
 from .._names import axes as _axes
+from .._reach import intent as _intent
 from . import composites as _composites
 from . import construction as _construction
 from . import internal as _internal
@@ -104,6 +105,10 @@ class ModuleStack(SessionState):
                 self.trace._forward += 1
                 if len(self.ledger.steps) > _owed.MAX_OWED:
                     self.ledger.pay()
+                # Each forward's own, replayed or not: what intent is read from at its sites.
+                # A global pre-hook gets no keywords: read them from the module's call.
+                named = self._input_tensors(module, args, kwargs or _composites.call_kwargs(module))
+                self.root_inputs = _intent.RootInputs(named)
             if self.replay is not None and self._replay_enter(module, first, args, kwargs):
                 return
             recorder = self.recorder

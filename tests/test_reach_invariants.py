@@ -292,22 +292,22 @@ def causal_only_fill(scores, am, pos, w):  # bug: the padding is never applied
     return scores.masked_fill(~_tril(scores.shape[-1]), float("-inf"))
 
 
-def padding_on_queries_additive(scores, am, pos, w):  # bug: padding laid on the query axis
+def padding_of_another_example_additive(scores, am, pos, w):  # bug: examples' rows reversed
     causal_bias = torch.full(scores.shape[-2:], NEG).triu(1)
-    return scores + causal_bias + (1.0 - am[:, None, :, None].float()) * NEG
+    return scores + causal_bias + (1.0 - am.flip(0)[:, None, None, :].float()) * NEG
 
 
-def sdpa_lengths_off_by_one(S, am, pos, w):  # bug: keeps one padded key per example
+def sdpa_lengths_off_by_one(S, am, pos, w):  # bug: left padding, keeps one padded key
     lengths = am.sum(-1)
-    return _tril(S) & (torch.arange(S)[None, :] <= lengths[:, None])[:, None, None, :]
+    return _tril(S) & (torch.arange(S)[None, :] >= S - lengths[:, None] - 1)[:, None, None, :]
 
 
-def future_triu_fill(scores, am, pos, w):  # bug: triu hides the past, keeps the future
-    return scores.masked_fill(_tril(scores.shape[-1]).tril(-1), float("-inf"))
+def future_shifted_additive(scores, am, pos, w):  # bug: triu(2), each query sees the next
+    return scores + torch.full(scores.shape[-2:], NEG).triu(2)
 
 
-def future_from_positions(scores, am, pos, w):  # bug: `>=` where `<=` was meant
-    keep = pos[:, None, :, None] <= pos[:, None, None, :]
+def future_from_positions(scores, am, pos, w):  # bug: `<= q + 1` where `<= q` was meant
+    keep = pos[:, None, None, :] <= pos[:, None, :, None] + 1
     return scores.masked_fill(~keep, NEG)
 
 
@@ -348,7 +348,7 @@ def sdpa_documents_from_cumsum_off_by_one(S, am, pos, w):  # bug: the boundary t
 
 STYLES = {f.__name__: f for f in (
     padded_causal_fill, padded_causal_additive, sdpa_padded_causal, causal_only_fill,
-    padding_on_queries_additive, sdpa_lengths_off_by_one, future_triu_fill,
+    padding_of_another_example_additive, sdpa_lengths_off_by_one, future_shifted_additive,
     future_from_positions, sdpa_future_shift, window_fill, window_too_wide_additive,
     sdpa_window_missing, documents_fill, documents_ignored_additive,
     sdpa_documents_from_cumsum_off_by_one,
@@ -372,10 +372,10 @@ def inputs(sizes, padding: str = "right", packed: bool = False):
 
 
 BUGS = [
-    ("reach_padded_key", "causal_only_fill", "right"),
-    ("reach_padded_key", "padding_on_queries_additive", "left"),
-    ("reach_padded_key", "sdpa_lengths_off_by_one", "right"),
-    ("reach_future", "future_triu_fill", "none"),
+    ("reach_padded_key", "causal_only_fill", "left"),
+    ("reach_padded_key", "padding_of_another_example_additive", "left"),
+    ("reach_padded_key", "sdpa_lengths_off_by_one", "left"),
+    ("reach_future", "future_shifted_additive", "none"),
     ("reach_future", "future_from_positions", "none"),
     ("reach_future", "sdpa_future_shift", "none"),
     ("reach_window", "window_too_wide_additive", "none"),

@@ -366,7 +366,7 @@ def _documents(call, inputs, reach, k_axis, lead_dims):
         found = _tied_rows(
             call, inputs, positions, ("input_ids", "inputs_embeds"), reach, k_axis, lead_dims, _ints
         )
-        if found is not None and len(found[0]) == positions.shape[0]:
+        if found is not None:
             docs = tuple(_restarts(row) for row in found[0])
             if any(max(row) > 0 for row in docs):
                 return docs, "position_ids that restart at 0 within a row"

@@ -348,6 +348,15 @@ def _window(call, module) -> tuple[int | None, str, str, int | None]:
             )
     if kind == "full_attention":
         return None, "", f"config.layer_types[{layer}] is full_attention", layer
+    size = getattr(config, "sliding_window", None)
+    if (
+        types is None
+        and isinstance(size, int)
+        and size > 0
+        and getattr(config, "use_sliding_window", True) is True
+    ):
+        # Mistral's way: one window for every layer, no per-layer types
+        return size, f"config.sliding_window = {size} (every layer)", "", layer
     return None, "", "", layer
 
 

@@ -22,6 +22,13 @@ SNIPPETS = ROOT / "docs" / "snippets"
 _BLOCK = re.compile(r"(<!-- message: (\w+) -->\n```text\n)(.*?)(\n?^```$)", re.S | re.M)
 # Kinds whose snippet needs flash-attn's own kernel ops (torch.ops.flash_attn.*).
 NEEDS_FLASH_KERNELS = {"flash_head_dim_multiple"}
+# Kinds declared by a rule that no code yields yet, so no snippet can show them: the reach
+# invariants (`checks/reach.py`), reported once `_reach.invariants.judge` establishes intent
+# (issue 28's intent part adds their entries, snippets and README rows, and drops them here).
+NOT_YET = {
+    "reach_other_example", "reach_padded_key", "reach_no_key", "reach_future", "reach_window",
+    "reach_documents", "reach_decode",
+}  # fmt: skip
 
 
 def source_kinds() -> set[str]:
@@ -50,6 +57,10 @@ def test_every_kind_in_the_source_is_catalogued():
     kinds = source_kinds()
     assert {"matmul_inner", "torch_error", "contract", "mask_broadcast"} <= kinds
     blocks = page_blocks()
+    assert kinds >= NOT_YET, f"not declared (drop them from NOT_YET): {sorted(NOT_YET - kinds)}"
+    catalogued = sorted(NOT_YET & set(blocks))
+    assert not catalogued, f"catalogued now (drop them from NOT_YET): {catalogued}"
+    kinds -= NOT_YET
     missing = sorted(kinds - set(blocks))
     assert not missing, f"docs/errors.md has no entry for {missing}"
     no_snippet = sorted(k for k in kinds if not (SNIPPETS / f"{k}.py").exists())
@@ -67,7 +78,7 @@ def test_every_kind_in_the_source_is_catalogued():
 
 def test_the_readme_names_every_kind():
     readme = (ROOT / "README.md").read_text()
-    missing = sorted(k for k in source_kinds() if f"`{k}`" not in readme)
+    missing = sorted(k for k in source_kinds() - NOT_YET if f"`{k}`" not in readme)
     assert not missing, f"README.md's kind table does not name {missing}"
 
 

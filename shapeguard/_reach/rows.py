@@ -64,6 +64,9 @@ class Reach:
     # invariant flags, as (leading index, query, runs of keys) each.
     padding: tuple[Runs, ...] = ()
     marks: tuple[tuple[tuple[int, ...], int, Runs], ...] = ()
+    # How often the trace met this very reach at this site (every forward of a long trace,
+    # every repeat of a layer's code: `TraceData.add_reach` folds them).
+    count: int = 1
 
     # -- building --------------------------------------------------------------------
     @classmethod
@@ -71,16 +74,26 @@ class Reach:
         cls,
         visible: "torch.Tensor",
         lead: tuple[int, ...] | None = None,
+        *,
+        sampled: "tuple[tuple[int, ...], int] | None" = None,
         **where,
     ) -> "Reach":
         """The reach of a bool tensor `visible` (True where a key can be seen), shaped
         `[..., seq_q, seq_k]` and broadcastable to `lead + (seq_q, seq_k)`; axes of size 1
-        stay so. `where` gives op, module, location, how, lead_axes, event."""
+        stay so. `where` gives op, module, location, how, lead_axes, event. `sampled`
+        (`(queries, seq_q)`, from `query_sample`) says `visible` holds only those query
+        rows of `seq_q`: a caller that samples before it builds `visible` keeps it at most
+        `MAX_ROWS` x seq_k."""
         import torch
 
         if visible.dim() < 2:
             raise ValueError(f"reach needs [..., seq_q, seq_k], got {tuple(visible.shape)}")
         sq, sk = int(visible.shape[-2]), int(visible.shape[-1])
+        held = sq  # the query rows `visible` holds
+        if sampled is not None:
+            if len(sampled[0]) != sq:
+                raise ValueError(f"reach: {sq} query rows for {len(sampled[0])} sampled")
+            sq = sampled[1]
         given = tuple(int(s) for s in visible.shape[:-2])
         if lead is None:
             lead = given
@@ -88,17 +101,26 @@ class Reach:
         if len(given) > len(lead):
             raise ValueError(f"reach: visible {tuple(visible.shape)} has more axes than {lead}")
         stored = (1,) * (len(lead) - len(given)) + given
-        visible = visible.detach().to("cpu", torch.bool).reshape(*stored, sq, sk)
-        stored = _squeezed(visible, stored)
-        for axis, size in enumerate(stored):
-            if size == 1 and visible.shape[axis] > 1:
-                visible = visible.narrow(axis, 0, 1)  # every slice along it is alike
+        visible = visible.detach().to("cpu", torch.bool).reshape(*stored, held, sk)
+        squeezed = _squeezed(visible, stored)
+        for axis, (was, now) in enumerate(zip(stored, squeezed, strict=True)):
+            if was != now:  # every slice alike along it: keep the first
+                visible = visible.narrow(axis, 0, 1)
+        stored = squeezed
         slices = prod(stored)
         if slices * MIN_QUERIES > MAX_ROWS:
             raise ValueError(f"reach: {slices} distinct slices is past {MAX_ROWS // MIN_QUERIES}")
-        queries = sampled_queries(sq, min(MAX_QUERIES, MAX_ROWS // slices))
-        if queries is not None:
-            visible = visible.index_select(-2, torch.tensor(queries))
+        queries: tuple[int, ...] | None
+        if sampled is not None:
+            queries = sampled[0]
+            if len(queries) * slices > MAX_ROWS:
+                raise ValueError(
+                    f"reach: {len(queries)} queries x {slices} slices is past {MAX_ROWS}"
+                )
+        else:
+            queries = sampled_queries(sq, min(MAX_QUERIES, MAX_ROWS // slices))
+            if queries is not None:
+                visible = visible.index_select(-2, torch.tensor(queries))
         nq = len(queries) if queries is not None else sq
         flat = visible.reshape(slices * nq, sk)
         patterns, inverse = _distinct_runs(flat)
@@ -177,6 +199,15 @@ def runs_text(runs: Runs) -> str:
         return f"key {runs[0][0]}"
     parts = [f"{a}" if b - a == 1 else f"{a}..{b - 1}" for a, b in runs]
     return "keys " + ", ".join(parts)
+
+
+def query_sample(lead: tuple[int, ...], seq_q: int) -> tuple[int, ...] | None:
+    """The queries a site of leading shape `lead` keeps before it reads its values (None:
+    all), so the rows it builds stay within `MAX_ROWS` whatever `from_visible` folds."""
+    slices = max(1, prod(lead))
+    if slices * MIN_QUERIES > MAX_ROWS:
+        raise ValueError(f"reach: {slices} leading slices is past {MAX_ROWS // MIN_QUERIES}")
+    return sampled_queries(seq_q, min(MAX_QUERIES, MAX_ROWS // slices))
 
 
 def sampled_queries(seq_q: int, limit: int = MAX_QUERIES) -> tuple[int, ...] | None:

@@ -62,6 +62,7 @@ class OpCall:
         "_tensors",
         "_matches",
         "extras",
+        "reach",
     )
 
     def __init__(self, session, func, op: str, args: tuple, kwargs: dict, site, spec=None) -> None:
@@ -86,6 +87,9 @@ class OpCall:
         # While the session records this call: (tensor, had a meta) for each tensor the
         # rules read that is not an argument (a view's `B, T, C = x.shape`).
         self.extras: list | None = None
+        # The attention reach the rules read at this call (`keep_reach`): the session keeps
+        # it on the trace once the rules are done (a replayed step keeps it too).
+        self.reach: tuple = ()
 
     def tensors(self) -> list:
         """The tensor arguments, positional (and in lists: torch.cat) then keyword."""
@@ -157,6 +161,11 @@ class OpCall:
         extras = self.extras
         if extras is not None and not any(t is tensor for t in self.tensors()):
             extras.append((tensor, known))
+
+    def keep_reach(self, reach) -> None:
+        """Hand the session this call's attention reach (`_reach.rows.Reach`), to keep on
+        the trace after the rules: the one thing a rule gives besides its findings."""
+        self.reach = (*self.reach, reach)
 
     def dims(self, tensor):
         """The provenance of each axis of `tensor` (atoms of dims, see `_names.dims`)."""

@@ -353,6 +353,8 @@ def check(session, module, kind: str, args: tuple, kwargs: dict, site) -> None:
                         where = f"rule {rule.family}.{rule.check.__qualname__}"
                         if not _internal.contained(session.trace, error, where, _MHA_OP, site):
                             raise
+                if call.reach:
+                    session.keep_reach(call.reach)
             finally:
                 del stack[depth:]
 

@@ -1,5 +1,6 @@
 """The trace as a record: events and findings, shapes only, never tensors."""
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -173,6 +174,20 @@ class InternalFailure:
 
 # Distinct internal failures a trace keeps (the same one again only counts).
 MAX_INTERNAL = 64
+# Distinct attention reaches a trace keeps (`TraceData.add_reach`): the same reach at the
+# same site again only counts, so a long trace keeps one per site and pattern. Past this
+# many the rest are counted in `reach_dropped` (each holds at most `_reach.rows.MAX_ROWS`
+# rows of runs: the bound on what reach keeps).
+MAX_REACH = 256
+
+
+def _reach_key(reach) -> tuple:
+    """What makes two reaches one (`TraceData.add_reach`): all but the event and count."""
+    return (
+        reach.module, reach.op, reach.location, reach.how, reach.lead, reach.seq_q,
+        reach.seq_k, reach.stored, reach.patterns, reach.rows.tobytes(), reach.queries,
+        reach.lead_axes, reach.padding, reach.marks,
+    )  # fmt: skip
 
 
 @dataclass(eq=False)
@@ -220,6 +235,8 @@ class TraceData:
     # Each attention site's reach (`_reach.rows.Reach`: which keys each query can see, as
     # runs, never tensors), in the order the sites ran.
     reach: list = field(default_factory=list, repr=False)
+    reach_dropped: int = field(default=0, repr=False)  # distinct reaches past MAX_REACH
+    _reach_index: dict = field(default_factory=dict, repr=False)  # see `add_reach`
 
     @property
     def events(self) -> list[Event]:
@@ -349,6 +366,24 @@ class TraceData:
                 return
         if len(self.internal_errors) < MAX_INTERNAL:
             self.internal_errors.append(failure)
+
+    def add_reach(self, reach) -> None:
+        """Keep `reach` (a `_reach.rows.Reach`), or count it on the one kept for the same
+        site (module, op, location) with the same shape, rows, padding and marks: a trace
+        of many forwards keeps one per site and pattern, the first event's index, and how
+        often it was met. At most `MAX_REACH` distinct ones (`reach_dropped` counts the
+        rest)."""
+        key = _reach_key(reach)
+        at = self._reach_index.get(key)
+        if at is not None:
+            known = self.reach[at]
+            self.reach[at] = dataclasses.replace(known, count=known.count + reach.count)
+            return
+        if len(self.reach) >= MAX_REACH:
+            self.reach_dropped += 1
+            return
+        self._reach_index[key] = len(self.reach)
+        self.reach.append(reach)
 
     def absorb(self, finding: Finding) -> None:
         """Keep `finding`, unless a forward before this one (of a long trace) made the

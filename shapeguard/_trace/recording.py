@@ -2,6 +2,8 @@
 the op's axis rule) and its event kept on the trace, shapes only.
 """
 
+import dataclasses
+
 import torch
 
 from .. import _ops, _source, _tp
@@ -69,6 +71,17 @@ def tensors_of(out) -> list:
 
 class Recording(SessionState):
     """A session's naming and recording of an op's outputs (`Session` is one)."""
+
+    def keep_reach(self, reach: tuple, step=None) -> None:
+        """Keep the attention reach the rules read at a call (`OpCall.reach`) on the trace,
+        at the event the op is about to be, and on its step, so that a replay of the step
+        keeps it again (`ReplayLayer._replay_op`)."""
+        trace = self.trace
+        event = trace.event_count
+        for found in reach:
+            trace.add_reach(dataclasses.replace(found, event=event))
+        if step is not None:
+            step.reach = reach
 
     def _record(self, call: OpCall, out) -> list:
         """Name the op's outputs and record its event; returns the outputs' metas."""

@@ -29,6 +29,7 @@ captured and made again, are `_trace/replay_effects.py`; the session side is
 `_trace/replay_layer.py`.
 """
 
+import dataclasses
 import os
 import weakref
 
@@ -147,6 +148,7 @@ _COMPARED = (
     "input facts",
     "output axes",
     "output facts",
+    "reach",
 )
 
 
@@ -179,6 +181,7 @@ def _compared(step: "Step") -> tuple:
         step.root,
         *made,
         *outs,
+        tuple(dataclasses.replace(r, event=-1) for r in step.reach),
     )
 
 
@@ -203,6 +206,7 @@ class Step:
         "first",  # ENTER: the session's first entry into the module
         "root",  # ENTER: the root's inputs were named here
         "why",  # BARRIER: why the session stopped recording (`Why`)
+        "reach",  # OP: the attention reach its rules read (`Recording.keep_reach`), kept again
     )
 
     def __init__(self, kind: int) -> None:
@@ -223,6 +227,7 @@ class Step:
         self.first = False
         self.root = False
         self.why = ""
+        self.reach: tuple = ()
 
 
 class Recording:

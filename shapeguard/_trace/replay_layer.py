@@ -288,7 +288,7 @@ class ReplayLayer(SessionState):
                             not all(
                                 _replay_match.same_values(tensors[k], v) for k, v in step.values
                             )
-                            and not self._values_pass(func, op, spec, args, kwargs, site)
+                            and not self._values_pass(step, func, op, spec, args, kwargs, site)
                         )
                     ):
                         continue
@@ -376,6 +376,14 @@ class ReplayLayer(SessionState):
                 ledger.metas.append(both)
             else:
                 _replay_effects.apply(step.effects, typing.cast("list | None", objs), metas, made)
+            reach = step.reach
+            passed = self._reach_passed
+            if passed is not None:
+                self._reach_passed = None
+                if passed[0] is step:
+                    reach = passed[1]  # read again from other values (`_values_pass`)
+            if reach:
+                self.keep_reach(reach)
             event = step.event
             if event is not None:
                 trace = self.trace
@@ -477,11 +485,11 @@ class ReplayLayer(SessionState):
                 return False
         return True
 
-    def _values_pass(self, func, op: str, spec, args: tuple, kwargs: dict, site) -> bool:
+    def _values_pass(self, step, func, op: str, spec, args: tuple, kwargs: dict, site) -> bool:
         """A step whose rules read tensor values that differ from the recorded ones (a
         mask of other paddings): run its rules again, on the state the replay made, which
         is the state they saw when recorded. Clean: replay the step (its axes do not depend
-        on values); a finding: run it as usual."""
+        on values), with the reach read from these values; a finding: run it as usual."""
         call = OpCall(self, func, op, args, kwargs, site, spec)
         call.flagged = self._flagged(call)
         call.extras = []  # as when recorded: a rule that reads a tensor first seen
@@ -490,7 +498,11 @@ class ReplayLayer(SessionState):
                 continue
             for _ in rule.check(call):
                 return False
-        return all(known for _, known in call.extras)  # ... makes it not worth replaying
+        if not all(known for _, known in call.extras):
+            return False  # ... makes it not worth replaying
+        # The reach read from these values, for `_replay_op` to keep in the step's place.
+        self._reach_passed = (step, call.reach)
+        return True
 
     def _match_extras(self, extras: tuple) -> bool:
         """The tensors the rules read from the user's frame are the recorded ones."""

@@ -93,6 +93,7 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self._verifying = False
         self._expected = None
         self._fresh = 0  # tensors made outside the trace, numbered as first seen (negative)
+        self._reach_passed: tuple | None = None  # see `ReplayLayer._values_pass`
         # The replayed steps whose effects are made when first read (`_owed`).
         self.ledger = _owed.Ledger()
         # What `observe` registered: told of every op the mode is handed (empty: none).
@@ -329,6 +330,8 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             if reported:
                 call.flagged = frozenset(reported) | upstream
             call.reported = bool(reported)
+            if call.reach:
+                self.keep_reach(call.reach, step)
         try:
             if step is not None and reads is not None and reads.read:
                 # Before the op: an op in place changes what it writes into.

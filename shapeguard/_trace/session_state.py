@@ -40,6 +40,8 @@ class SessionState:
         _verifying: bool
         _expected: Any  # the recorded step a verified replay matched, or None
         _fresh: int
+        # (step, reach) read again by `_values_pass` from other values, for `_replay_op`.
+        _reach_passed: tuple | None
         ledger: Ledger
         observers: tuple
         tp: SessionTP

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 # A fill value at or below this hides a key (−1e9, finfo.min and −inf all do).
-_HIDING = -1e4
+HIDING = -1e4
 
 
 @dataclass(slots=True)
@@ -74,7 +74,7 @@ def mask_uses(call):
             return
         x, mask = args[0], args[1]
         fill = scalar_of(args[2])
-        if fill is None or fill > _HIDING or mask.dtype.is_floating_point or x.dim() < 2:
+        if fill is None or fill > HIDING or mask.dtype.is_floating_point or x.dim() < 2:
             return
         if str(mask.dtype) != "torch.bool" or not broadcasts_to(mask.shape, tuple(x.shape)):
             return
@@ -121,13 +121,13 @@ def _where_use(call):
     target = tuple(scores[0].shape)
     if not broadcasts_to(cond.shape, target):
         return
-    if values[1][1] is not None and values[1][1] <= _HIDING:
+    if values[1][1] is not None and values[1][1] <= HIDING:
         hidden, fill, kind = ~cond, b, "where"
-    elif values[0][1] is not None and values[0][1] <= _HIDING:
+    elif values[0][1] is not None and values[0][1] <= HIDING:
         hidden, fill, kind = cond, a, "where_fill"
     else:
         return
-    # Not None: the branch that chose `fill` compared this scalar with _HIDING.
+    # Not None: the branch that chose `fill` compared this scalar with HIDING.
     effect = fill_effect(cast(float, scalar_of(fill)), result_type(scores[0], fill))
     yield MaskUse("torch.where", label, cond, hidden, target, kind, effect, scores[0])
 
@@ -151,7 +151,7 @@ def _additive_use(call):
         roles = (call.role(mask, label), call.role(scores, call.label(1 - index, "scores")))
         if roles[0] != "mask" and roles[1] not in ("scores", "attn"):
             continue
-        hidden = mask <= _HIDING
+        hidden = mask <= HIDING
         # An additive mask is 0 where a key is kept; anything else is a bias (ALiBi, ...).
         if not bool(((mask == 0) | hidden).all()):
             continue
@@ -181,7 +181,7 @@ def _sdpa_use(call):
         )
     elif mask.is_floating_point():
         effect = values_effect(mask, target, sdpa_dtype(q.dtype), SDPA_TEXTS)
-        yield MaskUse(op, label, mask, mask <= _HIDING, target, "add", effect, None, sides)
+        yield MaskUse(op, label, mask, mask <= HIDING, target, "add", effect, None, sides)
 
 
 def _mha_uses(call):
@@ -201,7 +201,7 @@ def _mha_uses(call):
     effect = mha_effect(values, target, query.dtype, p.get("need_weights", True))
     am, kpm = p.get("attn_mask"), p.get("key_padding_mask")
     if has_shape(am) and readable(am):
-        h = am if str(am.dtype) == "torch.bool" else am <= _HIDING
+        h = am if str(am.dtype) == "torch.bool" else am <= HIDING
         if am.dim() == 3 and tuple(am.shape) == (batch * heads, tgt, src):
             h = h.reshape(batch, heads, tgt, src)
         elif tuple(am.shape) != (tgt, src):
@@ -212,7 +212,7 @@ def _mha_uses(call):
     if has_shape(kpm) and readable(kpm):
         if tuple(kpm.shape) != (batch, src):
             return
-        h = (kpm if str(kpm.dtype) == "torch.bool" else kpm <= _HIDING)[:, None, None, :]
+        h = (kpm if str(kpm.dtype) == "torch.bool" else kpm <= HIDING)[:, None, None, :]
         yield MaskUse("MultiheadAttention", "key_padding_mask", kpm, h, target, "hide", effect)
         hidden = h if hidden is None else hidden | h
         values.append(kpm[:, None, None, :])

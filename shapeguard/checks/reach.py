@@ -1,0 +1,46 @@
+"""Attention reach at every attention site: which keys each query can see, read from the
+values that reach softmax or the kernel (`_reach_read`), kept on the trace and checked
+against the intent that can be established (`_reach.invariants.judge`).
+
+The sites: a softmax over the last axis of scores whose last two axes a query-key product
+made the queries and the keys (a key is hidden where the value is -inf or at or below the
+mask reader's threshold, whatever code put it there), SDPA, and nn.MultiheadAttention.
+The reach is handed to the session (`CallView.keep_reach`), which keeps it on the trace
+(`TraceData.reach`, folded and bounded); the findings are the invariants' (all warnings).
+Where no intent is established nothing is claimed: the reach is kept and shown only.
+"""
+
+from collections.abc import Iterator
+
+from .. import _ops
+from .._errors import Violation
+from .._reach import invariants
+from . import WARNING, rule
+from ._reach_read import reach
+from ._view import CallView
+
+# What `invariants.judge` reports (docs/errors.md): each a broken invariant of the reach.
+KINDS = {
+    kind: WARNING
+    for kind in (
+        "reach_other_example", "reach_padded_key", "reach_no_key", "reach_future",
+        "reach_window", "reach_documents", "reach_decode",
+    )
+}  # fmt: skip
+
+
+@rule(
+    _ops.by_name("softmax"), _ops.by_name("log_softmax"), _ops.SDPA, _ops.MHA, kinds=KINDS, order=3
+)
+def attention_reach(call: CallView) -> Iterator[Violation]:
+    """Read this site's reach, hand it to the session, and report what the invariants
+    find in it."""
+    import torch
+
+    with torch.no_grad():
+        found = reach(call)
+    if found is None:
+        return
+    judged, violations = invariants.judge(call, found)
+    call.keep_reach(judged)
+    yield from violations

@@ -1,0 +1,361 @@
+"""The reach recorded at every attention site (issue 28, part 1): which keys each query
+sees, read from the values that reach softmax or the kernel, whatever code built the mask;
+kept on the trace folded and bounded; never changing what the program computes.
+
+Each case builds its mask in one style and states the keys each query must see as a plain
+bool tensor `[batch, heads, seq_q, seq_k]` built independently (loops over lengths, not
+the code under test); the recorded reach must give exactly those rows, at pairwise
+distinct, coincident and realistic sizes.
+"""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import shapeguard
+from shapeguard._reach.rows import MAX_QUERIES, Reach
+from shapeguard._trace import record as _record
+
+# These tests read the traces they open; the plugin's background trace stays out.
+pytestmark = pytest.mark.no_shapeguard
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    name: str
+    batch: int
+    heads: int
+    seq: int
+    seq_k: int  # the keys of cross-attention and SDPA cases with other lengths
+    d_k: int
+
+    def lengths(self) -> list[int]:
+        """Real tokens per example, right padded: the first full, the others shorter and
+        different, none empty."""
+        return [self.seq - (i * (self.seq - 1)) // self.batch for i in range(self.batch)]
+
+    def key_lengths(self) -> list[int]:
+        return [self.seq_k - (i * (self.seq_k - 1)) // self.batch for i in range(self.batch)]
+
+
+SETTINGS = (
+    Sizes("distinct", 3, 4, 7, 5, 16),
+    Sizes("coincident", 4, 4, 4, 4, 4),
+    Sizes("realistic", 4, 8, 64, 64, 64),
+)
+SETTING = pytest.mark.parametrize("sizes", SETTINGS, ids=lambda s: s.name)
+
+
+# -- what each query must see, built by hand ---------------------------------------------------
+def expected(batch: int, heads: int, sq: int, sk: int, sees) -> torch.Tensor:
+    """bool [batch, heads, sq, sk]: `sees(b, h, q, k)` for each cell."""
+    out = torch.zeros(batch, heads, sq, sk, dtype=torch.bool)
+    for b in range(batch):
+        for h in range(heads):
+            for q in range(sq):
+                for k in range(sk):
+                    out[b, h, q, k] = bool(sees(b, h, q, k))
+    return out
+
+
+def assert_reach(reach: Reach, want: torch.Tensor) -> None:
+    """Every (example, head, query) row of `reach` is `want`'s."""
+    batch, heads, sq, sk = want.shape
+    assert reach.lead == (batch, heads) and (reach.seq_q, reach.seq_k) == (sq, sk)
+    for b in range(batch):
+        for h in range(heads):
+            got = reach.visible((b, h))
+            rows = want[b, h][list(reach.kept_queries)]
+            assert torch.equal(got, rows), f"example {b}, head {h}: {got.int()} != {rows.int()}"
+
+
+def sites(trace, op: str) -> list[Reach]:
+    return [r for r in trace.reach if r.op == op]
+
+
+def qkv(sizes: Sizes, sk: int | None = None, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    b, h, s, d = sizes.batch, sizes.heads, sizes.seq, sizes.d_k
+    sk = s if sk is None else sk
+    return (
+        torch.randn(b, h, s, d, generator=g),
+        torch.randn(b, h, sk, d, generator=g),
+        torch.randn(b, h, sk, d, generator=g),
+    )
+
+
+# -- hand-written attention in several mask styles ---------------------------------------------
+class Scores(nn.Module):
+    """softmax(Q K^T / sqrt(d) masked in `style`) V."""
+
+    def __init__(self, style: str) -> None:
+        super().__init__()
+        self.style = style
+
+    def forward(self, q, k, v, lengths=None):
+        B, H, S, D = q.shape
+        T = k.shape[-2]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D)
+        if self.style == "masked_fill_triu":
+            future = torch.triu(torch.ones(S, T, dtype=torch.bool, device=q.device), diagonal=1)
+            scores = scores.masked_fill(future, float("-inf"))
+        elif self.style == "additive_inf":
+            scores = scores + torch.full((S, T), float("-inf")).triu(1)
+        elif self.style == "additive_finfo_min":
+            bias = torch.zeros(S, T).masked_fill(
+                torch.ones(S, T, dtype=torch.bool).triu(1), torch.finfo(q.dtype).min
+            )
+            scores = scores + bias
+        elif self.style == "where_keep":
+            keep = torch.ones(S, T, dtype=torch.bool).tril()
+            scores = torch.where(keep, scores, torch.tensor(-1e9))
+        elif self.style == "padding_added":
+            real = torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]  # [B, T]
+            pad = torch.zeros(B, 1, 1, T).masked_fill(~real[:, None, None, :], -1e9)
+            scores = scores + pad
+        elif self.style == "causal_and_padding":
+            real = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+            keep = torch.ones(S, T, dtype=torch.bool).tril()[None, None] & real[:, None, None, :]
+            scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+        attn = F.softmax(scores, dim=-1)
+        return attn @ v
+
+
+CAUSAL_STYLES = ("masked_fill_triu", "additive_inf", "additive_finfo_min", "where_keep")
+
+
+@SETTING
+@pytest.mark.parametrize("style", CAUSAL_STYLES)
+def test_a_causal_mask_in_any_style_records_the_triangle(sizes, style):
+    q, k, v = qkv(sizes)
+    with shapeguard.trace() as t:
+        Scores(style)(q, k, v)
+    (reach,) = sites(t, "softmax")
+    b, h, s = sizes.batch, sizes.heads, sizes.seq
+    assert_reach(reach, expected(b, h, s, s, lambda _b, _h, i, j: j <= i))
+    assert reach.stored == (1, 1), "one causal triangle for every example and head"
+    assert reach.how == "mask" and reach.count == 1
+    assert reach.module == "" and "test_reach_sites.py:" in reach.location
+
+
+@SETTING
+def test_a_padding_mask_added_as_b_1_1_s_records_each_examples_keys(sizes):
+    q, k, v = qkv(sizes)
+    lengths = sizes.lengths()
+    with shapeguard.trace() as t:
+        Scores("padding_added")(q, k, v, lengths)
+    (reach,) = sites(t, "softmax")
+    b, h, s = sizes.batch, sizes.heads, sizes.seq
+    assert_reach(reach, expected(b, h, s, s, lambda bb, _h, _i, j: j < lengths[bb]))
+    assert reach.stored == (b, 1), "padding differs by example, never by head"
+
+
+@SETTING
+def test_causal_and_padding_combined_record_both(sizes):
+    q, k, v = qkv(sizes)
+    lengths = sizes.lengths()
+    with shapeguard.trace() as t:
+        Scores("causal_and_padding")(q, k, v, lengths)
+    (reach,) = sites(t, "softmax")
+    b, h, s = sizes.batch, sizes.heads, sizes.seq
+    assert_reach(reach, expected(b, h, s, s, lambda bb, _h, i, j: j <= i and j < lengths[bb]))
+
+
+@SETTING
+def test_unmasked_scores_give_full_rows(sizes):
+    q, k, v = qkv(sizes)
+    with shapeguard.trace() as t:
+        Scores("none")(q, k, v)
+    (reach,) = sites(t, "softmax")
+    b, h, s = sizes.batch, sizes.heads, sizes.seq
+    assert_reach(reach, torch.ones(b, h, s, s, dtype=torch.bool))
+    assert reach.how == "unmasked" and len(reach.patterns) == 1
+
+
+def test_a_softmax_over_a_tensor_no_query_key_product_made_records_nothing():
+    x = torch.randn(3, 7, 5)
+    with shapeguard.trace() as t:
+        F.softmax(x.masked_fill(torch.ones(7, 5, dtype=torch.bool).triu(1), -1e9), dim=-1)
+    assert t.reach == []
+
+
+def test_a_softmax_over_the_queries_records_nothing():
+    q, k, _ = qkv(SETTINGS[0])
+    with shapeguard.trace(mode="warn") as t, pytest.warns(shapeguard.ShapeWarning):
+        F.softmax(q @ k.transpose(-2, -1), dim=-2)
+    assert t.reach == []
+
+
+# -- SDPA ----------------------------------------------------------------------------------------
+@SETTING
+def test_sdpa_bool_keep_mask_records_what_it_keeps(sizes):
+    q, k, v = qkv(sizes, sizes.seq_k)
+    kl = sizes.key_lengths()
+    b, h, s, sk = sizes.batch, sizes.heads, sizes.seq, sizes.seq_k
+    keep = (torch.arange(sk)[None, :] < torch.tensor(kl)[:, None])[:, None, None, :]
+    with shapeguard.trace() as t:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    (reach,) = sites(t, "scaled_dot_product_attention")
+    assert_reach(reach, expected(b, h, s, sk, lambda bb, _h, _i, j: j < kl[bb]))
+    assert reach.how == "mask"
+
+
+@SETTING
+def test_sdpa_float_mask_hides_where_it_is_minus_inf_or_finfo_min(sizes):
+    q, k, v = qkv(sizes)
+    b, h, s = sizes.batch, sizes.heads, sizes.seq
+    mask = torch.zeros(s, s)
+    mask[:, 0] = float("-inf")
+    mask.masked_fill_(torch.ones(s, s, dtype=torch.bool).triu(1), torch.finfo(torch.float32).min)
+    mask[:, 0] = 0.0  # the first key back: every row keeps one
+    with shapeguard.trace() as t:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    (reach,) = sites(t, "scaled_dot_product_attention")
+    assert_reach(reach, expected(b, h, s, s, lambda _b, _h, i, j: j <= i))
+
+
+@SETTING
+def test_sdpa_is_causal_is_the_top_left_triangle_also_with_fewer_queries(sizes):
+    q, k, v = qkv(sizes, sizes.seq_k)
+    b, h, s, sk = sizes.batch, sizes.heads, sizes.seq, sizes.seq_k
+    with shapeguard.trace(mode="warn") as t:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    (reach,) = sites(t, "scaled_dot_product_attention")
+    assert_reach(reach, expected(b, h, s, sk, lambda _b, _h, i, j: j <= i))
+    assert reach.how == "causal" and reach.stored == (1, 1)
+
+
+def test_sdpa_with_grouped_heads_records_the_query_heads():
+    q = torch.randn(3, 4, 7, 16)
+    k = v = torch.randn(3, 2, 7, 16)
+    with shapeguard.trace() as t:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    (reach,) = sites(t, "scaled_dot_product_attention")
+    assert_reach(reach, expected(3, 4, 7, 7, lambda _b, _h, i, j: j <= i))
+
+
+# -- nn.MultiheadAttention -----------------------------------------------------------------------
+def _mha(sizes: Sizes, batch_first: bool) -> nn.MultiheadAttention:
+    torch.manual_seed(0)
+    return nn.MultiheadAttention(sizes.heads * sizes.d_k, sizes.heads, batch_first=batch_first)
+
+
+@SETTING
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "sequence_first"])
+def test_mha_key_padding_mask_records_each_examples_keys(sizes, batch_first):
+    b, h, s, e = sizes.batch, sizes.heads, sizes.seq, sizes.heads * sizes.d_k
+    lengths = sizes.lengths()
+    mha = _mha(sizes, batch_first)
+    x = torch.randn(b, s, e) if batch_first else torch.randn(s, b, e)
+    padded = torch.arange(s)[None, :] >= torch.tensor(lengths)[:, None]  # True hides
+    with shapeguard.trace() as t:
+        mha(x, x, x, key_padding_mask=padded)
+    (reach,) = sites(t, "multi_head_attention_forward")
+    assert_reach(reach, expected(b, h, s, s, lambda bb, _h, _i, j: j < lengths[bb]))
+    assert reach.lead_axes == ("batch", "heads")
+
+
+@SETTING
+def test_mha_causal_and_padding_combined_as_torch_combines_them(sizes):
+    b, h, s, e = sizes.batch, sizes.heads, sizes.seq, sizes.heads * sizes.d_k
+    lengths = sizes.lengths()
+    mha = _mha(sizes, batch_first=False)
+    x = torch.randn(s, b, e)
+    future = torch.ones(s, s, dtype=torch.bool).triu(1)
+    padded = torch.arange(s)[None, :] >= torch.tensor(lengths)[:, None]
+    with shapeguard.trace() as t:
+        mha(x, x, x, attn_mask=future, key_padding_mask=padded)
+    (reach,) = sites(t, "multi_head_attention_forward")
+    assert_reach(reach, expected(b, h, s, s, lambda bb, _h, i, j: j <= i and j < lengths[bb]))
+
+
+# -- kept on the trace: folded, bounded, never changing the program -----------------------------
+class TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Scores("masked_fill_triu")
+        self.second = Scores("masked_fill_triu")
+
+    def forward(self, q, k, v):
+        return self.second(self.first(q, k, v), k, v)
+
+
+def test_repeats_at_one_site_fold_and_other_sites_stay_apart():
+    q, k, v = qkv(SETTINGS[0])
+    model = TwoLayers()
+    with shapeguard.trace() as t:
+        for _ in range(3):
+            model(q, k, v)
+    found = sites(t, "softmax")
+    assert [r.module for r in found] == ["first", "second"]
+    assert [r.count for r in found] == [3, 3]
+    assert found[0].event < found[1].event
+
+
+def test_the_number_of_distinct_reaches_is_bounded(monkeypatch):
+    monkeypatch.setattr(_record, "MAX_REACH", 2)
+    model = Scores("padding_added")
+    with shapeguard.trace() as t:
+        for n in range(1, 6):  # another padding each time: another reach
+            q, k, v = qkv(SETTINGS[0])
+            model(q, k, v, [7, n, 1])
+    assert len(t.reach) == 2 and t.reach_dropped == 3
+
+
+def test_a_replayed_forward_with_other_padding_records_its_own_reach():
+    """Sessions of one opener replay from the third on: a forward whose mask has other
+    values (another batch's padding) still records its own reach, and the replay goes on."""
+    model = Scores("padding_added")
+    q, k, v = qkv(SETTINGS[0])
+    batches = [[7, 5, 3], [7, 5, 3], [7, 5, 3], [6, 2, 4], [7, 5, 3]]
+    traces = []
+    for lengths in batches:
+        given = torch.tensor(lengths)
+        with shapeguard.trace() as t:
+            model(q, k, v, given)
+        traces.append(t)
+    for t in traces[2:]:
+        assert t._replayed == t._steps and not t.replay_stops, "replayed whole"
+    for lengths, t in zip(batches, traces, strict=True):
+        (reach,) = sites(t, "softmax")
+        assert_reach(reach, expected(3, 4, 7, 7, lambda bb, _h, _i, j, n=lengths: j < n[bb]))
+
+
+def test_nothing_is_recorded_on_meta_tensors():
+    q, k, v = (x.to("meta") for x in qkv(SETTINGS[0]))
+    with shapeguard.trace() as t:
+        Scores("masked_fill_triu")(q, k, v)
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert t.reach == []
+
+
+@pytest.mark.parametrize("style", ["padding_added", *CAUSAL_STYLES])
+def test_outputs_are_bitwise_identical_and_no_tensor_is_kept(style):
+    q, k, v = qkv(SETTINGS[2])
+    lengths = SETTINGS[2].lengths()
+    plain = Scores(style)(q, k, v, lengths)
+    with shapeguard.trace() as t:
+        traced = Scores(style)(q, k, v, lengths)
+        sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.equal(traced, plain) and torch.equal(
+        sdpa, F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    )
+    for reach in t.reach:
+        assert not any(isinstance(getattr(reach, f), torch.Tensor) for f in reach.__slots__)
+
+
+def test_long_sequences_keep_a_sample_of_queries():
+    s = 1024
+    q = torch.randn(1, 2, s, 8)
+    with shapeguard.trace() as t:
+        F.softmax(
+            (q @ q.transpose(-2, -1)).masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), -1e9),
+            dim=-1,
+        )
+    (reach,) = sites(t, "softmax")
+    assert reach.queries is not None and len(reach.queries) == MAX_QUERIES
+    assert reach.row((1, 1), s - 1) == ((0, s),) and reach.row((0, 0), 3) == ((0, 4),)

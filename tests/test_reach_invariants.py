@@ -46,6 +46,9 @@ def site(**given) -> I.SiteIntent:
         layer=None,
     )
     facts.update(given)
+    padding = facts["padding"]
+    if padding is not None and "batch_axis" not in given:
+        facts["batch_axis"] = padding.batch_axis
     return I.SiteIntent(**facts)
 
 
@@ -74,7 +77,7 @@ def test_a_causal_mask_that_ignores_left_padding_lets_real_queries_see_padding(s
     first = pads[b].index(False)
     assert found.first == ((b, 0), first, ((0, first),))
     real = sum(row.count(False) for row in pads)
-    assert total == real  # the heads are alike: one stored slice per example
+    assert total == real * sizes.heads  # rows of every head, each head stored once
     keep = causal(sizes.seq) & ~torch.tensor(pads)[:, None, None, :]
     right = Reach.from_visible(keep, lead=(sizes.batch, sizes.heads))
     assert V.check(right, site(seq=sizes.seq, padding=padding_of(pads)))[0] is None
@@ -178,7 +181,7 @@ def test_the_message_names_the_relation_the_place_and_the_fix():
     v = V._violation(_NoOperands(), reach, facts, found, total)
     assert v.kind == "reach_padded_key" and v.severity == "warning"
     assert v.relation == (
-        "softmax over [batch=2, heads=3, seq_q=5, seq_k=5]: 3 of 8 real query rows see padded "
+        "softmax over [batch=2, heads=3, seq_q=5, seq_k=5]: 9 of 24 real query rows see padded "
         "keys (first at batch 1, heads 0, query 2: it sees padded keys 0..1); padding from "
         "attention_mask"
     )

@@ -94,6 +94,9 @@ class SiteIntent:
     documents: tuple[tuple[int, ...], ...] | None  # per example, document of each key
     documents_evidence: str
     layer: int | None
+    # The reach's leading axis of the examples, where padding or documents differ by
+    # example (None: alike in every example).
+    batch_axis: int | None = None
 
 
 def of_site(call, reach) -> SiteIntent | None:
@@ -111,9 +114,17 @@ def of_site(call, reach) -> SiteIntent | None:
         return None  # which queries are padding is unknown: nothing can be claimed
     causal = _causal(module) if own is not None else ""
     window, window_evidence, full, layer = _window(call, module)
-    documents, documents_evidence = (None, "")
+    documents, documents_evidence, documents_axis = None, "", None
     if inputs is not None and own is not None:
-        documents, documents_evidence = _documents(call, inputs, reach, k_axis, lead_dims)
+        documents, documents_evidence, documents_axis = _documents(
+            call, inputs, reach, k_axis, lead_dims
+        )
+    batch_axis = padding.batch_axis if padding is not None else None
+    if documents_axis is not None:
+        if batch_axis is not None and batch_axis != documents_axis:
+            documents, documents_evidence = None, ""  # two readings of the examples: none
+        else:
+            batch_axis = documents_axis
     bidirectional = ""
     if inputs is not None:
         given = [n for n in _BIDIRECTIONAL if inputs.get(n) is not None]
@@ -129,6 +140,7 @@ def of_site(call, reach) -> SiteIntent | None:
         documents=documents,
         documents_evidence=documents_evidence,
         layer=layer,
+        batch_axis=batch_axis,
     )
 
 
@@ -251,19 +263,16 @@ def _tied_rows(call, inputs, tensor, mains, reach, site_axis, lead_dims, convert
     length = len(values[0])
     positions = own_keys(site_axis, meta.dims[1], seq, length)
     batch_dims = [meta.dims[0]]
-    if positions is None:
-        for name in mains:
-            main = inputs.get(name)
-            if main is None or tuple(main.shape[:2]) != tuple(tensor.shape):
-                continue  # documented beside it: the same [batch, seq] by the model's API
-            main_meta = call.meta(main)
-            if main_meta is None or len(main_meta.dims) != main.dim():
-                continue
-            seq_axis = 1 if main.dim() >= 2 else 0
-            positions = own_keys(site_axis, main_meta.dims[seq_axis], seq, length)
-            if positions is not None:
-                batch_dims.append(main_meta.dims[0])
-                break
+    for name in mains:
+        main = inputs.get(name)
+        if main is None or main.dim() < 2 or tuple(main.shape[:2]) != tuple(tensor.shape):
+            continue  # documented beside it: the same [batch, seq] by the model's API
+        main_meta = call.meta(main)
+        if main_meta is None or len(main_meta.dims) != main.dim():
+            continue
+        if positions is None:
+            positions = own_keys(site_axis, main_meta.dims[1], seq, length)
+        batch_dims.append(main_meta.dims[0])
     if positions is None or any(p < 0 for p in positions):
         return None
     rows = tuple(tuple(row[p] for p in positions) for row in values)
@@ -369,7 +378,7 @@ def _documents(call, inputs, reach, k_axis, lead_dims):
         if ids is not None:
             found = _tied_rows(call, inputs, ids, ("input_ids",), reach, k_axis, lead_dims, _ints)
             if found is not None and any(len(set(r)) > 1 for r in found[0]):
-                return _numbered(found[0]), f"{name} (a document per id)"
+                return _numbered(found[0]), f"{name} (a document per id)", found[1]
     positions = inputs.get(_POSITIONS[0])
     if positions is not None and positions.dim() == 2:
         found = _tied_rows(
@@ -378,7 +387,7 @@ def _documents(call, inputs, reach, k_axis, lead_dims):
         if found is not None:
             docs = tuple(_restarts(row) for row in found[0])
             if any(max(row) > 0 for row in docs):
-                return docs, "position_ids that restart at 0 within a row"
+                return docs, "position_ids that restart at 0 within a row", found[1]
     for name in _CU_SEQLENS:
         cu = inputs.get(name)
         if cu is None or cu.dim() != 1:
@@ -389,8 +398,8 @@ def _documents(call, inputs, reach, k_axis, lead_dims):
         row = []
         for doc, (a, b) in enumerate(zip(bounds[0], bounds[0][1:], strict=False)):
             row += [doc] * (b - a)
-        return (tuple(row),), f"{name} {bounds[0]} (one packed row)"
-    return None, ""
+        return (tuple(row),), f"{name} {bounds[0]} (one packed row)", None
+    return None, "", None
 
 
 def _ints(values: list) -> list | None:

@@ -22,6 +22,7 @@ says in `Reach.padding`.
 
 import dataclasses
 from collections.abc import Iterator
+from math import prod
 
 from .._errors import Violation
 from . import intent as _intent
@@ -39,8 +40,8 @@ class _Found:
     first: tuple[tuple[int, ...], int, Runs] | None = None
     marks: list = dataclasses.field(default_factory=list)
 
-    def add(self, index: tuple[int, ...], query: int, runs: Runs) -> None:
-        self.rows += 1
+    def add(self, index: tuple[int, ...], query: int, runs: Runs, weight: int) -> None:
+        self.rows += weight
         if self.first is None:
             self.first = (index, query, runs)
         if len(self.marks) < _MARKED:
@@ -72,13 +73,13 @@ def check(reach: Reach, site: "_intent.SiteIntent") -> tuple[_Found | None, int]
     }
     window = _Found("reach_window")
     total = 0
-    for index, example in _examples(reach, site):
+    for index, example, weight in _examples(reach, site):
         pads = _row(site.padding.keys, example) if site.padding is not None else None
         docs = _row(site.documents, example) if site.documents is not None else None
         seen_own = _seen_keys(reach, index) if site.own is not None else set()
         rows = {q: reach.row(index, q) for q in reach.kept_queries}
         real_rows = {q: r for q, r in rows.items() if _real(site, example, q, pads)}
-        total += len(real_rows)
+        total += len(real_rows) * weight
         if not any(rows.values()):
             continue  # an example that sees nothing: mask_fully_masked says it
         sinks = _sinks(site, real_rows, pads, reach.seq_k)
@@ -88,48 +89,54 @@ def check(reach: Reach, site: "_intent.SiteIntent") -> tuple[_Found | None, int]
             if pads is not None:
                 padded = [k for k in keys if pads[k]]
                 if padded:
-                    found["reach_padded_key"].add(index, q, _intent.runs_of_keys(padded))
+                    found["reach_padded_key"].add(index, q, _intent.runs_of_keys(padded), weight)
                     continue
             if not keys:
                 if pads is not None and (own < 0 or own not in seen_own):
-                    found["reach_no_key"].add(index, q, ())
+                    found["reach_no_key"].add(index, q, (), weight)
                 continue
             if own < 0:
                 continue
             if docs is not None:
                 other = [k for k in keys if docs[k] != docs[own]]
                 if other:
-                    found["reach_documents"].add(index, q, _intent.runs_of_keys(other))
+                    found["reach_documents"].add(index, q, _intent.runs_of_keys(other), weight)
                     continue
             if not site.causal:
                 continue
             if not site.bidirectional:
                 later = [k for k in keys if k > own]
                 if later:
-                    found["reach_future"].add(index, q, _intent.runs_of_keys(later))
+                    found["reach_future"].add(index, q, _intent.runs_of_keys(later), weight)
                     continue
             bad = _window_cells(site, own, keys, pads, docs, sinks)
             if bad:
-                window.add(index, q, _intent.runs_of_keys(bad))
+                window.add(index, q, _intent.runs_of_keys(bad), weight)
     for one in (*found.values(), window):
         if one.rows:
             return one, total
     return None, total
 
 
-def _examples(reach: Reach, site) -> Iterator[tuple[tuple[int, ...], int]]:
-    """(leading index, example) of every stored slice, every example of a broadcast
-    batch axis where the padding or the documents differ by example."""
-    axis = site.padding.batch_axis if site.padding is not None else None
+def _examples(reach: Reach, site) -> Iterator[tuple[tuple[int, ...], int, int]]:
+    """(leading index, example, how many slices of the scores it stands for) of every
+    stored slice, and every example of a batch axis stored once where the padding or the
+    documents differ by example."""
+    axis = site.batch_axis
     per_example = axis is not None and reach.stored[axis] == 1
+    weight = prod(
+        size
+        for a, (size, kept) in enumerate(zip(reach.lead, reach.stored, strict=True))
+        if kept == 1 and not (per_example and a == axis)
+    )
     for index in reach.slices():
         if axis is None:
-            yield index, 0
+            yield index, 0, weight
         elif per_example:
             for b in range(reach.lead[axis]):
-                yield (*index[:axis], b, *index[axis + 1 :]), b
+                yield (*index[:axis], b, *index[axis + 1 :]), b, weight
         else:
-            yield index, index[axis]
+            yield index, index[axis], weight
 
 
 def _row(rows, example: int):
@@ -288,12 +295,14 @@ def _shape(reach: Reach) -> str:
 
 
 def _at(reach: Reach, index: tuple[int, ...], query: int) -> str:
+    """`batch 1, heads 0, query 2` where provenance names the leading axes, else the
+    leading index as a tuple (`slice (1, 0), query 2`)."""
     names = list(reach.lead_axes) if len(reach.lead_axes) == len(reach.lead) else []
-    parts = [
-        f"{names[i] if i < len(names) and names[i] else f'axis {i}'} {v}"
-        for i, v in enumerate(index)
-        if reach.lead[i] > 1
-    ]
+    shown = [i for i, size in enumerate(reach.lead) if size > 1]
+    if all(i < len(names) and names[i] for i in shown):
+        parts = [f"{names[i]} {index[i]}" for i in shown]
+    else:
+        parts = [f"slice {tuple(index)}"]
     return ", ".join([*parts, f"query {query}"])
 
 

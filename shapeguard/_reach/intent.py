@@ -357,15 +357,8 @@ def _window(call, module) -> tuple[int | None, str, str, int | None]:
             )
     if kind == "full_attention":
         return None, "", f"config.layer_types[{layer}] is full_attention", layer
-    size = getattr(config, "sliding_window", None)
-    if (
-        types is None
-        and isinstance(size, int)
-        and size > 0
-        and getattr(config, "use_sliding_window", True) is True
-    ):
-        # Mistral's way: one window for every layer, no per-layer types
-        return size, f"config.sliding_window = {size} (every layer)", "", layer
+    # A config's sliding_window alone is no evidence: Mistral windows every layer with it,
+    # Moshi declares one and masks causally (its mask is create_causal_mask's). No claim.
     return None, "", "", layer
 
 

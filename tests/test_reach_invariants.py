@@ -324,6 +324,13 @@ def window_fill(scores, am, pos, w):
     return scores.masked_fill(~((k <= q) & (k > q - w)), float("-inf"))
 
 
+def window_with_sinks(scores, am, pos, w):  # StreamingLLM: the first key stays in view
+    n = scores.shape[-1]
+    q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    keep = (k <= q) & ((k > q - w) | (k == 0))
+    return scores.masked_fill(~keep, float("-inf"))
+
+
 def window_too_wide_additive(scores, am, pos, w):  # bug: kv >= q - w keeps w + 1 keys
     n = scores.shape[-1]
     q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
@@ -353,7 +360,7 @@ STYLES = {f.__name__: f for f in (
     padded_causal_fill, padded_causal_additive, sdpa_padded_causal, causal_only_fill,
     padding_of_another_example_additive, sdpa_lengths_off_by_one, future_shifted_additive,
     future_from_positions, sdpa_future_shift, window_fill, window_too_wide_additive,
-    sdpa_window_missing, documents_fill, documents_ignored_additive,
+    sdpa_window_missing, window_with_sinks, documents_fill, documents_ignored_additive,
     sdpa_documents_from_cumsum_off_by_one,
 )}  # fmt: skip
 
@@ -392,6 +399,7 @@ RIGHT = [
     ("padded_causal_additive", "left"),
     ("sdpa_padded_causal", "right"),
     ("window_fill", "none"),
+    ("window_with_sinks", "none"),
     ("documents_fill", "packed"),
 ]
 
@@ -422,3 +430,140 @@ def test_each_invariant_bug_is_found_from_the_trace_alone(kind, style, padding, 
 def test_correct_masks_stay_silent(style, padding, sizes):
     found = _run(style, padding, sizes)
     assert not found, describe(found)
+
+
+# -- transformers models: the correct counterparts, from the trace alone ----------------------
+transformers = pytest.importorskip("transformers")
+
+TEXT = dict(
+    vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+)  # fmt: skip
+
+
+def hf_trace(model, generate=False, **inputs):
+    """The trace of one forward (or a short greedy generate) in warn mode."""
+    model.eval()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        with shapeguard.trace(mode="warn") as trace:
+            if generate:
+                model.generate(**inputs, max_new_tokens=3, do_sample=False)
+            else:
+                model(**inputs)
+    return trace
+
+
+def left_padded_batch(batch=3, seq=12):
+    torch.manual_seed(0)
+    ids = torch.randint(3, 90, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    for b in range(batch):
+        mask[b, : 2 * b] = 0
+    return ids, mask
+
+
+def judged_padding(trace) -> bool:
+    """Whether some site was judged against an established padding (not silent by default)."""
+    return any(any(r.padding) for r in trace.reach)
+
+
+@recorded
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_left_padded_decoding_with_a_cache_is_silent(impl):
+    ids, mask = left_padded_batch()
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**TEXT, attn_implementation=impl)
+    )
+    trace = hf_trace(model, generate=True, input_ids=ids, attention_mask=mask)
+    assert not trace.findings, describe(trace.findings)
+    assert judged_padding(trace)
+
+
+@recorded
+def test_sliding_windows_and_full_layers_with_padding_and_a_cache_are_silent():
+    ids, mask = left_padded_batch()
+    config = transformers.Gemma2Config(
+        **TEXT, head_dim=8, sliding_window=4, attn_implementation="eager"
+    )
+    model = transformers.Gemma2ForCausalLM(config)
+    assert config.layer_types == ["sliding_attention", "full_attention"]
+    trace = hf_trace(model, generate=True, input_ids=ids, attention_mask=mask)
+    assert not trace.findings, describe(trace.findings)
+    windowed = [r for r in trace.reach if r.module.endswith("layers.0.self_attn")]
+    assert any(r.seq_k == 12 and r.summary().endswith("(4 of 12)") for r in windowed)
+
+
+@recorded
+def test_cross_attention_over_an_encoders_padding_is_silent():
+    ids, mask = left_padded_batch()
+    config = transformers.BartConfig(
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, attn_implementation="eager",
+    )  # fmt: skip
+    model = transformers.BartForConditionalGeneration(config)
+    trace = hf_trace(
+        model, input_ids=ids, attention_mask=mask.flip(-1), decoder_input_ids=ids[:, :5]
+    )
+    assert not trace.findings, describe(trace.findings)
+    cross = [r for r in trace.reach if "encoder_attn" in r.module]
+    assert cross and any(cross[0].padding)
+
+
+@recorded
+def test_a_bidirectional_encoder_is_silent_and_its_padding_judged():
+    ids, mask = left_padded_batch()
+    config = transformers.BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+        intermediate_size=64, attn_implementation="eager",
+    )  # fmt: skip
+    trace = hf_trace(transformers.BertModel(config), input_ids=ids, attention_mask=mask.flip(-1))
+    assert not trace.findings, describe(trace.findings)
+    assert judged_padding(trace)
+
+
+@recorded
+def test_packed_documents_without_a_cache_are_silent_and_with_one_they_mix():
+    """transformers reads packed position ids only without a cache: with the cache on, the
+    packed row is masked as one sequence, and its documents see each other."""
+    torch.manual_seed(0)
+    ids = torch.randint(3, 90, (1, 12))
+    positions = torch.cat([torch.arange(5), torch.arange(7)])[None]
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**TEXT, attn_implementation="sdpa")
+    )
+    quiet = hf_trace(model, input_ids=ids, position_ids=positions, use_cache=False)
+    assert not quiet.findings, describe(quiet.findings)
+    mixed = hf_trace(model, input_ids=ids, position_ids=positions)
+    assert {f.kind for f in mixed.findings} == {"reach_documents"}, describe(mixed.findings)
+    assert "documents from position_ids that restart at 0 within a row" in mixed.findings[0].message
+
+
+@recorded
+def test_image_tokens_that_see_each_other_inside_a_causal_decoder_are_silent():
+    """Gemma 3: the image's tokens attend to each other both ways; the text stays causal."""
+    text = dict(
+        **TEXT, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"]
+    )
+    text["vocab_size"] = 300
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        image_size=48, patch_size=8,
+    )  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=9,
+        image_token_index=299, boi_token_index=297, eoi_token_index=298,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config)
+    ids = torch.randint(1, 290, (2, 16))
+    ids[:, 2], ids[:, 3:12], ids[:, 12] = 297, 299, 298
+    trace = hf_trace(
+        model, input_ids=ids, pixel_values=torch.randn(2, 3, 48, 48),
+        token_type_ids=(ids == 299).long(), attention_mask=torch.ones(2, 16, dtype=torch.long),
+    )  # fmt: skip
+    assert not trace.findings, describe(trace.findings)
+    full = [r for r in trace.reach if r.module.endswith("language_model.layers.1.self_attn")]
+    assert full and full[0].row((0,) * len(full[0].lead), 3) == ((0, 12),)  # the image, both ways

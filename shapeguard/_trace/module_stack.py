@@ -90,6 +90,8 @@ class ModuleStack(SessionState):
                     self.replayed += 1
                     self.step = i + 1
                     del stack[-1]
+                    if not stack:
+                        self.root_inputs = None  # the forward is over: hold none of it
                     return
             self.exit_module(module)
 
@@ -172,11 +174,13 @@ class ModuleStack(SessionState):
         self.step += 1
         if stack and stack[-1] is module:
             del stack[-1]  # the innermost module: the usual case
-            return
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i] is module:
-                del stack[i:]
-                return
+        else:
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is module:
+                    del stack[i:]
+                    break
+        if not stack:
+            self.root_inputs = None  # the forward is over: hold none of it
 
     def declared_sizes(self, module) -> dict[str, tuple[str, int]]:
         """`_axes.declared_sizes`, read once per module per session."""

@@ -567,3 +567,37 @@ def test_image_tokens_that_see_each_other_inside_a_causal_decoder_are_silent():
     assert not trace.findings, describe(trace.findings)
     full = [r for r in trace.reach if r.module.endswith("language_model.layers.1.self_attn")]
     assert full and full[0].row((0,) * len(full[0].lead), 3) == ((0, 12),)  # the image, both ways
+
+
+class TorchStyleEncoder(nn.Module):
+    """Self-attention that takes torch's `key_padding_mask` (True = padding)."""
+
+    def __init__(self, d_model=32, bug=False):
+        super().__init__()
+        self.proj = nn.Linear(d_model, d_model)
+        self.bug = bug
+
+    def forward(self, x, key_padding_mask):
+        h = self.proj(x)
+        scores = h @ h.transpose(-2, -1)  # [batch, seq_q, seq_k]
+        hide = key_padding_mask[:, None, :]
+        if self.bug:
+            hide = hide.flip(0)  # another example's padding
+        return scores.masked_fill(hide, float("-inf")).softmax(dim=-1) @ h
+
+
+@recorded
+@pytest.mark.parametrize("sizes", SETTINGS, ids=lambda s: s.name)
+def test_torchs_key_padding_mask_is_padding_where_true(sizes):
+    torch.manual_seed(0)
+    x = torch.randn(sizes.batch, sizes.seq, 32)
+    padding = zoo.attention_mask(sizes) == 0  # right padding, True at the pads
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", ShapeWarning)
+        right = shapeguard.trace(TorchStyleEncoder(), x, padding, mode="warn")
+        wrong = shapeguard.trace(TorchStyleEncoder(bug=True), x, padding, mode="warn")
+    assert not right.findings, describe(right.findings)
+    assert any(any(r.padding) for r in right.reach)
+    kinds = [f.kind for f in wrong.findings]
+    assert kinds == ["reach_padded_key"], describe(wrong.findings)
+    assert "key_padding_mask (True = padding)" in wrong.findings[0].message

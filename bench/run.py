@@ -16,6 +16,7 @@ Every figure is measured in this run, side by side, on one thread (see
 - scale         (bench/scale.py)         trace cost at 10, 20, 40, 80 layers: linear?
 - check_probe   (bench/check_probe.py)   `shapeguard.check` as a ratio to one forward
 - side_by_side  (bench/side_by_side.py)  eight bugs through torch, jaxtyping, torchinfo, shapeguard
+- reach         (bench/reach.py)         reach at every attention site vs the trace without it
 
 A piece whose file is not there yet is reported as "not available yet"; a piece
 that fails is reported with its error, the others still run, and the exit
@@ -39,7 +40,9 @@ if HERE not in sys.path:
 from _timing import REPO, Section, Table, Target, fmt_seconds, machine  # noqa: E402
 
 DOC = os.path.join(REPO, "docs", "benchmarks.md")
-PIECES = ("cost", "overhead", "contracts", "meta_scale", "scale", "check_probe", "side_by_side")
+PIECES = (
+    "cost", "overhead", "contracts", "meta_scale", "scale", "check_probe", "side_by_side", "reach",
+)  # fmt: skip
 
 
 # -- adapters: each piece's own entry point, turned into a Section -------------------------
@@ -259,6 +262,7 @@ TITLES = {
     "scale": "Scale: growth with layers (meta device)",
     "check_probe": "shapeguard.check: probes as a ratio to one forward",
     "side_by_side": "Side by side with other shape tools",
+    "reach": "Attention reach: its cost per trace (issue 28)",
 }
 
 

@@ -221,3 +221,15 @@ def test_the_depth_spread_is_paired_per_round():
     assert cost.paired_spread([two, two]) == 1.0
     skewed = [10.0, 10.0, 30.0]
     assert cost.paired_spread([skewed, [10.0, 10.0, 10.0]]) == pytest.approx(1.0)
+
+
+def test_reach_table_has_the_llama_and_long_sequence_rows(report):
+    table = _table(_outcome(report, "reach").section, "Reach at every attention site")
+    assert table.headers == ["workload", "sites kept", "trace without reach", "trace with reach"]
+    names = [row[0] for row in table.rows]
+    assert names[0].startswith("tiny Llama forward") and len(names) == 3
+    assert "S=512" in names[1] and "S=512" in names[2]  # quick mode: the 4,096 rows' shape
+    for row in table.rows:
+        assert int(row[1]) >= 1, f"{row[0]}: no reach kept"
+        assert RATIO.match(row[3]), row[3]
+    assert any("MAX_ROWS" in note for note in table.notes)

@@ -359,3 +359,141 @@ def test_long_sequences_keep_a_sample_of_queries():
     (reach,) = sites(t, "softmax")
     assert reach.queries is not None and len(reach.queries) == MAX_QUERIES
     assert reach.row((1, 1), s - 1) == ((0, s),) and reach.row((0, 0), 3) == ((0, 4),)
+
+
+# -- shapeguard.attention's flash path -----------------------------------------------------------
+@SETTING
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_flash_attention_causal_is_aligned_bottom_right(sizes, layout):
+    from shapeguard.attention import flash_attention
+
+    b, h, s, sk, d = sizes.batch, sizes.heads, sizes.seq, sizes.seq + 2, sizes.d_k
+    shape_q, shape_k = (
+        ((b, s, h, d), (b, sk, h, d)) if layout == "bshd" else ((b, h, s, d), (b, h, sk, d))
+    )
+    q, k = torch.randn(shape_q), torch.randn(shape_k)
+    with shapeguard.trace() as t:
+        flash_attention(q, k, k, causal=True, layout=layout, backend="sdpa")
+    (reach,) = sites(t, "flash_attention")
+    assert_reach(reach, expected(b, h, s, sk, lambda _b, _h, i, j: j <= i + sk - s))
+    assert reach.how == "causal"
+
+
+@SETTING
+def test_flash_attention_window_sees_exactly_its_window(sizes):
+    from shapeguard.attention import flash_attention
+
+    b, h, s, d = sizes.batch, sizes.heads, sizes.seq, sizes.d_k
+    q = torch.randn(b, s, h, d)
+    with shapeguard.trace() as t:
+        flash_attention(q, q, q, causal=True, window_size=(2, -1), backend="sdpa")
+        flash_attention(q, q, q, window_size=(1, 1), backend="sdpa")
+    causal, both = sites(t, "flash_attention")
+    assert_reach(causal, expected(b, h, s, s, lambda _b, _h, i, j: i - 2 <= j <= i))
+    assert_reach(both, expected(b, h, s, s, lambda _b, _h, i, j: abs(i - j) <= 1))
+    assert causal.how == both.how == "window"
+
+
+def test_a_background_trace_collects_the_reach_of_traces_opened_inside_it():
+    """The pytest plugin's background trace gathers what the traces inside it saw,
+    findings and reach alike, folded."""
+    q, k, v = qkv(SETTINGS[0])
+    with shapeguard.Trace(background=True) as outer:
+        for _ in range(2):
+            with shapeguard.trace() as inner:
+                Scores("masked_fill_triu")(q, k, v)
+    assert [r.count for r in inner.reach] == [1]
+    (reach,) = outer.reach
+    assert reach.count == 2 and reach.op == "softmax"
+
+
+# -- transformers models, left padded (their masks built by their own code) ----------------------
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_a_left_padded_llama_records_each_examples_causal_rows(impl):
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import real_models
+
+    config = real_models.Config(f"llama-{impl}-left-distinct", "llama", impl, "left", "distinct")
+    model, args, kwargs = real_models.build(config)
+    real = kwargs["attention_mask"].bool()
+    b, s = real.shape
+    with torch.no_grad(), shapeguard.trace() as t:
+        model(*args, **kwargs)
+    op = "softmax" if impl == "eager" else "scaled_dot_product_attention"
+    found = sites(t, op)
+    assert [r.module for r in found] == [f"model.layers.{i}.self_attn" for i in range(len(found))]
+    assert len(found) >= 2
+    heads = found[0].lead[1]
+    # A real query sees the real keys up to itself; a padded query (left) sees none.
+    want = expected(
+        b, heads, s, s, lambda bb, _h, i, j: bool(real[bb, i] and real[bb, j]) and j <= i
+    )
+    for reach in found:
+        assert_reach(reach, want)
+
+
+def test_reach_off_reads_nothing():
+    from shapeguard.checks import reach
+
+    q, k, v = qkv(SETTINGS[0])
+    with reach.off(), shapeguard.trace() as t:
+        Scores("masked_fill_triu")(q, k, v)
+    assert t.reach == []
+    with shapeguard.trace() as t:
+        Scores("masked_fill_triu")(q, k, v)
+    assert len(t.reach) == 1
+
+
+def test_nested_and_sparse_tensors_are_not_read():
+    from shapeguard.checks._reach_read import readable
+
+    nested = torch.nested.nested_tensor([torch.randn(2, 5), torch.randn(3, 5)], layout=torch.jagged)
+    sparse = torch.randn(4, 4).to_sparse()
+    assert not readable(nested) and not readable(sparse) and readable(torch.randn(4, 4))
+
+
+def test_a_transformer_layer_on_its_fast_path_records_its_attention():
+    """nn.TransformerEncoderLayer in eval and no_grad is checked at its boundary (the
+    composite keeps torch's fused kernel): its attention's reach is kept all the same."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).eval()
+    x = torch.randn(3, 7, 64)
+    lengths = [7, 5, 2]
+    padded = torch.arange(7)[None, :] >= torch.tensor(lengths)[:, None]
+    with torch.no_grad(), shapeguard.trace() as t:
+        plain_free = layer(x, src_key_padding_mask=padded)
+    (reach,) = sites(t, "multi_head_attention_forward")
+    assert reach.module == "self_attn"
+    assert_reach(reach, expected(3, 4, 7, 7, lambda bb, _h, _i, j: j < lengths[bb]))
+    with torch.no_grad():
+        assert torch.equal(plain_free, layer(x, src_key_padding_mask=padded))
+
+
+def test_log_softmax_over_masked_scores_records_the_same_reach():
+    q, k, _ = qkv(SETTINGS[0])
+    s = SETTINGS[0].seq
+    with shapeguard.trace() as t:
+        scores = (q @ k.transpose(-2, -1)).masked_fill(
+            torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf")
+        )
+        F.log_softmax(scores, dim=-1)
+    (reach,) = sites(t, "log_softmax")
+    assert_reach(reach, expected(3, 4, s, s, lambda _b, _h, i, j: j <= i))
+
+
+def test_mha_is_causal_without_weights_is_the_triangle_torch_uses():
+    """With is_causal=True, no key_padding_mask and need_weights=False, torch drops the
+    attn_mask and has SDPA apply its own triangle: that triangle is what the queries see."""
+    sizes = SETTINGS[0]
+    b, h, s, e = sizes.batch, sizes.heads, sizes.seq, sizes.heads * sizes.d_k
+    mha = _mha(sizes, batch_first=True)
+    x = torch.randn(b, s, e)
+    nothing_hidden = torch.zeros(s, s, dtype=torch.bool)  # only a hint, by torch's contract
+    with shapeguard.trace() as t:
+        mha(x, x, x, attn_mask=nothing_hidden, is_causal=True, need_weights=False)
+    (reach,) = sites(t, "multi_head_attention_forward")
+    assert_reach(reach, expected(b, h, s, s, lambda _b, _h, i, j: j <= i))
+    assert reach.how == "causal"

@@ -79,7 +79,10 @@ class Recording(SessionState):
         trace = self.trace
         event = trace.event_count
         for found in reach:
-            trace.add_reach(dataclasses.replace(found, event=event))
+            # Layers alike see alike: one tuple of rows for all of them (`shared`), so what a
+            # trace keeps per site is a few objects, not one tuple per row.
+            patterns = shared(found.patterns)
+            trace.add_reach(dataclasses.replace(found, event=event, patterns=patterns))
         if step is not None:
             step.reach = reach
 

@@ -230,6 +230,16 @@ class Step:
         self.reach: tuple = ()
 
 
+def with_reach(step: Step, reach: tuple) -> Step:
+    """`step` as its replay makes it where its rules read other values (another batch's
+    padding: `ReplayLayer._values_pass`) and so another reach: what `verify` compares."""
+    copy = Step(step.kind)
+    for name in Step.__slots__:
+        setattr(copy, name, getattr(step, name))
+    copy.reach = reach
+    return copy
+
+
 class Recording:
     """The steps of one finished session."""
 

@@ -158,6 +158,8 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             previous, self._previous = self._previous, None
             if previous is not None and previous.background:
                 previous.trace.findings.extend(self.trace.findings)
+                for reach in self.trace.reach:
+                    previous.trace.add_reach(reach)
                 for failure in self.trace.internal_errors:
                     previous.trace.add_internal(dataclasses.replace(failure))
             self.trace._live -= 1

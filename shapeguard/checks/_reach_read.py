@@ -1,19 +1,22 @@
 """An attention site's reach read from the values that reach softmax or the kernel: the
 scores a softmax reads (whatever masks were added or filled in before), SDPA's attn_mask
 and is_causal, nn.MultiheadAttention's attn_mask and key_padding_mask as torch combines
-them. Each reader returns the bool `visible` rows (True where a key can be seen) of the
-sampled queries only (`_reach.rows.query_sample`), so what it builds stays within
-`MAX_ROWS` x seq_k, and `reach` turns them into a `Reach` (runs, never a tensor).
+them, flash-attn's dense call (shapeguard.attention's or flash-attn's own: causal aligned
+bottom-right, window_size). Each reader returns the bool `visible` rows (True where a key
+can be seen) of the sampled queries only (`_reach.rows.query_sample`), so what it builds
+stays within `MAX_ROWS` x seq_k, and `reach` turns them into a `Reach` (runs, never a
+tensor).
 
 Values are read only from readable tensors (small, plain, on the CPU: never meta, fake or
 on an accelerator); elsewhere there is no reach, silently. Nothing here writes to a tensor.
 """
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeGuard
 
 from .. import _ops
 from .._reach.rows import Reach, query_sample
-from ._mask_effects import broadcasts_to, has_shape, readable
+from ._mask_effects import broadcasts_to, has_shape
+from ._mask_effects import readable as _small_cpu
 from ._mask_uses import HIDING, mask_uses
 from .mha import bind_arguments
 
@@ -30,7 +33,7 @@ class _Read(NamedTuple):
     seq_q: int
     seq_k: int
     queries: tuple[int, ...] | None  # the kept queries (None: all)
-    how: str  # "mask", "causal" or "unmasked"
+    how: str  # "mask", "causal", "window" or "unmasked" (`Reach.how`)
     lead_axes: tuple[str, ...]
 
 
@@ -43,6 +46,8 @@ def reach(call) -> Reach | None:
             read = _sdpa(call)
         elif op is _ops.MHA:
             read = _mha(call)
+        elif op.family == _ops.FLASH:
+            read = _flash(call)
         else:
             read = _softmax(call)
         if read is None:
@@ -64,6 +69,12 @@ def reach(call) -> Reach | None:
         )
     except ValueError:
         return None  # past the bound on leading slices (`query_sample`): no reach
+
+
+def readable(t) -> TypeGuard["torch.Tensor"]:
+    """A tensor whose values (or, for is_causal, whose place) a reach may read: small, plain,
+    on the CPU (`_mask_effects.readable`), strided and not nested."""
+    return _small_cpu(t) and not t.is_nested and str(t.layout) == "torch.strided"
 
 
 def _rows(t, queries, axis: int = -2):
@@ -190,3 +201,66 @@ def _mha(call) -> _Read | None:
     with torch.no_grad():
         visible = ~_rows(combined.hidden, queries)
     return _Read(visible, lead, tgt, src, queries, "mask", axes)
+
+
+# -- flash-attn's dense call (shapeguard.attention's flash_attention, flash_attn_func) --------
+def _flash(call) -> _Read | None:
+    from ._flash_contract import is_entry_point, is_shapeguard_entry
+
+    spec = call.spec
+    if spec.flash_form != "dense":
+        return None  # varlen and packed forms: FlexAttention's and varlen's part
+    if spec.flash_entry == "shapeguard" and is_shapeguard_entry(call.func):
+        p = dict(call.kwargs)
+        layout = p.get("layout", "bshd")
+    elif spec.flash_entry == "flash_attn" and is_entry_point(call.func):
+        p = _flash_arguments(call)
+        layout = "bshd"
+    else:
+        return None
+    q, k = call.args[0] if call.args else None, call.args[1] if len(call.args) > 1 else None
+    if not (readable(q) and readable(k)) or q.dim() != 4 or k.dim() != 4:
+        return None
+    if layout not in ("bshd", "bhsd"):
+        return None
+    seq = 1 if layout == "bshd" else 2
+    heads = 3 - seq
+    batch, sq, sk = int(q.shape[0]), int(q.shape[seq]), int(k.shape[seq])
+    lead = (batch, int(q.shape[heads]))
+    queries = query_sample(lead, sq)
+    left, right = _window(p.get("window_size", (-1, -1)))
+    if p.get("causal") is True:
+        right = 0
+    import torch
+
+    rows = torch.tensor(queries) if queries is not None else torch.arange(sq)
+    diagonal = rows[:, None] + (sk - sq)  # flash-attn aligns to the bottom right
+    keys = torch.arange(sk)[None, :]
+    visible = torch.ones(len(rows), sk, dtype=torch.bool)
+    how = "unmasked"
+    if right >= 0:
+        visible &= keys <= diagonal + right
+        how = "causal" if right == 0 else "window"
+    if left >= 0:
+        visible &= keys >= diagonal - left
+        how = "window"
+    return _Read(visible, lead, sq, sk, queries, how, ("batch", "heads"))
+
+
+def _window(value) -> tuple[int, int]:
+    pair = isinstance(value, tuple | list) and len(value) == 2
+    if pair and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return int(value[0]), int(value[1])
+    return -1, -1  # unbounded, as flash-attn reads -1
+
+
+def _flash_arguments(call) -> dict:
+    """flash_attn_func's arguments by name (its signature: q, k, v, dropout_p,
+    softmax_scale, causal, window_size, ...)."""
+    import inspect
+
+    try:
+        bound = inspect.signature(call.func).bind_partial(*call.args, **call.kwargs)
+    except (TypeError, ValueError):
+        return {}
+    return dict(bound.arguments)

@@ -4,12 +4,14 @@ against the intent that can be established (`_reach.invariants.judge`).
 
 The sites: a softmax over the last axis of scores whose last two axes a query-key product
 made the queries and the keys (a key is hidden where the value is -inf or at or below the
-mask reader's threshold, whatever code put it there), SDPA, and nn.MultiheadAttention.
+mask reader's threshold, whatever code put it there), SDPA, nn.MultiheadAttention, and
+flash-attn's dense call (shapeguard.attention's `flash_attention`, `flash_attn_func`).
 The reach is handed to the session (`CallView.keep_reach`), which keeps it on the trace
 (`TraceData.reach`, folded and bounded); the findings are the invariants' (all warnings).
 Where no intent is established nothing is claimed: the reach is kept and shown only.
 """
 
+import contextlib
 from collections.abc import Iterator
 
 from .. import _ops
@@ -29,12 +31,38 @@ KINDS = {
 }  # fmt: skip
 
 
-@rule(
-    _ops.by_name("softmax"), _ops.by_name("log_softmax"), _ops.SDPA, _ops.MHA, kinds=KINDS, order=3
+_SITES = (
+    _ops.by_name("softmax"),
+    _ops.by_name("log_softmax"),
+    _ops.SDPA,
+    _ops.MHA,
+    _ops.by_name("flash_attention"),
+    _ops.by_name("flash_attn_func"),
 )
+
+
+# Reach is read at every site; `off` turns it off for the process, only so that
+# bench/reach.py can time the trace without it side by side (not public API).
+_reading = True
+
+
+@contextlib.contextmanager
+def off() -> Iterator[None]:
+    """No reach read while the block runs (the benchmark's baseline)."""
+    global _reading
+    before, _reading = _reading, False
+    try:
+        yield
+    finally:
+        _reading = before
+
+
+@rule(*_SITES, kinds=KINDS, order=3)
 def attention_reach(call: CallView) -> Iterator[Violation]:
     """Read this site's reach, hand it to the session, and report what the invariants
     find in it."""
+    if not _reading:
+        return
     import torch
 
     with torch.no_grad():

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # shapeguard's GPU checks in one go: flash-attn against the SDPA fallback, the traced
-# flash-attn entry points and kernel op, and the FlashAttention example on the GPU.
+# flash-attn entry points and kernel op, the FlashAttention example on the GPU, and that
+# no attention reach is read on the GPU (test_reach_gpu.py, which needs no flash-attn).
 #
 #   tests/gpu/run_gpu_checks.sh            # from anywhere; extra args go to pytest
 #   REQUIRE_FLASH=1 tests/gpu/run_gpu_checks.sh   # fail (exit 3) instead of skipping

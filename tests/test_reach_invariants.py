@@ -19,6 +19,7 @@ from shapeguard import ShapeWarning, checks
 from shapeguard._reach import intent as I
 from shapeguard._reach import invariants as V
 from shapeguard._reach.rows import Reach
+from shapeguard.attention import flash_attention
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bug_zoo as zoo  # noqa: E402
@@ -601,3 +602,32 @@ def test_torchs_key_padding_mask_is_padding_where_true(sizes):
     kinds = [f.kind for f in wrong.findings]
     assert kinds == ["reach_padded_key"], describe(wrong.findings)
     assert "key_padding_mask (True = padding)" in wrong.findings[0].message
+
+
+class FlashWindow(nn.Module):
+    """A windowed causal layer through shapeguard.attention's flash_attention (SDPA off
+    the GPU): flash-attn's window_size=(W - 1, 0) keeps W keys, its own included."""
+
+    is_causal = True
+    sliding_window = 3
+
+    def __init__(self, d_model=32, n_heads=4, left=2):
+        super().__init__()
+        self.n_heads, self.left = n_heads, left
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+
+    def forward(self, inputs_embeds):
+        B, S, _ = inputs_embeds.shape
+        q, k, v = (t.view(B, S, self.n_heads, -1) for t in self.qkv(inputs_embeds).chunk(3, -1))
+        return flash_attention(q, k, v, causal=True, window_size=(self.left, 0), backend="sdpa")
+
+
+@recorded
+def test_a_flash_window_is_judged_against_the_modules_window():
+    x = torch.randn(2, 9, 32)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", ShapeWarning)
+        right = shapeguard.trace(FlashWindow(), x, mode="warn")
+        wrong = shapeguard.trace(FlashWindow(left=3), x, mode="warn")
+    assert not right.findings, describe(right.findings)
+    assert [f.kind for f in wrong.findings] == ["reach_window"], describe(wrong.findings)

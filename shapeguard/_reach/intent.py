@@ -40,6 +40,7 @@ _CU_SEQLENS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "cu_seqlens_q", "
 _BIDIRECTIONAL = ("token_type_ids", "mm_token_type_ids", "pixel_values", "pixel_values_videos")
 # Values read from an input at most (a [batch, seq] mask of a long batch is far below).
 _MAX_READ = 1 << 22
+_FLASH = ("flash_attention", "flash_attn_func")  # the dense calls whose reach is read
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 
@@ -161,16 +162,19 @@ def site_axes(call, reach) -> tuple[Any, Any, tuple] | None:
         if dims is None:
             return None
         return dims[-2], dims[-1], _lead(dims[:-2], reach)
-    query = bound.get("query", bound.get("q"))
-    key = bound.get("key", bound.get("k"))
+    if call.op in _FLASH:
+        query, key = (call.args[i] if len(call.args) > i else None for i in (0, 1))
+    else:
+        query, key = bound.get("query"), bound.get("key")
     q_dims, k_dims = _dims(call, query, 2), _dims(call, key, 2)
     if q_dims is None or k_dims is None:
         return None
     if call.op == "scaled_dot_product_attention":
         return q_dims[-2], k_dims[-2], _lead(q_dims[:-2], reach)
-    if len(q_dims) == 4 and len(k_dims) == 4 and call.op.startswith("flash_attn"):
-        # flash-attn's [batch, seq, heads, d_k]: the reach's lead is (batch, heads)
-        return q_dims[1], k_dims[1], _lead((q_dims[0], q_dims[2]), reach)
+    if call.op in _FLASH and len(q_dims) == 4 and len(k_dims) == 4:
+        # flash-attn's [batch, seq, heads, d_k] (or "bhsd"): the reach's lead is (batch, heads)
+        seq = 2 if call.kwargs.get("layout") == "bhsd" else 1
+        return q_dims[seq], k_dims[seq], _lead((q_dims[0], q_dims[3 - seq]), reach)
     return None
 
 

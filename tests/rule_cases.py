@@ -22,6 +22,9 @@ runs each bug and its fix at the three size settings. The line where a bug bites
     flash_layout      flash_attention given [batch, heads, seq, d_k] for its [b, s, h, d]
     block_mask_reused a FlexAttention block mask made once for the longest sequence and
                       reused for shorter ones
+    reach             a causal decoder's mask, in four styles, that lets a real query see a
+                      padded key, a later position, a key outside its window, or another
+                      packed document (the reach's invariants, found at the softmax)
 """
 
 import math
@@ -295,3 +298,71 @@ class Flex(nn.Module):
 
 def _causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
+
+
+class Reaching(nn.Module):
+    """A causal decoder layer (`is_causal = True`) over `inputs_embeds`, its mask built from
+    the inputs as transformers gives them: the 0/1 attention_mask, `sliding_window` keys
+    per query where set, and for the "documents" style a block per packed document, read
+    from position ids that restart. `style` says which part the bug breaks; the finding
+    is at the softmax that reads the mask."""
+
+    is_causal = True
+
+    def __init__(self, d_model, n_heads, style, sliding_window=None, bug=None):
+        super().__init__()
+        self.n_heads, self.style, self.bug = n_heads, style, bug
+        self.sliding_window = sliding_window
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, inputs_embeds, attention_mask, position_ids):
+        B, S, d_model = inputs_embeds.shape
+        q, k, v = (_heads(t, B, S, self.n_heads) for t in self.qkv(inputs_embeds).chunk(3, -1))
+        i = torch.arange(S)
+        shift = 1 if self.bug and self.style == "future" else 0
+        keep = i[None, :] <= i[:, None] + shift  # [S_q, S_k]
+        if self.sliding_window is not None:
+            w = self.sliding_window + (1 if self.bug and self.style == "window" else 0)
+            keep = keep & (i[None, :] > i[:, None] - w)
+        keep = keep[None, None]  # [1, 1, S_q, S_k]
+        if self.style == "documents" and not self.bug:
+            document = (position_ids == 0).cumsum(-1)  # [B, S]
+            keep = keep & (document[:, None, :, None] == document[:, None, None, :])
+        if not (self.bug and self.style == "padded_key"):
+            keep = keep & attention_mask.bool()[:, None, None, :]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+        context = scores.softmax(dim=-1) @ v  # <- reach
+        return self.out(context.transpose(1, 2).reshape(B, S, d_model))
+
+
+def reach_window(s):
+    """The window `Reaching` keeps: a third of the sequence, at least 2."""
+    return max(2, s.seq // 3)
+
+
+def left_padded_embeds(s):
+    """inputs_embeds [B, S, d_model], a left-padded 0/1 attention_mask (generation's
+    layout), and the position ids transformers makes for it (pads at 1)."""
+    from bug_zoo import attention_mask
+
+    mask = attention_mask(s).flip(-1)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    return torch.randn(s.batch, s.seq, s.d_model), mask, positions
+
+
+def packed_embeds(s, documents=2):
+    """`documents` documents packed in each row (position ids restart at 0 where each
+    starts); no padding."""
+    cut = max(1, s.seq // documents)
+    positions = torch.cat([torch.arange(cut), torch.arange(s.seq - cut)])
+    if documents == 1:
+        positions = torch.arange(s.seq)
+    mask = torch.ones(s.batch, s.seq, dtype=torch.long)
+    return torch.randn(s.batch, s.seq, s.d_model), mask, positions.expand(s.batch, -1)
+
+
+def unpadded_embeds(s):
+    """One document per row, no padding."""
+    return packed_embeds(s, documents=1)

@@ -522,3 +522,48 @@ def test_a_score_mod_that_writes_minus_inf_is_part_of_the_reach(sizes):
     ):
         want = expected_rows(sizes, sizes.seq_k, sees)
         assert {key: reach.row(key[:2], key[2]) for key in want} == want
+
+
+class CausalFlex(torch.nn.Module):
+    """A decoder layer that says it is causal (`is_causal = True`, as transformers' are) and
+    masks with a FlexAttention `mask_mod`; the bug's mod reads the indices the wrong way."""
+
+    is_causal = True
+
+    def __init__(self, d_model: int, heads: int, bug: bool):
+        super().__init__()
+        self.heads, self.bug = heads, bug
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+
+    def forward(self, x):
+        B, S, d_model = x.shape
+        q, k, v = (
+            t.view(B, S, self.heads, d_model // self.heads).transpose(1, 2)
+            for t in self.qkv(x).chunk(3, dim=-1)
+        )
+
+        def keep(b, h, q_idx, kv_idx):
+            return q_idx <= kv_idx if self.bug else q_idx >= kv_idx
+
+        mask = create_block_mask(keep, None, None, S, S, device="cpu")
+        return flex_attention(q, k, v, block_mask=mask).transpose(1, 2).reshape(B, S, d_model)
+
+
+@SETTING
+@torch.no_grad()  # FlexAttention has no backward on CPU
+def test_a_mask_mod_that_lets_the_future_in_a_causal_model_is_found_from_the_trace(sizes):
+    torch.manual_seed(0)
+    d_model = sizes.heads * sizes.d_k
+    x = torch.randn(sizes.batch, sizes.seq, d_model)
+    with shapeguard.trace(mode="warn") as trace, warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShapeWarning)
+        CausalFlex(d_model, sizes.heads, bug=True).eval()(x)
+    (found,) = [f for f in trace.findings if f.kind == "reach_future"]
+    assert found.op == "flex_attention"
+    assert "later" in found.relation and "hint:" in found.message
+    with shapeguard.trace(mode="warn") as trace:
+        CausalFlex(d_model, sizes.heads, bug=False).eval()(x)
+    assert trace.findings == []
+    assert [trace.reach[0].row((0, 0), i) for i in range(sizes.seq)] == [
+        ((0, i + 1),) for i in range(sizes.seq)
+    ]

@@ -91,6 +91,15 @@ FLEX = _of(
     lambda s, bug: rule_cases.Flex(s.d_model, s.heads, 2 * s.seq + 1, bug), invariants.x_only
 )
 
+
+def reaching(style, inputs=rule_cases.left_padded_embeds):
+    def build(s, bug):
+        window = rule_cases.reach_window(s) if style == "window" else None
+        return rule_cases.Reaching(s.d_model, s.heads, style, window, bug)
+
+    return _of(build, inputs)
+
+
 CASES = [
     Case("mask_not_bool", "masked_fill", masked("masked_fill"), "mask_dtype", ("mask == 0",)),
     Case("mask_not_bool", "where", masked("where"), "mask_dtype", ("mask == 0",)),
@@ -108,6 +117,10 @@ CASES = [
     Case("cache_axis", "cat", DECODING, "cache_axis", ("along the sequence axis",)),
     Case("mask_new_only", "sdpa", DECODING, "mask_cache_length", ("cached + new keys",)),
     Case("block_mask_reused", "flex", FLEX, "block_mask_shape", ("create_block_mask(",)),
+    Case("reach", "padded_key", reaching("padded_key"), "reach_padded_key", ("hide the padded keys",)),
+    Case("reach", "future", reaching("future"), "reach_future", ("keys <= query",)),
+    Case("reach", "window", reaching("window", rule_cases.unpadded_embeds), "reach_window", ("kv > q - ",)),
+    Case("reach", "documents", reaching("documents", rule_cases.packed_embeds), "reach_documents", ("block-diagonal",)),
 ]  # fmt: skip
 
 # Rule ("family.function") -> the bugs ("bug-style": test_invariants.BUGS or CASES) on
@@ -140,6 +153,12 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "matmul.linear_width": ("project_heads-linear",),
     "matmul.products": ("project_heads-matmul",),
     "mha.mha_contract": ("memory_mask-mha",),
+    "reach.attention_reach": (
+        "reach-padded_key",
+        "reach-future",
+        "reach-window",
+        "reach-documents",
+    ),
     "regroup.regroup": ("carve-tutorial", "merge-hf_sdpa", "fold_order-einops_bmm"),
     "score_bias.added_to_scores": ("bias_constant-tutorial_alibi",),
     "score_bias.baddbmm_input": ("bias_constant-bloom_baddbmm",),
@@ -160,9 +179,6 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
 UNTESTED: set[str] = {
     # layout_bshd is not found at the coincident sizes (test_flash_layout_at_every_setting)
     "flash.flash_contract",
-    # Records each attention site's reach; its findings are `_reach.invariants.judge`'s,
-    # which establishes no intent yet (issue 28: the intent part adds the bug cases).
-    "reach.attention_reach",
 }
 
 BUGS = {str(bug): bug for bug in invariants.BUGS}

@@ -256,6 +256,11 @@ class OpCall:
                 return found
         return {}
 
+    def root_inputs(self):
+        """The root's named inputs of the forward running (`_reach.intent.RootInputs`,
+        held weakly), or None outside a module's forward."""
+        return self.session.root_inputs
+
     def output_labels(self, count: int) -> tuple[str | None, ...]:
         """The names the user's assignment gives this op's outputs (`scores = ...`)."""
         return self.session._output_labels(self, count)

@@ -6,6 +6,7 @@ import weakref
 
 from .. import _config
 from .._names import axes as _axes
+from .._reach import intent as _intent
 from . import composites as _composites
 from . import construction as _construction
 from . import internal as _internal
@@ -89,6 +90,8 @@ class ModuleStack(SessionState):
                     self.replayed += 1
                     self.step = i + 1
                     del stack[-1]
+                    if not stack:
+                        self.root_inputs = None  # the forward is over: hold none of it
                     return
             self.exit_module(module)
 
@@ -104,6 +107,10 @@ class ModuleStack(SessionState):
                 self.trace._forward += 1
                 if len(self.ledger.steps) > _owed.MAX_OWED:
                     self.ledger.pay()
+                # Each forward's own, replayed or not: what intent is read from at its sites.
+                # A global pre-hook gets no keywords: read them from the module's call.
+                named = self._input_tensors(module, args, kwargs or _composites.call_kwargs(module))
+                self.root_inputs = _intent.RootInputs(named)
             if self.replay is not None and self._replay_enter(module, first, args, kwargs):
                 return
             recorder = self.recorder
@@ -167,15 +174,17 @@ class ModuleStack(SessionState):
         self.step += 1
         if stack and stack[-1] is module:
             del stack[-1]  # the innermost module: the usual case
-            if not stack:
-                # The forward is over: let go of the metas of the tensors it freed now, not
-                # at the table's next doubling (a count of them that depended on id reuse).
-                self.metas.sweep()
-            return
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i] is module:
-                del stack[i:]
-                return
+        else:
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i] is module:
+                    del stack[i:]
+                    break
+        if not stack:
+            # The forward is over: hold none of its inputs, and let go of the metas of the
+            # tensors it freed now, not at the table's next doubling (a count of them that
+            # depended on id reuse: tests/test_gc_pressure.py).
+            self.root_inputs = None
+            self.metas.sweep()
 
     def declared_sizes(self, module) -> dict[str, tuple[str, int]]:
         """`_axes.declared_sizes`, read once per module per session."""

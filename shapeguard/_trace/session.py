@@ -20,6 +20,7 @@ import torch
 from .. import _config, _ops, _source
 from .. import checks as _checks
 from .._errors import ShapeError
+from .._reach import intent as _intent
 from . import composites as _composites
 from . import flash as _flash
 from . import internal as _internal
@@ -66,6 +67,8 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
         self._paths: dict[int, str] | None = None
         self._seen_modules: set[int] = set()
         self._declared: dict[int, dict[str, tuple[str, int]]] = {}
+        # The root's inputs of the forward running, held weakly (`_reach.intent`).
+        self.root_inputs: _intent.RootInputs | None = None
         self._warned: set[tuple[str, str]] = set()
         self._mode: Interceptor | None = None  # the thread's, while this session is open
         self._handles: list = []

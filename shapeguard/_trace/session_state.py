@@ -27,6 +27,7 @@ class SessionState:
         _state_names: dict[int, str] | None
         _seen_modules: set[int]
         _declared: dict[int, dict[str, tuple[str, int]]]
+        root_inputs: Any  # `_reach.intent.RootInputs` of the forward running, or None
         _warned: set[tuple[str, str]]
         _dispatching: bool
         # The replay layer's (`_trace/replay_layer.py`).

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import shapeguard
-from shapeguard import ShapeWarning, checks
+from shapeguard import ShapeWarning, _ops, checks
 from shapeguard._reach import intent as I
 from shapeguard._reach import invariants as V
 from shapeguard._reach.rows import Reach
@@ -191,6 +191,7 @@ def test_the_message_names_the_relation_the_place_and_the_fix():
 
 class _NoOperands:
     op = "softmax"
+    spec = _ops.by_name("softmax")
 
     def bound(self):
         return {}

@@ -19,6 +19,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _ops
 from ..checks._own_keys import own_keys
 from .rows import Runs
 
@@ -40,8 +41,8 @@ _CU_SEQLENS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "cu_seqlens_q", "
 _BIDIRECTIONAL = ("token_type_ids", "mm_token_type_ids", "pixel_values", "pixel_values_videos")
 # Values read from an input at most (a [batch, seq] mask of a long batch is far below).
 _MAX_READ = 1 << 22
-_FLASH = ("flash_attention", "flash_attn_func")  # the dense calls whose reach is read
-_PACKED = ("varlen_attn", "flash_attention_varlen")  # packed tokens, cut by cu_seqlens
+# The ops whose scores are the input's last two axes (the reach's softmax sites).
+SOFTMAXES = (_ops.by_name("softmax"), _ops.by_name("log_softmax"))
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 
 
@@ -157,25 +158,27 @@ def site_axes(call, reach) -> tuple[Any, Any, tuple] | None:
     """(the queries' axis, the keys' axis, the dims of the reach's leading axes) at the
     site, from the scores a softmax reads or the query and key an attention op takes."""
     bound = call.bound()
-    if call.op in ("softmax", "log_softmax"):
+    spec = call.spec
+    if spec in SOFTMAXES:
         scores = bound.get("input")
         dims = _dims(call, scores, 2)
         if dims is None:
             return None
         return dims[-2], dims[-1], _lead(dims[:-2], reach)
-    if call.op in _FLASH:
+    dense_flash = spec.family == _ops.FLASH and spec.flash_form == "dense"
+    if dense_flash:  # flash-attn's dense calls, by position
         query, key = (call.args[i] if len(call.args) > i else None for i in (0, 1))
     else:
         query, key = bound.get("query"), bound.get("key")
     q_dims, k_dims = _dims(call, query, 2), _dims(call, key, 2)
     if q_dims is None or k_dims is None:
         return None
-    if call.op in ("scaled_dot_product_attention", "flex_attention"):
+    if spec is _ops.SDPA or spec is _ops.FLEX:
         return q_dims[-2], k_dims[-2], _lead(q_dims[:-2], reach)
-    if call.op in _PACKED:
+    if spec.family == _ops.FLASH and spec.flash_form == "varlen":
         # packed [tokens, heads, d_k]: the reach's lead is (heads,) over the packed tokens
         return q_dims[0], k_dims[0], _lead((q_dims[1],), reach)
-    if call.op in _FLASH and len(q_dims) == 4 and len(k_dims) == 4:
+    if dense_flash and len(q_dims) == 4 and len(k_dims) == 4:
         # flash-attn's [batch, seq, heads, d_k] (or "bhsd"): the reach's lead is (batch, heads)
         seq = 2 if call.kwargs.get("layout") == "bhsd" else 1
         return q_dims[seq], k_dims[seq], _lead((q_dims[0], q_dims[3 - seq]), reach)

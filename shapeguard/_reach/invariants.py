@@ -308,7 +308,7 @@ def _at(reach: Reach, index: tuple[int, ...], query: int) -> str:
 
 def _operands(call) -> tuple:
     bound = call.bound()
-    names = ("input",) if call.op in ("softmax", "log_softmax") else ("query", "key", "attn_mask")
+    names = ("input",) if call.spec in _intent.SOFTMAXES else ("query", "key", "attn_mask")
     found = []
     for name in names:
         tensor = bound.get(name)

@@ -84,6 +84,13 @@ def test_padding_is_said_with_its_example(batch, heads, seq):
     assert describe(reach(bidirectional, batch, heads)) == (
         f"all keys + padding: key {seq - 1} in example 2"
     )
+    # An inverted triangle (tril and triu swapped): query 0 sees every key and no other
+    # query sees key 0, as with one unmasked padded query, but the real rows look ahead:
+    # no padding is said.
+    inverted = torch.ones(seq, seq, dtype=torch.bool).triu()
+    assert describe(reach(inverted[None, None], batch, heads)) == (
+        f"query {seq - 1} sees key {seq - 1} (1 of {seq})"
+    )
 
 
 @pytest.mark.parametrize(("batch", "heads", "seq"), SIZES, ids=IDS)

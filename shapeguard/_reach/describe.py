@@ -100,16 +100,21 @@ def paddings(reach: Reach) -> dict[int, Runs]:
 def _unseen(rows: Sequence[tuple[int, Runs]], seq_q: int, seq_k: int) -> Runs:
     """The keys no row sees. A row that sees every key, of a query whose own position is
     unseen by the other rows and that sees later keys, is a padded query's row some
-    implementations unmask (a softmax over nothing is NaN): it does not count."""
+    implementations unmask (a softmax over nothing is NaN): it does not count, unless
+    other rows look ahead too."""
     every = ((0, seq_k),)
     partial = [r for _, r in rows if r and r != every]
     candidate = subtract(every, union(partial))
     if not partial or candidate == every:
         return ()
     past = seq_k - seq_q
+    # Such rows are unmasked padding only beside real rows that see no later key (a causal
+    # decoder's, as transformers unmasks them): next to rows that look ahead, a row that
+    # sees every key is a real one (an inverted triangle's first query), not padding.
+    ahead = any(r[-1][1] - 1 > q + past for q, r in rows if r and r != every)
     for q, r in rows:
         pos = q + past
-        if r == every and not (_inside(pos, candidate) and pos < seq_k - 1):
+        if r == every and (ahead or not (_inside(pos, candidate) and pos < seq_k - 1)):
             return ()
     return candidate
 

@@ -456,3 +456,44 @@ def test_clip_s_texts_by_images_logits_make_no_batch_claim():
         "apart, no padded input"
     )
     assert result.reach.crossing  # measured and kept all the same
+
+
+def _weighed(broken: str, other_status: str) -> str:
+    """The reach result's status after `check` weighs a `broken` failure against the
+    probe that edits for that invariant as a whole, which ended `other_status`."""
+    from dataclasses import replace
+
+    from shapeguard._probes.check import _weigh_reach
+    from shapeguard._probes.reach_record import MeasuredReach
+    from shapeguard._probes.result import ProbeResult
+    from shapeguard._reach.rows import Reach
+
+    record = MeasuredReach(
+        Reach.from_visible(torch.ones(2, 5, 5, dtype=torch.bool), how="probe"), 2, (), "autograd"
+    )
+    reach = ProbeResult(
+        "reach", "failed", "changing x at the padded position 4 of example 0 moved ...", 0.02
+    )
+    reach.reach = replace(record, broken=broken)
+    other = "key-padding invariance" if broken == "padding" else "batch independence"
+    report = CheckReport("M", [ProbeResult(other, other_status, "the padded positions reach ...")])
+    report.results.append(reach)
+    _weigh_reach(report)
+    (weighed,) = [r for r in report.results if r.name == "reach"]
+    if weighed.status == "inconclusive":
+        assert weighed.message.startswith("changing x at the padded position 4 of example 0")
+        assert f"but {other} " in weighed.message and "measurements disagree" in weighed.message
+        assert weighed.reach is not None and weighed.reach.broken == broken
+    return weighed.status
+
+
+@pytest.mark.parametrize("broken", ["padding", "batch"])
+def test_a_reach_failure_the_whole_edit_does_not_confirm_is_inconclusive(broken):
+    """conformer (a convolution along the positions) and DeepSeek-V4 (a compressor): key-padding
+    invariance is inconclusive where one padded cell moved a real output; nystrom-attention:
+    batch independence passed where one redrawn cell moved another example by 9e-4."""
+    assert _weighed(broken, "inconclusive") == "inconclusive"
+    assert _weighed(broken, "passed") == "inconclusive"
+    assert _weighed(broken, "failed") == "failed"
+    assert _weighed(broken, "skipped") == "failed"
+    assert _weighed("causal", "passed") == "failed"  # no whole-edit probe weighs causality

@@ -14,7 +14,7 @@ from . import ProbeResult
 from .prepare import prepare_subject
 from .report import SCHEMA_VERSION as SCHEMA_VERSION
 from .report import CheckReport as CheckReport
-from .result import FAILED, PASSED, demoted, inconclusive
+from .result import FAILED, INCONCLUSIVE, PASSED, demoted, inconclusive
 from .runs import Rejected, describe_crash, first_line, pin
 from .traced import Traced, shape_result, trace_for_probes
 from .untouched import untouched
@@ -135,6 +135,7 @@ def _probe(work, model, args, kwargs, traced, causal, seed, report) -> None:
             return
         for probe in PROBES:
             report.results.append(_run_probe(probe, subject))
+        _weigh_reach(report)
         _hear_attention(subject, report)
 
 
@@ -165,6 +166,36 @@ def _own_crash(error: Exception) -> str:
         f"shapeguard's probe code failed: {describe_crash(error)}; this says nothing about "
         "the module (it is shapeguard's fault: please report it)"
     )
+
+
+# The probe that edits for the invariant a reach counterexample breaks, as a whole.
+_WHOLE = {"batch": _probes.batch_independence, "padding": _probes.key_padding}
+
+
+def _weigh_reach(report: CheckReport) -> None:
+    """A reach failure on batch or padding where the probe that edits for that invariant
+    as a whole did not fail is inconclusive, with both measurements: that probe found the
+    padded inputs reach the real tokens outside attention (a convolution, a compressor),
+    where no mask promises to hide them, or saw no dependence beyond its tolerance where
+    one redrawn cell moved another example (a batch-wide statistic). A false failure is
+    worse than a missed one."""
+    reach = next((r for r in report.results if r.name == NAMES[_probes.measured_reach]), None)
+    if reach is None or reach.status != FAILED or reach.reach is None:
+        return
+    whole = _WHOLE.get(reach.reach.broken)
+    other = next((r for r in report.results if whole and r.name == NAMES[whole]), None)
+    if other is None or other.status not in (PASSED, INCONCLUSIVE):
+        return
+    said = other.message.splitlines()[0] if other.message else other.status
+    why = (
+        f"{reach.message.splitlines()[0]}; but {other.name} "
+        f"{'passed' if other.status == PASSED else 'is inconclusive'} ({said}): the two "
+        "measurements disagree, so neither is a counterexample"
+    )
+    index = report.results.index(reach)
+    kept = inconclusive(reach.name, why, deviation=reach.deviation)
+    kept.reach = reach.reach
+    report.results[index] = kept
 
 
 def _hear_attention(subject, report: CheckReport) -> None:

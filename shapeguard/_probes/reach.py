@@ -81,7 +81,7 @@ def measured_reach(s: Subject) -> ProbeResult:
     found, outside = _through_attention(s, found)
     if found:
         marks = tuple(_mark(measured, cell) for _, cell, _, _ in found)
-        record = replace(record, reach=replace(record.reach, marks=marks))
+        record = replace(record, reach=replace(record.reach, marks=marks), broken=found[0][0])
         result = _failure(s, measured, record, found)
     elif outside:
         result = inconclusive(NAME, outside)

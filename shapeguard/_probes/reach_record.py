@@ -31,6 +31,10 @@ class MeasuredReach:
     crossing: tuple[tuple[int, int, int], ...]
     how: str
     positions: bool = True
+    # The invariant the first confirmed counterexample breaks ("batch", "padding",
+    # "causal"), "" where none was found: `check` weighs it against the probe that edits
+    # for that invariant as a whole.
+    broken: str = ""
 
     def line(self, example: int = 0, query: int | None = None) -> str:
         """`output 6 of example 0 is moved by inputs 0..6 (7 of 7)`: one measured output

@@ -18,7 +18,7 @@ import shapeguard
 from shapeguard import ShapeWarning, _ops, checks
 from shapeguard._reach import intent as I
 from shapeguard._reach import invariants as V
-from shapeguard._reach.rows import Reach
+from shapeguard._reach.rows import Reach, runs_where
 from shapeguard.attention import flash_attention
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -209,7 +209,7 @@ def test_padding_values_are_read_only_from_a_mask_of_zeros_and_ones():
     assert I._padding_values([[1, 1, 0]]) == [[True, True, False]]
     assert I._padding_values([[True, False]]) == [[True, False]]
     assert I._padding_values([[0.0, -1e9]]) is None
-    assert I.runs_of([True, True, False, True]) == ((0, 2), (3, 4))
+    assert runs_where([True, True, False, True]) == ((0, 2), (3, 4))
     assert I.runs_of_keys([0, 1, 3]) == ((0, 2), (3, 4))
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .._reach.rows import Reach, Runs
+from .._reach.rows import Reach, runs_where
 from .compare import scale_of
 from .edits import perturbed
 from .locate import locate, region_batch, region_padding, region_prefix
@@ -103,7 +103,7 @@ def _record(s: Subject, m: Measured, moved: torch.Tensor) -> MeasuredReach:
         reach = replace(reach, seq_q=m.out_length, queries=queries)
     pad = s.layout.padded(0)
     if pad is not None:
-        reach = replace(reach, padding=tuple(_runs(pad[b]) for b in m.examples))
+        reach = replace(reach, padding=tuple(runs_where(pad[b].tolist()) for b in m.examples))
     crossing = []
     for i, b in enumerate(m.examples):
         for other in range(moved.shape[2]):
@@ -112,19 +112,6 @@ def _record(s: Subject, m: Measured, moved: torch.Tensor) -> MeasuredReach:
                 crossing.append((b, other, n))
     batch = s.layout.batch_size or 1
     return MeasuredReach(reach, batch, tuple(crossing), m.how, m.positions is not None)
-
-
-def _runs(row: torch.Tensor) -> Runs:
-    runs, start = [], None
-    for p, on in enumerate(row.tolist()):
-        if on and start is None:
-            start = p
-        if not on and start is not None:
-            runs.append((start, p))
-            start = None
-    if start is not None:
-        runs.append((start, len(row)))
-    return tuple(runs)
 
 
 def _mark(m: Measured, cell: Cell):

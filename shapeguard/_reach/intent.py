@@ -426,20 +426,6 @@ def _restarts(row) -> tuple[int, ...]:
     return tuple(out)
 
 
-def runs_of(flags) -> Runs:
-    """The runs (start, stop) where `flags` is True."""
-    runs, start = [], None
-    for i, flag in enumerate(flags):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            runs.append((start, i))
-            start = None
-    if start is not None:
-        runs.append((start, len(flags)))
-    return tuple(runs)
-
-
 def runs_of_keys(keys) -> Runs:
     """The runs of a sorted list of key indices."""
     runs: list[tuple[int, int]] = []

@@ -26,7 +26,7 @@ from math import prod
 
 from .._errors import Violation
 from . import intent as _intent
-from .rows import Reach, Runs, runs_text
+from .rows import Reach, Runs, runs_text, runs_where
 
 _MARKED = 64  # cells kept in `Reach.marks` per site, at most
 
@@ -58,7 +58,7 @@ def judge(call, reach: Reach) -> tuple[Reach, list[Violation]]:
     found, total = check(reach, site)
     padding: tuple[Runs, ...] = ()
     if site.padding is not None:
-        padding = tuple(_intent.runs_of(row) for row in site.padding.keys)
+        padding = tuple(runs_where(row) for row in site.padding.keys)
     if found is None:
         return dataclasses.replace(reach, padding=padding), []
     judged = dataclasses.replace(reach, padding=padding, marks=tuple(found.marks))

@@ -223,6 +223,20 @@ def count(runs: Runs) -> int:
     return sum(b - a for a, b in runs)
 
 
+def runs_where(flags) -> Runs:
+    """The runs (start, stop) where `flags` (a sequence of bools) is True."""
+    runs, start = [], None
+    for i, flag in enumerate(flags):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            runs.append((start, i))
+            start = None
+    if start is not None:
+        runs.append((start, len(flags)))
+    return tuple(runs)
+
+
 def runs_text(runs: Runs) -> str:
     """`keys 0..5`, `keys 0..2, 6..8`, `key 3` or `no key` (inclusive ends, as users read)."""
     if not runs:

@@ -24,7 +24,7 @@ LAYERS = {
     "on the trace": (
         "shapeguard.report", "shapeguard._public_trace", "shapeguard._contract",
         "shapeguard.contracts", "shapeguard._guard", "shapeguard._compiled", "shapeguard._probes",
-        "shapeguard._explain", "shapeguard.distributed", "shapeguard._merge",
+        "shapeguard._explain", "shapeguard.distributed", "shapeguard._merge", "shapeguard._diff",
         "shapeguard._cli.check_summary",  # rows of a report: read by the CLI only
     ),
     "top": ("shapeguard._cli", "shapeguard._plugin", "shapeguard.__main__", "shapeguard"),

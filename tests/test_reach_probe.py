@@ -390,8 +390,8 @@ def test_the_html_report_draws_the_measured_reach_with_padding_and_marks():
     assert "Measured by autograd through x." in section
     assert section.count("<figure>") == batch
     assert section.count('class="pad"') == batch - 1  # example 0 has no padding
-    assert section.count('class="mark"') == 1
-    assert "<title>output 0: 0..1</title>" in section  # the leak: output 0 sees input 1
+    assert section.count('class="flag"') == 1
+    assert "<title>output 0: inputs 0..1</title>" in section  # the leak: output 0 sees input 1
     assert "No example moves another." in section
     assert "http" not in section
 
@@ -438,7 +438,7 @@ def test_shapeguard_check_html_draws_the_reach(tmp_path):
     assert "│ FAIL" in row
     page = html.read_text()
     assert '<section id="measured-reach"><h2>Measured reach</h2>' in page
-    assert page.count('class="mark"') == 1
+    assert page.count('class="flag"') == 1
 
 
 def test_clip_s_texts_by_images_logits_make_no_batch_claim():

@@ -73,9 +73,13 @@ def _figure(reach: Reach, picture: Picture) -> str:
     )
 
 
-def svg_matrix(reach: Reach, picture: Picture, queries: list[int]) -> str:
+def svg_matrix(
+    reach: Reach, picture: Picture, queries: list[int], words: tuple[str, str] = ("query", "key")
+) -> str:
     """One slice as an SVG: a hidden background, padding columns, the seen runs of each
-    drawn query, the flagged keys on top."""
+    drawn query (its runs as the row's tooltip), the flagged keys on top. `words` name the
+    rows and columns: ("output", "input") for the reach `check` measures."""
+    row_word, column_word = words
     cw = min(CELL, WIDTH / max(reach.seq_k, 1))
     ch = min(CELL, HEIGHT / max(len(queries), 1))
     width, height = reach.seq_k * cw, len(queries) * ch
@@ -89,10 +93,11 @@ def svg_matrix(reach: Reach, picture: Picture, queries: list[int]) -> str:
     ]
     for i, q in enumerate(queries):
         y = MARGIN + i * ch
-        parts += [
-            _run(a, b, y, cw, ch, "seen")
-            for a, b in _pixels(reach.row(picture.index, q), cw, reach.seq_k)
-        ]
+        runs = reach.row(picture.index, q)
+        tip = f"{row_word} {q}: {_words(bounded_runs_text(runs), column_word)}"
+        parts.append(f"<g><title>{escaped(tip)}</title>")
+        parts += [_run(a, b, y, cw, ch, "seen") for a, b in _pixels(runs, cw, reach.seq_k)]
+        parts.append("</g>")
         parts += [
             _run(a, b, y, cw, ch, "flag")
             for a, b in _pixels(picture.marks.get(q, ()), cw, reach.seq_k)
@@ -107,17 +112,23 @@ def svg_matrix(reach: Reach, picture: Picture, queries: list[int]) -> str:
             for i in range(1, len(queries))
         ]
     parts += [
-        f'<text x="{MARGIN}" y="{MARGIN - 6}">key 0</text>',
+        f'<text x="{MARGIN}" y="{MARGIN - 6}">{column_word} 0</text>',
         f'<text x="{_n(MARGIN + width)}" y="{MARGIN - 6}" text-anchor="end">{reach.seq_k - 1}</text>',
-        f'<text x="{MARGIN - 4}" y="{_n(MARGIN + ch)}" text-anchor="end">q{queries[0]}</text>',
-        f'<text x="{MARGIN - 4}" y="{_n(MARGIN + height)}" text-anchor="end">q{queries[-1]}</text>',
+        f'<text x="{MARGIN - 4}" y="{_n(MARGIN + ch)}" text-anchor="end">{row_word[0]}{queries[0]}</text>',
+        f'<text x="{MARGIN - 4}" y="{_n(MARGIN + height)}" text-anchor="end">{row_word[0]}{queries[-1]}</text>',
     ]
-    title = f"{picture.label}: query {queries[-1]} sees {bounded_runs_text(reach.row(picture.index, queries[-1]))}"
+    last = bounded_runs_text(reach.row(picture.index, queries[-1]))
+    title = f"{picture.label}: {row_word} {queries[-1]} sees {_words(last, column_word)}"
     return (
         f'<svg class="reach" role="img" '
         f'width="{_n(MARGIN + width + 8)}" height="{_n(MARGIN + height + 4)}">'
         f"<title>{escaped(title)}</title>{''.join(parts)}</svg>"
     )
+
+
+def _words(runs_text: str, column_word: str) -> str:
+    """`keys 0..5` in the columns' own word: `inputs 0..5`."""
+    return runs_text.replace("keys", column_word + "s").replace("key", column_word)
 
 
 def _pixels(runs, cw: float, keys: int) -> list[tuple[float, float]]:

@@ -3,22 +3,21 @@ matrix of which inputs move which outputs, the padded inputs shaded and the
 counterexamples marked. A pure function of the reach probe's JSON record
 (`MeasuredReach.to_dict()`): no torch, no tensor.
 
-s37-show draws each attention site's reach in this package; until the two share a
-drawing, this one is the probe's own, kept small.
+Each example is drawn by the same SVG drawer as an attention site's reach
+(`_html_reach.svg_matrix`), in the words of the probe: outputs and inputs.
 """
 
+from .._reach.rows import Reach
 from ._html_page import escaped
+from ._html_reach import svg_matrix
+from ._reach_view import Picture
 
 DRAWN_EXAMPLES = 4  # matrices drawn at most; the JSON holds every measured example
-_SIDE = 320  # the longest side of a matrix, in pixels
 
 
 def probe_reach_section(record: dict) -> str:
     """The section's HTML for the reach probe's record (`result.reach.to_dict()`)."""
-    inputs = record["inputs"]
     positions = record["positions"]
-    rows = len(record["rows"][0]) if record["rows"] else 0
-    cell = max(2, min(14, _SIDE // max(inputs, rows, 1)))
     about = (
         f"Measured by {escaped(record['how'])}. Row i is output position "
         f"{'i' if positions is None or len(positions) == record['outputs'] else 'i of those measured'}"
@@ -28,9 +27,7 @@ def probe_reach_section(record: dict) -> str:
         else f"Measured by {escaped(record['how'])}. The output keeps no positions: one row per "
         "example; a dark cell is an input that moves it."
     )
-    figures = "".join(
-        _matrix(record, e, cell) for e in range(min(record["examples"], DRAWN_EXAMPLES))
-    )
+    figures = "".join(_matrix(record, e) for e in range(min(record["examples"], DRAWN_EXAMPLES)))
     shown = (
         f" ({DRAWN_EXAMPLES} of {record['examples']} measured examples drawn)"
         if record["examples"] > DRAWN_EXAMPLES
@@ -42,44 +39,28 @@ def probe_reach_section(record: dict) -> str:
     )
 
 
-def _matrix(record: dict, example: int, cell: int) -> str:
-    inputs = record["inputs"]
-    rows = record["rows"][example]
-    positions = record["positions"] or [0] * len(rows)
-    shapes = []
-    pad = record["padding"][example] if example < len(record["padding"]) else []
-    for a, b in pad:
-        shapes.append(
-            f'<rect class="pad" x="{a * cell}" y="0" width="{(b - a) * cell}" '
-            f'height="{len(rows) * cell}" fill="#ddd"/>'
-        )
-    for i, runs in enumerate(rows):
-        label = f"output {positions[i]}: " + (
-            ", ".join(f"{a}..{b - 1}" if b - a > 1 else f"{a}" for a, b in runs) or "no input"
-        )
-        shapes.append(f"<g><title>{escaped(label)}</title>")
-        for a, b in runs:
-            shapes.append(
-                f'<rect class="seen" x="{a * cell}" y="{i * cell}" width="{(b - a) * cell}" '
-                f'height="{cell}" fill="#1f4e8c"/>'
-            )
-        shapes.append("</g>")
-    for mark in record["marks"]:
-        if mark["example"] != example or mark["output"] not in positions:
-            continue
-        i = positions.index(mark["output"])
-        for a, b in mark["inputs"]:
-            shapes.append(
-                f'<rect class="mark" x="{a * cell}" y="{i * cell}" width="{(b - a) * cell}" '
-                f'height="{cell}" fill="#d62728" stroke="#000"/>'
-            )
-    width, height = inputs * cell, len(rows) * cell
-    return (
-        f'<figure><svg width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="reach of example {example}">'
-        f'<rect width="{width}" height="{height}" fill="#fff" stroke="#999"/>'
-        f"{''.join(shapes)}</svg><figcaption>example {example}</figcaption></figure>"
+def _matrix(record: dict, example: int) -> str:
+    """One measured example drawn as a site's reach is (`_html_reach.svg_matrix`): rows the
+    measured outputs, columns the example's inputs."""
+    rows = [tuple(tuple(run) for run in runs) for runs in record["rows"][example]]
+    positions = record["positions"] or list(range(len(rows)))
+    reach = Reach.from_runs(
+        rows,
+        tuple(positions),
+        (record["outputs"] or len(rows)),
+        record["inputs"],
+        (1,),
     )
+    pad = record["padding"][example] if example < len(record["padding"]) else []
+    marks: dict[int, tuple] = {}
+    for mark in record["marks"]:
+        if mark["example"] == example and mark["output"] in positions:
+            found = marks.get(mark["output"], ())
+            marks[mark["output"]] = found + tuple(tuple(run) for run in mark["inputs"])
+    label = f"example {example}"
+    picture = Picture(label, (0,), tuple(tuple(run) for run in pad), marks)
+    svg = svg_matrix(reach, picture, list(positions), words=("output", "input"))
+    return f"<figure>{svg}<figcaption>{escaped(label)}</figcaption></figure>"
 
 
 def _crossing(record: dict) -> str:

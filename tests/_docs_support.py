@@ -80,7 +80,7 @@ def run_script(path: str):
         # flash-attn and flex_attention names bound by `from ... import` are found by a
         # scan that is cached per set of modules; each snippet is a new namespace, so
         # scan again.
-        _flash._scan_key = None
+        _flash.forget_scan()
         torch_entries.forget_scan()
         runpy.run_path(path, run_name="__main__")
 

@@ -542,7 +542,7 @@ def test_imported_names_are_wrapped_only_while_a_trace_is_active(fa):
     original, varlen_original = module.flash_attn_func, module.flash_attn_varlen_func
     with shapeguard.trace():
         # Six names in flash_attn and two in the user's module: nothing else is touched.
-        assert len(_flash._bindings) == 8
+        assert len(_flash.bindings) == 8
         assert module.flash_attn_func is not original
         assert user.flash_attn_func is module.flash_attn_func
         assert user.flash_attn_func.__wrapped__ is original
@@ -604,7 +604,7 @@ def test_another_thread_is_not_checked(fa):
 def test_nothing_is_imported_or_wrapped_without_flash_attn(monkeypatch):
     monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
     with shapeguard.trace():
-        assert _flash._bindings == []
+        assert _flash.bindings == []
     assert "flash_attn" not in sys.modules
 
 

@@ -4,14 +4,12 @@ point for flash-attn support (the contract, re-exported from `checks/_flash_cont
 
 While a session is open, `flash_attn.flash_attn_func` and its siblings, and every
 module global bound to them (`from flash_attn import flash_attn_func`), are replaced
-by wrappers that route the call through the session (`rebinding.wrap`); they are put
-back when the last session closes. Nothing is wrapped unless flash_attn was already
-imported by the user. torch's flex_attention and varlen_attn are wrapped the same way
-(`torch_entries`, on `rebinding.Rebinder`).
+by wrappers that route the call through the session (`rebinding.Rebinder`, as torch's
+flex_attention and varlen_attn are in `torch_entries`); they are put back when the last
+session closes. Nothing is wrapped unless flash_attn was already imported by the user.
 """
 
 import sys
-import threading
 
 from ..checks._flash_contract import (
     ENTRY_POINTS,
@@ -38,7 +36,7 @@ from ..checks._flash_varlen import (
     check_varlen_qkvpacked,
     cu_seqlens,
 )
-from .rebinding import bound_names, wrap
+from .rebinding import Rebinder
 
 __all__ = [
     "ENTRY_POINTS",
@@ -57,7 +55,9 @@ __all__ = [
     "check_varlen_kvpacked",
     "check_varlen_qkvpacked",
     "cu_seqlens",
+    "bindings",
     "enforce",
+    "forget_scan",
     "import_hint",
     "patch",
     "restore",
@@ -65,79 +65,28 @@ __all__ = [
     "spec",
 ]
 
-_lock = threading.RLock()
-_depth = 0
-_bindings: list[tuple[dict, str, object, object]] = []  # (module dict, name, original, wrapper)
-# Where the originals were bound at the last scan of sys.modules, and what that scan saw.
-# Scanning every module's globals costs about a millisecond, and a guarded module opens a
-# session on every forward: scan again only when a module was imported or flash_attn changed.
-_scan_key: tuple = ()
-_locations: list[tuple[dict, str]] = []
 
-
-def patch() -> bool:
-    """Wrap flash-attn's entry points for a session that is opening. Never raises.
-
-    Returns True: the caller holds one reference and must pass it to `restore`.
-    """
-    global _depth
-    with _lock:
-        _depth += 1
-        if _depth == 1:
-            try:
-                _install()
-            except Exception:  # a broken module must not stop the trace from opening
-                _uninstall()
-        return True
-
-
-def restore(held: bool) -> None:
-    """Release one reference from `patch`; the last one puts every original back. Never raises."""
-    global _depth
-    if not held:
-        return
-    with _lock:
-        _depth = max(0, _depth - 1)
-        if _depth == 0:
-            _uninstall()
-
-
-def _install() -> None:
-    global _scan_key
+def _loaded() -> dict[int, object]:
+    """flash-attn's entry points (id -> function), noted in WRAPPED for the flash rule;
+    nothing when the user has not imported flash_attn (never imported here: it needs its
+    CUDA extension)."""
     module = sys.modules.get("flash_attn")
-    if module is None:  # never import it: it needs its CUDA extension
-        return
+    if module is None:
+        return {}
     found = {}
     for name in ENTRY_POINTS:
         func = vars(module).get(name)
         if callable(func) and not hasattr(func, "__shapeguard_original__"):
             found[id(func)] = func
-    if not found:
-        return
     WRAPPED.update(found)
-    key = (len(sys.modules), frozenset(found))
-    if key != _scan_key:
-        _locations[:] = bound_names(found, list(sys.modules.values()))
-        _scan_key = key
-    wrappers: dict[int, object] = {}
-    for namespace, name in _locations:
-        value = namespace.get(name)
-        original = found.get(id(value))
-        if original is None or value is not original:
-            continue
-        wrapper = wrappers.get(id(original))
-        if wrapper is None:
-            wrapper = wrappers[id(original)] = wrap(original)
-        namespace[name] = wrapper
-        _bindings.append((namespace, name, original, wrapper))
+    return found
 
 
-def _uninstall() -> None:
-    bindings, _bindings[:] = list(_bindings), []
-    for namespace, key, original, wrapper in reversed(bindings):
-        try:
-            if namespace.get(key) is wrapper:  # leave a name the user rebound meanwhile
-                namespace[key] = original
-        except Exception:
-            continue
-    WRAPPED.clear()
+# Scanning every module's globals costs about a millisecond, and a guarded module opens a
+# session on every forward: the Rebinder scans again only when a module was imported or
+# flash_attn's functions changed.
+_rebinder = Rebinder(_loaded, on_restore=WRAPPED.clear)
+patch = _rebinder.patch
+restore = _rebinder.restore
+forget_scan = _rebinder.forget_scan
+bindings = _rebinder.bindings  # (module dict, name, original, wrapper), while a trace is open

@@ -51,10 +51,11 @@ def wrap(original):
 class Rebinder:
     """The functions `find()` returns (id -> function; never imported here: only those of
     modules already loaded), rebound to wrappers from the first `patch` to the last
-    `restore`. flash-attn's are kept by `flash.py` the same way, with its own state."""
+    `restore`. One per family: flash-attn's (`flash.py`), torch's (`torch_entries.py`)."""
 
-    def __init__(self, find) -> None:
+    def __init__(self, find, on_restore=None) -> None:
         self._find = find
+        self._on_restore = on_restore  # called when the last restore has put them back
         self._lock = threading.RLock()
         self._depth = 0
         self.bindings: list[tuple[dict, str, object, object]] = []
@@ -118,3 +119,5 @@ class Rebinder:
                     namespace[key] = original
             except Exception:
                 continue
+        if self._on_restore is not None:
+            self._on_restore()

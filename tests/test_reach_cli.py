@@ -1,34 +1,30 @@
 """`shapeguard trace --reach [LAYER]`: the matrices on stdout, the findings' exit status, and
 a LAYER that names no site as a usage error that lists the sites."""
 
+import inspect
 import textwrap
 
 import pytest
+import reach_pictures
 from click.testing import CliRunner
 
 from shapeguard._cli.commands import cli
 
-MODEL = """
+# The file the CLI loads: reach_pictures' causal attention over the keys `keep` marks real,
+# two layers of it, and the inputs (example 1 left-padded by two tokens).
+MODEL = (
+    """
 import math
 
 import torch
 from torch import nn
 
+D_MODEL = 32
 
-class Attention(nn.Module):
-    def __init__(self, d_model=32, n_heads=4):
-        super().__init__()
-        self.n_heads, self.d_k = n_heads, d_model // n_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
 
-    def forward(self, x, keep):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_k).permute(2, 0, 3, 1, 4)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~(causal & keep[:, None, None, :]), float("-inf"))
-        return (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-
+"""
+    + inspect.getsource(reach_pictures.Attention)
+    + """
 
 class Model(nn.Module):
     def __init__(self):
@@ -50,6 +46,7 @@ def example_inputs():
     keep[1, :2] = False  # example 1 is left-padded by two tokens
     return torch.randn(3, 9, 32), keep
 """
+)
 
 
 def run(*args):

@@ -1,0 +1,239 @@
+"""Which forwards of a running program `shapeguard run` traces, and how it counts its steps.
+
+Two global module hooks (a forward pre-hook and an `always_call` forward hook) see every
+`nn.Module` call the program makes. A watched call opens a session on the module with the
+inputs the program really passes, and the hook after its forward closes it (also when
+forward raises). Every other call costs the two hooks and no session: the disabled cost.
+
+- **Which modules.** With `--module NAME`, the modules whose class is NAME (its name or
+  `module.QualName`), the outermost one where they nest. Without it, each *root-most* module
+  (one called while no module's forward runs) is traced on its first call, and kept only if
+  that forward reached attention (scaled_dot_product_attention, `nn.MultiheadAttention`,
+  flash-attn, FlexAttention, or a softmax over a query-key product); a module without
+  attention is left alone from then on.
+- **Which calls.** Per module, the first `calls` calls of each input signature (the tensor
+  arguments' shapes and dtypes, the other arguments' types).
+- **Steps.** A training step is counted at the first backward through a watched forward's
+  output, or the first `optimizer.step()`, after a watched forward. Once `steps` are counted
+  the program is stopped (`Stopped`) at its next `optimizer.step()` end or module call.
+"""
+
+import contextlib
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass, field
+from typing import cast
+
+from .._config import is_enabled
+from .._errors import ShapeWarning
+from .._ops import lookup
+from .._public_trace import Trace
+from .run_program import Stopped
+
+# Steps of attention (`_ops.STEPS`) that are attention by themselves, and the roles a
+# hand-written attention gives its tensors (`_names/roles`).
+_FUSED_STEPS = ("fused", "module")
+_ATTENTION_ROLES = ("scores", "attn")
+
+
+@dataclass(slots=True, eq=False)
+class Watched:
+    """One watched module: its trace (every traced call's sessions record into it)."""
+
+    name: str  # the class name
+    trace: Trace
+    signatures: dict = field(default_factory=dict)  # input signature -> calls traced
+    calls: int = 0  # calls seen, traced or not
+
+    @property
+    def traced(self) -> int:
+        return sum(self.signatures.values())
+
+
+@dataclass(slots=True)
+class _Open:
+    """The session a watched call opened on this thread, closed when its forward ends."""
+
+    session: object
+    module: object
+    watched: Watched
+    depth: int
+    first: bool
+
+
+class Watcher:
+    """The hooks' state; `install()` puts the hooks on, `remove()` takes them off."""
+
+    def __init__(self, *, names: tuple[str, ...] = (), calls: int = 1, steps: int | None = None):
+        self.names = names
+        self.calls = calls
+        self.steps = steps
+        self.watched: list[Watched] = []  # kept, in the order first called
+        self.steps_done = 0
+        self._state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._matches: dict[type, bool] = {}
+        self._local = threading.local()
+        self._pending_step = False
+        self._stop = False
+        self._handles: list = []
+        self._filter: tuple | None = None
+
+    # -- installing --------------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.nn.modules import module
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        # Findings are the report's; warnings would change the program's own stderr.
+        warnings.filterwarnings("ignore", category=ShapeWarning)
+        self._filter = warnings.filters[0]
+        self._handles = [
+            module.register_module_forward_pre_hook(self._before),
+            module.register_module_forward_hook(self._after, always_call=True),
+        ]
+        if self.steps is not None:
+            self._handles.append(register_optimizer_step_post_hook(self._optimizer_step))
+
+    def remove(self) -> None:
+        """Take the hooks off and close a session left open (Ctrl-C between two hooks)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        opened = getattr(self._local, "open", None)
+        self._local.open = None
+        if opened is not None:
+            self._close(opened)
+        if self._filter is not None:
+            # Only ours: filters the program added stay. An "ignore" filter registers
+            # nothing, so no warning registry needs resetting.
+            with contextlib.suppress(ValueError):
+                cast(list, warnings.filters).remove(self._filter)
+            self._filter = None
+
+    # -- the hooks ---------------------------------------------------------------------------
+    def _before(self, module, args) -> None:
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        if self._stop:
+            self._stop = False
+            raise Stopped()
+        if getattr(local, "open", None) is not None:
+            return  # inside a traced forward: its session sees this call
+        if self.names:
+            if not self._named(type(module)):
+                return
+        elif depth:
+            return
+        watched = self._state.get(module, False)
+        if watched is None:
+            return  # no attention on its first call
+        if not is_enabled():
+            return
+        self._open(module, args, watched, depth)
+
+    def _open(self, module, args, watched, depth: int) -> None:
+        from .._contract.call import signature_key
+        from .._trace.composites import call_kwargs
+        from .._trace.opening import begin
+
+        first = watched is False
+        if first:
+            watched = Watched(type(module).__name__, Trace(mode="warn"))
+            self._state[module] = watched
+        watched.calls += 1
+        kwargs = call_kwargs(module)
+        key = signature_key(args, kwargs)
+        traced = watched.signatures.get(key, 0)
+        if traced >= self.calls:
+            return
+        watched.signatures[key] = traced + 1
+        session = begin(watched.trace, module, args, kwargs)
+        self._local.open = _Open(session, module, watched, depth, first)
+
+    def _after(self, module, args, output) -> None:
+        local = self._local
+        depth = getattr(local, "depth", 1) - 1
+        local.depth = depth
+        opened = getattr(local, "open", None)
+        if opened is not None and opened.module is module and opened.depth == depth:
+            local.open = None
+            self._close(opened)
+            if self.steps is not None and self._state.get(module):
+                self._watch_backward(output)
+        elif self.steps is not None and not depth and self._state.get(module):
+            self._watch_backward(output)
+
+    def _close(self, opened: _Open) -> None:
+        from .._trace.session import close_session
+
+        session = opened.session
+        try:
+            session.exit_module(opened.module)  # type: ignore[attr-defined]
+        finally:
+            close_session(session)  # type: ignore[arg-type]
+        if not opened.first:
+            return
+        if self.names or has_attention(opened.watched.trace):
+            self.watched.append(opened.watched)
+        else:
+            self._state[opened.module] = None
+
+    def _named(self, cls: type) -> bool:
+        known = self._matches.get(cls)
+        if known is None:
+            qualified = f"{cls.__module__}.{cls.__qualname__}"
+            known = self._matches[cls] = any(
+                n in (cls.__name__, cls.__qualname__, qualified) for n in self.names
+            )
+        return known
+
+    # -- steps -------------------------------------------------------------------------------
+    def _watch_backward(self, output) -> None:
+        self._pending_step = True
+        node = _first_grad_fn(output)
+        if node is not None:
+            node.register_hook(self._backward)
+
+    def _backward(self, grad_inputs, grad_outputs) -> None:
+        self._count_step()
+
+    def _optimizer_step(self, optimizer, args, kwargs) -> None:
+        self._count_step()
+        if self._stop:
+            self._stop = False
+            raise Stopped()
+
+    def _count_step(self) -> None:
+        if not self._pending_step or not any(w.traced for w in self.watched):
+            return
+        self._pending_step = False
+        self.steps_done += 1
+        if self.steps is not None and self.steps_done >= self.steps:
+            self._stop = True
+
+
+def has_attention(trace: Trace) -> bool:
+    """Whether the trace's forward reached attention: a fused attention op or module, or a
+    tensor the data flow made scores or attention weights."""
+    for event in trace.events:
+        if lookup(event.op).step in _FUSED_STEPS or event.role in _ATTENTION_ROLES:
+            return True
+    return False
+
+
+def _first_grad_fn(output):
+    """The autograd node of the first tensor in a forward's output that has one."""
+    import torch
+
+    stack = [output]
+    while stack:
+        value = stack.pop(0)
+        if isinstance(value, torch.Tensor):
+            if value.grad_fn is not None:
+                return value.grad_fn
+        elif isinstance(value, tuple | list):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    return None

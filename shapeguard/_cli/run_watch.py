@@ -60,6 +60,7 @@ class _Open:
     watched: Watched
     depth: int
     first: bool
+    handle: object  # the module's own always_call hook that closes it
 
 
 class Watcher:
@@ -77,6 +78,7 @@ class Watcher:
         self._pending_step = False
         self._stop = False
         self._handles: list = []
+        self._stale: list = []  # the closing hooks of closed sessions, to take off
         self._filter: tuple | None = None
 
     # -- installing --------------------------------------------------------------------------
@@ -103,6 +105,9 @@ class Watcher:
         self._local.open = None
         if opened is not None:
             self._close(opened)
+        for handle in self._stale:
+            handle.remove()
+        self._stale = []
         if self._filter is not None:
             # Only ours: filters the program added stay. An "ignore" filter registers
             # nothing, so no warning registry needs resetting.
@@ -115,6 +120,10 @@ class Watcher:
         local = self._local
         depth = getattr(local, "depth", 0)
         local.depth = depth + 1
+        if self._stale:
+            for handle in self._stale:
+                handle.remove()
+            self._stale.clear()
         if self._stop:
             self._stop = False
             raise Stopped()
@@ -149,32 +158,43 @@ class Watcher:
             return
         watched.signatures[key] = traced + 1
         session = begin(watched.trace, module, args, kwargs)
-        self._local.open = _Open(session, module, watched, depth, first)
+        # Closed by a hook of the module's own, not by `_after`: when forward raises, torch
+        # runs the global always_call hooks while it iterates their dict, and closing the
+        # session takes its own global hooks out of that dict.
+        handle = module.register_forward_hook(self._closing, always_call=True)
+        self._local.open = _Open(session, module, watched, depth, first, handle)
 
     def _after(self, module, args, output) -> None:
         local = self._local
         depth = getattr(local, "depth", 1) - 1
         local.depth = depth
-        opened = getattr(local, "open", None)
-        if opened is not None and opened.module is module and opened.depth == depth:
-            local.open = None
-            self._close(opened)
-            if self.steps is not None and self._state.get(module):
-                self._watch_backward(output)
-        elif self.steps is not None and not depth and self._state.get(module):
+        if self.steps is not None and not depth and self._state.get(module):
             self._watch_backward(output)
+
+    def _closing(self, module, args, output) -> None:
+        opened = getattr(self._local, "open", None)
+        if opened is None or opened.module is not module:
+            return
+        self._local.open = None
+        self._close(opened)
 
     def _close(self, opened: _Open) -> None:
         from .._trace.session import close_session
 
+        # Taken off at the next module call: while forward's error passes, torch iterates
+        # the module's hooks as they are.
+        self._stale.append(opened.handle)
         session = opened.session
+        stack = session.module_stack  # type: ignore[attr-defined]
         try:
-            session.exit_module(opened.module)  # type: ignore[attr-defined]
+            if stack and stack[-1] is opened.module:  # else the session's own hook left it
+                session.exit_module(opened.module)  # type: ignore[attr-defined]
         finally:
             close_session(session)  # type: ignore[arg-type]
         if not opened.first:
             return
-        if self.names or has_attention(opened.watched.trace):
+        trace = opened.watched.trace
+        if self.names or trace.errors or has_attention(trace):
             self.watched.append(opened.watched)
         else:
             self._state[opened.module] = None

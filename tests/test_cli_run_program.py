@@ -1,0 +1,341 @@
+"""`shapeguard run`: the user's own program run as `python script.py` runs it, its attention
+traced on the inputs it really passes (issue 30).
+
+Small programs in several styles are written into tmp_path: argparse, a `main()` guard, a
+training loop, a script that prints and exits non-zero, a package run with `-m`, a buggy
+attention. Sizes are pairwise distinct (batch 3, heads 4, seq 7, d_k 16). Most run in-process
+with click's CliRunner; the comparison with `python script.py` and Ctrl-C need a process.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from shapeguard._cli.commands import cli
+
+pytestmark = pytest.mark.no_shapeguard  # the programs open their own traces
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+ATTENTION = """
+import math
+
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model=64, n_heads=4):
+        super().__init__()
+        self.n_heads, self.d_k = n_heads, d_model // n_heads
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        B, S, C = x.shape
+        q = self.q(x).view(B, S, self.n_heads, self.d_k).transpose(1, 2)
+        k = self.k(x).view(B, S, self.n_heads, self.d_k).transpose(1, 2)
+        v = self.v(x).view(B, S, self.n_heads, self.d_k).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
+        attn = scores.softmax(dim=-1)
+        return self.out((attn @ v).transpose(1, 2).reshape(B, S, C))
+"""
+
+ARGPARSE = (
+    ATTENTION
+    + """
+import argparse
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch", type=int, default=2)
+parser.add_argument("--seq", type=int, default=5)
+args = parser.parse_args()
+model = Attention()
+y = model(torch.randn(args.batch, args.seq, 64))
+print("argv", __import__("sys").argv[1:], "shape", tuple(y.shape))
+"""
+)
+
+MAIN_GUARD = (
+    ATTENTION
+    + """
+import sys
+
+
+def main():
+    model = Attention()
+    with torch.no_grad():
+        y = model(torch.randn(3, 7, 64))
+    print("out", tuple(y.shape))
+    print("to stderr", file=sys.stderr)
+    return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+)
+
+TRAINING = (
+    ATTENTION
+    + """
+def main():
+    torch.manual_seed(0)
+    model = Attention()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(6):
+        x = torch.randn(3, 7, 64)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print("step", step, flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+)
+
+# Heads carved out of the sequence: legal (7 * 64 == 4 * 7 * 16), silently wrong.
+BUGGY = (
+    ATTENTION.replace(
+        "q = self.q(x).view(B, S, self.n_heads, self.d_k).transpose(1, 2)",
+        "q = self.q(x).view(B, self.n_heads, S, self.d_k)",
+    )
+    + """
+model = Attention()
+print("done", tuple(model(torch.randn(3, 7, 64)).shape))
+"""
+)
+
+MLP_ONLY = """
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+print(tuple(MLP()(torch.randn(3, 7, 64)).shape))
+"""
+
+
+def write(folder, name: str, text: str) -> str:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def run(*args):
+    return CliRunner().invoke(cli, ["run", *map(str, args)])
+
+
+def test_argparse_script_gets_its_own_arguments_and_its_inputs_are_traced(tmp_path):
+    script = write(tmp_path, "train.py", ARGPARSE)
+    result = run(script, "--batch", "3", "--seq", "7")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "argv ['--batch', '3', '--seq', '7'] shape (3, 7, 64)\n"
+    # The shapes the script passed (3, 7), not made-up ones; the report on stderr.
+    assert "shapeguard run: Attention: 1 call traced of 1, 1 input signature" in result.stderr
+    assert "[batch=3, heads=4, seq_q=7, seq_k=7]" in result.stderr
+    assert "train.py:22" in result.stderr  # the scores line of the user's file
+    assert "1 module traced, 0 findings; exit status 0" in result.stderr
+
+
+def test_main_guard_output_and_exit_status_are_the_programs(tmp_path):
+    script = write(tmp_path, "main.py", MAIN_GUARD)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    plain = subprocess.run(
+        [sys.executable, script], capture_output=True, text=True, env=env, timeout=120
+    )
+    result = run(script)
+    assert plain.returncode == 3
+    assert result.exit_code == 3
+    assert result.stdout == plain.stdout == "out (3, 7, 64)\n"
+    # The program's stderr first, unchanged; the report after it.
+    assert result.stderr.startswith(plain.stderr)
+    assert "1 module traced, 0 findings; exit status 3" in result.stderr
+
+
+def test_strict_exits_1_on_findings_over_the_programs_status(tmp_path):
+    clean = write(tmp_path, "main.py", MAIN_GUARD)
+    assert run("--strict", clean).exit_code == 3  # no finding: the program's status
+    buggy = write(tmp_path, "buggy.py", BUGGY + "\nraise SystemExit(3)\n")
+    result = run("--strict", buggy)
+    assert result.exit_code == 1
+    assert "finding" in result.stderr and "(--strict)" in result.stderr
+
+
+def test_a_finding_points_at_the_users_line(tmp_path):
+    script = write(tmp_path, "buggy.py", BUGGY)
+    result = run(script)
+    assert result.exit_code == 0  # the program ran to its end, as it does without shapeguard
+    assert result.stdout == "done (3, 7, 64)\n"
+    assert "warning: q(x).view(3, 4, 7, 16): carves heads out of the seq axis" in result.stderr
+    assert "buggy.py:19" in result.stderr
+    assert "q = self.q(x).view(B, self.n_heads, S, self.d_k)" in result.stderr
+    assert "hint:" in result.stderr
+
+
+def test_steps_stops_the_training_loop_and_the_report_still_prints(tmp_path):
+    script = write(tmp_path, "train.py", TRAINING)
+    result = run("--steps", "2", script)
+    assert result.exit_code == 0, result.output
+    # Step 0 ran whole; step 1 ended at its optimizer.step, before its print.
+    assert result.stdout == "step 0\n"
+    assert "stopped after 2 steps (--steps)" in result.stderr
+    assert "1 call traced of 2" in result.stderr
+    full = run(script)
+    assert full.stdout == "".join(f"step {i}\n" for i in range(6))
+    assert "1 call traced of 6, 1 input signature" in full.stderr
+
+
+def test_a_package_module_runs_with_m_from_the_working_directory(tmp_path, monkeypatch):
+    write(tmp_path, "pkg/__init__.py", "")
+    write(tmp_path, "pkg/layers.py", ATTENTION)
+    write(
+        tmp_path,
+        "pkg/train.py",
+        """
+        import sys
+
+        import torch
+
+        from .layers import Attention
+
+        print("path0", sys.path[0])
+        print("argv", sys.argv[1:], sys.argv[0].endswith("train.py"))
+        Attention()(torch.randn(3, 7, 64))
+        """,
+    )
+    monkeypatch.chdir(tmp_path)
+    result = run("-m", "pkg.train", "--lr", "3")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"path0 {tmp_path}\nargv ['--lr', '3'] True\n"
+    assert "shapeguard run: Attention: 1 call traced of 1" in result.stderr
+    assert "layers.py:22" in result.stderr
+
+
+def test_the_interpreters_state_is_put_back(tmp_path):
+    script = write(tmp_path, "train.py", ARGPARSE)
+    hooks = torch.nn.modules.module
+    before = (
+        sys.argv[:],
+        sys.path[:],
+        sys.modules["__main__"],
+        len(hooks._global_forward_pre_hooks),
+        len(hooks._global_forward_hooks),
+    )
+    assert run(script).exit_code == 0
+    after = (
+        sys.argv[:],
+        sys.path[:],
+        sys.modules["__main__"],
+        len(hooks._global_forward_pre_hooks),
+        len(hooks._global_forward_hooks),
+    )
+    assert after == before
+
+
+def test_a_module_without_attention_is_not_traced_unless_named(tmp_path):
+    script = write(tmp_path, "mlp.py", MLP_ONLY)
+    result = run(script)
+    assert result.exit_code == 0
+    assert result.stdout == "(3, 7, 16)\n"
+    assert "ran no module with attention (name one with --module NAME" in result.stderr
+    named = run("--module", "MLP", script)
+    assert "shapeguard run: MLP: 1 call traced of 1, 1 input signature" in named.stderr
+    assert "0 modules traced" not in named.stderr
+
+
+def test_calls_and_signatures(tmp_path):
+    script = write(
+        tmp_path,
+        "shapes.py",
+        ATTENTION
+        + """
+model = Attention()
+for seq in (7, 7, 7, 5):
+    model(torch.randn(3, seq, 64))
+""",
+    )
+    once = run(script)
+    assert "1 module traced" in once.stderr
+    assert "2 calls traced of 4, 2 input signatures" in once.stderr
+    twice = run("--calls", "2", script)
+    assert "3 calls traced of 4, 2 input signatures" in twice.stderr
+
+
+def test_json_stdout_holds_the_json_alone(tmp_path):
+    script = write(tmp_path, "main.py", MAIN_GUARD)
+    result = run("--json", "-", script)
+    assert result.exit_code == 3
+    data = json.loads(result.stdout)
+    assert data["schema"] == "shapeguard.run" and data["exit_status"] == 3
+    (module,) = data["modules"]
+    assert module["module"] == "Attention" and module["calls_traced"] == 1
+    assert module["trace"]["schema"] == "shapeguard.trace" and module["trace"]["events"]
+
+
+def test_no_such_script_is_a_usage_error(tmp_path):
+    result = run(tmp_path / "missing.py")
+    assert result.exit_code == 2
+    assert "no such file" in result.stderr
+
+
+INTERRUPTED = (
+    ATTENTION
+    + """
+import time
+
+model = Attention()
+model(torch.randn(3, 7, 64))
+print("traced", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+)
+
+
+def test_ctrl_c_ends_the_program_and_still_reports(tmp_path):
+    script = write(tmp_path, "forever.py", INTERRUPTED)
+    env = dict(os.environ, PYTHONPATH=ROOT, COLUMNS="200")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "shapeguard", "run", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        deadline = time.monotonic() + 120
+        line = process.stdout.readline()  # after the first traced forward
+        assert line == "traced\n" and time.monotonic() < deadline
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130
+    assert "KeyboardInterrupt" in err
+    assert "shapeguard run: Attention: 1 call traced of 1" in err
+    assert "1 module traced, 0 findings; interrupted" in err

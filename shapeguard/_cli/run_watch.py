@@ -26,9 +26,13 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from .._config import is_enabled
+from .._contract.call import signature_key
 from .._errors import ShapeWarning
 from .._ops import lookup
 from .._public_trace import Trace
+from .._trace.composites import call_kwargs
+from .._trace.opening import begin
+from .._trace.session import close_session
 from .run_program import Stopped
 
 # Steps of attention (`_ops.STEPS`) that are attention by themselves, and the roles a
@@ -142,10 +146,6 @@ class Watcher:
         self._open(module, args, watched, depth)
 
     def _open(self, module, args, watched, depth: int) -> None:
-        from .._contract.call import signature_key
-        from .._trace.composites import call_kwargs
-        from .._trace.opening import begin
-
         first = watched is False
         if first:
             watched = Watched(type(module).__name__, Trace(mode="warn"))
@@ -179,8 +179,6 @@ class Watcher:
         self._close(opened)
 
     def _close(self, opened: _Open) -> None:
-        from .._trace.session import close_session
-
         # Taken off at the next module call: while forward's error passes, torch iterates
         # the module's hooks as they are.
         self._stale.append(opened.handle)

@@ -339,3 +339,45 @@ def test_ctrl_c_ends_the_program_and_still_reports(tmp_path):
     assert "KeyboardInterrupt" in err
     assert "shapeguard run: Attention: 1 call traced of 1" in err
     assert "1 module traced, 0 findings; interrupted" in err
+
+
+# The Annotated Transformer's convention: src_mask [batch, 1, seq], unsqueezed per head.
+# `shapeguard trace` makes the mask up as [batch, seq] and reports a false error
+# (field report real-repositories.md, made_up_mask_shape.py); the program's own mask is right.
+TUTORIAL_MASK = """
+import math
+
+import torch
+from torch import nn
+
+
+class Encoder(nn.Module):
+    def __init__(self, vocab=11, d=64, h=4):
+        super().__init__()
+        self.emb, self.qkv, self.h, self.dk = nn.Embedding(vocab, d), nn.Linear(d, 3 * d), h, d // h
+
+    def forward(self, src, src_mask):
+        x = self.emb(src)
+        B, T, C = x.shape
+        mask = src_mask.unsqueeze(1)
+        q, k, v = (t.view(B, T, self.h, self.dk).transpose(1, 2) for t in self.qkv(x).split(C, 2))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.dk)
+        scores = scores.masked_fill(mask == 0, -1e9)
+        return (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+
+
+src = torch.tensor([[3, 4, 5, 0, 0, 0, 0], [6, 7, 8, 9, 10, 1, 2], [1, 2, 0, 0, 0, 0, 0]])
+src_mask = (src != 0).unsqueeze(-2)
+print(tuple(Encoder()(src, src_mask=src_mask).shape))
+"""
+
+
+def test_the_programs_own_mask_gives_no_false_alarm(tmp_path):
+    script = write(tmp_path, "tutorial.py", TUTORIAL_MASK)
+    result = run(script)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "(3, 7, 64)\n"
+    assert "0 errors, 0 warnings" in result.stderr
+    # The reach read from the real mask (passed by keyword): the padded keys of each example.
+    assert "padding: keys 3..6 in example 0, keys 2..6 in example 2" in result.stderr
+    assert "1 module traced, 0 findings; exit status 0" in result.stderr

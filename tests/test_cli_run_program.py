@@ -381,3 +381,38 @@ def test_the_programs_own_mask_gives_no_false_alarm(tmp_path):
     # The reach read from the real mask (passed by keyword): the padded keys of each example.
     assert "padding: keys 3..6 in example 0, keys 2..6 in example 2" in result.stderr
     assert "1 module traced, 0 findings; exit status 0" in result.stderr
+
+
+def test_check_runs_the_probes_on_the_real_inputs_in_eval_mode(tmp_path):
+    # Dropout on the attention weights: in train mode (as the loop leaves the model) the
+    # probes would compare two different draws; they run in eval mode, modes restored.
+    dropping = TRAINING.replace(
+        "attn = scores.softmax(dim=-1)",
+        "attn = nn.functional.dropout(scores.softmax(dim=-1), 0.5, self.training)",
+    )
+    script = write(tmp_path, "train.py", dropping)
+    result = run("--check", "--json", tmp_path / "run.json", script)
+    assert result.exit_code == 0, result.output
+    assert "shapeguard check" in result.stderr
+    assert "FAIL" not in result.stderr
+    (module,) = json.loads((tmp_path / "run.json").read_text())["modules"]
+    check = module["check"]
+    assert check["passed"] and check["failed"] == 0
+    statuses = {row["name"]: row["status"] for row in check["results"]}
+    assert statuses["trace"] == "pass"
+    assert "pass" in statuses.values()
+
+
+def test_check_fails_the_probes_a_bug_breaks_and_strict_exits_1(tmp_path):
+    script = write(tmp_path, "buggy.py", BUGGY)
+    result = run("--check", "--json", tmp_path / "run.json", script)
+    assert result.exit_code == 0  # the program's status: findings and failures do not change it
+    (module,) = json.loads((tmp_path / "run.json").read_text())["modules"]
+    statuses = {row["name"]: row["status"] for row in module["check"]["results"]}
+    # Heads carved out of the sequence mix the tokens: the probes see it on the real input.
+    assert statuses["token-permutation equivariance"] == "FAIL"
+    assert statuses["batch independence"] == "pass"
+    assert "; failed" in result.stderr
+    strict = run("--check", "--strict", script)
+    assert strict.exit_code == 1
+    assert "1 finding, 4 failed checks (--strict)" in strict.stderr

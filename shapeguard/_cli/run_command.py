@@ -75,11 +75,29 @@ def _positive(ctx, param, value):
     help="github: one ::error / ::warning line per finding on stdout, after the program's output.",
 )
 @click.option(
-    "--strict", is_flag=True, help="Exit 1 on any finding, whatever the program's status."
+    "--check",
+    "probes",
+    is_flag=True,
+    help="After the program, run check's semantic probes on each traced module with the "
+    "inputs of its first traced call (copied, at most 64 MiB; dropped after), in eval mode.",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Exit 1 on any finding or failed check, whatever the program's status.",
 )
 @click.argument("program", nargs=-1, type=click.UNPROCESSED)
 def run_command(
-    module_name, watch_names, calls, steps, json_path, html_path, output_format, strict, program
+    module_name,
+    watch_names,
+    calls,
+    steps,
+    json_path,
+    html_path,
+    output_format,
+    probes,
+    strict,
+    program,
 ):
     """Run a Python program as `python SCRIPT [ARGS]` would, tracing the forwards of its
     attention modules on the inputs it really passes.
@@ -99,7 +117,7 @@ def run_command(
     from .target import quiet_torch
 
     quiet_torch()
-    watcher = Watcher(names=tuple(watch_names), calls=calls, steps=steps)
+    watcher = Watcher(names=tuple(watch_names), calls=calls, steps=steps, keep_inputs=probes)
     with _stdout_for(json_path) as held:
         watcher.install()
         try:
@@ -109,12 +127,29 @@ def run_command(
         finally:
             watcher.remove()
         sys.stdout.flush()
+        if probes:
+            _check(watcher, ended)
         _report(watcher, ended, json_path, html_path, output_format, held, path or module_name)
     findings = sum(len(w.trace.findings) for w in watcher.watched)
-    if strict and findings:
-        raise Failed(f"{findings} finding{'s' if findings != 1 else ''} (--strict)")
+    failed = sum(w.check.failures for w in watcher.watched if w.check is not None)
+    if strict and (findings or failed):
+        parts = [(findings, "finding"), (failed, "failed check")]
+        raise Failed(", ".join(_count(n, word) for n, word in parts if n) + " (--strict)")
     if ended.status:
         raise click.exceptions.Exit(ended.status)
+
+
+def _check(watcher, ended) -> None:
+    """The probes on each traced module (none after Ctrl-C); the copied inputs dropped."""
+    from .check_summary import Summary
+    from .run_check import check_module
+
+    for watched in watcher.watched:
+        if ended.interrupted:
+            watched.check = Summary([("semantic probes", "skip", "interrupted (Ctrl-C)")])
+        else:
+            watched.check = check_module(watched.module, watched.sample, watched.trace)
+        watched.module = watched.sample = None
 
 
 class _Held:
@@ -168,7 +203,7 @@ def _report(watcher, ended, json_path, html_path, output_format, held, program) 
 
 def render_run(watcher, ended, program: str) -> str:
     """The text report: per traced module, its table and findings; then one closing line."""
-    from ..report.text import render_findings, render_table
+    from ..report.text import render_check, render_findings, render_table
 
     parts = []
     for watched in watcher.watched:
@@ -177,6 +212,11 @@ def render_run(watcher, ended, program: str) -> str:
         parts.append(render_table(trace, width=None, fold=True) if trace.events else "")
         if not trace.events:
             parts.append(render_findings(trace))
+        summary = watched.check
+        if summary is not None:
+            parts.append(render_check(summary.rows, width=None))
+            parts.extend(f"\n{detail}\n" for detail in summary.details)
+            parts.append(f"{summary.line()}\n")
     findings = sum(len(w.trace.findings) for w in watcher.watched)
     end = (
         f"stopped after {watcher.steps_done} step{'s' if watcher.steps_done != 1 else ''} (--steps)"
@@ -230,6 +270,7 @@ def run_dict(watcher, ended, program: str) -> dict:
                 "calls_traced": w.traced,
                 "signatures": len(w.signatures),
                 "trace": w.trace.to_dict(),
+                "check": w.check.to_dict() if w.check is not None else None,
             }
             for w in watcher.watched
         ],

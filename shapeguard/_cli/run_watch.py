@@ -49,6 +49,11 @@ class Watched:
     trace: Trace
     signatures: dict = field(default_factory=dict)  # input signature -> calls traced
     calls: int = 0  # calls seen, traced or not
+    # With --check: the module and its first traced call's inputs, copied
+    # (`run_check.Sample`, None past its bound), held until the probes ran; their verdict.
+    module: object = None
+    sample: object = None
+    check: object = None
 
     @property
     def traced(self) -> int:
@@ -70,8 +75,16 @@ class _Open:
 class Watcher:
     """The hooks' state; `install()` puts the hooks on, `remove()` takes them off."""
 
-    def __init__(self, *, names: tuple[str, ...] = (), calls: int = 1, steps: int | None = None):
+    def __init__(
+        self,
+        *,
+        names: tuple[str, ...] = (),
+        calls: int = 1,
+        steps: int | None = None,
+        keep_inputs: bool = False,
+    ):
         self.names = names
+        self.keep_inputs = keep_inputs
         self.calls = calls
         self.steps = steps
         self.watched: list[Watched] = []  # kept, in the order first called
@@ -156,6 +169,11 @@ class Watcher:
         traced = watched.signatures.get(key, 0)
         if traced >= self.calls:
             return
+        if self.keep_inputs and not watched.signatures:
+            from .run_check import copy_inputs
+
+            watched.module = module
+            watched.sample = copy_inputs(args, kwargs)  # before forward can write to them
         watched.signatures[key] = traced + 1
         session = begin(watched.trace, module, args, kwargs)
         # Closed by a hook of the module's own, not by `_after`: when forward raises, torch

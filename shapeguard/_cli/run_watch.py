@@ -23,7 +23,7 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from .._config import is_enabled
 from .._contract.call import signature_key
@@ -34,6 +34,9 @@ from .._trace.composites import call_kwargs
 from .._trace.opening import begin
 from .._trace.session import close_session
 from .run_program import Stopped
+
+if TYPE_CHECKING:
+    from .check_summary import Summary
 
 # Steps of attention (`_ops.STEPS`) that are attention by themselves, and the roles a
 # hand-written attention gives its tensors (`_names/roles`).
@@ -53,7 +56,7 @@ class Watched:
     # (`run_check.Sample`, None past its bound), held until the probes ran; their verdict.
     module: object = None
     sample: object = None
-    check: object = None
+    check: "Summary | None" = None
 
     @property
     def traced(self) -> int:

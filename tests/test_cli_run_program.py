@@ -416,3 +416,19 @@ def test_check_fails_the_probes_a_bug_breaks_and_strict_exits_1(tmp_path):
     strict = run("--check", "--strict", script)
     assert strict.exit_code == 1
     assert "1 finding, 4 failed checks (--strict)" in strict.stderr
+
+
+def test_github_annotations_follow_the_programs_output_and_html_is_written(tmp_path):
+    script = write(tmp_path, "buggy.py", BUGGY)
+    html = tmp_path / "run.html"
+    result = run("--format", "github", "--html", html, script)
+    assert result.exit_code == 0
+    first, annotation = result.stdout.splitlines()
+    assert first == "done (3, 7, 64)"
+    assert annotation.startswith(
+        f"::warning file={script},line=19,title=shapeguard view_mixes_axes::"
+    )
+    assert "carves heads out of the seq axis" in annotation
+    page = html.read_text()
+    assert page.startswith("<!DOCTYPE html>") or page.lstrip().lower().startswith("<!doctype html")
+    assert "carves heads out of the seq axis" in page

@@ -225,6 +225,11 @@ def render_run(watcher, ended, program: str) -> str:
         if ended.interrupted
         else f"exit status {ended.status}"
     )
+    if watcher.compiled:
+        parts.append(
+            f"shapeguard run: not traced, compiled with torch.compile: {', '.join(watcher.compiled)} "
+            "(run without torch.compile to trace it)\n"
+        )
     if not watcher.watched:
         parts.append(
             f"shapeguard run: {program} ran no module with attention "

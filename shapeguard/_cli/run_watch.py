@@ -13,6 +13,9 @@ forward raises). Every other call costs the two hooks and no session: the disabl
   attention is left alone from then on.
 - **Which calls.** Per module, the first `calls` calls of each input signature (the tensor
   arguments' shapes and dtypes, the other arguments' types).
+- **Compiled code** is not traced (a compiled forward runs no Python a session could see):
+  the hooks do nothing while dynamo traces them, and a `torch.compile` wrapper met where a
+  module would be traced is left alone and named in the report.
 - **Steps.** A training step is counted at the first backward through a watched forward's
   output, or the first `optimizer.step()`, after a watched forward. Once `steps` are counted
   the program is stopped (`Stopped`) at its next `optimizer.step()` end or module call.
@@ -31,6 +34,7 @@ from .._errors import ShapeWarning
 from .._ops import lookup
 from .._public_trace import Trace
 from .._trace.composites import call_kwargs
+from .._trace.interceptor import torch_compiling
 from .._trace.opening import begin
 from .._trace.session import close_session
 from .run_program import Stopped
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
 # hand-written attention gives its tensors (`_names/roles`).
 _FUSED_STEPS = ("fused", "module")
 _ATTENTION_ROLES = ("scores", "attn")
+_COMPILE_NOTICE = r"Using `torch.compile\(module\)` when there are global hooks on modules"
 
 
 @dataclass(slots=True, eq=False)
@@ -91,6 +96,7 @@ class Watcher:
         self.calls = calls
         self.steps = steps
         self.watched: list[Watched] = []  # kept, in the order first called
+        self.compiled: list[str] = []  # compiled modules met where one would be traced
         self.steps_done = 0
         self._state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._matches: dict[type, bool] = {}
@@ -99,16 +105,19 @@ class Watcher:
         self._stop = False
         self._handles: list = []
         self._stale: list = []  # the closing hooks of closed sessions, to take off
-        self._filter: tuple | None = None
+        self._filters: list[tuple] = []
 
     # -- installing --------------------------------------------------------------------------
     def install(self) -> None:
         from torch.nn.modules import module
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        # Findings are the report's; warnings would change the program's own stderr.
+        # Findings are the report's; warnings would change the program's own stderr. So
+        # would torch's notice that global hooks fire twice around torch.compile's wrapper.
         warnings.filterwarnings("ignore", category=ShapeWarning)
-        self._filter = warnings.filters[0]
+        self._filters.append(warnings.filters[0])
+        warnings.filterwarnings("ignore", _COMPILE_NOTICE, UserWarning)
+        self._filters.append(warnings.filters[0])
         self._handles = [
             module.register_module_forward_pre_hook(self._before),
             module.register_module_forward_hook(self._after, always_call=True),
@@ -128,15 +137,17 @@ class Watcher:
         for handle in self._stale:
             handle.remove()
         self._stale = []
-        if self._filter is not None:
-            # Only ours: filters the program added stay. An "ignore" filter registers
-            # nothing, so no warning registry needs resetting.
+        # Only ours: filters the program added stay. An "ignore" filter registers
+        # nothing, so no warning registry needs resetting.
+        for entry in self._filters:
             with contextlib.suppress(ValueError):
-                cast(list, warnings.filters).remove(self._filter)
-            self._filter = None
+                cast(list, warnings.filters).remove(entry)
+        self._filters = []
 
     # -- the hooks ---------------------------------------------------------------------------
     def _before(self, module, args) -> None:
+        if torch_compiling():
+            return  # dynamo tracing the hook: compiled code is not traced (design: compile means off)
         local = self._local
         depth = getattr(local, "depth", 0)
         local.depth = depth + 1
@@ -163,6 +174,11 @@ class Watcher:
 
     def _open(self, module, args, watched, depth: int) -> None:
         first = watched is False
+        if first and type(module).__module__.startswith("torch._dynamo"):
+            # torch.compile's wrapper: its forward runs compiled, which a session cannot see.
+            self._state[module] = None
+            self.compiled.append(type(module).__name__)
+            return
         if first:
             watched = Watched(type(module).__name__, Trace(mode="warn"))
             self._state[module] = watched
@@ -186,6 +202,8 @@ class Watcher:
         self._local.open = _Open(session, module, watched, depth, first, handle)
 
     def _after(self, module, args, output) -> None:
+        if torch_compiling():
+            return
         local = self._local
         depth = getattr(local, "depth", 1) - 1
         local.depth = depth

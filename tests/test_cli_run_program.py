@@ -432,3 +432,26 @@ def test_github_annotations_follow_the_programs_output_and_html_is_written(tmp_p
     page = html.read_text()
     assert page.startswith("<!DOCTYPE html>") or page.lstrip().lower().startswith("<!doctype html")
     assert "carves heads out of the seq axis" in page
+
+
+def test_a_forward_the_program_traces_itself_is_left_to_it(tmp_path):
+    script = write(
+        tmp_path,
+        "own.py",
+        ATTENTION
+        + """
+import shapeguard
+
+model = Attention()
+with shapeguard.trace() as trace:
+    model(torch.randn(3, 7, 64))
+print("own trace", trace.shape_of("scores"))
+model(torch.randn(3, 7, 64))
+""",
+    )
+    result = run(script)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "own trace (3, 4, 7, 7)\n"
+    # The program's own block saw the first call (shapeguard run counts only the calls
+    # outside it); shapeguard run traced the second.
+    assert "shapeguard run: Attention: 1 call traced of 1, 1 input signature" in result.stderr

@@ -34,6 +34,7 @@ from .._errors import ShapeWarning
 from .._ops import lookup
 from .._public_trace import Trace
 from .._trace.composites import call_kwargs
+from .._trace.current import current_session
 from .._trace.interceptor import torch_compiling
 from .._trace.opening import begin
 from .._trace.session import close_session
@@ -168,8 +169,8 @@ class Watcher:
         watched = self._state.get(module, False)
         if watched is None:
             return  # no attention on its first call
-        if not is_enabled():
-            return
+        if not is_enabled() or current_session() is not None:
+            return  # off, or the program traces this forward itself (`shapeguard.trace`, a guard)
         self._open(module, args, watched, depth)
 
     def _open(self, module, args, watched, depth: int) -> None:

@@ -455,3 +455,19 @@ model(torch.randn(3, 7, 64))
     # The program's own block saw the first call (shapeguard run counts only the calls
     # outside it); shapeguard run traced the second.
     assert "shapeguard run: Attention: 1 call traced of 1, 1 input signature" in result.stderr
+
+
+def test_a_training_runs_losses_are_bitwise_those_of_python(tmp_path):
+    script = write(
+        tmp_path,
+        "losses.py",
+        TRAINING.replace('print("step", step, flush=True)', "print(step, loss.item().hex())"),
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    plain = subprocess.run(
+        [sys.executable, script], capture_output=True, text=True, env=env, timeout=120
+    )
+    result = run(script)
+    assert plain.returncode == 0 and result.exit_code == 0
+    assert len(plain.stdout.splitlines()) == 6
+    assert result.stdout == plain.stdout

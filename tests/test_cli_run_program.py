@@ -471,3 +471,18 @@ def test_a_training_runs_losses_are_bitwise_those_of_python(tmp_path):
     assert plain.returncode == 0 and result.exit_code == 0
     assert len(plain.stdout.splitlines()) == 6
     assert result.stdout == plain.stdout
+
+
+def test_steps_count_the_forwards_of_a_module_named_inside_the_model(tmp_path):
+    script = write(
+        tmp_path,
+        "nested.py",
+        TRAINING.replace(
+            "model = Attention()", "model = nn.Sequential(Attention(), nn.Linear(64, 64))"
+        ),
+    )
+    result = run("--module", "Attention", "--steps", "3", script)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "step 0\nstep 1\n"
+    assert "shapeguard run: Attention: 1 call traced of 3" in result.stderr
+    assert "stopped after 3 steps (--steps)" in result.stderr

@@ -9,8 +9,8 @@ forward raises). Every other call costs the two hooks and no session: the disabl
   `module.QualName`), the outermost one where they nest. Without it, each *root-most* module
   (one called while no module's forward runs) is traced on its first call, and kept only if
   that forward reached attention (scaled_dot_product_attention, `nn.MultiheadAttention`,
-  flash-attn, FlexAttention, or a softmax over a query-key product); a module without
-  attention is left alone from then on.
+  flash-attn, FlexAttention, or a softmax over a query-key product) or raised a shape
+  error; any other module is left alone from then on.
 - **Which calls.** Per module, the first `calls` calls of each input signature (the tensor
   arguments' shapes and dtypes, the other arguments' types).
 - **Compiled code** is not traced (a compiled forward runs no Python a session could see):
@@ -208,7 +208,7 @@ class Watcher:
         local = self._local
         depth = getattr(local, "depth", 1) - 1
         local.depth = depth
-        if self.steps is not None and not depth and self._state.get(module):
+        if self.steps is not None and self._state.get(module):  # a watched module, any depth
             self._watch_backward(output)
 
     def _closing(self, module, args, output) -> None:

@@ -486,3 +486,28 @@ def test_steps_count_the_forwards_of_a_module_named_inside_the_model(tmp_path):
     assert result.stdout == "step 0\nstep 1\n"
     assert "shapeguard run: Attention: 1 call traced of 3" in result.stderr
     assert "stopped after 3 steps (--steps)" in result.stderr
+
+
+def test_a_guarded_module_keeps_its_own_guard(tmp_path):
+    # @shapeguard.guard raises at the buggy line under python; it must under run too.
+    guarded = BUGGY.replace(
+        "class Attention(nn.Module):", "@shapeguard.guard(strict=True)\nclass Attention(nn.Module):"
+    )
+    script = write(tmp_path, "guarded.py", "import shapeguard\n" + guarded)
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    plain = subprocess.run(
+        [sys.executable, script], capture_output=True, text=True, env=env, timeout=120
+    )
+    result = run(script)
+    assert plain.returncode == result.exit_code == 1
+    assert plain.stdout == result.stdout == ""
+    assert (
+        "shapeguard.ShapeError: q(x).view(3, 4, 7, 16): carves heads out of the seq axis"
+        in plain.stderr
+    )
+    assert (
+        "shapeguard.ShapeError: q(x).view(3, 4, 7, 16): carves heads out of the seq axis"
+        in result.stderr
+    )
+    # The guard's finding comes back to the report.
+    assert "1 module traced, 1 finding; exit status 1" in result.stderr

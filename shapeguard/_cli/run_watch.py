@@ -9,8 +9,8 @@ forward raises). Every other call costs the two hooks and no session: the disabl
   `module.QualName`), the outermost one where they nest. Without it, each *root-most* module
   (one called while no module's forward runs) is traced on its first call, and kept only if
   that forward reached attention (scaled_dot_product_attention, `nn.MultiheadAttention`,
-  flash-attn, FlexAttention, or a softmax over a query-key product) or raised a shape
-  error; any other module is left alone from then on.
+  flash-attn, FlexAttention, or a softmax over a query-key product) or made a finding (a
+  guarded module's own, too); any other module is left alone from then on.
 - **Which calls.** Per module, the first `calls` calls of each input signature (the tensor
   arguments' shapes and dtypes, the other arguments' types).
 - **Compiled code** is not traced (a compiled forward runs no Python a session could see):
@@ -181,7 +181,10 @@ class Watcher:
             self.compiled.append(type(module).__name__)
             return
         if first:
-            watched = Watched(type(module).__name__, Trace(mode="warn"))
+            # A background trace, as the pytest plugin's: a guarded module inside keeps its
+            # own session, mode and raise (the program runs as without shapeguard run), and
+            # its findings come back to this trace when that session closes.
+            watched = Watched(type(module).__name__, Trace(mode="warn", background=True))
             self._state[module] = watched
         watched.calls += 1
         kwargs = call_kwargs(module)
@@ -232,7 +235,7 @@ class Watcher:
         if not opened.first:
             return
         trace = opened.watched.trace
-        if self.names or trace.errors or has_attention(trace):
+        if self.names or trace.findings or has_attention(trace):
             self.watched.append(opened.watched)
         else:
             self._state[opened.module] = None

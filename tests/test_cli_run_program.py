@@ -315,8 +315,24 @@ while True:
 )
 
 
-def test_ctrl_c_ends_the_program_and_still_reports(tmp_path):
-    script = write(tmp_path, "forever.py", INTERRUPTED)
+# Ctrl-C inside the traced forward: torch runs no always_call hook for a KeyboardInterrupt,
+# so the session is still open when the program ends; what it traced is kept.
+INTERRUPTED_IN_FORWARD = (
+    ATTENTION.replace(
+        "        attn = scores.softmax(dim=-1)\n",
+        "        print('traced', flush=True)\n        while True:\n            time.sleep(0.05)\n",
+    )
+    + """
+import time
+
+Attention()(torch.randn(3, 7, 64))
+"""
+)
+
+
+@pytest.mark.parametrize("program", [INTERRUPTED, INTERRUPTED_IN_FORWARD], ids=["after", "inside"])
+def test_ctrl_c_ends_the_program_and_still_reports(tmp_path, program):
+    script = write(tmp_path, "forever.py", program)
     env = dict(os.environ, PYTHONPATH=ROOT, COLUMNS="200")
     process = subprocess.Popen(
         [sys.executable, "-m", "shapeguard", "run", script],

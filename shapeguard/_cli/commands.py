@@ -17,6 +17,7 @@ import click
 from .._version import __version__
 from .check_summary import probe_runner as probe_runner
 from .errors import Failed, Interrupted, UsageFailure
+from .run_command import run_command
 from .target import target_options
 
 
@@ -36,6 +37,7 @@ def cli() -> None:
     """Catch shape bugs in PyTorch attention code, and explain PyTorch's shape errors.
 
     \b
+      shapeguard run train.py [ARGS]         your own program, its attention traced on its inputs
       shapeguard trace model.py              every attention tensor's shape, and any violation
       shapeguard trace model.py --device meta   the same with no memory (any model size)
       shapeguard trace -m mypkg.model        a module of a package (relative imports work)
@@ -46,6 +48,9 @@ def cli() -> None:
     Exit status: 0 clean, 1 violations found or the model crashed, 2 usage or loading error,
     130 interrupted.
     """
+
+
+cli.add_command(run_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,7 +39,7 @@ from . import inputs_signature as _sig
 from . import inputs_structure as _structure
 from .input_sizes import check_indexable, dtype_of
 from .inputs_discovery import discover, leaves_of
-from .inputs_guess import batch_for, guess_leaf
+from .inputs_guess import batch_for, guess_leaf, pad_ids, smallest_vocab
 from .inputs_making import Maker
 from .loader import LoadError
 
@@ -175,7 +175,7 @@ def make_inputs(
     def split(values: dict) -> tuple[tuple, dict]:
         return _sig.split(signature, values)
 
-    maker = Maker(_model_dtype(model), device)
+    maker = Maker(_model_dtype(model), device, pads=pad_ids(model), vocab=smallest_vocab(model))
     sizes = _Sizes(model, dims)
     example = getattr(module, "example_inputs", None)
     if callable(example):
@@ -258,7 +258,8 @@ def make_inputs(
         for name, node in nodes.items()
         if isinstance(node, _structure.Leaf) and node.layout == "seq_first"
     ]
-    return Inputs(args, kwargs, how, dict(sizes.bound), _notes(nodes, maker), made, seq_first)
+    notes = _notes(nodes, maker)
+    return Inputs(args, kwargs, how, dict(sizes.bound), notes, made, seq_first)
 
 
 def _positional_specs(specs: dict, signature, owner: str) -> dict:
@@ -321,10 +322,16 @@ def _made(model, nodes: dict, assemble, maker, sizes) -> dict:
 
 
 def _notes(nodes: dict, maker) -> dict:
+    """{leaf: what its values are}: the ids drawn (`ids 1..100`), a mask's padding."""
+    import torch
+
     notes = {}
     for node in nodes.values():
         for leaf in leaves_of(node):
-            note = leaf.note(maker.lengths.get(id(leaf), ()))
+            dtype = dtype_of(leaf.dtype_name(maker.model_dtype), leaf.name)
+            integers = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+            ids = maker.ids_note(leaf) if integers else ""
+            note = leaf.note(maker.lengths.get(id(leaf), ()), ids)
             if note:
                 notes[leaf.name] = note
     return notes

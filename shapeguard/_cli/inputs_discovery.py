@@ -25,6 +25,7 @@ _SUBTRACTS = frozenset({_ops.by_name("sub"), _ops.by_name("neg")})
 # Ops that hand on an input unchanged in meaning: a mask through them is still the raw mask.
 _PASS_FAMILIES = frozenset({_ops.VIEW, _ops.LAYOUT, _ops.INDEX, _ops.GROW, _ops.PART})
 _DROPOUT = _ops.by_name("dropout")
+_COMPARES = frozenset({_ops.by_name("eq"), _ops.by_name("ne")})
 _MAX_ROUNDS = 4
 # Buffers up to this many elements are saved before a provisional forward and put back.
 _BUFFER_LIMIT = 1 << 24
@@ -239,6 +240,11 @@ class _Watcher:
                     self._resolve(leaf, InputUse(op.name, via, shape=shape_of(value)))
             elif keeps:
                 follow.append((leaf, "view" if via == "direct" else via))
+            elif op in _COMPARES and _to_a_number(args, value):
+                # `trg != pad_idx`: read as ids or a mask are read, which says nothing of
+                # its kind or size; what reads it next does (its embedding), or, when the
+                # forward fails first, `_flip` tries ids.
+                continue
             else:
                 self._resolve(leaf, op_use(op, bound, via, value))
         self._done()
@@ -248,3 +254,10 @@ class _Watcher:
         for tensor in out_tensors(out) if follow else ():
             for leaf, via in follow:
                 self.tracked.setdefault(id(tensor), (leaf, via, tensor))
+
+
+def _to_a_number(args: tuple, value) -> bool:
+    """Whether an op's operands are `value` and a Python int (`ids != 0`)."""
+    return any(a is value for a in args) and any(
+        isinstance(a, int) and not isinstance(a, bool) for a in args
+    )

@@ -72,12 +72,11 @@ class Leaf:
             return model_dtype if self.polarity == ADD else "bool"
         return model_dtype
 
-    def note(self, lengths: tuple[int, ...]) -> str:
-        """What its values are, for the inputs line: `ids < 101`, `True = padding; lengths 5, 3`."""
-        if self.kind == IDS:
-            return f"ids < {self.vocab}" if self.vocab else ""
+    def note(self, lengths: tuple[int, ...], ids: str = "") -> str:
+        """What its values are, for the inputs line: `ids < 101` (or `ids`, the range the
+        maker drew from), `True = padding; lengths 5, 3`."""
         if self.kind != MASK:
-            return ""
+            return ids
         if not self.padded:
             return "hides nothing"
         marks = {

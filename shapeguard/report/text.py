@@ -78,7 +78,9 @@ def render_target(picked, inputs, width: int | None = None) -> str:
         for name, value in [*named, *inputs.kwargs.items()]
     ]
     # Two spaces before `(from ...)`: one the parts are joined by, one its own.
-    tail = f"{' ' if shapes else '  '}(from {inputs.how})"
+    # Inputs shapeguard made (not the user's own) say so: `(made up from ...)`.
+    made = "made up " if getattr(inputs, "made", None) else ""
+    tail = f"{' ' if shapes else '  '}({made}from {inputs.how})"
     return (
         _wrap("model   ", [how, *_listed(args, "(", ")")], width)
         + "\n"

@@ -38,6 +38,7 @@ from ..report.text import tensor_text
 from . import inputs_signature as _sig
 from . import inputs_structure as _structure
 from .input_sizes import check_indexable, dtype_of
+from .inputs_blame import Reads, reads_of
 from .inputs_discovery import discover, leaves_of
 from .inputs_guess import batch_for, guess_leaf, pad_ids, smallest_vocab
 from .inputs_making import Maker
@@ -86,6 +87,8 @@ class Inputs:
     made: dict = field(default_factory=dict)
     # Tensors made [seq, batch, features] for an nn.MultiheadAttention(batch_first=False).
     seq_first: list = field(default_factory=list)
+    # What a forward read of the inputs made up, by line (`inputs_blame`), or None.
+    reads: "Reads | None" = None
 
     def claim_layouts(self, session) -> None:
         """Tell a trace's session the layout of the inputs made seq-first: what reads them
@@ -170,7 +173,7 @@ def make_inputs(
     dims = dict(dims or {})
     signature = _sig.forward_signature(model)
     params = _sig.named_params(signature)
-    specs = _positional_specs(specs or {}, signature, type(model).__name__)
+    specs = _sig.keyed_specs(specs or {}, signature, type(model).__name__)
 
     def split(values: dict) -> tuple[tuple, dict]:
         return _sig.split(signature, values)
@@ -231,7 +234,7 @@ def make_inputs(
     if not nodes:
         raise LoadError(
             f"cannot tell what {type(model).__name__}.forward{_sig.signature_text(signature)} "
-            f"takes: pass --input {_spelling(signature)}, or add example_inputs() to the file"
+            f"takes: pass --input {_sig.spelling(signature)}, or add example_inputs() to the file"
         )
     guessed = {name: leaves_of(node)[0].shape for name, node in nodes.items()}
     values = _made(model, nodes, split, maker, sizes)
@@ -259,51 +262,8 @@ def make_inputs(
         if isinstance(node, _structure.Leaf) and node.layout == "seq_first"
     ]
     notes = _notes(nodes, maker)
-    return Inputs(args, kwargs, how, dict(sizes.bound), notes, made, seq_first)
-
-
-def _positional_specs(specs: dict, signature, owner: str) -> dict:
-    """`specs` keyed by the parameter each goes to: a `forward(*args)`'s positional inputs
-    as `args[0]`, `args[1]`, ...; a LoadError for a name the forward does not take."""
-    params = _sig.named_params(signature)
-    star = _sig.var_positional(signature)
-    keyed = {}
-    for key, spec in specs.items():
-        if spec.name in params and key == spec.name:
-            keyed[key] = spec
-        elif spec.name == star:
-            index = sum(s.name == star for s in keyed.values())
-            keyed[_sig.positional_key(spec.name, index)] = spec
-        elif spec.name in params:
-            raise LoadError(
-                f"--input {spec.name} is given twice; give it once (only a forward's *args "
-                "takes a name again, for its next positional input)"
-            )
-        elif _sig.takes_var_keyword(signature):
-            keyed[key] = spec
-        else:
-            raise LoadError(
-                f"--input {spec.name}: {owner}.forward{_sig.signature_text(signature)} has no "
-                f"parameter {spec.name!r}; name one of: {_choices(signature)}"
-            )
-    return keyed
-
-
-def _choices(signature) -> str:
-    names = [n for n, p in _sig.named_params(signature).items() if not _sig.is_flag(p)]
-    star = _sig.var_positional(signature)
-    if star is not None:
-        names.append(f"{star} (its positional inputs, in order: repeat --input {star}=SIZES)")
-    return ", ".join(names) or "none"
-
-
-def _spelling(signature) -> str:
-    star = _sig.var_positional(signature)
-    if star is None:
-        return "NAME=SIZES"
-    named = [n for n, p in _sig.named_params(signature).items() if not _sig.is_flag(p)]
-    others = " or NAME=SIZES" if named or _sig.takes_var_keyword(signature) else ""
-    return f"{star}=SIZES (repeated for each positional input, in order){others}"
+    reads = reads_of(model, nodes, split, maker, notes)
+    return Inputs(args, kwargs, how, dict(sizes.bound), notes, made, seq_first, reads)
 
 
 def _made(model, nodes: dict, assemble, maker, sizes) -> dict:

@@ -9,6 +9,8 @@ parameter and repeated for each positional input in order.
 
 import inspect
 
+from .loader import LoadError
+
 # What a flag's default is: a tensor input's default is None or absent.
 _FLAG_TYPES = (bool, int, float, str, bytes)
 
@@ -93,3 +95,47 @@ def split(signature: inspect.Signature, values: dict) -> tuple[tuple, dict]:
         if name not in taken:
             kwargs[name] = value
     return tuple(args), kwargs
+
+
+def keyed_specs(specs: dict, signature, owner: str) -> dict:
+    """`specs` keyed by the parameter each goes to: a `forward(*args)`'s positional inputs
+    as `args[0]`, `args[1]`, ...; a LoadError for a name the forward does not take."""
+    params = named_params(signature)
+    star = var_positional(signature)
+    keyed = {}
+    for key, spec in specs.items():
+        if spec.name in params and key == spec.name:
+            keyed[key] = spec
+        elif spec.name == star:
+            index = sum(s.name == star for s in keyed.values())
+            keyed[positional_key(spec.name, index)] = spec
+        elif spec.name in params:
+            raise LoadError(
+                f"--input {spec.name} is given twice; give it once (only a forward's *args "
+                "takes a name again, for its next positional input)"
+            )
+        elif takes_var_keyword(signature):
+            keyed[key] = spec
+        else:
+            raise LoadError(
+                f"--input {spec.name}: {owner}.forward{signature_text(signature)} has no "
+                f"parameter {spec.name!r}; name one of: {choices(signature)}"
+            )
+    return keyed
+
+
+def choices(signature) -> str:
+    names = [n for n, p in named_params(signature).items() if not is_flag(p)]
+    star = var_positional(signature)
+    if star is not None:
+        names.append(f"{star} (its positional inputs, in order: repeat --input {star}=SIZES)")
+    return ", ".join(names) or "none"
+
+
+def spelling(signature) -> str:
+    star = var_positional(signature)
+    if star is None:
+        return "NAME=SIZES"
+    named = [n for n, p in named_params(signature).items() if not is_flag(p)]
+    others = " or NAME=SIZES" if named or takes_var_keyword(signature) else ""
+    return f"{star}=SIZES (repeated for each positional input, in order){others}"

@@ -60,6 +60,7 @@ class Leaf:
     why: str = ""  # what read it: "tok_emb = nn.Embedding(101, 48)"
     layout: str = "batch_first"  # or "seq_first", for nn.MultiheadAttention(batch_first=False)
     unsure: bool = False  # its width is a placeholder until something reads it
+    settled: bool = False  # what first consumed it took it as made (`inputs_blame`)
     # Set while a provisional forward watches it.
     use: "InputUse | None" = None
 

@@ -181,3 +181,106 @@ def test_integer_targets_are_ids_not_zeros_read_as_padding(tmp_path):
     assert checked.exit_code == 0, checked.stdout + checked.stderr
     assert re.search(r"key-padding invariance +│ n/a +│ no input is a padding mask", checked.stdout)
     assert "FAIL" not in checked.stdout
+
+
+# -- a false error caused by a made-up input, and real bugs on made-up inputs -----------------
+
+VIEWED_MASK = """
+import math
+
+from torch import nn
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab=11, d=32, h=4):
+        super().__init__()
+        self.emb, self.qkv, self.h, self.dk = nn.Embedding(vocab, d), nn.Linear(d, 3 * d), h, d // h
+
+    def forward(self, tgt, tgt_mask):
+        x = self.emb(tgt)
+        B, T, C = x.shape
+        mask = tgt_mask.view(B, 1, T, T)  # tgt_mask is [B, T, T]: padding and the future
+        q, k, v = (t.view(B, T, self.h, self.dk).transpose(1, 2) for t in self.qkv(x).split(C, 2))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.dk)
+        scores = scores.masked_fill(mask == 0, -1e9)
+        return (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+"""
+
+
+def test_a_failure_on_a_made_up_input_is_a_usage_line_not_a_bug(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, VIEWED_MASK)
+    result = run("trace", path)
+    assert result.exit_code == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "shapeguard: error: could not make a valid input for tgt_mask (made up: tgt_mask "
+        "[2, 5] bool, True = real token; lengths 5, 3): the forward fails on it at model.py:15 "
+        "(shape '[2, 1, 5, 5]' is invalid for input of size 10); pass --input tgt_mask=SIZES "
+        "or use `shapeguard run`"
+    ]
+    # The real input, passed as the line says, traces clean.
+    clean(run("trace", path, "--input", "tgt_mask=bool:2,5,5"))
+
+
+def test_a_real_bug_at_a_line_that_reads_no_made_up_input_is_still_a_bug(tmp_path):
+    buggy = ANNOTATED.replace(
+        "(scores.softmax(-1) @ v).transpose(1, 2)", "(scores.softmax(-1) @ v)"
+    )
+    result = run("trace", write(tmp_path, buggy))
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert result.stderr == "shapeguard: 1 warning in model.py\n"
+    finding = result.stdout[result.stdout.index("\nwarning: ") + 1 :].splitlines()
+    assert finding[0].startswith(
+        "warning: scores.softmax(-1) @ v.reshape(2, 5, 32): merges heads back before moving them"
+    )
+    assert finding[3] == "  scores.softmax(-1) @ v  [batch=2, heads=4, seq_q=5, d_k=8] float32"
+    assert finding[4].startswith("  hint: transpose first")
+    assert "made up:" not in "\n".join(finding)
+
+
+def test_a_real_crash_on_a_made_up_input_its_consumer_accepted_is_still_a_bug(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    # x is read by a Linear first, which takes it as made; the view after is the bug.
+    path = write(
+        tmp_path,
+        """
+        from torch import nn
+
+
+        class Block(nn.Module):
+            def __init__(self, d=32, heads=4):
+                super().__init__()
+                self.proj, self.h = nn.Linear(d, d), heads
+
+            def forward(self, x):
+                h = self.proj(x)
+                B, T, C = x.shape
+                return x.view(B, T, self.h + 1, C // self.h) + h.mean()
+        """,
+    )
+    result = run("trace", path)
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert "could not make a valid input" not in result.stdout + result.stderr
+    assert "\nerror: x.view(2, 5, 5, 8): x has 320 elements" in result.stdout
+    assert "  in  Block at model.py:13\n" in result.stdout
+    # The error involves the made-up x, and says so.
+    assert "  made up: x [2, 5, 32] float32 (shapeguard made it; " in result.stdout
+
+
+def test_a_finding_at_a_line_that_reads_a_made_up_input_says_it_was_made_up(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    buggy = ANNOTATED.replace("src_mask.unsqueeze(1)", "src_mask.unsqueeze(-1)")
+    result = run("trace", write(tmp_path, buggy))
+    assert result.exit_code == 1, result.stdout + result.stderr
+    finding = result.stdout[result.stdout.index("warning: masked_fill") :].splitlines()
+    assert finding[1:5] == [
+        "  in  Encoder at model.py:18",
+        "      scores = scores.masked_fill(mask == 0, -1e9)",
+        "  mask == 0  [batch=2, 1, seq=5, 1] bool",
+        "  made up: src_mask [2, 1, 5] bool, True = real token; lengths 5, 3 (shapeguard made "
+        "it; pass the real one with --input src_mask=SIZES, or use `shapeguard run`)",
+    ]
+    assert finding[5].startswith("  hint: a padding mask belongs on the key axis")

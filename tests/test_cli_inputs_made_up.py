@@ -229,7 +229,7 @@ def test_a_real_bug_at_a_line_that_reads_no_made_up_input_is_still_a_bug(tmp_pat
     )
     result = run("trace", write(tmp_path, buggy))
     assert result.exit_code == 1, result.stdout + result.stderr
-    assert result.stderr == "shapeguard: 1 warning in model.py\n"
+    assert result.stderr.startswith("shapeguard: 1 warning in ")
     finding = result.stdout[result.stdout.index("\nwarning: ") + 1 :].splitlines()
     assert finding[0].startswith(
         "warning: scores.softmax(-1) @ v.reshape(2, 5, 32): merges heads back before moving them"

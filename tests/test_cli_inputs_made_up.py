@@ -142,6 +142,10 @@ def test_an_input_compared_with_its_pad_id_is_made_as_ids_not_floats(tmp_path):
     assert result.stdout.splitlines()[1].startswith(
         "inputs  src=[2, 5] int64 (ids 1..12), trg=[2, 5] int64 (ids 1..12)  (made up from "
     )
+    # Sized by hand, the ids still avoid the pad id (zeros made every query's row hidden).
+    given = run("trace", write(tmp_path, SEQ2SEQ), "--input", "trg=int64:2,6")
+    clean(given)
+    assert "trg=[2, 6] int64 (ids 1..12)" in given.stdout.splitlines()[1]
 
 
 TINY_LM = """

@@ -103,6 +103,19 @@ def test_made_up_ids_avoid_the_padding_id(tmp_path):
     result = run("trace", config)
     clean(result)
     assert result.stdout.splitlines()[1].startswith("inputs  src=[2, 5] int64 (ids 0..10 but 3)")
+    hf_style = write(
+        tmp_path,
+        PADDED.replace("padding_idx=pad_idx", "padding_idx=None")
+        .replace(
+            "self.pad_idx = pad_idx",
+            "self.config = __import__('types').SimpleNamespace(pad_token_id=7)",
+        )
+        .replace("src == self.pad_idx", "src == self.config.pad_token_id"),
+        "hf_pad.py",
+    )
+    result = run("trace", hf_style)
+    clean(result)
+    assert result.stdout.splitlines()[1].startswith("inputs  src=[2, 5] int64 (ids 0..10 but 7)")
 
 
 SEQ2SEQ = """

@@ -571,7 +571,7 @@ def test_inputs_from_the_convention_read_d_model_from_the_module(tmp_path):
     # seq 5 is taken by nothing; d_k=11 and heads=3 are declared, so batch and seq avoid them.
     assert result.stdout.splitlines()[1] == (
         "inputs  x=[2, 5, 33] float32  "
-        "(from the [batch, seq, d_model] convention: batch=2, seq=5, d_model=33)"
+        "(made up from the [batch, seq, d_model] convention: batch=2, seq=5, d_model=33)"
     )
 
 
@@ -594,7 +594,7 @@ def test_convention_gives_keys_and_values_their_own_length(tmp_path):
     assert result.exit_code == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[1] == (
         "inputs  query=[2, 5, 33] float32, key=[2, 7, 33] float32, value=[2, 7, 33] float32  "
-        "(from the [batch, seq, d_model] convention: batch=2, seq=5, d_model=33, seq_k=7)"
+        "(made up from the [batch, seq, d_model] convention: batch=2, seq=5, d_model=33, seq_k=7)"
     )
 
 
@@ -629,7 +629,7 @@ def test_inputs_from_jaxtyping_annotations(tmp_path):
     assert result.stdout.splitlines()[1] == (
         "inputs  x=[2, 5, 33] float32, memory=[2, 7, 33] float32, "
         "mask=[2, 1, 5, 7] bool (True = real token; lengths 7, 5)  "
-        "(from the forward's annotations: d_model=33, batch=2, seq=5, seq_k=7)"
+        "(made up from the forward's annotations: d_model=33, batch=2, seq=5, seq_k=7)"
     )
     bound = run("trace", path, "--dim", "seq_k=13")
     assert "memory=[2, 13, 33] float32, mask=[2, 1, 5, 13] bool (" in bound.stdout

@@ -85,12 +85,12 @@ def test_a_script_parsing_its_arguments_at_import_gets_an_argv_of_its_own():
     result = run("trace", model("argparse_script.py"))
     assert result.exit_code == 0, result.stdout + result.stderr
     assert result.stderr == ""
-    assert inputs_line(result).startswith("inputs  x=[2, 5, 64] float32  (from ")
+    assert inputs_line(result).startswith("inputs  x=[2, 5, 64] float32  (made up from ")
     assert CLEAN.search(result.stdout)
     # What follows `--` is the script's own: its parser reads it, its defaults change.
     given = run("trace", model("argparse_script.py"), "--", "--d_model", "40", "--heads", "5")
     assert given.exit_code == 0, given.stdout + given.stderr
-    assert inputs_line(given).startswith("inputs  x=[2, 7, 40] float32  (from ")
+    assert inputs_line(given).startswith("inputs  x=[2, 7, 40] float32  (made up from ")
     assert "heads=5, d_k=8]" in given.stdout
     assert sys.argv == argv
 
@@ -119,7 +119,7 @@ def test_token_ids_for_a_model_whose_first_module_is_an_embedding():
     result = run("trace", model("token_lm.py"))
     assert result.exit_code == 0, result.stdout + result.stderr
     assert inputs_line(result) == (
-        "inputs  input_ids=[2, 5] int64 (ids < 101)  (from the model's structure: batch=2, seq=5)"
+        "inputs  input_ids=[2, 5] int64 (ids < 101)  (made up from the model's structure: batch=2, seq=5)"
     )
     assert CLEAN.search(result.stdout)
 
@@ -128,7 +128,7 @@ def test_a_cross_attention_context_as_wide_as_the_linear_it_feeds():
     result = run("trace", model("einops_xattn.py"))
     assert result.exit_code == 0, result.stdout + result.stderr
     assert inputs_line(result).startswith(
-        "inputs  x=[2, 5, 64] float32, context=[2, 7, 48] float32  (from "
+        "inputs  x=[2, 5, 64] float32, context=[2, 7, 48] float32  (made up from "
     )
     assert "to_kv" not in result.stdout.split("\n", 3)[-1].split("ops in")[-1]  # no finding
     assert CLEAN.search(result.stdout)
@@ -140,7 +140,7 @@ def test_a_dict_batch_from_the_keys_the_forward_reads():
     assert inputs_line(result) == (
         "inputs  batch={tokens: [2, 5] int64 (ids < 97), "
         "mask: [2, 5] bool (True = real token; lengths 5, 3)}  "
-        "(from the model's structure: batch=2, seq=5)"
+        "(made up from the model's structure: batch=2, seq=5)"
     )
 
 
@@ -177,7 +177,7 @@ def test_a_dataclass_batch_from_the_forwards_annotation(tmp_path):
     assert inputs_line(result) == (
         "inputs  batch=Batch(tokens=[2, 5] int64 (ids < 50), "
         "mask=[2, 5] bool (True = real token; lengths 5, 3))  "
-        "(from the model's structure: batch=2, seq=5)"
+        "(made up from the model's structure: batch=2, seq=5)"
     )
 
 
@@ -259,7 +259,7 @@ def test_a_forward_with_only_optional_parameters_gets_ids_and_their_mask(tmp_pat
     assert result.exit_code == 0, result.stdout + result.stderr
     assert inputs_line(result) == (
         "inputs  input_ids=[2, 5] int64 (ids < 30), attention_mask=[2, 5] bool "
-        "(True = real token; lengths 5, 3)  (from the model's structure: batch=2, seq=5)"
+        "(True = real token; lengths 5, 3)  (made up from the model's structure: batch=2, seq=5)"
     )
 
 
@@ -285,7 +285,7 @@ def test_a_first_guess_the_forward_refutes_is_corrected(tmp_path):
     )
     result = run("trace", path)
     assert result.exit_code == 0, result.stdout + result.stderr
-    assert inputs_line(result).startswith("inputs  x=[2, 5, 24] float32  (from ")
+    assert inputs_line(result).startswith("inputs  x=[2, 5, 24] float32  (made up from ")
 
 
 def test_making_inputs_leaves_the_model_and_the_rng_as_they_were():
@@ -560,7 +560,7 @@ def test_piped_output_follows_columns_or_else_is_never_cut():
     assert len(rows) == 21  # one line per row: nothing wraps
     assert not any("…" in row for row in rows)
     assert "│ 10 │ TinySelfAttention │ matmul      │ attention_scores (scores) │ " in wide.stdout
-    assert run("trace", model("hf_config.py"), env={"COLUMNS": "200"}).stdout == wide.stdout
+    assert run("trace", model("hf_config.py"), env={"COLUMNS": "220"}).stdout == wide.stdout
     narrow = run("trace", model("hf_config.py"), env={"COLUMNS": "100"}).stdout
     assert max(len(line) for line in narrow.splitlines()[2:] if line[:1] in "┏│└") <= 100
 

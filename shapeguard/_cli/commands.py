@@ -451,6 +451,10 @@ def _load_and_run(target, module, stack, hold=None):
             f"the forward needs more memory than is free ({run.memory}); "
             "use --device meta to check shapes with no memory"
         )
+    if inputs.reads is not None:  # a failure on an input shapeguard made up is not a bug
+        from .inputs_blame import judge
+
+        judge(run, inputs.reads)
     if run.crash is not None:
         from .malformed import malformed_contract
 

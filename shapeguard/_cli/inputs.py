@@ -35,10 +35,12 @@ from .. import _source
 from .._names import axes as _axes
 from .._values import dtype_name, is_tensor
 from ..report.text import tensor_text
+from . import inputs_signature as _sig
 from . import inputs_structure as _structure
 from .input_sizes import check_indexable, dtype_of
+from .inputs_blame import Reads, reads_of
 from .inputs_discovery import discover, leaves_of
-from .inputs_guess import batch_for, guess_leaf
+from .inputs_guess import batch_for, guess_leaf, pad_ids, smallest_vocab
 from .inputs_making import Maker
 from .loader import LoadError
 
@@ -85,6 +87,8 @@ class Inputs:
     made: dict = field(default_factory=dict)
     # Tensors made [seq, batch, features] for an nn.MultiheadAttention(batch_first=False).
     seq_first: list = field(default_factory=list)
+    # What a forward read of the inputs made up, by line (`inputs_blame`), or None.
+    reads: "Reads | None" = None
 
     def claim_layouts(self, session) -> None:
         """Tell a trace's session the layout of the inputs made seq-first: what reads them
@@ -130,7 +134,11 @@ def parse_input_specs(items) -> dict[str, InputSpec]:
                 f"--input {item!r}: give the sizes as non-negative integers; write e.g. {example}"
             )
         check_indexable(f"--input {item}", shape)
-        specs[name] = InputSpec(name, shape, dtype)
+        # A name given again is the next positional input of a `forward(*args)`.
+        key = name
+        while key in specs:
+            key = _sig.positional_key(name, sum(spec.name == name for spec in specs.values()))
+        specs[key] = InputSpec(name, shape, dtype)
     return specs
 
 
@@ -162,18 +170,15 @@ def make_inputs(
     device: str = "cpu",
 ) -> Inputs:
     """Inputs for `model(...)`, from the sources listed in this module's docstring."""
-    specs = specs or {}
     dims = dict(dims or {})
-    signature = _forward_signature(model)
-    params = _params(signature)
-    var_kw = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-    for name in specs:
-        if name not in params and not var_kw:
-            raise LoadError(
-                f"--input {name}: {type(model).__name__}.forward{_signature_text(signature)} has no "
-                f"parameter {name!r}; name one of: {', '.join(params) or 'none'}"
-            )
-    maker = Maker(_model_dtype(model), device)
+    signature = _sig.forward_signature(model)
+    params = _sig.named_params(signature)
+    specs = _sig.keyed_specs(specs or {}, signature, type(model).__name__)
+
+    def split(values: dict) -> tuple[tuple, dict]:
+        return _sig.split(signature, values)
+
+    maker = Maker(_model_dtype(model), device, pads=pad_ids(model), vocab=smallest_vocab(model))
     sizes = _Sizes(model, dims)
     example = getattr(module, "example_inputs", None)
     if callable(example):
@@ -186,7 +191,7 @@ def make_inputs(
         }
 
         def assemble(values: dict) -> tuple[tuple, dict]:
-            return _split(params, {**bound, **values})
+            return split({**bound, **values})
 
         values = _made(model, nodes, assemble, maker, sizes)
         args, kwargs = assemble(values)
@@ -202,18 +207,20 @@ def make_inputs(
     sources: dict[str, str] = {}
     # A forward whose every parameter is optional (HF's `input_ids=None, attention_mask=None,
     # ...`) gets its first one, and its `attention_mask` beside token ids.
-    wanted = {n for n, p in params.items() if p.default is p.empty}
-    if not wanted and params and not specs:
-        first = next(iter(params))
+    # A flag (`is_training=False`) is never made up.
+    tensors = {n: p for n, p in params.items() if not _sig.is_flag(p)}
+    wanted = {n for n, p in tensors.items() if p.default is p.empty}
+    if not wanted and tensors and not specs:
+        first = next(iter(tensors))
         wanted = {first}
         if _structure.is_ids_name(first) and "attention_mask" in params:
             wanted.add("attention_mask")
     first_required = True
-    for name in params:
+    for name in [*params, *(key for key in specs if key not in params)]:
         if name in specs:
-            nodes[name] = _spec_leaf(specs[name])
-            sources[name] = f"--input {name}"
-        elif contract[name] is not None:
+            nodes[name] = _spec_leaf(specs[name], name)
+            sources[name] = f"--input {specs[name].name}"
+        elif contract.get(name) is not None:
             annotation = contract[name]
             nodes[name] = _annotated_leaf(name, annotation, sizes, model)
             sources[name] = "the forward's annotations"
@@ -226,11 +233,11 @@ def make_inputs(
         first_required = False
     if not nodes:
         raise LoadError(
-            f"cannot tell what {type(model).__name__}.forward{_signature_text(signature)} takes: "
-            "pass --input NAME=SIZES, or add example_inputs() to the file"
+            f"cannot tell what {type(model).__name__}.forward{_sig.signature_text(signature)} "
+            f"takes: pass --input {_sig.spelling(signature)}, or add example_inputs() to the file"
         )
     guessed = {name: leaves_of(node)[0].shape for name, node in nodes.items()}
-    values = _made(model, nodes, lambda values: _split(params, values), maker, sizes)
+    values = _made(model, nodes, split, maker, sizes)
     for name, node in nodes.items():
         if not sources[name]:
             learned = (
@@ -241,7 +248,7 @@ def make_inputs(
             sources[name] = (
                 "the model's structure" if learned else "the [batch, seq, d_model] convention"
             )
-    args, kwargs = _split(params, values)
+    args, kwargs = split(values)
     named = ", ".join(f"{k}={v}" for k, v in sizes.bound.items())
     how = ", ".join(dict.fromkeys(sources.values())) + (f": {named}" if named else "")
     made = {
@@ -254,7 +261,9 @@ def make_inputs(
         for name, node in nodes.items()
         if isinstance(node, _structure.Leaf) and node.layout == "seq_first"
     ]
-    return Inputs(args, kwargs, how, dict(sizes.bound), _notes(nodes, maker), made, seq_first)
+    notes = _notes(nodes, maker)
+    reads = reads_of(model, nodes, split, maker, notes)
+    return Inputs(args, kwargs, how, dict(sizes.bound), notes, made, seq_first, reads)
 
 
 def _made(model, nodes: dict, assemble, maker, sizes) -> dict:
@@ -273,16 +282,22 @@ def _made(model, nodes: dict, assemble, maker, sizes) -> dict:
 
 
 def _notes(nodes: dict, maker) -> dict:
+    """{leaf: what its values are}: the ids drawn (`ids 1..100`), a mask's padding."""
+    import torch
+
     notes = {}
     for node in nodes.values():
         for leaf in leaves_of(node):
-            note = leaf.note(maker.lengths.get(id(leaf), ()))
+            dtype = dtype_of(leaf.dtype_name(maker.model_dtype), leaf.name)
+            integers = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+            ids = maker.ids_note(leaf) if integers else ""
+            note = leaf.note(maker.lengths.get(id(leaf), ()), ids)
             if note:
                 notes[leaf.name] = note
     return notes
 
 
-def _spec_leaf(spec: InputSpec):
+def _spec_leaf(spec: InputSpec, key: str = ""):
     """A leaf of the size and dtype `--input` gave; what its values are is read from what
     consumes it (ids for an embedding, padding for a mask)."""
     dtype = spec.dtype and dtype_name(dtype_of(spec.dtype, spec.name))
@@ -291,7 +306,7 @@ def _spec_leaf(spec: InputSpec):
         kind = _structure.MASK
     elif dtype is not None and not (dtype.startswith(("float", "bfloat", "complex"))):
         kind = _structure.IDS
-    return _structure.Leaf(spec.name, kind, spec.shape, dtype, fixed=True)
+    return _structure.Leaf(key or spec.name, kind, spec.shape, dtype, fixed=True)
 
 
 def _annotated_leaf(name: str, annotation, sizes, model):
@@ -308,57 +323,15 @@ def _annotated_leaf(name: str, annotation, sizes, model):
 # -- the forward's signature -----------------------------------------------------------------
 
 
-def _forward_signature(model) -> inspect.Signature:
-    try:
-        return inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return inspect.Signature()
-
-
-def _params(signature: inspect.Signature) -> dict[str, inspect.Parameter]:
-    return {
-        name: p
-        for name, p in signature.parameters.items()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
-
-
-def _signature_text(signature: inspect.Signature) -> str:
-    parts = []
-    for p in signature.parameters.values():
-        parts.append(p.name if p.default is p.empty else f"{p.name}=...")
-    return "(" + ", ".join(parts) + ")"
-
-
 def _bind(signature, args, kwargs, owner: str) -> dict:
     try:
         bound = signature.bind_partial(*args, **kwargs)
     except TypeError as error:
         raise LoadError(
-            f"example_inputs() gives inputs that {owner}.forward{_signature_text(signature)} "
+            f"example_inputs() gives inputs that {owner}.forward{_sig.signature_text(signature)} "
             f"does not take ({error}); fix example_inputs()"
         ) from None
     return dict(bound.arguments)
-
-
-def _split(params: dict[str, inspect.Parameter], values: dict) -> tuple[tuple, dict]:
-    """Positional arguments while the parameters come in order, keywords after."""
-    args: list = []
-    kwargs: dict = {}
-    positional = True
-    for name, param in params.items():
-        if name not in values:
-            if param.kind is not param.POSITIONAL_ONLY:
-                positional = False
-            continue
-        if positional and param.kind is not param.KEYWORD_ONLY:
-            args.append(values[name])
-        else:
-            kwargs[name] = values[name]
-    for name, value in values.items():  # names only **kwargs takes
-        if name not in params:
-            kwargs[name] = value
-    return tuple(args), kwargs
 
 
 # -- example_inputs() ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ _SUBTRACTS = frozenset({_ops.by_name("sub"), _ops.by_name("neg")})
 # Ops that hand on an input unchanged in meaning: a mask through them is still the raw mask.
 _PASS_FAMILIES = frozenset({_ops.VIEW, _ops.LAYOUT, _ops.INDEX, _ops.GROW, _ops.PART})
 _DROPOUT = _ops.by_name("dropout")
+_COMPARES = frozenset({_ops.by_name("eq"), _ops.by_name("ne")})
 _MAX_ROUNDS = 4
 # Buffers up to this many elements are saved before a provisional forward and put back.
 _BUFFER_LIMIT = 1 << 24
@@ -73,7 +74,30 @@ def discover(model, nodes: dict, assemble, maker: Maker, sizes) -> None:
             break
         flipped.add(id(unread[0]))
     for leaf in leaves:
+        leaf.settled = _settled(leaf)
         leaf.use = None
+
+
+def _settled(leaf: Leaf) -> bool:
+    """Whether what first consumed the leaf took it as made: an embedding its ids, a layer
+    its width, the scores its mask (`inputs_blame`)."""
+    from .._names.axes import broadcast_shapes
+
+    use = leaf.use
+    if use is None:
+        return False
+    if use.vocab is not None or use.width is not None:
+        return True
+    if use.what == "mha":
+        return True
+    if leaf.kind == MASK and use.target and use.shape:
+        return broadcast_shapes(tuple(use.shape), tuple(use.target)) == tuple(use.target)
+    return False
+
+
+def tensors_of(node, value) -> list:
+    """The tensors of a node's value, in the order of `leaves_of(node)`."""
+    return _tensors(node, value)
 
 
 def leaves_of(node) -> list[Leaf]:
@@ -108,30 +132,42 @@ def _flip(leaf: Leaf, model, sizes) -> bool:
 def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
     """One provisional forward; each leaf's `use` is set to what read it. True when the
     forward raised (other than stopping because every leaf was read)."""
+    watcher = _Watcher(tensors, leaves, model)
+    observing = _Observing(watcher)
+    error = provisional_forward(
+        model, args, kwargs, lambda session: observing, pre_hook=watcher.module_call
+    )
+    return error is not None
+
+
+def provisional_forward(model, args, kwargs, observer_for, pre_hook=None) -> Exception | None:
+    """`model(*args, **kwargs)` observed with checks off (`run_observed`), leaving the
+    user's state as it was: no grad, train/eval modes and small buffers put back, the RNG
+    untouched. `pre_hook` is a forward pre-hook on torch's own modules. Returns what the
+    forward raised (None when it returned, or stopped because every input was read)."""
     import torch
 
     from .._trace.opening import run_observed
 
-    watcher = _Watcher(tensors, leaves, model)
     training = {m: m.training for m in model.modules()}
     # A forward may write into its buffers (a cache, a step count): put back what it wrote.
     buffers = [b for b in model.buffers() if b.device.type == "cpu" and b.numel() <= _BUFFER_LIMIT]
     saved = [(b, b._version, b.detach().clone()) for b in buffers]
     # Local hooks on torch's own modules: a global pre-hook gets no keyword arguments.
     handles = [
-        m.register_forward_pre_hook(watcher.module_call, with_kwargs=True)
-        for m in model.modules()
+        m.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        for m in (model.modules() if pre_hook is not None else ())
         if type(m).__module__.startswith("torch.nn.")
     ]
-    failed = False
+    error = None
     try:
         model.eval()
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            run_observed(model, args, kwargs, lambda session: _Observing(watcher))
+            run_observed(model, args, kwargs, observer_for)
     except _Done:
         pass
-    except Exception:
-        failed = True
+    except Exception as raised:
+        error = raised
     finally:
         for handle in handles:
             handle.remove()
@@ -141,7 +177,7 @@ def _watch(model, args, kwargs, tensors: dict, leaves: list[Leaf]) -> bool:
             for buffer, version, value in saved:
                 if buffer._version != version and buffer.shape == value.shape:
                     buffer.copy_(value)
-    return failed
+    return error
 
 
 class _Observing:
@@ -239,6 +275,11 @@ class _Watcher:
                     self._resolve(leaf, InputUse(op.name, via, shape=shape_of(value)))
             elif keeps:
                 follow.append((leaf, "view" if via == "direct" else via))
+            elif op in _COMPARES and _to_a_number(args, value):
+                # `trg != pad_idx`: read as ids or a mask are read, which says nothing of
+                # its kind or size; what reads it next does (its embedding), or, when the
+                # forward fails first, `_flip` tries ids.
+                continue
             else:
                 self._resolve(leaf, op_use(op, bound, via, value))
         self._done()
@@ -248,3 +289,10 @@ class _Watcher:
         for tensor in out_tensors(out) if follow else ():
             for leaf, via in follow:
                 self.tracked.setdefault(id(tensor), (leaf, via, tensor))
+
+
+def _to_a_number(args: tuple, value) -> bool:
+    """Whether an op's operands are `value` and a Python int (`ids != 0`)."""
+    return any(a is value for a in args) and any(
+        isinstance(a, int) and not isinstance(a, bool) for a in args
+    )

@@ -33,6 +33,41 @@ def any_embedding(model):
     return next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
 
 
+def pad_ids(model) -> frozenset[int]:
+    """The padding ids the model declares: its embeddings' `padding_idx`, and an int
+    attribute of the model or its `config` named as a padding id (`pad_token_id`,
+    `pad_idx`, `trg_pad_idx`). Made-up ids leave them out; one left out wrongly costs
+    nothing but an id."""
+    import torch
+
+    pads = {
+        int(m.padding_idx)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None
+    }
+    for owner in (model, getattr(model, "config", None)):
+        for name, value in (vars(owner) if hasattr(owner, "__dict__") else {}).items():
+            low = name.lower()
+            if (
+                "pad" in low
+                and low.endswith(("idx", "_id", "token_id"))
+                and isinstance(value, int)
+                and not isinstance(value, bool)
+                and value >= 0
+            ):
+                pads.add(value)
+    return frozenset(pads)
+
+
+def smallest_vocab(model) -> int:
+    """The smallest `num_embeddings` of the model's embeddings (0: it has none): an id
+    below it is valid for any of them."""
+    import torch
+
+    sizes = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    return min(sizes, default=0)
+
+
 def guess_leaf(name: str, model, sizes, *, first: bool, keys: bool) -> Leaf:
     """A leaf for a parameter the user gave nothing for, from names and declarations."""
     batch = sizes.get("batch")

@@ -7,12 +7,39 @@ from .inputs_structure import ADD, HIDE, IDS, MASK, Leaf
 
 
 class Maker:
-    """Makes the tensors of leaves: sized and checked first, values from a private generator."""
+    """Makes the tensors of leaves: sized and checked first, values from a private generator.
 
-    def __init__(self, model_dtype, device: str) -> None:
+    Token ids never take a padding id the model declares (`pads`: an embedding's
+    `padding_idx`, a config's `pad_token_id`): ids of padding read as padding, and the
+    checks would see masks hide tokens the inputs meant as real. Integers of a use not
+    seen (read first by a comparison, or only by a loss) are ids below the model's
+    smallest vocabulary (`vocab`), when it has an embedding: zeros are the usual pad id.
+    """
+
+    def __init__(self, model_dtype, device: str, *, pads=frozenset(), vocab: int = 0) -> None:
         self.model_dtype = str(model_dtype).removeprefix("torch.")
         self.device = device
         self.lengths: dict[int, tuple[int, ...]] = {}
+        self.pads = frozenset(pads)
+        self.vocab = vocab
+
+    def ids_range(self, leaf: Leaf) -> tuple[int, ...]:
+        """The ids a leaf's values are drawn from: below its vocabulary, no padding id."""
+        vocab = leaf.vocab or self.vocab
+        allowed = tuple(i for i in range(vocab) if i not in self.pads)
+        return allowed or tuple(range(vocab))
+
+    def ids_note(self, leaf: Leaf) -> str:
+        """`ids 1..10` (padding id 0 left out), `ids 0..10 but 3`, `ids < 11`."""
+        allowed = self.ids_range(leaf)
+        if not allowed:
+            return ""
+        vocab = leaf.vocab or self.vocab
+        skipped = [i for i in range(allowed[0], allowed[-1]) if i not in allowed]
+        if not skipped and allowed[0] == 0 and allowed[-1] == vocab - 1:
+            return f"ids < {vocab}"
+        but = f" but {', '.join(map(str, skipped))}" if skipped else ""
+        return f"ids {allowed[0]}..{allowed[-1]}{but}"
 
     def value(self, node):
         if isinstance(node, Leaf):
@@ -39,14 +66,17 @@ class Maker:
         try:
             if leaf.kind == MASK:
                 return self._mask(leaf, dtype)
-            if leaf.kind == IDS and leaf.vocab and not dtype.is_floating_point:
-                high = leaf.vocab if dtype != torch.bool else 2
-                return torch.randint(0, high, leaf.shape, generator=generator, dtype=dtype)
+            if dtype == torch.bool and leaf.kind == IDS and leaf.vocab:
+                return torch.randint(0, 2, leaf.shape, generator=generator, dtype=dtype)
             if dtype.is_floating_point or dtype.is_complex:
                 return torch.randn(leaf.shape, generator=generator, dtype=dtype)
             if dtype == torch.bool:
                 return torch.ones(leaf.shape, dtype=dtype)
-            # Integers of unknown use: 0 is a valid id for any embedding.
+            allowed = self.ids_range(leaf)
+            if allowed:
+                picks = torch.randint(0, len(allowed), leaf.shape, generator=generator)
+                return torch.tensor(allowed)[picks].to(dtype)
+            # Integers of unknown use in a model with no embedding: 0 indexes anything.
             return torch.zeros(leaf.shape, dtype=dtype)
         except (RuntimeError, MemoryError) as error:
             from .input_sizes import memory_error

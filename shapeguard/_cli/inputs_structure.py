@@ -60,6 +60,7 @@ class Leaf:
     why: str = ""  # what read it: "tok_emb = nn.Embedding(101, 48)"
     layout: str = "batch_first"  # or "seq_first", for nn.MultiheadAttention(batch_first=False)
     unsure: bool = False  # its width is a placeholder until something reads it
+    settled: bool = False  # what first consumed it took it as made (`inputs_blame`)
     # Set while a provisional forward watches it.
     use: "InputUse | None" = None
 
@@ -72,12 +73,11 @@ class Leaf:
             return model_dtype if self.polarity == ADD else "bool"
         return model_dtype
 
-    def note(self, lengths: tuple[int, ...]) -> str:
-        """What its values are, for the inputs line: `ids < 101`, `True = padding; lengths 5, 3`."""
-        if self.kind == IDS:
-            return f"ids < {self.vocab}" if self.vocab else ""
+    def note(self, lengths: tuple[int, ...], ids: str = "") -> str:
+        """What its values are, for the inputs line: `ids < 101` (or `ids`, the range the
+        maker drew from), `True = padding; lengths 5, 3`."""
         if self.kind != MASK:
-            return ""
+            return ids
         if not self.padded:
             return "hides nothing"
         marks = {

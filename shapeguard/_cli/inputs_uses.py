@@ -180,6 +180,16 @@ def _fit_mask(shape: tuple, use: InputUse) -> tuple:
         return shape
     if use.via == "direct" and len(shape) == 2 and len(target) == 4:
         return (target[0], 1, 1, target[-1])
+    # The code added axes on its way to the scores (`mask.unsqueeze(1)`): it states the rank
+    # it takes, `[batch, 1, seq]` under an unsqueeze to `[batch, heads, seq_q, seq_k]`; where
+    # ones do not reach, the queries' axis (`[batch, seq_q, seq_k]`).
+    rank = len(target) - (len(got) - len(shape))
+    if got and 2 <= rank <= len(target):
+        ones = (shape[0], *([1] * (rank - 2)), target[-1])
+        if shape != ones:
+            return ones
+        if rank >= 3:
+            return (shape[0], *([1] * (rank - 3)), target[-2], target[-1])
     # Made into something else first (`mask[:, None, None, :]`): only the key length moves.
     return (*shape[:-1], target[-1])
 

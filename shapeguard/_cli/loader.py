@@ -133,8 +133,9 @@ def loaded(path: str | None = None, *, module: str | None = None, argv: tuple = 
     """Import a model file as `python FILE` would, without running its `__main__` block,
     the module while in the block.
 
-    `path` is a .py file; a file inside a package (folders with `__init__.py`) is
-    imported under its package (`pkg.model`), so its relative imports work. `module`
+    `path` is a .py file, run as `python FILE` runs it (`_module_name`): a file inside a
+    package (folders with `__init__.py`) is imported under its package (`pkg.model`) only
+    when it imports from the package, so its relative imports work. `module`
     (instead of `path`) is a dotted name found from the working directory, as `python -m`
     finds it. While in the block, `sys.argv` is `[path, *argv]` (so a script that parses
     its arguments at import sees its own), the file's folder (and the package's parent)
@@ -211,9 +212,15 @@ def _check_file(path: str | None) -> str:
 
 def _module_name(path: str) -> tuple[str | None, list[str], list[str]]:
     """The name to import `path` under, the folders to make importable and the folders
-    whose modules are the model's own: a file in a package is `pkg.sub.model`, with the
-    file's folder and the package's parent importable; any other file keeps its stem (a
-    fresh name when that one is taken), its folder importable."""
+    whose modules are the model's own.
+
+    As `python FILE` runs it: the file's folder first on the path, the file a module of its
+    own, the package around it never imported (its `__init__` may import what the file
+    does not need). A file in a package that asks for its package (a relative import, or
+    an import of the package by name) is imported under it (`pkg.sub.model`) with the
+    package's parent first on the path, so that the file's folder cannot shadow the
+    package (`pkg/pkg.py`). Any other file keeps its stem (a fresh name when that one is
+    taken)."""
     folder = os.path.dirname(path)
     stem = os.path.splitext(os.path.basename(path))[0]
     parts = [] if stem == "__init__" else [stem]
@@ -223,10 +230,33 @@ def _module_name(path: str) -> tuple[str | None, list[str], list[str]]:
     ):
         parts.insert(0, os.path.basename(root))
         root = os.path.dirname(root)
-    if root != folder and all(p.isidentifier() for p in parts):
-        return ".".join(parts), [folder, root], [os.path.join(root, parts[0])]
+    in_package = root != folder and all(p.isidentifier() for p in parts)
+    if in_package and (stem == "__init__" or asks_for_package(path, parts[0])):
+        return ".".join(parts), [root, folder], [os.path.join(root, parts[0])]
     name = stem if stem.isidentifier() and stem not in sys.modules else None
     return name, [folder], [folder]
+
+
+def asks_for_package(path: str, package: str) -> bool:
+    """Whether the file at `path` imports from its package: a relative import, or an
+    import of `package` (the top package around it) by name, anywhere in the file."""
+    import ast
+
+    try:
+        with open(path, "rb") as f:
+            tree = _source.parse(f.read().decode("utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return False  # _compile says what is wrong with the file
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (
+            node.level > 0 or (node.module or "").split(".")[0] == package
+        ):
+            return True
+        if isinstance(node, ast.Import) and any(
+            alias.name.split(".")[0] == package for alias in node.names
+        ):
+            return True
+    return False
 
 
 def _find_module(dotted: str) -> tuple[str, str, list[str], list[str]]:

@@ -41,7 +41,8 @@ _OPTIONS = (
         multiple=True,
         metavar="NAME=[DTYPE:]SIZES",
         help="An input tensor for forward (repeatable): --input x=2,16,512 "
-        "--input mask=bool:2,16 (a mask gets padding). Overrides example_inputs() for that name.",
+        "--input mask=bool:2,16 (a mask gets padding). Overrides example_inputs() for that name. "
+        "A forward(*args) takes its positional inputs in order: --input args=2,16,512.",
     ),
     click.option(
         "--dim",

@@ -62,17 +62,25 @@ def render_target(picked, inputs, width: int | None = None) -> str:
     args = [f"{k}={shown.get(k) or repr(v)}" for k, v in picked.kwargs.items()]
     how = picked.how if picked.how == model else f"{model} from {picked.how}"
     try:
-        names = list(inspect.signature(picked.model.forward).parameters)
+        params = list(inspect.signature(picked.model.forward).parameters.values())
     except (TypeError, ValueError):
-        names = []
+        params = []
+    # Positional inputs after `*args` are `args[0]`, `args[1]`, ...
+    star = next((i for i, p in enumerate(params) if p.kind is p.VAR_POSITIONAL), len(params))
+    names = [p.name for p in params[:star]]
     notes = getattr(inputs, "notes", {})
-    named = [(names[i] if i < len(names) else "", a) for i, a in enumerate(inputs.args)]
+    named = [
+        (names[i] if i < star else f"{params[star].name}[{i - star}]" if params else "", a)
+        for i, a in enumerate(inputs.args)
+    ]
     shapes = [
         f"{name}={_value_text(name, value, notes)}" if name else _value_text(name, value, notes)
         for name, value in [*named, *inputs.kwargs.items()]
     ]
     # Two spaces before `(from ...)`: one the parts are joined by, one its own.
-    tail = f"{' ' if shapes else '  '}(from {inputs.how})"
+    # Inputs shapeguard made (not the user's own) say so: `(made up from ...)`.
+    made = "made up " if getattr(inputs, "made", None) else ""
+    tail = f"{' ' if shapes else '  '}({made}from {inputs.how})"
     return (
         _wrap("model   ", [how, *_listed(args, "(", ")")], width)
         + "\n"

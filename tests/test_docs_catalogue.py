@@ -10,7 +10,13 @@ import re
 import sys
 
 import pytest
-from _docs_support import capture, regen_enabled, run_script, stand_in_flash_attn
+from _docs_support import (
+    capture,
+    regen_enabled,
+    run_script,
+    stand_in_flash_attn,
+    stand_in_xformers,
+)
 
 # These tests provoke shape violations on purpose and assert on them.
 pytestmark = pytest.mark.no_shapeguard
@@ -90,6 +96,8 @@ def flash_attn_stand_in(monkeypatch):
     module = stand_in_flash_attn()
     if module is not None:
         monkeypatch.setitem(sys.modules, "flash_attn", module)
+    for name, stand_in in stand_in_xformers().items():
+        monkeypatch.setitem(sys.modules, name, stand_in)
 
 
 @pytest.mark.parametrize("kind", sorted(page_blocks()))

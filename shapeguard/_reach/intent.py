@@ -175,6 +175,10 @@ def site_axes(call, reach) -> tuple[Any, Any, tuple] | None:
         return None
     if spec is _ops.SDPA or spec is _ops.FLEX:
         return q_dims[-2], k_dims[-2], _lead(q_dims[:-2], reach)
+    if spec is _ops.XFORMERS and len(q_dims) == len(k_dims) and len(q_dims) in (3, 4):
+        # xformers' [batch, seq, heads, d_k] (or [batch, seq, d_k]): lead (batch, heads)
+        heads = (q_dims[2],) if len(q_dims) == 4 else ()
+        return q_dims[1], k_dims[1], _lead((q_dims[0], *heads), reach)
     if spec.family == _ops.FLASH and spec.flash_form == "varlen":
         # packed [tokens, heads, d_k]: the reach's lead is (heads,) over the packed tokens
         return q_dims[0], k_dims[0], _lead((q_dims[1],), reach)

@@ -44,6 +44,7 @@ _SITES = (
     _ops.FLEX,
     _ops.VARLEN,
     _ops.by_name("flash_attention_varlen"),
+    _ops.XFORMERS,
 )
 
 

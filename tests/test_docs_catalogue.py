@@ -29,9 +29,9 @@ _BLOCK = re.compile(r"(<!-- message: (\w+) -->\n```text\n)(.*?)(\n?^```$)", re.S
 # Kinds whose snippet needs flash-attn's own kernel ops (torch.ops.flash_attn.*).
 NEEDS_FLASH_KERNELS = {"flash_head_dim_multiple"}
 # Kinds declared by a rule that no code yields yet, so no snippet can show them: the reach
-# invariants (`checks/reach.py`) that `_reach.invariants.judge` does not judge yet: a key axis
-# that carries several examples, and a decode step against the full forward.
-NOT_YET = {"reach_other_example", "reach_decode"}
+# invariant (`checks/reach.py`) that `_reach.invariants.judge` does not judge yet: a decode
+# step against the full forward.
+NOT_YET = {"reach_decode"}
 
 
 def source_kinds() -> set[str]:

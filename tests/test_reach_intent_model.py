@@ -12,7 +12,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from torch import nn
+from jaxtyping import Float
+from torch import Tensor, nn
 
 import shapeguard
 from shapeguard import ShapeWarning
@@ -235,3 +236,126 @@ def test_a_module_that_says_it_is_not_causal_outranks_its_config():
     for layer in model.layers:
         layer.is_causal = False
     assert traced(model, ids(s)).findings == []
+
+
+# -- reach_other_example: a query that sees a key of another example -------------------------------
+class PackedByReshape(nn.Module):
+    """Examples packed back to back into one sequence, attended with no block mask (`block`:
+    the document mask that makes it correct)."""
+
+    def __init__(self, s: Sizes, block: bool = False) -> None:
+        super().__init__()
+        self.heads, self.block = s.heads, block
+        self.qkv = nn.Linear(s.heads * s.d_k, 3 * s.heads * s.d_k)
+
+    @shapeguard.contract
+    def forward(self, x: Float[Tensor, "batch seq d_model"]):
+        B, T, C = x.shape  # noqa: N806
+        packed = x.reshape(1, B * T, C)  # one row of B * T tokens
+        q, k, v = self.qkv(packed).view(1, B * T, 3, self.heads, C // self.heads).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        keep = None
+        if self.block:
+            example = torch.arange(B).repeat_interleave(T)
+            keep = example[:, None] == example[None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        return out.transpose(1, 2).reshape(B, T, C)
+
+
+class SeqFirstView(nn.Module):
+    """Code written for [seq, batch, d_model] handed [batch, seq, d_model] (`transpose`: the
+    caller's fix): its flattened batch*heads bmm attends across examples."""
+
+    def __init__(self, s: Sizes, transpose: bool = False) -> None:
+        super().__init__()
+        self.heads, self.transpose = s.heads, transpose
+        self.qkv = nn.Linear(s.heads * s.d_k, 3 * s.heads * s.d_k)
+
+    @shapeguard.contract
+    def forward(self, x: Float[Tensor, "batch seq d_model"]):
+        if self.transpose:
+            x = x.transpose(0, 1)
+        T, B, C = x.shape  # noqa: N806 (read as [seq, batch, d_model])
+        d = C // self.heads
+        q, k, v = (
+            t.reshape(T, B * self.heads, d).transpose(0, 1) for t in self.qkv(x).chunk(3, -1)
+        )
+        scores = torch.bmm(q, k.transpose(1, 2)) / d**0.5  # [B * heads, T, T] as it reads
+        out = torch.bmm(scores.softmax(-1), v)
+        return out.transpose(0, 1).reshape(T, B, C)
+
+
+class EinsumOverBatch(nn.Module):
+    """Scores over examples at each position; the attention product contracts over the batch
+    (`right`: the per-example subscripts)."""
+
+    def __init__(self, s: Sizes, right: bool = False) -> None:
+        super().__init__()
+        self.right = right
+        self.qkv = nn.Linear(s.heads * s.d_k, 3 * s.heads * s.d_k)
+
+    @shapeguard.contract
+    def forward(self, x: Float[Tensor, "batch seq d_model"]):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        if self.right:
+            scores = torch.einsum("bqc,bkc->bqk", q, k)
+            return torch.einsum("bqk,bkc->bqc", scores.softmax(-1), v)
+        scores = torch.einsum("itc,jtc->tij", q, k)  # at each position, example i against j
+        return torch.einsum("tij,jtc->itc", scores.softmax(-1), v)
+
+
+def crossing(trace):
+    return [f for f in trace.findings if f.kind == "reach_other_example"]
+
+
+def embeddings(s: Sizes):
+    torch.manual_seed(0)
+    return torch.randn(s.batch, s.seq, s.heads * s.d_k)
+
+
+@SETTING
+def test_examples_packed_by_reshape_without_a_block_mask_see_each_other(sizes):
+    (found,) = crossing(traced(PackedByReshape(sizes), embeddings(sizes)))
+    tokens = sizes.batch * sizes.seq
+    assert found.op == "scaled_dot_product_attention"
+    assert found.relation.startswith(
+        f"scaled_dot_product_attention over [1, {sizes.heads}, seq_q={tokens}, seq_k={tokens}]: "
+        f"{tokens} of {tokens} query rows see keys of another example (first at query 0, of "
+        f"example 0: it sees keys {sizes.seq}..{tokens - 1} of example 1)"
+    )
+    assert found.relation.endswith("the keys' axis carries the batch, named batch by a contract")
+    assert "block-diagonal mask" in found.message
+    assert crossing(traced(PackedByReshape(sizes, block=True), embeddings(sizes))) == []
+
+
+@SETTING
+def test_a_seq_first_view_of_a_batch_first_input_attends_across_examples(sizes):
+    (found,) = crossing(traced(SeqFirstView(sizes), embeddings(sizes)))
+    assert found.op == "softmax"
+    assert f"seq_q={sizes.batch}, seq_k={sizes.batch}]" in found.relation
+    assert "(first at query 0, of example 0: it sees keys 1.." in found.relation
+    assert crossing(traced(SeqFirstView(sizes, transpose=True), embeddings(sizes))) == []
+
+
+@SETTING
+def test_an_einsum_that_contracts_over_the_batch_is_found(sizes):
+    (found,) = crossing(traced(EinsumOverBatch(sizes), embeddings(sizes)))
+    assert found.op == "softmax"
+    assert found.relation.startswith(
+        f"softmax over [{sizes.seq}, seq_q={sizes.batch}, seq_k={sizes.batch}]: "
+        f"{sizes.batch} of {sizes.batch} query rows see keys of another example (first at "
+        f"query 0, of example 0: it sees keys 1..{sizes.batch - 1} of example 1)"
+    )
+    assert crossing(traced(EinsumOverBatch(sizes, right=True), embeddings(sizes))) == []
+
+
+def test_a_batch_known_only_by_convention_is_no_evidence():
+    # The same bug, its input not annotated: the input's first axis is batch only by the
+    # usual layout, so nothing is claimed.
+    s = SETTINGS[0]
+
+    class Unannotated(PackedByReshape):
+        def forward(self, x):
+            return PackedByReshape.forward.__wrapped__(self, x)
+
+    assert crossing(traced(Unannotated(s), embeddings(s))) == []

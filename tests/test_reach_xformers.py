@@ -423,3 +423,17 @@ def test_memory_efficient_attention_is_wrapped_only_while_a_trace_is_open(monkey
     assert (
         user.memory_efficient_attention is original and xops.memory_efficient_attention is original
     )
+
+
+def test_the_reach_of_padded_keys_hides_each_blocks_padding():
+    # A decode step over a padded cache: each sequence's keys in a block of 6, of which
+    # the first 4 and 2 are real; the query sees its sequence's real keys up to its offset.
+    bias = AB.BlockDiagonalCausalWithOffsetPaddedKeysMask.from_seqlens(
+        q_seqlen=[1, 1], kv_padding=6, kv_seqlen=[4, 2]
+    )
+    q = torch.randn(1, 2, 3, 8)
+    keys = torch.randn(1, 12, 3, 8)
+    with shapeguard.trace() as trace:
+        run(q, keys, keys, attn_bias=bias)
+    (reach,) = trace.reach
+    assert rows_of(reach) == [((0, 4),), ((6, 8),)]

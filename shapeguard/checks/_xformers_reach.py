@@ -1,7 +1,8 @@
 """The reach of xformers' `memory_efficient_attention`, read from its `attn_bias` before
 the call runs (on a CPU the kernel then fails; the reach is kept): a block-diagonal bias
-by its seqstarts, each block's mask made by the bias's own `_create_block_mask` (so its
-causal, bottom-right and local kinds are xformers' own); any other bias class by
+(BlockDiagonalMask and its kinds) by its seqstarts, each block's mask made by the bias's
+own `_create_block_mask` (so its causal, bottom-right and local kinds are xformers' own);
+any other bias class (padded or gappy keys too) by
 `materialize((seq_q, seq_k))`, and a tensor bias by its values, where a key is hidden at
 -inf or at or below the mask reader's `HIDING`. Bounded: at most `MAX_CELLS` cells are
 made at once, on sampled queries; past it, or where a value cannot be read (not on the
@@ -43,9 +44,9 @@ def reach_of(call: CallView, where: dict) -> Reach | None:
     if bias is None:
         runs: list[Runs] = [((0, seq_k),)] * len(kept)
         return Reach.from_runs(runs, queries, seq_q, seq_k, lead, how="unmasked", **where)
-    if is_block_diagonal(bias):
-        if batch != 1:
-            return None  # `xformers_bias` says it
+    if is_block_diagonal(bias) and batch != 1:
+        return None  # `xformers_bias` says it
+    if any(c.__name__ == "BlockDiagonalMask" for c in type(bias).__mro__):
         found = _block_runs(bias, kept, seq_q, seq_k)
         if found is None:
             return None

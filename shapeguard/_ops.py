@@ -74,9 +74,9 @@ class Op:
     reads_values: bool = False  # a query that reads the tensor's values, not only its
     #   metadata (item, tolist, __bool__: what a recorded step must remember, `_trace.replay`)
     # flash-attn: how q, k, v arrive ("dense", "qkvpacked", "kvpacked", "varlen",
-    # "varlen_qkvpacked", "varlen_kvpacked") and whose entry point it is ("flash_attn",
+    # "varlen_qkvpacked", "varlen_kvpacked", "xformers") and whose entry point it is ("flash_attn",
     # "kernel": a torch.ops.flash_attn op, "shapeguard": shapeguard.attention's, "torch":
-    # torch.nn.attention.varlen's).
+    # torch.nn.attention.varlen's, "xformers": memory_efficient_attention, wrapped as FLEX).
     flash_form: str = ""
     flash_entry: str = ""
     # A layer torch's SequenceParallel style runs on this rank's slice of seq (norms,
@@ -487,6 +487,8 @@ VARLEN = _op(
     flash_form="varlen",
     flash_entry="torch",
 )
+XFORMERS = _op("memory_efficient_attention", FLASH, params=("query", "key", "value", "attn_bias"),
+               shown=True, step="fused", flash_form="xformers", flash_entry="xformers")  # fmt: skip
 # torch's attention modules, recorded as one call each: their fused fast paths run unseen.
 COMPOSITES = (
     "MultiheadAttention",

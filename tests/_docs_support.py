@@ -87,6 +87,31 @@ def run_script(path: str):
     return run
 
 
+def stand_in_xformers() -> dict:
+    """STAND-IN `xformers`, `xformers.ops` and `xformers.ops.fmha` modules (the one function
+    the catalogue's xformers snippets call, its signature, no kernel) for machines without
+    xformers; {} if it imports."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("xformers") is not None:
+        return {}
+    import torch
+
+    def memory_efficient_attention(
+        query, key, value, attn_bias=None, p=0.0, scale=None, *, op=None, output_dtype=None
+    ):
+        return torch.empty_like(query)
+
+    memory_efficient_attention.__module__ = "xformers.ops.fmha"
+    modules = {}
+    for name in ("xformers", "xformers.ops", "xformers.ops.fmha"):
+        modules[name] = types.ModuleType(name)
+        modules[name].__doc__ = "STAND-IN for xformers, injected by tests/_docs_support.py"
+        modules[name].memory_efficient_attention = memory_efficient_attention
+    return modules
+
+
 def stand_in_flash_attn():
     """A STAND-IN `flash_attn` module (same names and signatures, no kernels) for the
     catalogue's flash-attn snippets on machines without flash-attn; None if it imports."""

@@ -10,7 +10,13 @@ import re
 import sys
 
 import pytest
-from _docs_support import capture, regen_enabled, run_script, stand_in_flash_attn
+from _docs_support import (
+    capture,
+    regen_enabled,
+    run_script,
+    stand_in_flash_attn,
+    stand_in_xformers,
+)
 
 # These tests provoke shape violations on purpose and assert on them.
 pytestmark = pytest.mark.no_shapeguard
@@ -23,9 +29,9 @@ _BLOCK = re.compile(r"(<!-- message: (\w+) -->\n```text\n)(.*?)(\n?^```$)", re.S
 # Kinds whose snippet needs flash-attn's own kernel ops (torch.ops.flash_attn.*).
 NEEDS_FLASH_KERNELS = {"flash_head_dim_multiple"}
 # Kinds declared by a rule that no code yields yet, so no snippet can show them: the reach
-# invariants (`checks/reach.py`) that `_reach.invariants.judge` does not judge yet: a key axis
-# that carries several examples, and a decode step against the full forward.
-NOT_YET = {"reach_other_example", "reach_decode"}
+# invariant (`checks/reach.py`) that `_reach.invariants.judge` does not judge yet: a decode
+# step against the full forward.
+NOT_YET = {"reach_decode"}
 
 
 def source_kinds() -> set[str]:
@@ -90,6 +96,8 @@ def flash_attn_stand_in(monkeypatch):
     module = stand_in_flash_attn()
     if module is not None:
         monkeypatch.setitem(sys.modules, "flash_attn", module)
+    for name, stand_in in stand_in_xformers().items():
+        monkeypatch.setitem(sys.modules, name, stand_in)
 
 
 @pytest.mark.parametrize("kind", sorted(page_blocks()))

@@ -201,6 +201,7 @@ NOT_TORCH = {
     "flex_attention": "torch's Python function over a compiled higher-order op, wrapped while "
     "a trace is open (_trace/torch_entries.py)",
     "varlen_attn": "torch.nn.attention.varlen's Python function, wrapped as flex_attention",
+    "memory_efficient_attention": "xformers' Python function, wrapped as flex_attention",
     "names": "Tensor.names (named tensors) is gone in torch 2.13; earlier torch still has it",
 }
 # shapeguard.attention's own entry points, recorded under their own names.

@@ -4,7 +4,8 @@ Read from what the model states, never from sizes: the root's inputs as its API 
 them (`attention_mask`, 1 = real, as transformers takes it; `key_padding_mask`, True =
 padding, as torch's modules do; `position_ids` that restart within a row; `cu_seqlens`;
 `document_ids`), the attention module's own declarations (`is_causal = True`,
-`sliding_window`, `layer_idx`) and its config's (`layer_types`). An input is tied to the
+`sliding_window`, `layer_idx`) and its config's (`layer_types`; causality from the config's
+flags or a sibling layer's triangle where the module says nothing: `model_causal`). An input is tied to the
 site's axes by provenance (`_names/dims.py`): the site's key axis is the input's sequence
 axis, or the sequence axis of the main input it is documented beside (`input_ids`), or a
 slice of one (`checks/_own_keys.py` follows the cuts). Where nothing ties them, that
@@ -21,6 +22,7 @@ from typing import Any
 
 from .. import _ops
 from ..checks._own_keys import own_keys
+from . import model_causal
 from .rows import Runs
 
 # A mask beside a main input: (mask name, main input names, True where the mask's value
@@ -115,7 +117,10 @@ def of_site(call, reach) -> SiteIntent | None:
     padding = _padding(call, inputs, reach, q_axis, k_axis, lead_dims) if inputs else None
     if padding is None and inputs is not None and _untied_padding(inputs):
         return None  # which queries are padding is unknown: nothing can be claimed
-    causal = _causal(module) if own is not None else ""
+    causal = ""
+    if own is not None:  # the module's own word, else its config's or a sibling's
+        found = model_causal.evidence(call, module, inputs, reach, own)
+        causal = _causal(module) or found
     window, window_evidence, full, layer = _window(call, module)
     documents, documents_evidence, documents_axis = None, "", None
     if inputs is not None and own is not None:
@@ -175,6 +180,10 @@ def site_axes(call, reach) -> tuple[Any, Any, tuple] | None:
         return None
     if spec is _ops.SDPA or spec is _ops.FLEX:
         return q_dims[-2], k_dims[-2], _lead(q_dims[:-2], reach)
+    if spec is _ops.XFORMERS and len(q_dims) == len(k_dims) and len(q_dims) in (3, 4):
+        # xformers' [batch, seq, heads, d_k] (or [batch, seq, d_k]): lead (batch, heads)
+        heads = (q_dims[2],) if len(q_dims) == 4 else ()
+        return q_dims[1], k_dims[1], _lead((q_dims[0], *heads), reach)
     if spec.family == _ops.FLASH and spec.flash_form == "varlen":
         # packed [tokens, heads, d_k]: the reach's lead is (heads,) over the packed tokens
         return q_dims[0], k_dims[0], _lead((q_dims[1],), reach)

@@ -1,7 +1,8 @@
 """The reach of the attention calls the trace sees whole, read from their arguments:
 FlexAttention (its BlockMask's `mask_mod` on the traced sizes, `_reach/block_mask.py`)
 and packed attention (`cu_seqlens`, causal, windows: `_reach/packed.py`) through
-shapeguard's `flash_attention_varlen` and torch's `varlen_attn`. Only values that can be read here count: CPU tensors; elsewhere (meta,
+shapeguard's `flash_attention_varlen` and torch's `varlen_attn`, and xformers'
+`memory_efficient_attention` (its `attn_bias`: `_xformers_reach`). Only values that can be read here count: CPU tensors; elsewhere (meta,
 an accelerator) no reach is read, and nothing is claimed."""
 
 from .. import _ops
@@ -26,6 +27,10 @@ def reach_at(call: CallView) -> Reach | None:
         return _flex(call) if is_flex(call.func) else None
     if spec.flash_form == "varlen":
         return _varlen(call)
+    if spec is _ops.XFORMERS:
+        from ._xformers_reach import reach_of
+
+        return reach_of(call, _where(call))
     return None
 
 

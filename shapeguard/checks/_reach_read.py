@@ -42,8 +42,8 @@ def reach(call) -> Reach | None:
     """The reach of the attention site `call` is, or None where it cannot be read (an
     unreadable tensor, a softmax over scores no query-key product made, too many slices)."""
     op = call.spec
-    if op is _ops.FLEX or op.flash_form == "varlen":
-        return reach_at(call)  # read from the call's arguments: a mask_mod, cu_seqlens
+    if op is _ops.FLEX or op.flash_form in ("varlen", "xformers"):
+        return reach_at(call)  # from the call's arguments: a mask_mod, cu_seqlens, attn_bias
     try:
         if op is _ops.SDPA:
             read = _sdpa(call)

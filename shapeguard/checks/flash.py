@@ -24,8 +24,8 @@ from ._view import CallView
 @rule(*(op for op in _ops.ALL if op.family == _ops.FLASH), kinds=_flash_contract.KINDS)
 def flash_contract(call: CallView) -> Iterator[Violation]:
     spec = call.spec
-    if spec.flash_entry == "torch":
-        return  # torch's varlen_attn: checks/flex.py reads it
+    if spec.flash_entry in ("torch", "xformers"):
+        return  # torch's varlen_attn: checks/flex.py reads it; xformers': checks/xformers.py
     if spec.flash_entry == "kernel":
         if not _flash_contract.is_kernel_op(call.func):
             return

@@ -1,6 +1,7 @@
 """Attention reach at every attention site: which keys each query can see, read from the
 values that reach softmax or the kernel (`_reach_read`), kept on the trace and checked
-against the intent that can be established (`_reach.invariants.judge`).
+against the intent that can be established (`_reach.invariants.judge`), and first
+against the examples where the keys carry an established batch (`_reach.examples`).
 
 The sites: a softmax over the last axis of scores whose last two axes a query-key product
 made the queries and the keys (a key is hidden where the value is -inf or at or below the
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 
 from .. import _ops
 from .._errors import Violation
-from .._reach import invariants
+from .._reach import examples, invariants
 from . import WARNING, rule
 from ._reach_read import reach
 from ._view import CallView
@@ -44,6 +45,7 @@ _SITES = (
     _ops.FLEX,
     _ops.VARLEN,
     _ops.by_name("flash_attention_varlen"),
+    _ops.XFORMERS,
 )
 
 
@@ -74,6 +76,11 @@ def attention_reach(call: CallView) -> Iterator[Violation]:
     with torch.no_grad():
         found = reach(call)
     if found is None:
+        return
+    crossing = examples.judge(call, found)  # no other invariant means much past this one
+    if crossing is not None:
+        call.keep_reach(crossing[0])
+        yield crossing[1]
         return
     judged, violations = invariants.judge(call, found)
     call.keep_reach(judged)

@@ -19,6 +19,11 @@ from .explain import Pair, name_difference
 from .result import DiffResult, Divergence, Side
 from .weights import Matched, lent, match, module_aliases
 
+
+class DiffOptionError(ValueError):
+    """`backends` or `dtypes` that the models cannot take."""
+
+
 # Named sizes read from a model's config for `Pair.sizes` (the catalogue's scale ratios).
 _SIZE_FIELDS = {
     "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
@@ -127,7 +132,7 @@ def _as_dtype(model, dtype) -> Iterator[Any]:
         return
     wanted = getattr(torch, dtype, None)
     if not isinstance(wanted, torch.dtype):
-        raise ValueError(f"dtypes: {dtype!r} is not a torch dtype (float32, bfloat16, ...)")
+        raise DiffOptionError(f"dtypes: {dtype!r} is not a torch dtype (float32, bfloat16, ...)")
     current = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     yield model if current in (None, wanted) else copy.deepcopy(model).to(wanted)
 
@@ -141,12 +146,15 @@ def _backend(model, backend) -> Iterator[None]:
     config = getattr(model, "config", None)
     setter = getattr(model, "set_attn_implementation", None)
     if config is None or setter is None:
-        raise ValueError(
+        raise DiffOptionError(
             f"backends: {type(model).__name__} is not a transformers model "
             "(no config.attn_implementation to switch)"
         )
     saved = getattr(config, "_attn_implementation", None)
-    setter(backend)
+    try:
+        setter(backend)
+    except (ValueError, ImportError) as error:
+        raise DiffOptionError(f"backends: {backend!r}: {error}") from None
     try:
         yield
     finally:
@@ -184,7 +192,12 @@ def _result(names, ref_model, ref: Flow, port: Flow, matched: Matched) -> DiffRe
         skipped=[*ref.skipped, *port.skipped],
         largest=largest,
         tolerance=_compare.flow_tolerance(ref, port),
-        flows={"ref": ref.order(), "port": port.order()},
+        flows={
+            "ref": ref.order(),
+            "port": port.order(),
+            "agree": [m.key for m in agreeing],
+            "first": comparison.first.key if comparison.first else None,
+        },
     )
     m = comparison.first
     if m is not None:

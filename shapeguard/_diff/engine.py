@@ -155,6 +155,15 @@ def _backend(model, backend) -> Iterator[None]:
         setter(backend)
     except (ValueError, ImportError) as error:
         raise DiffOptionError(f"backends: {backend!r}: {error}") from None
+    if getattr(config, "_attn_implementation", None) != backend:
+        # transformers declined without raising (a model not on the attention interface):
+        # both sides would run one implementation and agree by construction.
+        if saved is not None:
+            setter(saved)
+        raise DiffOptionError(
+            f"backends: {type(model).__name__} kept attn_implementation {saved!r} when "
+            f"asked for {backend!r} (it cannot switch after it is built)"
+        )
     try:
         yield
     finally:

@@ -62,7 +62,10 @@ def main(argv=None) -> int:
                 if "cannot switch after it is built" not in str(error):
                     raise
                 # Built once per implementation instead, the weights copied by name.
-                other, _ = build(candidate, SIZES["d"], impl=backends[1])
+                try:
+                    other, _ = build(candidate, SIZES["d"], impl=backends[1])
+                except ValueError as refused:  # transformers: no such path for the model
+                    raise DiffOptionError(f"backends: {backends[1]!r}: {refused}") from None
                 result = shapeguard.diff(model, other, backends=backends, **inputs)
         except DiffOptionError as error:
             state, line = "refused", str(error).split(". ")[0]

@@ -136,3 +136,25 @@ def test_html_marks_the_divergence():
     marked = '<tr class="diverge"><td>scores</td><td>scores</td><td class="state">first'
     assert marked in page
     assert '<tr class="agree"><td>Q</td>' in page
+
+
+class _Raising(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = dm.Attention(64, 4)
+
+    def forward(self, x):
+        self.inner(x)
+        raise RuntimeError("the port's own error")
+
+
+def test_a_forward_that_raises_leaves_no_hook_and_the_ports_weights():
+    ref, _, x = _models(SIZES["distinct"])
+    port = _Raising()
+    port.train()
+    before = {k: v.clone() for k, v in port.state_dict().items()}
+    with pytest.raises(RuntimeError, match="the port's own error"):
+        shapeguard.diff(ref, port, x)
+    assert all(not m._forward_hooks for m in (*ref.modules(), *port.modules()))
+    assert all(m.training for m in port.modules())
+    assert all(torch.equal(before[k], v) for k, v in port.state_dict().items())

@@ -88,3 +88,44 @@ def test_usage_errors_exit_2_with_one_line(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("shapeguard: error: "), lines
         assert message in lines[0]
+
+
+def test_module_names_with_m(tmp_path, monkeypatch):
+    (tmp_path / "ports").mkdir()
+    (tmp_path / "ports" / "__init__.py").write_text("")
+    _file(tmp_path / "ports", "ref.py", "dm.Attention(64, 4)")
+    _file(tmp_path / "ports", "port.py", "dm.Port(64, 4, scale_from_d_model=True)")
+    monkeypatch.chdir(tmp_path)
+    result = run("-m", "ports.ref", "ports.port")
+    assert result.exit_code == 1, result.output
+    assert "  first divergence: scores (6 of 11 aligned tensors" in result.stdout
+
+
+LLAMA = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+def build_model():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager"))
+
+def example_inputs():
+    return (torch.randint(3, 100, (3, 7), generator=torch.Generator().manual_seed(0)),)
+"""
+
+
+def test_backends_and_dtypes_of_one_transformers_model(tmp_path):
+    path = tmp_path / "llama.py"
+    path.write_text(LLAMA)
+    result = run(path, "--backends", "eager,sdpa")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(
+        "diff: LlamaForCausalLM[sdpa] against LlamaForCausalLM[eager] agree: 36 aligned"
+    )
+    result = run(path, "--dtype", "float32,bfloat16", "--json", "-")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["port"] == "LlamaForCausalLM[bfloat16]"
+    assert data["tolerance"] == {"atol": 0.05, "rtol": 0.1}

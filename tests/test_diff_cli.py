@@ -129,3 +129,20 @@ def test_backends_and_dtypes_of_one_transformers_model(tmp_path):
     data = json.loads(result.stdout)
     assert data["port"] == "LlamaForCausalLM[bfloat16]"
     assert data["tolerance"] == {"atol": 0.05, "rtol": 0.1}
+
+
+def test_the_json_schema_doc_lists_exactly_the_fields_written(tmp_path):
+    import pathlib
+    import re
+
+    ref = _file(tmp_path, "ref.py", "dm.Attention(64, 4)")
+    port = _file(tmp_path, "port.py", "dm.Port(64, 4, scale_from_d_model=True)")
+    data = json.loads(run(ref, port, "--json", "-").stdout)
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "json-schema.md").read_text()
+    section = doc.split("## DiffReport (the top-level object)")[1].split("\n## ")[0]
+    documented = set(re.findall(r"^\| `(\w+)`(?:, `(\w+)`)? \|", section, flags=re.MULTILINE))
+    names = {name for pair in documented for name in pair if name}
+    assert names == set(data)
+    rest = doc.split("## Divergence (the `first` field)")[1]
+    for field in (*data["first"], *data["first"]["ref"], *data["weights"]):
+        assert f"`{field}`" in rest, field

@@ -2,8 +2,9 @@
 order) beyond tolerance, and say where along each named axis it diverges.
 
 Tolerance follows the less precise dtype of the pair: a pair diverges where some element
-has |port - ref| > atol + rtol * (|ref| + rms(ref)), so an element near zero in a tensor of
-large values is held to the tensor's scale, not to zero. The numbers (TOLERANCES) were
+has |port - ref| > atol + rtol * (|ref| + median |ref|), so an element near zero in a tensor
+of large values is held to the tensor's scale, not to zero (the median, so that a mask's
+fill does not set that scale). The numbers (TOLERANCES) were
 measured on tiny transformers decoders, eager against SDPA (float32: largest error 2e-7
 on logits of size 1) and float32 against bfloat16 (errors up to 3e-2 after two layers).
 """
@@ -44,6 +45,7 @@ class Measured:
     rtol: float
     same_shape: bool
     ratio: float = 0.0  # the largest error as a fraction of what tolerance allows there
+    floor: float = 0.0  # values at or below -floor on both sides are a mask's fill
 
     @property
     def agrees(self) -> bool:
@@ -88,25 +90,38 @@ def measure(ref: Captured, port: Captured, *model_dtypes: str) -> Measured:
     total = a.numel()
     if a.shape != b.shape:
         return Measured(ref.key, float("inf"), total, total, atol, rtol, False)
-    bad_mask, error, ratio = _beyond(a, b, atol, rtol)
+    floor = _floor(ref.dtype, port.dtype, *model_dtypes)
+    bad_mask, error, ratio = _beyond(a, b, atol, rtol, floor)
     max_error = float(error.max()) if total else 0.0
     worst = float(ratio.max()) if total else 0.0
-    return Measured(ref.key, max_error, int(bad_mask.sum()), total, atol, rtol, True, worst)
+    bad = int(bad_mask.sum())
+    return Measured(ref.key, max_error, bad, total, atol, rtol, True, worst, floor)
 
 
-def _beyond(a, b, atol: float, rtol: float) -> tuple[Any, Any, Any]:
-    """(beyond tolerance, |b - a|, |b - a| / allowed) per element."""
+def _beyond(a, b, atol: float, rtol: float, floor: float) -> tuple[Any, Any, Any]:
+    """(beyond tolerance, |b - a|, |b - a| / allowed) per element; two values both at or
+    below -floor (half the narrowest dtype's largest value) are the same mask's fill."""
     import torch
 
     error = (b - a).abs()
     finite = a.isfinite()
-    scale = a[finite].square().mean().sqrt() if bool(finite.any()) else torch.tensor(0.0)
+    # The median magnitude, not the mean: a mask's fill (the dtype's minimum, -1e9) in
+    # the scores would make every unmasked element's tolerance huge.
+    scale = a[finite].abs().median() if bool(finite.any()) else torch.tensor(0.0)
     allowed = atol + rtol * (a.abs() + scale)
-    # NaN or inf on one side only is a divergence; the same non-finite value on both is not.
-    same = (a == b) | (a.isnan() & b.isnan())
+    # NaN or inf on one side only is a divergence; the same non-finite value on both is not,
+    # nor a mask's fill at each side's floor (float16's -65504 against float32's -3.4e38).
+    same = (a == b) | (a.isnan() & b.isnan()) | ((a <= -floor) & (b <= -floor))
     bad = ~same & ~(error <= allowed)
     ratio = torch.where(same, torch.zeros_like(error), error / allowed).nan_to_num(nan=float("inf"))
     return bad, error.nan_to_num(nan=float("inf")), ratio
+
+
+def _floor(*dtypes: str) -> float:
+    import torch
+
+    known = [torch.finfo(getattr(torch, d)).max for d in dtypes if d in TOLERANCES]
+    return 0.5 * min(known, default=torch.finfo(torch.float32).max)
 
 
 def extent(ref: Captured, port: Captured, measured: Measured) -> list[dict]:
@@ -114,7 +129,7 @@ def extent(ref: Captured, port: Captured, measured: Measured) -> list[dict]:
     as runs ("0-3, 5"), with the axis' name where the op's contract gave one."""
     if not measured.same_shape:
         return []
-    bad, _, _ = _beyond(ref.values, port.values, measured.atol, measured.rtol)
+    bad, _, _ = _beyond(ref.values, port.values, measured.atol, measured.rtol, measured.floor)
     axes = []
     for i, size in enumerate(bad.shape):
         others = [d for d in range(bad.dim()) if d != i]

@@ -254,3 +254,22 @@ def test_two_different_moves_that_both_explain_a_pair_name_nothing():
     regrouped = q.transpose(1, 2).reshape(2, 3, 16).view(2, 3, 4, 4).permute(0, 3, 1, 2)
     found = name_difference(Pair(q, regrouped, "q", axes=dp.AXES["q"]))
     assert found is not None and found.kind == "head_grouping"
+
+
+@pytest.mark.parametrize(
+    "ref, port",
+    [
+        (torch.tensor(1.0), torch.tensor(2.0)),  # a ratio of two numbers is no evidence
+        (torch.ones(3, 4, dtype=torch.bool).tril(), torch.ones(3, 4, dtype=torch.bool).triu()),
+        (torch.randn(3, 4), torch.randn(4, 5)),
+        (torch.randn(0, 4), torch.randn(0, 4)),
+        (torch.randn(3, 4), torch.full((3, 4), float("nan"))),
+        (torch.randn(3, 5, 4), torch.randn(3, 5, 4).bfloat16()),
+        (torch.randn(2, 3, 2, 3, 2, 3), torch.randn(2, 3, 2, 3, 2, 3)),
+        # a ramp shifted by one is also the ramp plus one: two kinds, no guess
+        (torch.arange(12).view(3, 4), torch.arange(12).view(3, 4) + 1),
+    ],
+    ids=["0-d", "bool", "shapes", "empty", "nan", "bf16", "6-d", "ramp"],
+)
+def test_odd_pairs_name_nothing_and_never_crash(ref, port):
+    assert name_difference(Pair(ref, port, "x", axes=tuple("abcdef"[: ref.dim()]))) is None

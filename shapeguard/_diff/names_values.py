@@ -10,6 +10,8 @@ from typing import Any
 
 from .fit import Fit, axis_word, matches, residual
 
+# The fewest elements a constant ratio is claimed over.
+FEWEST = 4
 # A scale mistake (the port's scale for the reference's), the port's factor over the reference's from head_dim (D) and
 # d_model (C), and the fix.
 MISTAKES = (
@@ -47,6 +49,8 @@ def _scale(ref, port, sizes, tol) -> list[Fit]:
     r, p = ref.double(), port.double()
     if not bool(r.isfinite().all() and p.isfinite().all()):
         return []
+    if r.numel() < FEWEST or bool((r == r.reshape(-1)[0]).all()):
+        return []  # a ratio of a few numbers, or of a constant, is no evidence
     energy = float((r * r).sum())
     if energy == 0.0:
         return []

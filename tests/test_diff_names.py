@@ -90,7 +90,10 @@ def expected(variant, s):
         scale_fix = [f"multiply the port's scale by {1 / float(ratio):.6g} on the line"]
     else:
         scale_said = [f"port == ref * {ratio}", "scales by 1/sqrt(d_model) for 1/sqrt(head_dim)"]
-        scale_fix = [f"by {1 / float(ratio):.6g}: divide by sqrt(head_dim), not sqrt(d_model)"]
+        scale_fix = [
+            f"multiply the port's scale by {1 / float(ratio):.6g} on the line that scales "
+            "it (divide by sqrt(head_dim), not sqrt(d_model))"
+        ]
     return {
         "transpose": (
             ["port == ref.permute(0, 1, 3, 2)", "(batch, heads, k_seq, q_seq) where the "

@@ -71,9 +71,8 @@ def _scale(ref, port, sizes, tol) -> list[Fit]:
         Fit(
             "scale",
             f"port == ref * {ratio:.6g} everywhere, a constant ratio{said}",
-            f"multiply the port's scale by {1 / ratio:.6g}"
-            + (f": {fix}" if fix else "")
-            + " on the line that scales it",
+            f"multiply the port's scale by {1 / ratio:.6g} on the line that scales it"
+            + (f" ({fix})" if fix else ""),
             {"ratio": ratio, "reading": reading or None},
             residual(ref * ratio, port),
         )

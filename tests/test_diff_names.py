@@ -276,3 +276,25 @@ def test_two_different_moves_that_both_explain_a_pair_name_nothing():
 )
 def test_odd_pairs_name_nothing_and_never_crash(ref, port):
     assert name_difference(Pair(ref, port, "x", axes=tuple("abcdef"[: ref.dim()]))) is None
+
+
+# The diff engine names an SDPA operand's axes by its contract: (batch, heads, query, head_dim).
+ENGINE_AXES = {
+    "q": ("batch", "heads", "query", "head_dim"),
+    "q_rot": ("batch", "heads", "query", "d_k"),
+}
+
+
+@pytest.mark.no_shapeguard
+@pytest.mark.parametrize("variant, key", [("head_grouping", "q"), ("rotary_pairing", "q_rot")])
+def test_the_engines_axis_names_are_read_too(variant, key):
+    s = SETTINGS["distinct"]
+    ref, port, ids = dp.build(s, variant, "b")
+    ref_t, port_t = dp.ref_taps(ref, ids), dp.port_taps(port, ids)
+    pair = the_pair(s, ref_t, port_t, key)
+    pair.axes = ENGINE_AXES[key]
+    up = pair.upstream[0] if pair.upstream else None
+    if up is not None:
+        up.axes = ENGINE_AXES["q"]
+    found = name_difference(pair)
+    assert found is not None and found.kind == variant

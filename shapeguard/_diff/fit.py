@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SAMPLE = 257
+# The names an axis of positions and the per-head feature axis go by, in shapeguard's dims
+# and in the diff engine's roles (an SDPA operand's `query`/`key`).
+SEQ_AXES = ("seq", "query", "key", "q_seq", "k_seq", "seq_q", "seq_k")
+HEAD_DIM_AXES = ("head_dim", "d_k")
 
 
 @dataclass(frozen=True, slots=True)

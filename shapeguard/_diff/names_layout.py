@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .fit import Fit, axis_index, axis_word, matches, residual
+from .fit import HEAD_DIM_AXES, Fit, axis_index, axis_word, matches, residual
 
 MOST_PERMUTED_AXES = 5
 MAX_ROLL_AXIS = 128
@@ -79,7 +79,7 @@ def _regroup(t, heads_at: int, dim_at: int, heads: int, head_dim: int, d_first: 
 
 
 def _groupings(ref, port, axes, sizes, tol) -> list[Fit]:
-    h_at, d_at = axis_index(axes, "heads"), axis_index(axes, "head_dim")
+    h_at, d_at = axis_index(axes, "heads"), axis_index(axes, *HEAD_DIM_AXES)
     if h_at is None or d_at is None or ref.shape != port.shape:
         return []
     heads, head_dim = ref.shape[h_at], ref.shape[d_at]

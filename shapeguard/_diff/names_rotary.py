@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .fit import Fit, axis_index, matches, residual
+from .fit import HEAD_DIM_AXES, SEQ_AXES, Fit, axis_index, matches, residual
 
 MOST_UPSTREAM = 4
 PAIRINGS = {
@@ -46,8 +46,8 @@ def _rotation(before, after, pairing: str, shared: tuple[int, ...]):
 
 
 def rotary_fits(ref: Any, port: Any, axes: Sequence[str | None], upstream, tol: tuple) -> list[Fit]:
-    seq_at = axis_index(axes, "seq", "q_seq", "k_seq")
-    dim_at = axis_index(axes, "head_dim")
+    seq_at = axis_index(axes, *SEQ_AXES)
+    dim_at = axis_index(axes, *HEAD_DIM_AXES)
     if seq_at is None or dim_at != ref.dim() - 1 or ref.shape != port.shape:
         return []
     head_dim = ref.shape[-1]

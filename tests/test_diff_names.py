@@ -298,3 +298,37 @@ def test_the_engines_axis_names_are_read_too(variant, key):
         up.axes = ENGINE_AXES["q"]
     found = name_difference(pair)
     assert found is not None and found.kind == variant
+
+
+@pytest.mark.no_shapeguard
+@pytest.mark.parametrize("style", dp.STYLES)
+@pytest.mark.parametrize("name", SETTINGS)
+def test_a_scale_is_named_on_the_probabilities_alone(name, style):
+    """The engine may see the scores agree (read before the port scales them) and the
+    attention probabilities diverge: softmax(c * scores) is named from them alone."""
+    s = SETTINGS[name]
+    ref, port, ids = dp.build(s, "scale", style)
+    ref_t, port_t = dp.ref_taps(ref, ids), dp.port_taps(port, ids)
+    found = name_difference(the_pair(s, ref_t, port_t, "attn", upstream=False))
+    ratio = (s.head_dim / s.d_model) ** 0.5
+    assert found is not None and found.kind == "scale"
+    assert f"port == softmax(scores * {ratio:.6g}) where ref == softmax(scores)" in found.relation
+    assert f"multiply the port's scale by {1 / ratio:.6g}" in found.hint
+    if name != "coincident":
+        assert "(divide by sqrt(head_dim), not sqrt(d_model))" in found.hint
+
+
+@pytest.mark.no_shapeguard
+@pytest.mark.parametrize("variant", ["mask_polarity", "mask_axis"])
+@pytest.mark.parametrize("name", SETTINGS)
+def test_a_mask_is_named_when_the_upstream_scores_hold_each_sides_mask(name, variant):
+    """transformers' softmax input holds its mask's fill (finfo.min) and the port's its
+    own: the scores are read from whichever side has them."""
+    s = SETTINGS[name]
+    ref, port, ids = dp.build(s, variant, "a")
+    ref_t, port_t = dp.ref_taps(ref, ids), dp.port_taps(port, ids)
+    low = torch.finfo(torch.float32).min
+    ref_t["scores"] = ref_t["scores"].masked_fill(ref_t["attn"] == 0, low)
+    port_t["scores"] = port_t["scores"].masked_fill(port_t["attn"] == 0, low)
+    found = name_difference(the_pair(s, ref_t, port_t, "attn"))
+    assert found is not None and found.kind == variant

@@ -71,3 +71,15 @@ def axis_index(axes: Sequence[str | None], *names: str) -> int | None:
         if name in axes:
             return list(axes).index(name)
     return None
+
+
+def row_scale(x: Any, y: Any, visible: Any) -> float | None:
+    """The c with y == c * x + a_row on the visible entries (least squares over every row,
+    an offset per row: what a softmax forgets), or None where x is constant on every row."""
+    x = x.double().masked_fill(~visible, 0.0)
+    y = y.double().masked_fill(~visible, 0.0)
+    n = visible.sum(-1, keepdim=True).clamp_min(1)
+    xc = (x - x.sum(-1, keepdim=True) / n).masked_fill(~visible, 0.0)
+    yc = (y - y.sum(-1, keepdim=True) / n).masked_fill(~visible, 0.0)
+    energy = float((xc * xc).sum())
+    return float((xc * yc).sum()) / energy if energy > 0.0 else None

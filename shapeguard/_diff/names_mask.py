@@ -4,7 +4,8 @@ axis (the port's mask over (k_seq, q_seq) where the reference's is over (q_seq, 
 Read on attention probabilities with the agreeing scores upstream, never on a mask alone
 (a boolean mask's polarity is the convention in question). The reference's visible keys
 are where its probabilities are positive, and only if a softmax of the scores over them
-reproduces the reference; each candidate mask must then reproduce the port's
+reproduces the reference (their scale fitted, as the scores may be read before they are
+scaled); each candidate mask must then reproduce the port's
 probabilities on every row it leaves a key in (a row it empties is a NaN or a uniform row,
 by the port's fill; those are not compared, and at least half the rows must be).
 Bounded: one softmax to confirm and one per candidate (two) per upstream scores pair (at
@@ -16,13 +17,31 @@ from typing import Any
 
 import torch
 
-from .fit import Fit, axis_word, matches, residual
+from .fit import Fit, axis_word, matches, residual, row_scale
 
 MOST_UPSTREAM = 4
 
 
 def _softmax_over(scores, visible):
     return torch.softmax(scores.double().masked_fill(~visible, float("-inf")), dim=-1)
+
+
+# Below this a score is a mask's fill (finfo.min, -inf), not a score.
+FILLED = -1e30
+
+
+def _known_scores(pair, tol):
+    """The scores where either side has one: a side's softmax input may hold its own mask's
+    fill where the other still has the score (they must agree where both have one)."""
+    r = pair.ref.double()
+    if tuple(pair.port.shape) != tuple(r.shape):
+        return r, r > FILLED
+    p = pair.port.double()
+    known_r, known_p = r > FILLED, p > FILLED
+    both = known_r & known_p
+    if not matches(r[both], p[both], *tol):
+        return r, known_r
+    return torch.where(known_r, r, p), known_r | known_p
 
 
 def mask_fits(ref: Any, port: Any, axes: Sequence[str | None], upstream, tol: tuple) -> list[Fit]:
@@ -32,10 +51,15 @@ def mask_fits(ref: Any, port: Any, axes: Sequence[str | None], upstream, tol: tu
     fits = []
     for pair in [p for p in upstream if tuple(p.ref.shape) == tuple(ref.shape)][:MOST_UPSTREAM]:
         visible = ref > 0
-        if not bool(visible.any(-1).all()) or not matches(
-            _softmax_over(pair.ref, visible), ref, *tol
-        ):
+        raw, known = _known_scores(pair, tol)
+        if not bool(visible.any(-1).all()) or not bool(known[visible].all()):
             continue
+        # The scores may be upstream of their scale (a product scaled after): the scale
+        # is fitted from the reference, then must reproduce it.
+        c = row_scale(raw.masked_fill(~known, 0.0), ref.double().clamp_min(1e-300).log(), visible)
+        if c is None or not matches(_softmax_over(c * raw, visible), ref, *tol):
+            continue
+        scores = c * raw
         candidates = {
             "mask_polarity": (
                 ~visible,
@@ -58,7 +82,9 @@ def mask_fits(ref: Any, port: Any, axes: Sequence[str | None], upstream, tol: tu
             rows = mask.any(-1)
             if bool((mask == visible).all()) or 2 * int(rows.sum()) < rows.numel():
                 continue
-            predicted = _softmax_over(pair.ref, mask)[rows]
+            if not bool(known[mask].all()):
+                continue  # a key the candidate shows has no score on either side
+            predicted = _softmax_over(scores, mask)[rows]
             if not matches(predicted, port.double()[rows], *tol):
                 continue
             left = rows.numel() - int(rows.sum())

@@ -8,7 +8,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .fit import Fit, axis_word, matches, residual
+import torch
+
+from .fit import Fit, axis_word, matches, residual, row_scale
 
 # The fewest elements a constant ratio is claimed over.
 FEWEST = 4
@@ -31,7 +33,11 @@ def value_fits(
 ) -> list[Fit]:
     if ref.shape != port.shape or ref.numel() == 0:
         return []
-    return [*_scale(ref, port, sizes, tol), *_bias(ref, port, axes, tol)]
+    return [
+        *_scale(ref, port, sizes, tol),
+        *_scale_before_softmax(ref, port, sizes, tol),
+        *_bias(ref, port, axes, tol),
+    ]
 
 
 def _named(ratio: float, sizes: Mapping[str, int]) -> list[tuple[str, str]]:
@@ -75,6 +81,44 @@ def _scale(ref, port, sizes, tol) -> list[Fit]:
             + (f" ({fix})" if fix else ""),
             {"ratio": ratio, "reading": reading or None},
             residual(ref * ratio, port),
+        )
+    ]
+
+
+def _probabilities(t, tol) -> bool:
+    t = t.double()
+    return bool((t >= 0).all()) and matches(t.sum(-1), torch.ones_like(t.sum(-1)), *tol)
+
+
+def _scale_before_softmax(ref, port, sizes, tol) -> list[Fit]:
+    """port == softmax(c * scores) where ref == softmax(scores), read on the probabilities
+    alone: log ref is the scores up to an offset per row, which a softmax forgets."""
+    if ref.dim() < 1 or ref.shape[-1] < 2 or ref.numel() < FEWEST:
+        return []
+    if not (_probabilities(ref, tol) and _probabilities(port, tol)):
+        return []
+    visible = ref > 0
+    if not bool((visible == (port > 0)).all()):
+        return []  # another mask, not another scale
+    logits = ref.double().clamp_min(1e-300).log()
+    c = row_scale(logits, port.double().clamp_min(1e-300).log(), visible)
+    if c is None or c <= 0.0 or math.isclose(c, 1.0, rel_tol=1e-6):
+        return []
+    predicted = torch.softmax((c * logits).masked_fill(~visible, float("-inf")), dim=-1)
+    if not matches(predicted, port, *tol):
+        return []
+    readings = _named(c, sizes)
+    reading, fix = readings[0] if len(readings) == 1 else ("", "")
+    said = f": the port scales by {reading}" if reading else ""
+    return [
+        Fit(
+            "scale",
+            f"port == softmax(scores * {c:.6g}) where ref == softmax(scores): the scores "
+            f"before the softmax differ by a constant ratio{said}",
+            f"multiply the port's scale by {1 / c:.6g} on the line that scales its scores"
+            + (f" ({fix})" if fix else ""),
+            {"ratio": c, "reading": reading or None, "before": "softmax"},
+            residual(predicted, port),
         )
     ]
 

@@ -332,3 +332,40 @@ def test_a_mask_is_named_when_the_upstream_scores_hold_each_sides_mask(name, var
     port_t["scores"] = port_t["scores"].masked_fill(port_t["attn"] == 0, low)
     found = name_difference(the_pair(s, ref_t, port_t, "attn"))
     assert found is not None and found.kind == variant
+
+
+# At Q after rotary, as the engine sees it: axes by the SDPA operand's contract, and the
+# projection's (batch, seq, heads * head_dim) output upstream, split (h d) on trial.
+AFTER_ROTARY = {
+    "head_grouping": ["grouped (d h) where the reference's are (h d)", "(seen after rotary)"],
+    "rotary_pairing": [
+        "pairs rotary dims interleaved",
+        "where the reference pairs them half-split",
+    ],
+    "shift": ["by the reference's rotary angle for t + 1", "its rotary positions are one ahead"],
+    "bias": ["port == rotary(x + b) where ref == rotary(x)", "the same at every batch row"],
+}
+
+
+@pytest.mark.no_shapeguard
+@pytest.mark.parametrize("style", dp.STYLES)
+@pytest.mark.parametrize("variant", sorted(AFTER_ROTARY))
+@pytest.mark.parametrize("name", SETTINGS)
+def test_differences_before_rotary_are_named_after_it(name, variant, style):
+    s = SETTINGS[name]
+    ref, port, ids = dp.build(s, variant, style)
+    ref_t, port_t = dp.ref_taps(ref, ids), dp.port_taps(port, ids)
+    projected = Pair(ref_t["q_proj"], port_t["q_proj"], "q_proj", axes=(None, None, None))
+    pair = Pair(
+        ref_t["q_rot"],
+        port_t["q_rot"],
+        "Q",
+        "Q",
+        axes=(None, None, "query", "head_dim"),
+        upstream=(projected,),
+        sizes={"heads": s.heads, "head_dim": s.head_dim, "d_model": s.d_model},
+    )
+    found = name_difference(pair)
+    assert found is not None and found.kind == variant, found
+    for phrase in AFTER_ROTARY[variant]:
+        assert phrase in found.relation, (phrase, found.relation)

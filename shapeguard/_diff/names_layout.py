@@ -66,7 +66,7 @@ def _transposes(ref, port, axes, tol) -> list[Fit]:
     return fits
 
 
-def _regroup(t, heads_at: int, dim_at: int, heads: int, head_dim: int, d_first: bool):
+def regroup(t, heads_at: int, dim_at: int, heads: int, head_dim: int, d_first: bool):
     """ref's (h d) features read back as (d h) (d_first) or the other way round."""
     x = t.movedim((heads_at, dim_at), (-2, -1))
     if d_first:
@@ -87,7 +87,7 @@ def _groupings(ref, port, axes, sizes, tol) -> list[Fit]:
         return []  # the sizes the models declare disagree with the named axes: no claim
     fits = []
     for d_first in (True, False):
-        moved = _regroup(ref, h_at, d_at, heads, head_dim, d_first)
+        moved = regroup(ref, h_at, d_at, heads, head_dim, d_first)
         if not matches(moved, port, *tol):
             continue
         port_says, ref_says = ("(d h)", "(h d)") if d_first else ("(h d)", "(d h)")
@@ -106,7 +106,7 @@ def _groupings(ref, port, axes, sizes, tol) -> list[Fit]:
                 {"port": port_says, "ref": ref_says, "heads": heads, "head_dim": head_dim},
                 residual(moved, port),
                 move=functools.partial(
-                    _regroup,
+                    regroup,
                     heads_at=h_at,
                     dim_at=d_at,
                     heads=heads,

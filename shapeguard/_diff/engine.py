@@ -229,8 +229,11 @@ def _result(names, ref_model, ref: Flow, port: Flow, matched: Matched) -> DiffRe
             upstream=comparison.upstream,
             position=len(comparison.measured),
         )
-        pair = _pair(a, b, m, comparison.upstream, ref, port, _sizes(ref_model))
+        sizes = _sizes(ref_model)
+        pair = _pair(a, b, m, comparison.upstream, ref, port, sizes)
         divergence.difference = _named(pair, result.notes)
+        if divergence.difference is None and a.role == "scores":
+            divergence.difference = _named_on_weights(m, pair, ref, port, result.notes)
         result.first = divergence
     return result
 
@@ -246,6 +249,22 @@ def _pair(a: Captured, b: Captured, m, upstream, ref: Flow, port: Flow, sizes) -
         for k in upstream
     )  # fmt: skip
     return Pair(a.values, b.values, m.key, a.role, a.axes, before, sizes, m.atol, m.rtol)
+
+
+def _named_on_weights(m, scores: Pair, ref: Flow, port: Flow, notes: list[str]):
+    """The difference named on the attention weights the softmax makes of diverging scores
+    (the scores themselves hold a mask's fill, where a scale or a mask is not one ratio or
+    one pattern), with the scores upstream; None when that names nothing either."""
+    weights_key = m.key.replace(" scores", " attn", 1)
+    a, b = ref.tensors.get(weights_key), port.tensors.get(weights_key)
+    if a is None or b is None or a.values.numel() != b.values.numel():
+        return None
+    pair = Pair(a.values, b.values, weights_key, a.role, a.axes, (scores, *scores.upstream),
+                scores.sizes, scores.atol, scores.rtol)  # fmt: skip
+    found = _named(pair, notes)
+    if found is not None:
+        notes.append(f"the difference is named on {weights_key}, the softmax of these scores")
+    return found
 
 
 def _named(pair: Pair, notes: list[str]):

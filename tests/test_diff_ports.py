@@ -84,3 +84,12 @@ def test_realistic_sizes(variant):
     result, _ = _diff(SETTINGS["realistic"], variant, "a")
     assert result.first.key == FIRST[variant, "a"]
     assert result.first.difference is not None and result.first.difference.kind == variant
+
+
+def test_inside_an_open_trace_the_catalogues_candidates_are_not_flagged():
+    # name_difference tries masks that are wrong on purpose; the engine runs it with checks
+    # off, so a trace open around shapeguard.diff finds nothing of it.
+    with shapeguard.trace() as trace:
+        result, _ = _diff(SETTINGS["distinct"], "mask_polarity", "a")
+    assert result.first.difference.kind == "mask_polarity"
+    assert list(trace.findings) == []

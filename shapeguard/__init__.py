@@ -33,6 +33,7 @@ _LAZY = {
     "check": ("._probes.check", "check"),
     "contract": ("._contract.decorator", "contract"),
     "contracts": (".contracts", None),
+    "diff": ("._diff.engine", "diff"),
 }
 
 
@@ -74,6 +75,7 @@ __all__ = [
     "check",
     "contract",
     "contracts",
+    "diff",
     "disable",
     "disabled",
     "enable",

@@ -582,3 +582,10 @@ def _module_progress(model, description: str):
             yield
         finally:
             handle.remove()
+
+
+# -- diff ------------------------------------------------------------------------------------
+
+from .diff_command import diff_command  # noqa: E402 (registered after the group is made)
+
+cli.add_command(diff_command)

@@ -63,10 +63,68 @@ KINDS = (
 )
 
 
-def name_difference(pair: Pair) -> Difference | None:
-    """The one difference of KINDS that explains `pair`, or None when none does.
+# Where two kinds name the same move of elements (heads regrouped when heads == head_dim is
+# their transpose; a size-2 axis reversed is it rolled by one), the more specific name.
+SPECIFIC_FIRST = ("head_grouping", "reverse")
 
-    Bounded: each kind is tried at most a few ways on the tensors given; nothing is
-    kept of them afterwards.
+
+def name_difference(pair: Pair) -> Difference | None:
+    """The one difference of KINDS that explains `pair`, or None when none does, when the
+    pair agrees, or when two different transformations explain it (no guess between them).
+
+    Bounded: each family tries its kinds a fixed number of ways (its module says how
+    many; at most 120 permutations, every roll of an axis up to 128 long, two fits per
+    upstream pair), each one comparison of tensors the size of the pair; nothing is kept
+    of them afterwards.
     """
-    return None
+    from .fit import matches
+
+    ref, port = pair.ref, pair.port
+    tol = (pair.atol, pair.rtol)
+    # The candidates are wrong on purpose (an inverted mask, a transposed one): call this
+    # outside any open trace, or its own checks flag them (a `disabled()` block does not
+    # switch off an open session's ops until its next forward).
+    if ref.shape == port.shape and matches(ref, port, *tol):
+        return None
+    fits = _distinct(_all_fits(pair, tol), ref)
+    if len(fits) != 1:
+        return None
+    fit = fits[0]
+    return Difference(fit.kind, fit.relation, fit.hint, fit.detail, fit.residual)
+
+
+def _all_fits(pair: Pair, tol: tuple[float, float]) -> list:
+    from .names_layout import layout_fits
+    from .names_mask import mask_fits
+    from .names_rotary import rotary_fits
+    from .names_values import value_fits
+
+    ref, port, axes = pair.ref, pair.port, pair.axes
+    return [
+        *layout_fits(ref, port, axes, pair.sizes, tol),
+        *value_fits(ref, port, axes, pair.sizes, tol),
+        *rotary_fits(ref, port, axes, pair.upstream, tol),
+        *mask_fits(ref, port, axes, pair.upstream, tol),
+    ]
+
+
+def _distinct(fits: list, ref: Any) -> list:
+    """The fits left when two that move the elements the same way count once."""
+    import torch
+
+    def rank(fit: Any) -> int:
+        return SPECIFIC_FIRST.index(fit.kind) if fit.kind in SPECIFIC_FIRST else len(KINDS)
+
+    index = torch.arange(ref.numel()).view(ref.shape)
+    kept: list = []
+    for fit in sorted(fits, key=rank):
+        moved = fit.move(index) if fit.move is not None else None
+        if moved is not None and any(
+            k.move is not None
+            and tuple(k.move(index).shape) == tuple(moved.shape)
+            and bool((k.move(index) == moved).all())
+            for k in kept
+        ):
+            continue
+        kept.append(fit)
+    return kept

@@ -31,7 +31,8 @@ _SDPA = _ops.SDPA
 _FLEX = _ops.FLEX
 _MHA = _ops.MHA
 _SOFTMAX = _ops.by_name("softmax")
-_PRODUCTS = frozenset(("matmul", "bmm"))
+# The plain products of hand-written attention (q @ k^T, then weights @ v).
+_PRODUCTS = (_ops.by_name("matmul"), _ops.by_name("bmm"))
 
 # The named axes each role has by the op's contract ([..., L, E] for SDPA's operands).
 _SDPA_AXES = {
@@ -190,7 +191,7 @@ class _Observer:
                 keep(path, "context", result, (None,) * result.dim())
         elif declared is _SOFTMAX:
             self._softmax(path, args, kwargs, out)
-        elif declared.name in _PRODUCTS and len(args) >= 2:
+        elif declared in _PRODUCTS and len(args) >= 2:
             self._product(path, args[0], args[1], out)
 
     def _softmax(self, path: str, args: tuple, kwargs: dict, out) -> None:

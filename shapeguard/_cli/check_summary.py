@@ -56,6 +56,17 @@ class Summary:
             verdict += f" ({self.inconclusive} inconclusive: see the reasons above)"
         return f"{len(self.rows)} checks: {', '.join(parts)}; {verdict}"
 
+    def mode_text(self, width: int | None = None) -> str:
+        """The probes' line on the train/eval mode, right under the table
+        (`CheckReport.mode_line`), wrapped to `width` with its newline; "" where the module
+        was in eval mode or no probe ran."""
+        import textwrap
+
+        line = self.report.mode_line() if self.report is not None else ""
+        if not line:
+            return ""
+        return (textwrap.fill(line, width, subsequent_indent="  ") if width else line) + "\n"
+
     def to_dict(self) -> dict:
         """The `check` object of the JSON schema (docs/json-schema.md)."""
         return {

@@ -342,6 +342,7 @@ def _check_and_report(target, hold) -> None:
         render_target(picked, inputs, width),
         lambda: (
             render_check(summary.rows, width=width, color=color)
+            + summary.mode_text(width)
             + "".join(f"\n{d}\n" for d in summary.details)
             + f"{summary.line()}\n"
             + "".join(f"note: {note}\n" for note in _notes(target, picked, inputs))

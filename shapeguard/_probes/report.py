@@ -152,6 +152,7 @@ class CheckReport:
     def to_dict(self) -> dict:
         """The report as JSON-ready values: every probe's result, the trace's findings
         and the verdict (schema "shapeguard.check", docs/json-schema.md)."""
+        from .._trace.finding_groups import grouped
         from .._version import __version__
 
         return {
@@ -166,7 +167,7 @@ class CheckReport:
             "counts": self.counts(),
             "summary": self.summary(),
             "results": [r.to_dict() for r in self.results],
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [g.to_dict() for g in grouped(self.findings)],
         }
 
     def to_json(self, indent: int | None = 2) -> str:

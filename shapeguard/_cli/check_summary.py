@@ -13,6 +13,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .._trace.finding_groups import grouped
 from ..report.text import summary_line
 
 if TYPE_CHECKING:  # the probes import torch: read only once they have run
@@ -56,6 +57,17 @@ class Summary:
             verdict += f" ({self.inconclusive} inconclusive: see the reasons above)"
         return f"{len(self.rows)} checks: {', '.join(parts)}; {verdict}"
 
+    def mode_text(self, width: int | None = None) -> str:
+        """The probes' line on the train/eval mode, right under the table
+        (`CheckReport.mode_line`), wrapped to `width` with its newline; "" where the module
+        was in eval mode or no probe ran."""
+        import textwrap
+
+        line = self.report.mode_line() if self.report is not None else ""
+        if not line:
+            return ""
+        return (textwrap.fill(line, width, subsequent_indent="  ") if width else line) + "\n"
+
     def to_dict(self) -> dict:
         """The `check` object of the JSON schema (docs/json-schema.md)."""
         return {
@@ -81,8 +93,9 @@ def summary_rows(model, inputs, run, device: str, *, find_runner, progress=None)
     """
     trace = run.trace
     rows = [("trace", "FAIL" if trace.findings else "pass", summary_line(trace))]
-    rows += [(f.kind, "FAIL", f.headline) for f in trace.findings]
-    details = [f.message for f in trace.findings]
+    groups = grouped(trace.findings)  # a finding repeated across layers: one row
+    rows += [(g.first.kind, "FAIL", g.headline) for g in groups]
+    details = [g.message for g in groups]
     probes = _run_probes(model, inputs, run, device, find_runner, progress)
     return Summary(rows + probes.rows, details + probes.details, probes.report)
 

@@ -267,8 +267,8 @@ def _notes(target, picked, inputs) -> tuple[str, ...]:
     """What the value checks had nothing to test with, for the report."""
     from . import inputs_structure as _inputs_structure
 
-    lines = []
-    if target.device == "meta":
+    lines = [picked.on_meta] if picked.on_meta else []
+    if target.device == "meta" and not picked.on_meta:
         lines.append(
             "on --device meta there are no values: the checks that read a mask's values "
             "(polarity, direction, axis, empty rows) did not run"
@@ -347,6 +347,7 @@ def _check_and_report(target, hold) -> None:
         render_target(picked, inputs, width),
         lambda: (
             render_check(summary.rows, width=width, color=color)
+            + summary.mode_text(width)
             + "".join(f"\n{d}\n" for d in summary.details)
             + f"{summary.line()}\n"
             + "".join(f"note: {note}\n" for note in _notes(target, picked, inputs))
@@ -425,6 +426,8 @@ def _load_and_run(target, module, stack, hold=None):
                 picked = _picking.pick_model(
                     module, name=target.model_name, kwargs=target.kwargs, device=target.device
                 )
+                if picked.on_meta:  # too large at its defaults: traced on meta, and said so
+                    target.device = "meta"
                 inputs = _inputs.make_inputs(
                     module, picked.model, specs=target.specs, dims=target.dims, device=target.device
                 )

@@ -12,6 +12,7 @@ from types import ModuleType
 from .. import _source
 from .._errors import ShapeError
 from .loader import LoadError, ModelCrashed, error_lines, is_memory_error
+from .meta_build import built_on_meta
 
 
 @dataclass(slots=True)
@@ -26,6 +27,9 @@ class Picked:
     shown: dict = field(default_factory=dict)
     # `file:line` of what built the model in the file (`model = ...`, `def build_model`).
     site: str = ""
+    # Why it was built on the meta device though cpu was asked for ("" where it was not):
+    # too large at its defaults (`meta_build`).
+    on_meta: str = ""
 
 
 def parse_assignments(items: tuple[str, ...] | list[str], option: str) -> dict:
@@ -95,6 +99,12 @@ def pick_model(
     shown = {}
     for name, (value, text) in made.items():
         kwargs[name], shown[name] = value, text
+    big = None
+    if device == "cpu":
+        big = built_on_meta(lambda: target(**kwargs), asked=bool(set(kwargs) - set(made)))
+    if big is not None:
+        site = _site(module, target)
+        return Picked(_to_meta(big[0]), how, path, kwargs, shown, site, on_meta=big[1])
     try:
         with on_device(device):
             model = target(**kwargs)

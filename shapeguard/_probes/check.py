@@ -94,6 +94,8 @@ def run_probes(
         raise ContractTypeError(f"shapeguard.check takes an nn.Module, not {type(model).__name__}")
     args, kwargs = tuple(args), dict(kwargs or {})
     report = CheckReport(type(model).__name__)
+    modules = list(model.modules())
+    report.training = (sum(m.training for m in modules), len(modules))
     with untouched(model) as work, torch.no_grad():
         traced = trace_for_probes(work, args, kwargs)
         report.findings = traced.trace.findings

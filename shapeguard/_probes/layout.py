@@ -162,14 +162,7 @@ def read_layout(
         roots=list(group_roots),
     )
     if group_roots and not out_groups:
-        axes = ", ".join(
-            f"{D.known_name(((r, 1, r.size),)) or 'axis'} of {n}"
-            for r, n in zip(group_roots, group_names, strict=True)
-        )
-        layout.made_inside = (
-            f"the outputs keep none of the inputs' token axes ({axes}): the module makes "
-            "its positions inside (patches, strided frames)"
-        )
+        layout.made_inside = _not_kept(group_roots, group_names, watch, outputs)
 
     for path, t in found:
         name = names.get(path, _path_name(path))
@@ -215,6 +208,26 @@ def read_layout(
     if not layout.queries and any(leaf.seq for leaf in layout.outputs):
         layout.queries, layout.made_inside = True, ""
     return layout
+
+
+def _not_kept(group_roots: list, group_names: list[str], watch, outputs) -> str:
+    """Why no output keeps a token axis, from what the trace saw: the op that cut,
+    pooled or convolved the first axis it saw taken out, or the output axis it was merged
+    into; nothing more where it saw neither."""
+    from .cuts import cut_of, merged, said
+
+    axes = ", ".join(
+        f"{D.known_name(((r, 1, r.size),)) or 'axis'} of {n}"
+        for r, n in zip(group_roots, group_names, strict=True)
+    )
+    head = f"the outputs keep none of the inputs' token axes ({axes})"
+    for root in group_roots:
+        how = merged(outputs, root)
+        cut = cut_of(watch.cuts, root) if not how else None
+        how = how or (said(cut) if cut is not None else "")
+        if how:
+            return f"{head}: {how}"
+    return head
 
 
 def _addressed(found, dims, kinds, names, batch_axis, watch) -> str:

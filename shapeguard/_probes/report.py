@@ -24,12 +24,15 @@ class CheckReport:
         findings: the trace's `Finding`s.
         dtype: the dtype the probes ran in ("float64" unless the module refused it; ""
             when no probe ran).
+        training: (modules in train mode, modules) of the caller's module as given; the
+            probes run it in eval mode either way (`mode_line`).
     """
 
     model: str
     results: list[ProbeResult] = field(default_factory=list)
     findings: list = field(default_factory=list)
     dtype: str = ""
+    training: tuple[int, int] = (0, 0)
 
     @property
     def passed(self) -> bool:
@@ -91,8 +94,29 @@ class CheckReport:
             return f"{head}; inconclusive: no probe could conclude, nothing failed"
         return f"{head}; {verdict}"
 
+    def mode(self) -> dict:
+        """The train/eval mode the module was given in and the one the probes ran it in
+        (the `mode` field of the JSON)."""
+        training, modules = self.training
+        given = "eval" if not training else "train" if training == modules else "mixed"
+        return {"given": given, "probed": "eval", "training_modules": training, "modules": modules}
+
+    def mode_line(self) -> str:
+        """The line under the table where the module was given in train mode: the probes
+        ran it in eval mode (dropout off, batch norms on their running statistics), and
+        its mode is restored after; "" where it was in eval mode already."""
+        training, modules = self.training
+        if not training:
+            return ""
+        some = "" if training == modules else f" ({training} of its {modules} modules)"
+        return (
+            f"mode: the probes ran the module in eval mode (dropout off); it was given in "
+            f"train mode{some} and is left so"
+        )
+
     def render(self, width: int | None = 100, *, color: bool = False) -> str:
-        """The report as a table (plain text unless `color`), then each failure in full."""
+        """The report as a table (plain text unless `color`), the mode line, then each
+        failure in full and the summary line."""
         from rich.console import Console
         from rich.table import Table
         from rich.text import Text
@@ -115,6 +139,8 @@ class CheckReport:
             file=cast(IO[str], _Sink()),  # rich only writes to it and flushes it
         )
         console.print(table)
+        if self.mode_line():
+            console.print(Text(self.mode_line()))
         for r in self.failed:
             console.print(Text(f"{r.name}: {r.message}"), soft_wrap=True)
         console.print(Text(self.summary()))
@@ -126,6 +152,7 @@ class CheckReport:
     def to_dict(self) -> dict:
         """The report as JSON-ready values: every probe's result, the trace's findings
         and the verdict (schema "shapeguard.check", docs/json-schema.md)."""
+        from .._trace.finding_groups import grouped
         from .._version import __version__
 
         return {
@@ -136,10 +163,11 @@ class CheckReport:
             "passed": self.passed,
             "verdict": self.verdict,
             "dtype": self.dtype or None,
+            "mode": self.mode(),
             "counts": self.counts(),
             "summary": self.summary(),
             "results": [r.to_dict() for r in self.results],
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [g.to_dict() for g in grouped(self.findings)],
         }
 
     def to_json(self, indent: int | None = 2) -> str:

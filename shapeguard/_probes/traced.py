@@ -85,8 +85,11 @@ def shape_result(traced: Traced) -> ProbeResult:
     if not findings:
         ops = len(traced.trace.events)
         return ProbeResult("shape checks", "passed", f"{ops} ops traced, no finding")
+    from .._trace.finding_groups import grouped
+
     kinds = ", ".join(sorted({f.kind for f in findings}))
-    messages = "\n".join(f.message for f in findings)
+    # A finding repeated across layers is said once, with the layers it fired in.
+    messages = "\n".join(g.message for g in grouped(findings))
     return ProbeResult(
         "shape checks",
         "failed",

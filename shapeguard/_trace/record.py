@@ -434,6 +434,7 @@ class TraceData:
     def to_dict(self) -> dict:
         from .._reach.as_json import reach_dict
         from .._version import __version__
+        from .finding_groups import grouped
 
         return {
             "schema": "shapeguard.trace",
@@ -441,7 +442,8 @@ class TraceData:
             "shapeguard_version": __version__,
             "mode": self.mode,
             "events": [e.to_dict() for e in self.events],
-            "findings": [f.to_dict() for f in self.findings],
+            # One object per finding repeated across layers, with its `modules`.
+            "findings": [g.to_dict() for g in grouped(self.findings)],
             "suppressed": [f.to_dict() for f in self.suppressed],
             "dropped_events": self.dropped_events,
             "distributed": self.distributed_info(),

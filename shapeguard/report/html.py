@@ -131,18 +131,24 @@ def _checks_verdict(checks, status: str) -> tuple[str, str]:
 def _findings_section(trace) -> str:
     if not trace.findings:
         return '<p class="note ok">No shape errors and no warnings.</p>'
+    from .._trace.finding_groups import grouped
+
+    numbers = {id(f): n for n, f in enumerate(trace.findings, start=1)}
     items = []
-    for number, finding in enumerate(trace.findings, start=1):
+    for group in grouped(trace.findings):
+        # One item for a finding repeated across layers; links to each repeat land on it.
+        finding, number = group.first, numbers[id(group.first)]
+        also = "".join(f'<span id="finding-{numbers[id(f)]}"></span>' for f in group.findings[1:])
         where = ""
         if finding.location:
             where = (
                 f' at <a href="#{line_anchor(finding.location)}">{escaped(finding.location)}</a>'
             )
         items.append(
-            f'<li id="finding-{number}" class="finding {escaped(finding.severity)}">'
+            f'<li id="finding-{number}" class="finding {escaped(finding.severity)}">{also}'
             f'<p><span class="num">#{number}</span> <b>{escaped(finding.severity)}</b> '
             f"<code>{escaped(finding.kind)}</code>{where}</p>"
-            f"<pre>{escaped(finding.message)}</pre></li>"
+            f"<pre>{escaped(group.message)}</pre></li>"
         )
     return f'<ol class="findings">{"".join(items)}</ol>'
 

@@ -210,13 +210,22 @@ def human_bytes(n: int) -> str:
 
 
 def summary_line(trace) -> str:
-    """`20 ops in 5 modules; 0 errors, 0 warnings` (and `; 1 suppressed`, and the failures
-    of shapeguard's own code it contained: `; 1 internal error (...)`)."""
+    """`20 ops in 5 modules; 0 errors, 0 warnings` (and `(3 shown: ...)` where findings
+    repeated across layers are grouped, `; 1 suppressed`, and the failures of shapeguard's
+    own code it contained: `; 1 internal error (...)`)."""
+    from .._trace.finding_groups import grouped
+
     suppressed = len(getattr(trace, "suppressed", ()))
     internal = sum(f.count for f in getattr(trace, "internal_errors", ()))
+    shown = len(grouped(trace.findings))
     return (
         f"{_count(len(trace.events), 'op')} in {_count(trace.modules_seen, 'module')}; "
         f"{_count(len(trace.errors), 'error')}, {_count(len(trace.warnings), 'warning')}"
+        + (
+            f" ({shown} shown: a finding repeated across layers is shown once)"
+            if shown < len(trace.findings)
+            else ""
+        )
         + (f"; {suppressed} suppressed" if suppressed else "")
         + (
             f"; {_count(internal, 'internal error')} (shapeguard's own, contained: "
@@ -339,7 +348,10 @@ def render_findings(trace, notes: tuple[str, ...] = ()) -> str:
 
 def _findings_lines(trace, notes: tuple[str, ...] = ()) -> list[str]:
     lines = [f"note: {note}" for note in notes]
-    lines += [summary_line(trace)] + [f"{f.severity}: {f.message}" for f in trace.findings]
+    from .._trace.finding_groups import grouped
+
+    lines += [summary_line(trace)]
+    lines += [f"{g.first.severity}: {g.message}" for g in grouped(trace.findings)]
     lines += [
         f"suppressed: {f.kind} at {f.location} (# shapeguard: ignore[{f.kind}])"
         for f in getattr(trace, "suppressed", ())
@@ -351,14 +363,17 @@ def render_github(trace, checks=()) -> str:
     """GitHub Actions workflow commands: one `::error` / `::warning` line per finding (at its
     file and line, which GitHub shows as an annotation there), then one `::error` per
     failed check of `shapeguard check` (`checks`: its (check, status, detail) rows)."""
+    from .._trace.finding_groups import grouped
+
     lines = []
-    for finding in trace.findings:
+    for group in grouped(trace.findings):
+        finding = group.first
         path, _, line = finding.location.rpartition(":")
         where = f" file={_escape(path, True)},line={line}" if path and line.isdigit() else ""
         title = _escape(f"shapeguard {finding.kind}", True)
         level = "error" if finding.severity == "error" else "warning"
         lines.append(
-            f"::{level}{where},title={title}::{_escape(finding.message)}".replace(
+            f"::{level}{where},title={title}::{_escape(group.message)}".replace(
                 f"::{level},", f"::{level} ", 1
             )
         )

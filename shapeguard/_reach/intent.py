@@ -22,6 +22,7 @@ from typing import Any
 from .. import _ops
 from ..checks._own_keys import own_keys
 from .rows import Runs
+from .steps import own_at_step
 
 # A mask beside a main input: (mask name, main input names, True where the mask's value
 # says padding). transformers' masks hold 1 for a real token; torch's hold True for padding.
@@ -100,6 +101,9 @@ class SiteIntent:
     # The reach's leading axis of the examples, where padding or documents differ by
     # example (None: alike in every example).
     batch_axis: int | None = None
+    # Evidence that the site is a cached step whose `own` keys come from how its keys
+    # were assembled (`steps.own_at_step`), "" where it is not one.
+    step: str = ""
 
 
 def of_site(call, reach) -> SiteIntent | None:
@@ -111,6 +115,9 @@ def of_site(call, reach) -> SiteIntent | None:
         return None
     q_axis, k_axis, lead_dims = axes
     own = own_keys(q_axis, k_axis, reach.seq_q, reach.seq_k)
+    step = ""
+    if own is None:
+        own, step = own_at_step(q_axis, k_axis, reach.seq_q, reach.seq_k) or (None, "")
     module = call.module
     padding = _padding(call, inputs, reach, q_axis, k_axis, lead_dims) if inputs else None
     if padding is None and inputs is not None and _untied_padding(inputs):
@@ -144,6 +151,7 @@ def of_site(call, reach) -> SiteIntent | None:
         documents_evidence=documents_evidence,
         layer=layer,
         batch_axis=batch_axis,
+        step=step,
     )
 
 

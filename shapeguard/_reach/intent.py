@@ -22,7 +22,7 @@ from typing import Any
 from .. import _ops
 from ..checks._own_keys import own_keys
 from .rows import Runs
-from .steps import own_at_step
+from .steps import own_at_step, padding_at_step
 
 # A mask beside a main input: (mask name, main input names, True where the mask's value
 # says padding). transformers' masks hold 1 for a real token; torch's hold True for padding.
@@ -120,6 +120,8 @@ def of_site(call, reach) -> SiteIntent | None:
         own, step = own_at_step(q_axis, k_axis, reach.seq_q, reach.seq_k) or (None, "")
     module = call.module
     padding = _padding(call, inputs, reach, q_axis, k_axis, lead_dims) if inputs else None
+    if padding is None and inputs is not None and step and own is not None:
+        padding = _step_padding(call, inputs, reach, lead_dims, own)
     if padding is None and inputs is not None and _untied_padding(inputs):
         return None  # which queries are padding is unknown: nothing can be claimed
     causal = _causal(module) if own is not None else ""
@@ -227,6 +229,18 @@ def _padding(call, inputs, reach, q_axis, k_axis, lead_dims) -> Padding | None:
         meaning = "True = padding" if true_pads else "1 = real token"
         return Padding(pad_rows, queries, f"{mask_name} ({meaning}){_side(pad_rows)}", batch_axis)
     return None
+
+
+def _step_padding(call, inputs, reach, lead_dims, own) -> Padding | None:
+    """The padding of a cached step's keys (`steps.padding_at_step`)."""
+    found = padding_at_step(
+        call, inputs, reach, lead_dims, own, _PADDING, lambda t: _values(inputs, t, _padding_values)
+    )
+    if found is None:
+        return None
+    pad_rows, mask_name, true_pads, batch_axis = found
+    meaning = "True = padding" if true_pads else "1 = real token"
+    return Padding(pad_rows, None, f"{mask_name} ({meaning}){_side(pad_rows)}", batch_axis)
 
 
 def _untied_padding(inputs: RootInputs) -> bool:

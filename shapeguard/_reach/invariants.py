@@ -320,6 +320,7 @@ def _step_text(reach: Reach, site, found: _Found, total: int, at: str, own: int,
         f"full forward's query at their position sees (first at {at}: its own key is "
         f"{own}, so it should see {wanted}; it sees {seen}, wrong at {runs_text(runs)}); "
         f"{site.step}; the site is causal: {site.causal}"
+        + (f"; {site.window_evidence}" if w is not None else "")
     )
     flagged = _keys(runs)
     if any(k > own for k in flagged):

@@ -85,3 +85,51 @@ def _joined_positions(keys: D.Axis, seq_k: int) -> tuple[tuple[D.Axis, ...], lis
         if root.size != n:
             return None
     return None
+
+
+def padding_at_step(call, inputs, reach, lead_dims, own, specs, read):
+    """(per example, True where a key is padding; the mask's name; True where its value says
+    padding; the reach's leading axis of the examples, None where alike) at a cached step
+    whose own keys are the last `seq_q` (`own_at_step`), from a root padding mask as the
+    model's API documents it with a cache: one column per cached and new token
+    (`[batch, past + new]`, beside `input_ids` of `[batch, new]`), so its columns are the
+    keys. `specs` are intent's (mask name, main inputs, True = padding) and `read` its
+    reader of a mask's values (bool rows, or None). None where nothing ties them."""
+    seq_q, seq_k = reach.seq_q, reach.seq_k
+    if list(own) != list(range(seq_k - seq_q, seq_k)):
+        return None
+    for mask_name, mains, true_pads in specs:
+        mask = inputs.get(mask_name)
+        if mask is None or mask.dim() != 2 or int(mask.shape[1]) != seq_k:
+            continue
+        beside = [
+            main
+            for main in (inputs.get(name) for name in mains)
+            if main is not None
+            and main.dim() >= 2
+            and tuple(main.shape[:2]) == (int(mask.shape[0]), seq_q)
+        ]
+        values = read(mask) if beside else None
+        if values is None:
+            continue
+        pads = tuple(tuple(v if true_pads else not v for v in row) for row in values)
+        if all(row == pads[0] for row in pads):
+            return (pads[0],), mask_name, true_pads, None
+        axis = _batch_axis(call, reach, lead_dims, [mask, *beside], len(pads))
+        if axis is None:
+            return None
+        return pads, mask_name, true_pads, axis
+    return None
+
+
+def _batch_axis(call, reach, lead_dims, tensors, batch: int) -> int | None:
+    """The reach's leading axis that is the inputs' batch axis, by identity."""
+    wanted = []
+    for tensor in tensors:
+        meta = call.meta(tensor)
+        if meta is not None and len(meta.dims) == tensor.dim():
+            wanted.append(D.normalize(meta.dims[0]))
+    for i, axis in enumerate(lead_dims):
+        if reach.lead[i] == batch and D.normalize(axis) in wanted:
+            return i
+    return None

@@ -24,8 +24,8 @@ _BLOCK = re.compile(r"(<!-- message: (\w+) -->\n```text\n)(.*?)(\n?^```$)", re.S
 NEEDS_FLASH_KERNELS = {"flash_head_dim_multiple"}
 # Kinds declared by a rule that no code yields yet, so no snippet can show them: the reach
 # invariants (`checks/reach.py`) that `_reach.invariants.judge` does not judge yet: a key axis
-# that carries several examples, and a decode step against the full forward.
-NOT_YET = {"reach_other_example", "reach_decode"}
+# that carries several examples.
+NOT_YET = {"reach_other_example"}
 
 
 def source_kinds() -> set[str]:

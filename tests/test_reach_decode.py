@@ -4,7 +4,8 @@ real query must see exactly what the full forward's query at its position sees.
 
 Bugs in three construction styles (a cat cache with a boolean mask, a preallocated buffer
 with an additive mask, transformers' DynamicCache with position ids passed down), each at
-the three size settings, as a chunk and as a one-token step, found from the trace alone;
+the three size settings, as a chunk and as a one-token step, found from the trace alone,
+with a windowed cache and a left-padded step that sees the padding (`reach_padded_key`);
 their fixes, transformers' own `generate` (with and without left padding, eager and
 sdpa) and a chunked prefill stay silent.
 """
@@ -232,6 +233,56 @@ def test_a_dynamic_cache_given_positions_that_restart_is_found(sizes, new):
     assert f"{rows} of {rows} real query rows of a cached step" in message
     assert "it sees key 0, wrong at keys 1.." in message
     assert trace.findings[0].hint.startswith("it misses earlier keys")
+
+
+class PaddedStep(nn.Module):
+    """A causal cat-cache step over a left-padded batch: `attention_mask` covers the cached
+    and new tokens (`[B, past + S]`, 1 = real), as transformers documents it with a cache.
+    The bug masks causally only: the step's queries see the padding."""
+
+    is_causal = True
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.n_heads, self.bug = n_heads, bug
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+
+    def forward(self, inputs_embeds, attention_mask, past_key, past_value):
+        B, S, _ = inputs_embeds.shape
+        q, k, v = (_heads(t, B, S, self.n_heads) for t in self.qkv(inputs_embeds).chunk(3, -1))
+        past = past_key.size(2)
+        k, v = torch.cat([past_key, k], dim=2), torch.cat([past_value, v], dim=2)
+        keep = torch.arange(k.size(2))[None, :] <= torch.arange(past, past + S)[:, None]
+        keep = keep[None, None]  # [1, 1, S, past + S]
+        if not self.bug:
+            keep = keep & attention_mask.bool()[:, None, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def padded_step(s, new, bug=None):
+    torch.manual_seed(0)
+    n, past = _new(s, new), _past(s, new)
+    mask = torch.ones(s.batch, past + n, dtype=torch.long)
+    for b in range(s.batch):
+        mask[b, : min(b, past)] = 0  # example b is left-padded by b tokens
+    cache = torch.randn(2, s.batch, s.heads, past, s.d_k)
+    x = torch.randn(s.batch, n, s.d_model)
+    return _trace(PaddedStep(s.d_model, s.heads, bug), x, mask, *cache)
+
+
+@SETTING
+@NEW
+def test_a_left_padded_step_that_sees_the_padding_is_found(sizes, new):
+    trace = padded_step(sizes, new, bug=True)
+    assert kinds(trace) == ["reach_padded_key"], describe(trace)
+    message = trace.findings[0].message
+    rows = sizes.heads * _new(sizes, new)
+    padded_rows = (sizes.batch - 1) * rows  # every example but the first is padded
+    assert f"{padded_rows} of {sizes.batch * rows} real query rows see padded keys" in message
+    assert "it sees padded key 0); padding from attention_mask (1 = real token), padded on" in (
+        message
+    )
+    assert padded_step(sizes, new).findings == []
 
 
 # -- their fixes, silent, and judged --------------------------------------------------------

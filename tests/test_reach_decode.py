@@ -11,6 +11,7 @@ sdpa) and a chunked prefill stay silent.
 """
 
 import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -42,7 +43,8 @@ def _heads(t, B, S, h):
 class CatCache(nn.Module):
     """A causal step over a cache joined with torch.cat, masked with a boolean mask from
     the queries' positions. Bugs: the positions restart at 0 ("restart"), the mask hides
-    the new keys ("own"), a query sees the next query's key ("later")."""
+    the new keys ("own"), a query sees the next query's key ("later"), the first cached
+    key is hidden ("first")."""
 
     is_causal = True
 
@@ -62,6 +64,8 @@ class CatCache(nn.Module):
         keep = key_positions <= query_positions + (1 if self.bug == "later" else 0)
         if self.bug == "own":
             keep = keep & (key_positions < past)
+        if self.bug == "first":
+            keep = keep & (key_positions > 0)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
 
 
@@ -177,8 +181,8 @@ def describe(trace) -> str:
 
 # -- bugs, found from the trace alone ---------------------------------------------------------
 CAUSES = {
-    "restart": "it misses earlier keys: the step's positions restart at 0",
-    "own": "its own new key is hidden",
+    "restart": "it does not see its own key: the step's positions restart at 0",
+    "own": "it does not see its own key",
     "later": "it sees slots past its own key",  # a chunk's query sees the next one's key
 }
 
@@ -203,11 +207,36 @@ def test_a_cat_cache_whose_boolean_mask_is_wrong_is_found(sizes, new, bug):
     assert "real query rows of a cached step do not see the keys the full forward's" in (
         finding.message
     )
-    assert f"its own key is {past}, so it should see keys 0..{past}" in finding.message
+    assert f"its own key is {past}, so it should see key {past} and no later one;" in (
+        finding.message
+    )
     assert f"the keys are {past} cached keys joined with the step's {n} new" in finding.message
     assert "the site is causal: CatCache.is_causal is True" in finding.message
     assert finding.hint.startswith(cause), finding.hint
     assert "cache_position = past + arange(new)" in finding.hint
+
+
+@SETTING
+@NEW
+def test_a_full_attention_layer_that_misses_a_cached_key_is_found(sizes, new):
+    """Missing earlier keys are judged where the layer states full attention (the config's
+    layer_types at its layer_idx); without it they may be an unstated window."""
+    model = CatCache(sizes.d_model, sizes.heads, "first")
+    torch.manual_seed(0)
+    n, past = _new(sizes, new), _past(sizes, new)
+    cache = torch.randn(2, sizes.batch, sizes.heads, past, sizes.d_k)
+    x = torch.randn(sizes.batch, n, sizes.d_model)
+    assert not _trace(model, x, *cache).findings  # no stated layer type: no claim
+    model.layer_idx = 0
+    model.config = types.SimpleNamespace(layer_types=["full_attention"], sliding_window=4)
+    trace = _trace(model, x, *cache)
+    assert kinds(trace) == ["reach_decode"], describe(trace)
+    message = trace.findings[0].message
+    assert (
+        f"so it should see keys 0..{past} (config.layer_types[0] is full_attention); it sees "
+        f"keys 1..{past}, wrong at key 0)" in message
+    )
+    assert trace.findings[0].hint.startswith("it misses earlier keys: the mask does not cover")
 
 
 @SETTING
@@ -217,9 +246,11 @@ def test_a_buffer_cache_whose_additive_mask_hides_the_new_key_is_found(sizes, ne
     assert kinds(trace) == ["reach_decode"], describe(trace)
     past = _past(sizes, new)
     message = trace.findings[0].message
-    assert f"query 0: its own key is {past}, so it should see keys 0..{past};" in message
+    assert f"query 0: its own key is {past}, so it should see key {past} and no later one;" in (
+        message
+    )
     assert f"it sees keys 0..{past - 1}, wrong at key {past})" in message
-    assert trace.findings[0].hint.startswith("its own new key is hidden")
+    assert trace.findings[0].hint.startswith("it does not see its own key")
 
 
 @SETTING
@@ -231,8 +262,8 @@ def test_a_dynamic_cache_given_positions_that_restart_is_found(sizes, new):
     rows = sizes.batch * sizes.heads * _new(sizes, new)
     assert message.startswith(f"scaled_dot_product_attention over [batch={sizes.batch}, ")
     assert f"{rows} of {rows} real query rows of a cached step" in message
-    assert "it sees key 0, wrong at keys 1.." in message
-    assert trace.findings[0].hint.startswith("it misses earlier keys")
+    assert f"it sees key 0, wrong at key {_past(sizes, new)})" in message
+    assert trace.findings[0].hint.startswith("it does not see its own key: the step's positions")
 
 
 class PaddedStep(nn.Module):
@@ -437,20 +468,22 @@ class WindowCache(nn.Module):
 
     is_causal = True
 
-    def __init__(self, d_model, n_heads, window, bug=None):
+    def __init__(self, d_model, n_heads, window, bug=None, stated=True):
         super().__init__()
-        self.n_heads, self.sliding_window, self.bug = n_heads, window, bug
+        self.n_heads, self.window, self.bug = n_heads, window, bug
+        if stated:  # the module's own declaration, as Gemma 2's attention makes it
+            self.sliding_window = window
         self.qkv = nn.Linear(d_model, 3 * d_model)
 
     def forward(self, x, past_key, past_value):
         B, S, _ = x.shape
         q, k, v = (_heads(t, B, S, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
-        kept = self.sliding_window - 1
+        kept = self.window - 1
         k = torch.cat([past_key[:, :, -kept:], k], dim=2)
         v = torch.cat([past_value[:, :, -kept:], v], dim=2)
         query_positions = torch.arange(kept, kept + S)[:, None]
         key_positions = torch.arange(k.size(2))[None, :]
-        window = self.sliding_window + (1 if self.bug else 0)
+        window = self.window + (1 if self.bug else 0)
         keep = (key_positions <= query_positions) & (key_positions > query_positions - window)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
 
@@ -476,10 +509,27 @@ def test_a_windowed_cache_step_is_judged_against_its_window(sizes, bug):
     assert f"; WindowCache.sliding_window = {window}\n" in message
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left_padded"])
-def test_a_chunked_prefill_is_silent_and_judged(padded):
+@SETTING
+@pytest.mark.parametrize("bug", [None, "wider"])
+def test_a_window_the_layer_does_not_state_is_not_judged_as_missing_keys(sizes, bug):
+    """Without the module's `sliding_window` (a window in the config only), the earlier
+    keys a step's query does not see may be its window: no claim, whatever its size."""
+    torch.manual_seed(0)
+    window = max(2, sizes.seq // 2)
+    past = torch.randn(2, sizes.batch, sizes.heads, sizes.seq_k - sizes.seq, sizes.d_k)
+    model = WindowCache(sizes.d_model, sizes.heads, window, bug, stated=False)
+    trace = _trace(model, torch.randn(sizes.batch, sizes.seq, sizes.d_model), *past)
+    assert not trace.findings, describe(trace)
+
+
+@pytest.mark.parametrize(
+    ("name", "padded", "cached"), [("llama", False, 7), ("llama", True, 7), ("mistral", False, 3)]
+)
+def test_a_chunked_prefill_is_silent_and_judged(name, padded, cached):
+    """A prompt of 7 tokens, then a chunk of 5 with the cache: Mistral's keeps the last 3
+    keys (window 4), and its window is not stated by the layer (not judged as missing)."""
     ids, mask = batch(padded, seq=12)
-    model = build("llama", "sdpa")
+    model = build(name, "sdpa")
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
         model(input_ids=ids[:, :7], attention_mask=mask[:, :7], cache=cache, use_cache=True)
@@ -489,7 +539,7 @@ def test_a_chunked_prefill_is_silent_and_judged(padded):
 
     trace, judged = judged_steps(model, run)
     assert not trace.findings, describe(trace)
-    assert len(judged) == 2 and all(s.own == tuple(range(7, 12)) for s in judged)
+    assert len(judged) == 2 and all(s.own == tuple(range(cached, cached + 5)) for s in judged)
     if padded:
         (left,) = {s.padding.evidence for s in judged}
         assert left == "attention_mask (1 = real token), padded on the left"

@@ -19,10 +19,11 @@ says in `Reach.padding`.
   (its own position and the `W - 1` before it; keys every later query sees, attention
   sinks, excepted), or a layer the config calls full attention sees a window;
 - `reach_decode`: at a cached step of a causal model (its keys are cached keys joined
-  with the step's own: `steps.own_at_step`), a real query does not see exactly the keys
-  the full forward's query at its position sees: every real cached key and its own
-  (only its window's in a windowed layer), no later slot. It stands for `reach_future`
-  and `reach_window` there: the cause is the step's positions, not the mask's pattern.
+  with the step's own: `steps.own_at_step`), a real query does not see what the full
+  forward's query at its position sees: its own key, no later slot, and, where the
+  layer states its window or full attention, exactly its window's or every earlier real
+  key. It stands for `reach_future` and `reach_window` there: the cause is the step's
+  positions, not the mask's pattern.
 """
 
 import dataclasses
@@ -194,8 +195,14 @@ def _step_cells(site, own: int, keys: list[int], pads, sinks) -> list[int]:
     """The keys where a cached step's query differs from the full forward's query at its
     position: real keys it should see and does not, and keys it sees that it should not
     (later slots, keys beyond its window that are no sinks)."""
-    start = max(own - site.window + 1, 0) if site.window is not None else 0
     seen = set(keys)
+    later = {k for k in seen if k > own}
+    if site.window is None and not site.full:
+        # No stated window and no stated full layer: the earlier keys a query misses may be
+        # a window the model does not state (Mistral's config), so only its own key, which
+        # every causal query sees, and the later slots are judged.
+        return sorted(later | ({own} - seen))
+    start = max(own - site.window + 1, 0) if site.window is not None else 0
     wanted = {k for k in range(start, own + 1) if pads is None or not pads[k]}
     extra = {k for k in seen - wanted if not (k < start and k in sinks)}
     return sorted(extra | (wanted - seen))
@@ -313,7 +320,12 @@ def _window_text(site, found: _Found, total: int, at: str, own: int, runs: Runs)
 def _step_text(reach: Reach, site, found: _Found, total: int, at: str, own: int, runs: Runs):
     w = site.window
     first = max(own - w + 1, 0) if w is not None else 0
-    wanted = f"keys {first}..{own}" + (f" (its window of {w})" if w is not None else "")
+    if w is not None:
+        wanted = f"keys {first}..{own} (its window of {w})"
+    elif site.full:
+        wanted = f"keys 0..{own} ({site.full})"
+    else:  # no stated window: which earlier keys it sees is not judged
+        wanted = f"key {own} and no later one"
     seen = runs_text(reach.row(*found.first[:2])) if found.first else "no key"
     relation = (
         f"{found.rows} of {total} real query rows of a cached step do not see the keys the "
@@ -328,13 +340,13 @@ def _step_text(reach: Reach, site, found: _Found, total: int, at: str, own: int,
             "it sees slots past its own key: a stale or zeroed cache slot beyond the written "
             "length, or a mask not cut to cached + new keys"
         )
-    elif any(k < own for k in flagged):
+    elif own in flagged:
         cause = (
-            "it misses earlier keys: the step's positions restart at 0 (or lag the cache), "
-            "or the mask does not cover the cache"
+            "it does not see its own key: the step's positions restart at 0 (or lag the "
+            "cache), or the mask does not cover the new tokens"
         )
     else:
-        cause = "its own new key is hidden: the cache mask must include the new tokens"
+        cause = "it misses earlier keys: the mask does not cover the whole cache"
     hint = (
         f"{cause}; a cached step's query i is at position past + i (transformers: "
         "cache_position = past + arange(new), position_ids offset by the cache length) and "

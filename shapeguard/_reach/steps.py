@@ -47,7 +47,7 @@ def own_at_step(
                 break
     elif seq_q == 1 and last > 0 and not D.normalize(parts[last]) and D.size_of(parts[last]) == 1:
         own_part, mapping = last, [0]
-    if own_part is None or own_part == 0:
+    if own_part is None or offsets[own_part] == 0:
         return None  # no cached keys before the step's own: not a cached step
     index = {position: j for j, position in enumerate(kept)}
     own = [index.get(offsets[own_part] + m, -1) for m in mapping]

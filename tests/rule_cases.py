@@ -24,7 +24,8 @@ runs each bug and its fix at the three size settings. The line where a bug bites
                       reused for shorter ones
     reach             a causal decoder's mask, in four styles, that lets a real query see a
                       padded key, a later position, a key outside its window, or another
-                      packed document (the reach's invariants, found at the softmax)
+                      packed document (the reach's invariants, found at the softmax); and a
+                      cached step's mask built from positions that restart at 0
 """
 
 import math
@@ -334,6 +335,32 @@ class Reaching(nn.Module):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
         scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
         context = scores.softmax(dim=-1) @ v  # <- reach
+        return self.out(context.transpose(1, 2).reshape(B, S, d_model))
+
+
+class CachedStep(nn.Module):
+    """A causal decoder's cached step (`is_causal = True`): the new tokens' keys and values
+    joined to the cache (past_key, past_value: [B, h, S_past, d_k]) with torch.cat, and a
+    boolean mask from the positions (query i at past + i sees keys 0..past + i); the bug
+    restarts the queries' positions at 0, so they miss the cache and their own keys."""
+
+    is_causal = True
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.n_heads, self.bug = n_heads, bug
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x, past_key, past_value):
+        B, S, d_model = x.shape
+        q, k, v = (_heads(t, B, S, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1))
+        past = past_key.size(2)
+        k, v = torch.cat([past_key, k], dim=2), torch.cat([past_value, v], dim=2)
+        start = 0 if self.bug else past
+        query_positions = torch.arange(start, start + S)  # <- reach
+        keep = torch.arange(k.size(2))[None, :] <= query_positions[:, None]  # [S, past + S]
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # <- reach
         return self.out(context.transpose(1, 2).reshape(B, S, d_model))
 
 

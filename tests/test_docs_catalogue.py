@@ -29,9 +29,8 @@ _BLOCK = re.compile(r"(<!-- message: (\w+) -->\n```text\n)(.*?)(\n?^```$)", re.S
 # Kinds whose snippet needs flash-attn's own kernel ops (torch.ops.flash_attn.*).
 NEEDS_FLASH_KERNELS = {"flash_head_dim_multiple"}
 # Kinds declared by a rule that no code yields yet, so no snippet can show them: the reach
-# invariant (`checks/reach.py`) that `_reach.invariants.judge` does not judge yet: a decode
-# step against the full forward.
-NOT_YET = {"reach_decode"}
+# invariants (`checks/reach.py`) that `_reach.invariants.judge` does not judge yet: none now.
+NOT_YET: set[str] = set()
 
 
 def source_kinds() -> set[str]:

@@ -83,8 +83,9 @@ def test_a_meta_s_fields_are_its_facts():
 
 def test_a_dim_state_is_every_fact_a_claim_changes():
     # What a Dim holds besides its state: its identity (size, parent, serial) and where a
-    # cut took it from. A slot added to Dim is one or the other.
-    assert set(D.Dim.__slots__) - set(D.DimState._fields) == {"size", "parent", "cut", "serial"}
+    # cut or a concatenation took it from. A slot added to Dim is one or the other.
+    made = {"size", "parent", "cut", "joined", "serial"}
+    assert set(D.Dim.__slots__) - set(D.DimState._fields) == made
 
 
 def test_a_dim_state_is_restored_whole():

@@ -86,6 +86,9 @@ GROUPED = _of(
 )
 CROSS = _of(lambda s, bug: rule_cases.CrossMHA(s.d_model, s.heads, bug), rule_cases.padded_memory)
 DECODING = _of(lambda s, bug: rule_cases.Decoding(s.d_model, s.heads, bug), invariants.with_cache)
+CACHED_STEP = _of(
+    lambda s, bug: rule_cases.CachedStep(s.d_model, s.heads, bug), invariants.with_cache
+)
 FLASH = _of(lambda s, bug: rule_cases.Flash(s.d_model, s.heads, bug), invariants.x_only)
 FLEX = _of(
     lambda s, bug: rule_cases.Flex(s.d_model, s.heads, 2 * s.seq + 1, bug), invariants.x_only
@@ -121,6 +124,7 @@ CASES = [
     Case("reach", "future", reaching("future"), "reach_future", ("keys <= query",)),
     Case("reach", "window", reaching("window", rule_cases.unpadded_embeds), "reach_window", ("kv > q - ",)),
     Case("reach", "documents", reaching("documents", rule_cases.packed_embeds), "reach_documents", ("block-diagonal",)),
+    Case("reach", "decode", CACHED_STEP, "reach_decode", ("restart at 0",)),
 ]  # fmt: skip
 
 # Rule ("family.function") -> the bugs ("bug-style": test_invariants.BUGS or CASES) on
@@ -158,6 +162,7 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
         "reach-future",
         "reach-window",
         "reach-documents",
+        "reach-decode",
     ),
     "regroup.regroup": ("carve-tutorial", "merge-hf_sdpa", "fold_order-einops_bmm"),
     "score_bias.added_to_scores": ("bias_constant-tutorial_alibi",),

@@ -100,6 +100,7 @@ class Dim:
         "alias",
         "origin",
         "cut",
+        "joined",
         "serial",
     )
 
@@ -132,6 +133,9 @@ class Dim:
         # positions of that atom it kept), so a head layout can be read back to the rows
         # of the projection it came from.
         self.cut: tuple[Atom, Sequence[int]] | None = None
+        # The axes a concatenation joined into this dim, in order (a cache's keys and the
+        # new ones), so the positions each part holds can be read back (`_reach/steps.py`).
+        self.joined: tuple[Axis, ...] | None = None
         _serial[0] += 1
         self.serial = _serial[0]
 
@@ -289,6 +293,8 @@ def unify(a: Dim, b: Dim) -> None:
         a.alias = b.alias
     if a.cut is None:
         a.cut = b.cut
+    if a.joined is None:
+        a.joined = b.joined
     b.parent = a
     _epoch[0] += 1
 

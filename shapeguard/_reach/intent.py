@@ -24,6 +24,7 @@ from .. import _ops
 from ..checks._own_keys import own_keys
 from . import model_causal
 from .rows import Runs
+from .steps import own_at_step, padding_at_step
 
 # A mask beside a main input: (mask name, main input names, True where the mask's value
 # says padding). transformers' masks hold 1 for a real token; torch's hold True for padding.
@@ -102,6 +103,9 @@ class SiteIntent:
     # The reach's leading axis of the examples, where padding or documents differ by
     # example (None: alike in every example).
     batch_axis: int | None = None
+    # Evidence that the site is a cached step whose `own` keys come from how its keys
+    # were assembled (`steps.own_at_step`), "" where it is not one.
+    step: str = ""
 
 
 def of_site(call, reach) -> SiteIntent | None:
@@ -113,8 +117,13 @@ def of_site(call, reach) -> SiteIntent | None:
         return None
     q_axis, k_axis, lead_dims = axes
     own = own_keys(q_axis, k_axis, reach.seq_q, reach.seq_k)
+    step = ""
+    if own is None:
+        own, step = own_at_step(q_axis, k_axis, reach.seq_q, reach.seq_k) or (None, "")
     module = call.module
     padding = _padding(call, inputs, reach, q_axis, k_axis, lead_dims) if inputs else None
+    if padding is None and inputs is not None and step and own is not None:
+        padding = _step_padding(call, inputs, reach, lead_dims, own)
     if padding is None and inputs is not None and _untied_padding(inputs):
         return None  # which queries are padding is unknown: nothing can be claimed
     causal = ""
@@ -149,6 +158,7 @@ def of_site(call, reach) -> SiteIntent | None:
         documents_evidence=documents_evidence,
         layer=layer,
         batch_axis=batch_axis,
+        step=step,
     )
 
 
@@ -228,6 +238,18 @@ def _padding(call, inputs, reach, q_axis, k_axis, lead_dims) -> Padding | None:
         meaning = "True = padding" if true_pads else "1 = real token"
         return Padding(pad_rows, queries, f"{mask_name} ({meaning}){_side(pad_rows)}", batch_axis)
     return None
+
+
+def _step_padding(call, inputs, reach, lead_dims, own) -> Padding | None:
+    """The padding of a cached step's keys (`steps.padding_at_step`)."""
+    found = padding_at_step(
+        call, inputs, reach, lead_dims, own, _PADDING, lambda t: _values(inputs, t, _padding_values)
+    )
+    if found is None:
+        return None
+    pad_rows, mask_name, true_pads, batch_axis = found
+    meaning = "True = padding" if true_pads else "1 = real token"
+    return Padding(pad_rows, None, f"{mask_name} ({meaning}){_side(pad_rows)}", batch_axis)
 
 
 def _untied_padding(inputs: RootInputs) -> bool:

@@ -17,7 +17,13 @@ says in `Reach.padding`.
   takes inputs that open spans on purpose (Gemma 3's image tokens, PaliGemma's prefix);
 - `reach_window`: a causal windowed layer sees other past keys than its window of `W`
   (its own position and the `W - 1` before it; keys every later query sees, attention
-  sinks, excepted), or a layer the config calls full attention sees a window.
+  sinks, excepted), or a layer the config calls full attention sees a window;
+- `reach_decode`: at a cached step of a causal model (its keys are cached keys joined
+  with the step's own: `steps.own_at_step`), a real query does not see what the full
+  forward's query at its position sees: its own key, no later slot, and, where the
+  layer states its window or full attention, exactly its window's or every earlier real
+  key. It stands for `reach_future` and `reach_window` there: the cause is the step's
+  positions, not the mask's pattern.
 """
 
 import dataclasses
@@ -69,8 +75,10 @@ def check(reach: Reach, site: "_intent.SiteIntent") -> tuple[_Found | None, int]
     """The first invariant the reach breaks (None: none), and the real query rows read."""
     found = {
         kind: _Found(kind)
-        for kind in ("reach_padded_key", "reach_no_key", "reach_documents", "reach_future")
-    }
+        for kind in (
+            "reach_padded_key", "reach_no_key", "reach_documents", "reach_decode", "reach_future"
+        )
+    }  # fmt: skip
     window = _Found("reach_window")
     total = 0
     for index, example, weight in _examples(reach, site):
@@ -103,6 +111,11 @@ def check(reach: Reach, site: "_intent.SiteIntent") -> tuple[_Found | None, int]
                     found["reach_documents"].add(index, q, _intent.runs_of_keys(other), weight)
                     continue
             if not site.causal:
+                continue
+            if site.step:
+                wrong = [] if site.bidirectional else _step_cells(site, own, keys, pads, sinks)
+                if wrong:
+                    found["reach_decode"].add(index, q, _intent.runs_of_keys(wrong), weight)
                 continue
             if not site.bidirectional:
                 later = [k for k in keys if k > own]
@@ -178,6 +191,23 @@ def _sinks(site, real_rows: dict, pads, seq_k: int) -> set[int]:
     return sinks if len(sinks) < len(far) else set()
 
 
+def _step_cells(site, own: int, keys: list[int], pads, sinks) -> list[int]:
+    """The keys where a cached step's query differs from the full forward's query at its
+    position: real keys it should see and does not, and keys it sees that it should not
+    (later slots, keys beyond its window that are no sinks)."""
+    seen = set(keys)
+    later = {k for k in seen if k > own}
+    if site.window is None and not site.full:
+        # No stated window and no stated full layer: the earlier keys a query misses may be
+        # a window the model does not state (Mistral's config), so only its own key, which
+        # every causal query sees, and the later slots are judged.
+        return sorted(later | ({own} - seen))
+    start = max(own - site.window + 1, 0) if site.window is not None else 0
+    wanted = {k for k in range(start, own + 1) if pads is None or not pads[k]}
+    extra = {k for k in seen - wanted if not (k < start and k in sinks)}
+    return sorted(extra | (wanted - seen))
+
+
 def _window_cells(site, own: int, keys: list[int], pads, docs, sinks) -> list[int]:
     """The past keys a causal query sees that its window does not hold, or (a window
     missing) the real keys of its window it does not see."""
@@ -247,6 +277,8 @@ def _violation(call, reach: Reach, site, found: _Found, total: int) -> Violation
             "mask (keys <= query, bottom-right aligned with a cache: query i is at past + i), "
             "or is_causal=True with seq_q == seq_k"
         )
+    elif found.kind == "reach_decode":
+        relation, hint = _step_text(reach, site, found, total, at, own, runs)
     else:
         relation, hint = _window_text(site, found, total, at, own, runs)
     return Violation(
@@ -282,6 +314,44 @@ def _window_text(site, found: _Found, total: int, at: str, own: int, runs: Runs)
             "layers follow the config's layer_types: a full_attention layer sees every earlier "
             "key; check that the layer index picks the full mask, not the sliding-window one"
         )
+    return relation, hint
+
+
+def _step_text(reach: Reach, site, found: _Found, total: int, at: str, own: int, runs: Runs):
+    w = site.window
+    first = max(own - w + 1, 0) if w is not None else 0
+    if w is not None:
+        wanted = f"keys {first}..{own} (its window of {w})"
+    elif site.full:
+        wanted = f"keys 0..{own} ({site.full})"
+    else:  # no stated window: which earlier keys it sees is not judged
+        wanted = f"key {own} and no later one"
+    seen = runs_text(reach.row(*found.first[:2])) if found.first else "no key"
+    relation = (
+        f"{found.rows} of {total} real query rows of a cached step do not see the keys the "
+        f"full forward's query at their position sees (first at {at}: its own key is "
+        f"{own}, so it should see {wanted}; it sees {seen}, wrong at {runs_text(runs)}); "
+        f"{site.step}; the site is causal: {site.causal}"
+        + (f"; {site.window_evidence}" if w is not None else "")
+    )
+    flagged = _keys(runs)
+    if any(k > own for k in flagged):
+        cause = (
+            "it sees slots past its own key: a stale or zeroed cache slot beyond the written "
+            "length, or a mask not cut to cached + new keys"
+        )
+    elif own in flagged:
+        cause = (
+            "it does not see its own key: the step's positions restart at 0 (or lag the "
+            "cache), or the mask does not cover the new tokens"
+        )
+    else:
+        cause = "it misses earlier keys: the mask does not cover the whole cache"
+    hint = (
+        f"{cause}; a cached step's query i is at position past + i (transformers: "
+        "cache_position = past + arange(new), position_ids offset by the cache length) and "
+        "sees every cached key and its own, only its window's in a windowed layer"
+    )
     return relation, hint
 
 

@@ -394,6 +394,7 @@ def _joined_axis(parts: list[Axis], size: int) -> Axis:
         roots = [a[0].find() for p in parts for a in p]
         made[0][0].q_side = any(r.q_side for r in roots)
         made[0][0].k_side = any(r.k_side for r in roots)
+        made[0][0].joined = tuple(parts)
     return made
 
 

@@ -18,6 +18,7 @@ from . import compare as _compare
 from .capture import Captured, Flow, capture
 from .explain import Pair, name_difference
 from .result import DiffResult, Divergence, Side
+from .result_set import DiffSet
 from .weights import Matched, lent, match, module_aliases
 
 
@@ -40,12 +41,12 @@ def diff(
     /,
     *inputs,
     weights: Any = "copy",
-    backends: tuple[str, str] | None = None,
+    backends: tuple[str, ...] | None = None,
     dtypes: tuple[str, str] | None = None,
     train: bool = False,
     seed: int = 0,
     **kwargs,
-) -> DiffResult:
+) -> DiffResult | DiffSet:
     """Compare `model_b` (the port) with `model_a` (the reference) on the same inputs.
 
     Args:
@@ -57,13 +58,15 @@ def diff(
         weights: "copy" (the reference's weights lent to the port by state-dict names,
             then matching shapes in module order), "none", or a mapping
             {ref_name: port_name} tried first.
-        backends: two transformers `attn_implementation`s, ("eager", "sdpa").
+        backends: two or more transformers `attn_implementation`s, ("eager", "sdpa");
+            with three or more each is compared with the first (a `DiffSet`).
         dtypes: two dtypes by name, ("float32", "bfloat16").
         train: run both sides in train mode (dropout then draws the same seeded numbers).
         seed: the seed both sides' random state starts from.
 
     Returns:
-        A `DiffResult`: `.agree`, `.first`, `.matched`; `str()` is the report.
+        A `DiffResult`: `.agree`, `.first`, `.matched`; `str()` is the report. With three
+        or more backends a `DiffSet`: `.results` (one per pair), `.agree`, `.first`.
 
     Examples:
         >>> import torch, shapeguard
@@ -73,6 +76,22 @@ def diff(
         >>> shapeguard.diff(ref, port, x, x, x).agree
         True
     """
+    if backends is not None and len(backends) != 2:
+        if len(backends) < 2:
+            raise DiffOptionError(f"backends: {backends!r}: give two or more")
+        return DiffSet(
+            [
+                _diff_pair(model_a, model_b, inputs, kwargs, weights, (backends[0], other),
+                           dtypes, train, seed)
+                for other in backends[1:]
+            ]
+        )  # fmt: skip
+    return _diff_pair(model_a, model_b, inputs, kwargs, weights, backends, dtypes, train, seed)
+
+
+def _diff_pair(
+    model_a, model_b, inputs, kwargs, weights, backends, dtypes, train: bool, seed: int
+) -> DiffResult:
     same = model_b is None or model_b is model_a
     port_model = model_a if same else model_b
     names = _names(model_a, port_model, same, backends, dtypes)
@@ -248,7 +267,45 @@ def _pair(a: Captured, b: Captured, m, upstream, ref: Flow, port: Flow, sizes) -
              ref.tensors[k].axes, (), sizes, m.atol, m.rtol)
         for k in upstream
     )  # fmt: skip
-    return Pair(a.values, b.values, m.key, a.role, a.axes, before, sizes, m.atol, m.rtol)
+    return Pair(a.values, b.values, m.key, a.role, a.axes, before, sizes, m.atol, m.rtol,
+                site=_site_operands(m.key, a.role, ref, port),
+                ref_before=_ref_before(m.key, ref, port))  # fmt: skip
+
+
+# The roles of one attention site whose order a product's operands may have swapped.
+_OPERANDS = ("Q", "K")
+
+
+def _site_operands(key: str, role: str, ref: Flow, port: Flow) -> dict:
+    """The same site's Q and K (but `role` itself), (ref, port) each, the port's None
+    where it has none (an einsum the capture does not read): same path, same occurrence."""
+    base, hash_, n = key.partition(" #")
+    if role not in (*_OPERANDS, "scores") or not base.endswith(role):
+        return {}
+    found = {}
+    for other in _OPERANDS:
+        other_key = base[: len(base) - len(role)] + other + hash_ + n
+        a, b = ref.tensors.get(other_key), port.tensors.get(other_key)
+        if other != role and a is not None:
+            found[other] = (a.values, b.values if b is not None else None)
+    return found
+
+
+# How many reference-only tensors before a divergence are read as evidence.
+REF_BEFORE = 4
+
+
+def _ref_before(key: str, ref: Flow, port: Flow) -> tuple:
+    """The reference's tensors made before `key` since the last one both sides have, that
+    the port has no counterpart of, nearest first (a projection the port computes with
+    F.linear, whose module never runs)."""
+    order = ref.order()
+    found: list = []
+    for k in reversed(order[: order.index(key)]):
+        if k in port.tensors:
+            break
+        found.append(ref.tensors[k].values)
+    return tuple(found[:REF_BEFORE])
 
 
 def _named_on_weights(m, scores: Pair, ref: Flow, port: Flow, notes: list[str]):

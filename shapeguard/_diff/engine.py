@@ -17,6 +17,7 @@ from .. import _config
 from . import compare as _compare
 from .capture import Captured, Flow, capture
 from .explain import Pair, name_difference
+from .padding import Padding, from_inputs
 from .result import DiffResult, Divergence, Side
 from .result_set import DiffSet
 from .weights import Matched, lent, match, module_aliases
@@ -108,7 +109,8 @@ def _diff_pair(
     # The comparison's own torch calls (and the catalogue's candidates, wrong on purpose)
     # are no part of the user's program: unchecked in a trace open around the call.
     with _config.disabled():
-        return _result(names, model_a, ref_flow, port_flow, matched)
+        padding = from_inputs(kwargs)
+        return _result(names, model_a, ref_flow, port_flow, matched, padding)
 
 
 def _names(ref, port, same: bool, backends, dtypes) -> tuple[str, str]:
@@ -206,8 +208,8 @@ def _mode(model, train: bool) -> Iterator[None]:
             module.training = training
 
 
-def _result(names, ref_model, ref: Flow, port: Flow, matched: Matched) -> DiffResult:
-    comparison = _compare.first_divergence(ref, port)
+def _result(names, ref_model, ref: Flow, port: Flow, matched: Matched, padding) -> DiffResult:
+    comparison = _compare.first_divergence(ref, port, padding)
     alignment = comparison.alignment
     agreeing = [m for m in comparison.measured if m.agrees]
     largest = max((m.ratio for m in agreeing), default=0.0)
@@ -231,6 +233,8 @@ def _result(names, ref_model, ref: Flow, port: Flow, matched: Matched) -> DiffRe
             "first": comparison.first.key if comparison.first else None,
         },
     )
+    if padding is not None:
+        result.notes.append(_padding_note(padding, comparison.measured))
     m = comparison.first
     if m is not None:
         a, b = ref.tensors[m.key], port.tensors[m.key]
@@ -255,6 +259,16 @@ def _result(names, ref_model, ref: Flow, port: Flow, matched: Matched) -> DiffRe
             divergence.difference = _named_on_weights(m, pair, ref, port, result.notes)
         result.first = divergence
     return result
+
+
+def _padding_note(padding: Padding, measured) -> str:
+    tied = sum(1 for m in measured if m.skip is not None)
+    return (
+        f"padded positions not compared: {padding.count} of {padding.total} "
+        f"({padding.source} 0), in the {tied} of {len(measured)} compared tensors with "
+        "axes tied to the mask's (by the op's contract, or the one axis of each size); "
+        "the others compared whole"
+    )
 
 
 def _side(c: Captured) -> Side:

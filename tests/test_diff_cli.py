@@ -150,7 +150,10 @@ def test_the_json_schema_doc_lists_exactly_the_fields_written(tmp_path):
 
 def test_three_backends_one_line_per_pair_and_exit_1_when_one_diverges(tmp_path):
     model = _file(tmp_path, "model.py", "dm.Switchable(64, 4)")
-    result = run(model, "--backends", "eager,sdpa,d_model", "--json", tmp_path / "d.json")
+    page = tmp_path / "d.html"
+    result = run(
+        model, "--backends", "eager,sdpa,d_model", "--json", tmp_path / "d.json", "--html", page
+    )
     assert result.exit_code == 1, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == "diff: 2 backends against Switchable[eager]: 1 agree, 1 diverge"
@@ -161,6 +164,8 @@ def test_three_backends_one_line_per_pair_and_exit_1_when_one_diverges(tmp_path)
     )
     data = json.loads((tmp_path / "d.json").read_text())
     assert data["schema"] == "shapeguard.diff-set/1" and len(data["pairs"]) == 2
+    # the page shows the pair that diverges, its scores marked
+    assert '<tr class="diverge"><td>scores</td><td>scores</td>' in page.read_text()
     result = run(model, "--backends", "eager,sdpa,eager")
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("diff: 2 backends against Switchable[eager]: 2 agree")

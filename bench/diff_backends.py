@@ -2,9 +2,10 @@
 
 Each decoder of the --quick sample (bench/_world_sizes.QUICK; --all: every decoder) is
 built as bench/world.py builds it (tiny config, sizes d: batch 3, seq 7, heads 4, kv
-heads 2, head_dim 16), with no padding (--padding l: left padding, where the padded
-query rows, which see no key, differ in transformers itself), and compared with itself
-on the two implementations. Prints one line per model (agree, diverge with the first divergence,
+heads 2, head_dim 16), with no padding (--padding l or r: left or right padding; the
+padded positions the attention_mask establishes are not compared, since a padded query
+row that sees no key differs in transformers itself), and compared with itself on the
+two implementations. Prints one line per model (agree, diverge with the first divergence,
 refused: the model has no sdpa path, crash) and the counts last; exit status 1 when a
 model diverges.
 
@@ -74,6 +75,9 @@ def main(argv=None) -> int:
         else:
             state = "agree" if result.agree else "diverge"
             line = f"{result.compared} aligned compared, largest error {result.largest:.2g} of tolerance"
+            line += "".join(
+                f"; {note.split(' (')[0]}" for note in result.notes if note.startswith("padded")
+            )
             if result.first is not None:
                 line = str(result).rstrip()
         counts[state] += 1

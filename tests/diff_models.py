@@ -71,3 +71,32 @@ class SdpaAttention(Attention):
         v = self.v_proj(x).view(B, T, self.heads, self.d_k).transpose(1, 2)
         context = nn.functional.scaled_dot_product_attention(q, k, v)
         return self.o_proj(context.transpose(1, 2).reshape(B, T, C))
+
+
+class Switchable(Attention):
+    """The reference with transformers' switch of implementation (`config`,
+    `set_attn_implementation`): "eager" and "sdpa" compute the same attention, "d_model"
+    scales by 1/sqrt(d_model) (a backend that differs, for the tests of three or more)."""
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__(d_model, heads)
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(_attn_implementation="eager")
+
+    def set_attn_implementation(self, name: str) -> None:
+        self.config._attn_implementation = name
+
+    def forward(self, x):
+        B, T, C = x.shape
+        impl = self.config._attn_implementation
+        q = self.q_proj(x).view(B, T, self.heads, self.d_k).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.heads, self.d_k).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.heads, self.d_k).transpose(1, 2)
+        if impl == "sdpa":
+            context = nn.functional.scaled_dot_product_attention(q, k, v)
+        else:
+            d = C if impl == "d_model" else self.d_k
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+            context = scores.softmax(dim=-1) @ v
+        return self.o_proj(context.transpose(1, 2).reshape(B, T, C))

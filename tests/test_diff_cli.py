@@ -76,7 +76,7 @@ def test_usage_errors_exit_2_with_one_line(tmp_path):
     ref = _file(tmp_path, "ref.py", "dm.Attention(64, 4)")
     cases = {
         (ref,): "give PORT, or --backends / --dtype to compare REF with itself",
-        (ref, "--backends", "eager"): "--backends eager: give two, separated by a comma",
+        (ref, "--backends", "eager"): "--backends eager: give two or more, separated by a comma",
         (ref, "--backends", "eager,sdpa"): "backends: Attention is not a transformers model",
         (ref, ref, "--weights", tmp_path / "none.json"): "--weights ",
         (tmp_path / "absent.py", ref): "no such file: ",
@@ -146,3 +146,26 @@ def test_the_json_schema_doc_lists_exactly_the_fields_written(tmp_path):
     rest = doc.split("## Divergence (the `first` field)")[1]
     for field in (*data["first"], *data["first"]["ref"], *data["weights"]):
         assert f"`{field}`" in rest, field
+
+
+def test_three_backends_one_line_per_pair_and_exit_1_when_one_diverges(tmp_path):
+    model = _file(tmp_path, "model.py", "dm.Switchable(64, 4)")
+    page = tmp_path / "d.html"
+    result = run(
+        model, "--backends", "eager,sdpa,d_model", "--json", tmp_path / "d.json", "--html", page
+    )
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "diff: 2 backends against Switchable[eager]: 1 agree, 1 diverge"
+    assert lines[1].startswith("  Switchable[sdpa]: agrees (9 aligned tensors within")
+    assert lines[2].startswith("  Switchable[d_model]: diverges at scores: port == ref * 0.5")
+    assert result.stderr.strip() == (
+        "shapeguard: Switchable[d_model] diverges from Switchable[eager]"
+    )
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert data["schema"] == "shapeguard.diff-set/1" and len(data["pairs"]) == 2
+    # the page shows the pair that diverges, its scores marked
+    assert '<tr class="diverge"><td>scores</td><td>scores</td>' in page.read_text()
+    result = run(model, "--backends", "eager,sdpa,eager")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("diff: 2 backends against Switchable[eager]: 2 agree")

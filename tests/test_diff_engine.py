@@ -158,3 +158,39 @@ def test_a_forward_that_raises_leaves_no_hook_and_the_ports_weights():
     assert all(not m._forward_hooks for m in (*ref.modules(), *port.modules()))
     assert all(m.training for m in port.modules())
     assert all(torch.equal(before[k], v) for k, v in port.state_dict().items())
+
+
+@pytest.mark.parametrize("setting", SIZES)
+def test_three_backends_each_against_the_first(setting):
+    batch, heads, seq, d_k = SIZES[setting]
+    torch.manual_seed(0)
+    model = dm.Switchable(heads * d_k, heads)
+    x = torch.randn(batch, seq, heads * d_k)
+    result = shapeguard.diff(model, None, x, backends=("eager", "sdpa", "d_model"))
+    assert [r.port_name for r in result.results] == ["Switchable[sdpa]", "Switchable[d_model]"]
+    assert result.results[0].agree and not result.results[1].agree and not result.agree
+    assert result.first is result.results[1].first and result.first.key == "scores"
+    lines = str(result).splitlines()
+    assert lines[0] == "diff: 2 backends against Switchable[eager]: 1 agree, 1 diverge"
+    assert lines[1].startswith("  Switchable[sdpa]: agrees (")
+    assert lines[2].startswith("  Switchable[d_model]: diverges at scores: port == ref * ")
+    # then the diverging pair's own report, in the house format
+    assert "Switchable[d_model] against Switchable[eager]:" in lines
+    assert any(line.startswith("  hint: multiply the port's scale by ") for line in lines)
+    assert model.config._attn_implementation == "eager"  # switched back
+    data = result.as_json()
+    assert data["schema"] == "shapeguard.diff-set/1" and data["agree"] is False
+    assert [p["port"] for p in data["pairs"]] == ["Switchable[sdpa]", "Switchable[d_model]"]
+
+
+def test_three_backends_that_agree_and_one_backend_refused():
+    from shapeguard._diff.engine import DiffOptionError
+
+    torch.manual_seed(0)
+    model = dm.Switchable(64, 4)
+    x = torch.randn(3, 7, 64)
+    result = shapeguard.diff(model, None, x, backends=("eager", "sdpa", "eager"))
+    assert result.agree and result.first is None
+    assert str(result).startswith("diff: 2 backends against Switchable[eager]: 2 agree, 0 diverge")
+    with pytest.raises(DiffOptionError, match="give two or more"):
+        shapeguard.diff(model, None, x, backends=("eager",))

@@ -1,7 +1,8 @@
 """shapeguard.diff end to end: transformers' LlamaForCausalLM against the hand-written
 port of tests/diff_ports.py, weights copied by its mapping. The correct port agrees at
 the three size settings; each variant's first divergence is the tensor its difference
-first changes, at layer 0, with the port's own line where an op made it."""
+first changes, at layer 0, with the port's own line where an op made it, and all 20
+variant x style differences are named."""
 
 import pytest
 
@@ -34,10 +35,30 @@ FIRST = {
     ("bias", "a"): f"{ATTN}.q_proj block",
     ("bias", "b"): f"{ATTN} Q",  # F.linear without the bias: wq's module never runs
 }
-# Named by the catalogue (`name_difference`) on the engine's pair: all but the transpose
-# (the product's operands swap roles) and the bias dropped by F.linear (no upstream output
-# of wq to fit the bias from), where nothing is claimed.
-UNNAMED = {("transpose", "a"), ("transpose", "b"), ("bias", "b")}
+# Every variant x style is named by the catalogue (`name_difference`) on the engine's pair:
+# the transpose from the site's operands (style a: the port's product read, its operands
+# are the reference's swapped; style b: an einsum, its scores the reference's Q·Kᵀ
+# transposed), the bias dropped by F.linear from the reference's own projection output.
+# What each relation and hint must say, for the kinds read in a way of their own:
+SAID = {
+    ("transpose", "a"): (
+        "diff: the port's query-key product takes its operands in the other order: port Q "
+        "== ref K and port K == ref Q (sizes ",
+        "hint: swap the operands of the port's query-key product on its line: "
+        "q @ k.transpose(-2, -1)",
+    ),
+    ("transpose", "b"): (
+        "diff: port scores == (ref Q · ref Kᵀ)ᵀ * ",
+        "its scores the reference's transposed over (query, key)",
+        "hint: swap the operands of the port's query-key product (the product whose scores "
+        "the port's line above takes)",
+    ),
+    ("bias", "b"): (
+        "diff: port == rotary(x + b) where ref == rotary(x), b a vector over heads x head_dim",
+        "hint: the port's projection drops the reference's bias (nn.Linear(..., bias=False), "
+        "or F.linear without its bias)",
+    ),
+}
 SETTINGS = {s.name: s for s in P.SETTINGS}
 
 
@@ -71,19 +92,39 @@ def test_each_difference_first_diverges_at_its_tensor(setting, variant, style):
         assert "modeling_llama.py:" in first.ref.site
     assert str(result).startswith("diff: ")
     named = first.difference
-    if (variant, style) in UNNAMED:
-        assert named is None
-    else:
-        assert named is not None and named.kind == variant, str(result)
-        assert f"  hint: {named.hint}" in str(result)
-        assert str(result).startswith(f"diff: {named.relation}")
+    assert named is not None and named.kind == variant, str(result)
+    assert f"  hint: {named.hint}" in str(result)
+    assert str(result).startswith(f"diff: {named.relation}")
+    for phrase in SAID.get((variant, style), ()):
+        assert phrase in str(result), (phrase, str(result))
 
 
-@pytest.mark.parametrize("variant", ["scale", "bias", "rotary_pairing"])
-def test_realistic_sizes(variant):
-    result, _ = _diff(SETTINGS["realistic"], variant, "a")
-    assert result.first.key == FIRST[variant, "a"]
+@pytest.mark.parametrize(
+    "variant, style",
+    [("scale", "a"), ("bias", "a"), ("rotary_pairing", "a"), ("transpose", "a"),
+     ("transpose", "b"), ("bias", "b")],
+)  # fmt: skip
+def test_realistic_sizes(variant, style):
+    result, _ = _diff(SETTINGS["realistic"], variant, style)
+    assert result.first.key == FIRST[variant, style]
     assert result.first.difference is not None and result.first.difference.kind == variant
+    for phrase in SAID.get((variant, style), ()):
+        assert phrase in str(result), (phrase, str(result))
+
+
+def test_one_operand_replaced_is_no_swap():
+    # port Q == ref K while port K is still ref K (K used twice, not the two swapped): the
+    # operand order is not what changed, and nothing is claimed.
+    import torch
+
+    from shapeguard._diff.explain import Pair, name_difference
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(3, 4, 7, 16, generator=g), torch.randn(3, 4, 7, 16, generator=g)
+    axes = ("batch", "heads", "query", "head_dim")
+    assert name_difference(Pair(q, k, "Q", "Q", axes, site={"K": (k, k)})) is None
+    swapped = name_difference(Pair(q, k, "Q", "Q", axes, site={"K": (k, q)}))
+    assert swapped is not None and swapped.kind == "transpose"
 
 
 def test_inside_an_open_trace_the_catalogues_candidates_are_not_flagged():

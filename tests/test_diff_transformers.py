@@ -58,6 +58,19 @@ def test_eager_against_another_backend_agrees(name, backend):
     assert model.config._attn_implementation == "eager"  # switched back
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_three_backends_each_agree_with_eager():
+    model = _model("llama")
+    result = shapeguard.diff(model, None, _ids(seq=9), backends=("eager", "sdpa", "flex_attention"))
+    assert result.agree, str(result)
+    lines = str(result).splitlines()
+    assert lines[0] == "diff: 2 backends against LlamaForCausalLM[eager]: 2 agree, 0 diverge"
+    assert lines[1].startswith("  LlamaForCausalLM[sdpa]: agrees (")
+    assert lines[2].startswith("  LlamaForCausalLM[flex_attention]: agrees (")
+    assert model.config._attn_implementation == "eager"
+
+
 def test_a_backend_the_model_refuses_is_an_option_error():
     from shapeguard._diff.engine import DiffOptionError
 

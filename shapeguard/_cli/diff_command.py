@@ -15,13 +15,14 @@ from .errors import Failed, UsageFailure
 from .loader import LoadError, ModelCrashed
 
 
-def _pair(value: str | None, option: str) -> tuple[str, str] | None:
+def _pair(value: str | None, option: str, most: int = 2) -> tuple[str, ...] | None:
     if value is None:
         return None
     parts = [p.strip() for p in value.split(",") if p.strip()]
-    if len(parts) != 2:
-        raise UsageFailure(f"{option} {value}: give two, separated by a comma (eager,sdpa)")
-    return parts[0], parts[1]
+    if len(parts) < 2 or len(parts) > most:
+        said = "two" if most == 2 else "two or more"
+        raise UsageFailure(f"{option} {value}: give {said}, separated by a comma (eager,sdpa)")
+    return tuple(parts)
 
 
 def _weights(value: str):
@@ -46,7 +47,11 @@ def _weights(value: str):
 @click.argument("port", required=False)
 @click.option("-m", "modules", is_flag=True, help="REF and PORT are module names (pkg.model).")
 @click.option("--model", "model_name", metavar="NAME", help="The model to pick in each file.")
-@click.option("--backends", metavar="A,B", help="Two attn_implementations: eager,sdpa.")
+@click.option(
+    "--backends",
+    metavar="A,B[,C...]",
+    help="Two or more attn_implementations: eager,sdpa (each compared with the first).",
+)
 @click.option("--dtype", "dtypes", metavar="A,B", help="Two dtypes: float32,bfloat16.")
 @click.option(
     "--weights",
@@ -68,9 +73,11 @@ def diff_command(
     \b
       shapeguard diff ref.py port.py                  a port against its reference
       shapeguard diff model.py --backends eager,sdpa  one transformers model, two backends
+      shapeguard diff model.py --backends eager,sdpa,flex_attention   each with the first
       shapeguard diff model.py --dtype float32,bfloat16
     """
-    backend_pair, dtype_pair = _pair(backends, "--backends"), _pair(dtypes, "--dtype")
+    backend_pair = _pair(backends, "--backends", most=len(backends or ""))
+    dtype_pair = _pair(dtypes, "--dtype")
     if port is None and backend_pair is None and dtype_pair is None:
         raise UsageFailure("give PORT, or --backends / --dtype to compare REF with itself")
     mapping = _weights(weights)
@@ -78,9 +85,12 @@ def diff_command(
                   show_traceback)  # fmt: skip
     if html_path:
         from .._diff.html import render_diff_html
+        from .._diff.result_set import DiffSet
 
+        # Three or more backends: the page shows the first pair that diverges.
+        shown = result.shown if isinstance(result, DiffSet) else result
         with open(html_path, "w", encoding="utf-8") as f:
-            f.write(render_diff_html(result))
+            f.write(render_diff_html(shown))
     if json_path == "-":
         click.echo(result.to_json())
     else:

@@ -46,6 +46,7 @@ class Measured:
     same_shape: bool
     ratio: float = 0.0  # the largest error as a fraction of what tolerance allows there
     floor: float = 0.0  # values at or below -floor on both sides are a mask's fill
+    skip: Any = None  # elements not compared (padded positions), broadcast to the pair
 
     @property
     def agrees(self) -> bool:
@@ -82,27 +83,31 @@ def flow_tolerance(ref: Flow, port: Flow) -> tuple[float, float]:
     return tolerance(*dtypes, *(d for d in (ref.model_dtype, port.model_dtype) if d))
 
 
-def measure(ref: Captured, port: Captured, *model_dtypes: str) -> Measured:
+def measure(ref: Captured, port: Captured, *model_dtypes: str, skip: Any = None) -> Measured:
     """Compare one pair at the tolerance of its dtypes and the models' (`Flow.model_dtype`).
-    Pairs whose shapes differ (same element count: a transposed layout) diverge as a whole."""
+    Pairs whose shapes differ (same element count: a transposed layout) diverge as a whole.
+    `skip` marks elements not compared (padded positions, `padding.skipped`)."""
     atol, rtol = tolerance(ref.dtype, port.dtype, *(d for d in model_dtypes if d))
     a, b = ref.values, port.values
     total = a.numel()
     if a.shape != b.shape:
         return Measured(ref.key, float("inf"), total, total, atol, rtol, False)
     floor = _floor(ref.dtype, port.dtype, *model_dtypes)
-    bad_mask, error, ratio = _beyond(a, b, atol, rtol, floor)
+    bad_mask, error, ratio = _beyond(a, b, atol, rtol, floor, skip)
     max_error = float(error.max()) if total else 0.0
     worst = float(ratio.max()) if total else 0.0
     bad = int(bad_mask.sum())
-    return Measured(ref.key, max_error, bad, total, atol, rtol, True, worst, floor)
+    return Measured(ref.key, max_error, bad, total, atol, rtol, True, worst, floor, skip)
 
 
-def _beyond(a, b, atol: float, rtol: float, floor: float) -> tuple[Any, Any, Any]:
+def _beyond(a, b, atol: float, rtol: float, floor: float, skip=None) -> tuple[Any, Any, Any]:
     """(beyond tolerance, |b - a|, |b - a| / allowed) per element; two values both at or
-    below -floor (half the narrowest dtype's largest value) are the same mask's fill."""
+    below -floor (half the narrowest dtype's largest value) are the same mask's fill, and
+    the elements `skip` marks are not compared."""
     import torch
 
+    if skip is not None:
+        b = torch.where(skip, a, b)
     error = (b - a).abs()
     finite = a.isfinite()
     # The median magnitude, not the mean: a mask's fill (the dtype's minimum, -1e9) in
@@ -129,7 +134,9 @@ def extent(ref: Captured, port: Captured, measured: Measured) -> list[dict]:
     as runs ("0-3, 5"), with the axis' name where the op's contract gave one."""
     if not measured.same_shape:
         return []
-    bad, _, _ = _beyond(ref.values, port.values, measured.atol, measured.rtol, measured.floor)
+    bad, _, _ = _beyond(
+        ref.values, port.values, measured.atol, measured.rtol, measured.floor, measured.skip
+    )
     axes = []
     for i, size in enumerate(bad.shape):
         others = [d for d in range(bad.dim()) if d != i]
@@ -170,12 +177,19 @@ class Comparison:
     upstream: list[str]
 
 
-def first_divergence(ref: Flow, port: Flow) -> Comparison:
+def first_divergence(ref: Flow, port: Flow, padding: Any = None) -> Comparison:
+    """`padding`: the positions the inputs establish as padding (`padding.Padding`), or
+    None; a pair with axes tied to them (`padding.skipped`) is compared off them."""
+    from .padding import skipped
+
     alignment = align(ref, port)
     measured: list[Measured] = []
     agreed: list[str] = []
     for key in alignment.common:
-        m = measure(ref.tensors[key], port.tensors[key], ref.model_dtype, port.model_dtype)
+        a, b = ref.tensors[key], port.tensors[key]
+        same = a.values.shape == b.values.shape
+        skip = skipped(a, padding) if padding is not None and same else None
+        m = measure(a, b, ref.model_dtype, port.model_dtype, skip=skip)
         measured.append(m)
         if not m.agrees:
             return Comparison(alignment, measured, m, agreed[::-1][:UPSTREAM])

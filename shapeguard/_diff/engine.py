@@ -17,7 +17,9 @@ from .. import _config
 from . import compare as _compare
 from .capture import Captured, Flow, capture
 from .explain import Pair, name_difference
+from .padding import Padding, from_inputs
 from .result import DiffResult, Divergence, Side
+from .result_set import DiffSet
 from .weights import Matched, lent, match, module_aliases
 
 
@@ -40,12 +42,12 @@ def diff(
     /,
     *inputs,
     weights: Any = "copy",
-    backends: tuple[str, str] | None = None,
+    backends: tuple[str, ...] | None = None,
     dtypes: tuple[str, str] | None = None,
     train: bool = False,
     seed: int = 0,
     **kwargs,
-) -> DiffResult:
+) -> DiffResult | DiffSet:
     """Compare `model_b` (the port) with `model_a` (the reference) on the same inputs.
 
     Args:
@@ -57,13 +59,15 @@ def diff(
         weights: "copy" (the reference's weights lent to the port by state-dict names,
             then matching shapes in module order), "none", or a mapping
             {ref_name: port_name} tried first.
-        backends: two transformers `attn_implementation`s, ("eager", "sdpa").
+        backends: two or more transformers `attn_implementation`s, ("eager", "sdpa");
+            with three or more each is compared with the first (a `DiffSet`).
         dtypes: two dtypes by name, ("float32", "bfloat16").
         train: run both sides in train mode (dropout then draws the same seeded numbers).
         seed: the seed both sides' random state starts from.
 
     Returns:
-        A `DiffResult`: `.agree`, `.first`, `.matched`; `str()` is the report.
+        A `DiffResult`: `.agree`, `.first`, `.matched`; `str()` is the report. With three
+        or more backends a `DiffSet`: `.results` (one per pair), `.agree`, `.first`.
 
     Examples:
         >>> import torch, shapeguard
@@ -73,6 +77,22 @@ def diff(
         >>> shapeguard.diff(ref, port, x, x, x).agree
         True
     """
+    if backends is not None and len(backends) != 2:
+        if len(backends) < 2:
+            raise DiffOptionError(f"backends: {backends!r}: give two or more")
+        return DiffSet(
+            [
+                _diff_pair(model_a, model_b, inputs, kwargs, weights, (backends[0], other),
+                           dtypes, train, seed)
+                for other in backends[1:]
+            ]
+        )  # fmt: skip
+    return _diff_pair(model_a, model_b, inputs, kwargs, weights, backends, dtypes, train, seed)
+
+
+def _diff_pair(
+    model_a, model_b, inputs, kwargs, weights, backends, dtypes, train: bool, seed: int
+) -> DiffResult:
     same = model_b is None or model_b is model_a
     port_model = model_a if same else model_b
     names = _names(model_a, port_model, same, backends, dtypes)
@@ -89,7 +109,8 @@ def diff(
     # The comparison's own torch calls (and the catalogue's candidates, wrong on purpose)
     # are no part of the user's program: unchecked in a trace open around the call.
     with _config.disabled():
-        return _result(names, model_a, ref_flow, port_flow, matched)
+        padding = from_inputs(kwargs)
+        return _result(names, model_a, ref_flow, port_flow, matched, padding)
 
 
 def _names(ref, port, same: bool, backends, dtypes) -> tuple[str, str]:
@@ -187,8 +208,8 @@ def _mode(model, train: bool) -> Iterator[None]:
             module.training = training
 
 
-def _result(names, ref_model, ref: Flow, port: Flow, matched: Matched) -> DiffResult:
-    comparison = _compare.first_divergence(ref, port)
+def _result(names, ref_model, ref: Flow, port: Flow, matched: Matched, padding) -> DiffResult:
+    comparison = _compare.first_divergence(ref, port, padding)
     alignment = comparison.alignment
     agreeing = [m for m in comparison.measured if m.agrees]
     largest = max((m.ratio for m in agreeing), default=0.0)
@@ -212,6 +233,8 @@ def _result(names, ref_model, ref: Flow, port: Flow, matched: Matched) -> DiffRe
             "first": comparison.first.key if comparison.first else None,
         },
     )
+    if padding is not None:
+        result.notes.append(_padding_note(padding, comparison.measured))
     m = comparison.first
     if m is not None:
         a, b = ref.tensors[m.key], port.tensors[m.key]
@@ -238,6 +261,16 @@ def _result(names, ref_model, ref: Flow, port: Flow, matched: Matched) -> DiffRe
     return result
 
 
+def _padding_note(padding: Padding, measured) -> str:
+    tied = sum(1 for m in measured if m.skip is not None)
+    return (
+        f"padded positions not compared: {padding.count} of {padding.total} "
+        f"({padding.source} 0), in the {tied} of {len(measured)} compared tensors with "
+        "axes tied to the mask's (by the op's contract, or the one axis of each size); "
+        "the others compared whole"
+    )
+
+
 def _side(c: Captured) -> Side:
     return Side(c.path, c.site, c.source, list(c.values.shape), c.dtype)
 
@@ -248,7 +281,45 @@ def _pair(a: Captured, b: Captured, m, upstream, ref: Flow, port: Flow, sizes) -
              ref.tensors[k].axes, (), sizes, m.atol, m.rtol)
         for k in upstream
     )  # fmt: skip
-    return Pair(a.values, b.values, m.key, a.role, a.axes, before, sizes, m.atol, m.rtol)
+    return Pair(a.values, b.values, m.key, a.role, a.axes, before, sizes, m.atol, m.rtol,
+                site=_site_operands(m.key, a.role, ref, port),
+                ref_before=_ref_before(m.key, ref, port))  # fmt: skip
+
+
+# The roles of one attention site whose order a product's operands may have swapped.
+_OPERANDS = ("Q", "K")
+
+
+def _site_operands(key: str, role: str, ref: Flow, port: Flow) -> dict:
+    """The same site's Q and K (but `role` itself), (ref, port) each, the port's None
+    where it has none (an einsum the capture does not read): same path, same occurrence."""
+    base, hash_, n = key.partition(" #")
+    if role not in (*_OPERANDS, "scores") or not base.endswith(role):
+        return {}
+    found = {}
+    for other in _OPERANDS:
+        other_key = base[: len(base) - len(role)] + other + hash_ + n
+        a, b = ref.tensors.get(other_key), port.tensors.get(other_key)
+        if other != role and a is not None:
+            found[other] = (a.values, b.values if b is not None else None)
+    return found
+
+
+# How many reference-only tensors before a divergence are read as evidence.
+REF_BEFORE = 4
+
+
+def _ref_before(key: str, ref: Flow, port: Flow) -> tuple:
+    """The reference's tensors made before `key` since the last one both sides have, that
+    the port has no counterpart of, nearest first (a projection the port computes with
+    F.linear, whose module never runs)."""
+    order = ref.order()
+    found: list = []
+    for k in reversed(order[: order.index(key)]):
+        if k in port.tensors:
+            break
+        found.append(ref.tensors[k].values)
+    return tuple(found[:REF_BEFORE])
 
 
 def _named_on_weights(m, scores: Pair, ref: Flow, port: Flow, notes: list[str]):

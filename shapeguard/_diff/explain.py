@@ -22,6 +22,7 @@ class Pair:
     that fed this one and still agreed, nearest first (K before rotary for K after
     rotary), so a difference in how a tensor was made from them can be tested.
     `sizes` are named sizes known from the models (heads, head_dim, d_model, ...).
+    `site` and `ref_before` are described where they are declared.
     """
 
     ref: Any
@@ -33,6 +34,14 @@ class Pair:
     sizes: Mapping[str, int] = field(default_factory=dict)
     atol: float = 1e-5
     rtol: float = 1e-4
+    # The same attention site's other tensors by role, (ref, port) each (Q's K, the
+    # scores' Q and K), the port's None where the capture read none of the port's (an
+    # einsum): what an operand order is read from.
+    site: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+    # The reference's tensors just before this one that the port has no counterpart of
+    # (a projection the port computes without running its module), nearest first: read
+    # on the reference's side only, as the tensor before rotary.
+    ref_before: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +105,7 @@ def name_difference(pair: Pair) -> Difference | None:
 def _all_fits(pair: Pair, tol: tuple[float, float]) -> list:
     from .names_layout import layout_fits
     from .names_mask import mask_fits
+    from .names_operands import operand_fits
     from .names_rotary import rotary_fits
     from .names_values import value_fits
 
@@ -103,8 +113,9 @@ def _all_fits(pair: Pair, tol: tuple[float, float]) -> list:
     return [
         *layout_fits(ref, port, axes, pair.sizes, tol),
         *value_fits(ref, port, axes, pair.sizes, tol),
-        *rotary_fits(ref, port, axes, pair.upstream, tol),
+        *rotary_fits(ref, port, axes, pair.upstream, tol, pair.ref_before),
         *mask_fits(ref, port, axes, pair.upstream, tol),
+        *operand_fits(ref, port, pair.role, axes, dict(pair.site), tol),
     ]
 
 

@@ -7,7 +7,7 @@ under each pairing, one complex least-squares ratio averaged over every axis but
 head_dim (so it is evidence, not a free parameter per element); the pairing that
 reproduces the reference is the reference's, and the same rotations applied with the other
 pairing must give the port's tensor. Bounded: two fits and one comparison per upstream
-pair of the same shape (at most MOST_UPSTREAM of them).
+pair of the same shape (at most MOST_UPSTREAM of them, and as many reference-only tensors).
 """
 
 from collections.abc import Sequence
@@ -47,12 +47,12 @@ def _rotation(before, after, pairing: str, shared: tuple[int, ...]):
 
 
 def _befores(ref, upstream, seq_at: int, heads_at: int | None):
-    """(the tensor before rotary in ref's layout, its heads axis) from each upstream pair:
-    one of ref's shape, or a projection's (batch, seq, heads * head_dim) output split as
-    (h d) (a layout the reference's fit then confirms or refutes, never assumed)."""
+    """(the tensor before rotary in ref's layout, its heads axis) from each upstream
+    reference tensor: one of ref's shape, or a projection's (batch, seq, heads * head_dim)
+    output split as (h d) (a layout the reference's fit then confirms or refutes, never
+    assumed)."""
     found = []
-    for pair in upstream:
-        u = pair.ref
+    for u in upstream:
         if tuple(u.shape) == tuple(ref.shape):
             found.append((u.double(), heads_at))
         elif ref.dim() == 4 and seq_at == 2 and u.dim() == 3:
@@ -66,7 +66,12 @@ def _rotate(before, turn, pairing: str):
     return _real(_complex(before, pairing) * turn, pairing)
 
 
-def rotary_fits(ref: Any, port: Any, axes: Sequence[str | None], upstream, tol: tuple) -> list[Fit]:
+def rotary_fits(
+    ref: Any, port: Any, axes: Sequence[str | None], upstream, tol: tuple, ref_before=()
+) -> list[Fit]:
+    """`upstream`: the agreeing pairs before (their reference side is read); `ref_before`:
+    reference tensors the port has no counterpart of (its projection's module never ran),
+    as good a "before" on the reference's side, since the fit must reproduce the reference."""
     seq_at = axis_index(axes, *SEQ_AXES)
     dim_at = axis_index(axes, *HEAD_DIM_AXES)
     if seq_at is None or dim_at != ref.dim() - 1 or ref.shape != port.shape:
@@ -76,7 +81,12 @@ def rotary_fits(ref: Any, port: Any, axes: Sequence[str | None], upstream, tol: 
         return []
     shared = tuple(i for i in range(ref.dim() - 1) if i != seq_at)
     fits = []
-    for before, heads_at in _befores(ref, upstream, seq_at, axis_index(axes, "heads")):
+    heads_at = axis_index(axes, "heads")
+    befores = [
+        *_befores(ref, [pair.ref for pair in upstream], seq_at, heads_at),
+        *_befores(ref, ref_before, seq_at, heads_at),
+    ]
+    for before, heads_at in befores:
         for pairing, other in (("half-split", "interleaved"), ("interleaved", "half-split")):
             turn = _rotation(before, ref.double(), pairing, shared)
             if not matches(_rotate(before, turn, pairing), ref, *tol):

@@ -310,28 +310,44 @@ def _attention(target, picked, inputs, run):
 
 @cli.command()
 @target_options
-def check(target):
+@click.option(
+    "--from-run",
+    "from_run",
+    metavar="DIR",
+    help="Feed the model the inputs `shapeguard run --keep-inputs DIR` kept (those of the "
+    "module of the model's class), instead of making them up.",
+)
+@click.option(
+    "--module",
+    "kept_module",
+    metavar="NAME",
+    help="With --from-run: the kept inputs of the module of this class (its name or "
+    "module.QualName) instead of the model's own class.",
+)
+def check(target, from_run, kept_module):
     """Trace the model in FILE, run the semantic probes, and summarize pass / fail.
 
     The probes (batch independence, causality, ...) need real values, so they are
     skipped on --device meta. A probe that proves nothing either way is inconclusive,
     with its reason, and fails nothing. Exit status 1 on any failure.
     """
+    from .kept_from_run import kept_inputs_for
     from .run import Freezer
 
+    inputs_for = kept_inputs_for(target, from_run, kept_module)
     hold = Freezer()  # the collector frozen from the model's build until the report is out
     try:
-        _check_and_report(target, hold)
+        _check_and_report(target, hold, inputs_for)
     finally:
         hold.close()
 
 
-def _check_and_report(target, hold) -> None:
+def _check_and_report(target, hold, inputs_for=None) -> None:
     from ..report.text import render_check, render_target
     from .check_summary import summary_rows
 
     with target.loaded() as module, contextlib.ExitStack() as stack:
-        picked, inputs, run = _load_and_run(target, module, stack, hold)
+        picked, inputs, run = _load_and_run(target, module, stack, hold, inputs_for)
         summary = summary_rows(
             picked.model,
             inputs,
@@ -401,8 +417,9 @@ def explain(text: str | None) -> None:
 # -- running the model, with a spinner and a progress bar on a terminal -------------------------
 
 
-def _load_and_run(target, module, stack, hold=None):
-    """Build the model in `module` and its inputs, and run one traced forward:
+def _load_and_run(target, module, stack, hold=None, inputs_for=None):
+    """Build the model in `module` and its inputs (`inputs_for(model)`'s where given),
+    and run one traced forward:
     (picked, inputs, run), the crash (if any) recorded as the trace's last finding.
 
     Warnings raised on the way (a deprecation in the user's code, a fallback notice)
@@ -428,8 +445,16 @@ def _load_and_run(target, module, stack, hold=None):
                 )
                 if picked.on_meta:  # too large at its defaults: traced on meta, and said so
                     target.device = "meta"
-                inputs = _inputs.make_inputs(
-                    module, picked.model, specs=target.specs, dims=target.dims, device=target.device
+                inputs = (
+                    inputs_for(picked.model)
+                    if inputs_for is not None
+                    else _inputs.make_inputs(
+                        module,
+                        picked.model,
+                        specs=target.specs,
+                        dims=target.dims,
+                        device=target.device,
+                    )
                 )
                 # A rank of a tensor-parallel run (torchrun with a plan, or --tp's
                 # simulated one): the plan applied, the process group held open.
@@ -466,6 +491,11 @@ def _load_and_run(target, module, stack, hold=None):
             raise malformed from run.crash.error
         if inputs.made and run.crash.generic:
             run.crash.hint = _made_up_hint(inputs)
+        elif inputs_for is not None and run.crash.generic:
+            run.crash.hint = (
+                f"the inputs are from {inputs.how}; if FILE builds the model other than the run "
+                "did (other sizes: pass them with --arg), the recorded inputs do not fit it"
+            )
         add_crash(run.trace, run.crash)
     return picked, inputs, run
 

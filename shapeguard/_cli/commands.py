@@ -8,6 +8,7 @@ warnings) to stderr. torch is imported only by the commands that need it.
 """
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ import click
 from .._version import __version__
 from .check_summary import probe_runner as probe_runner
 from .errors import Failed, Interrupted, UsageFailure
+from .kept_from_run import from_run_options, kept_crash_hint
 from .run_command import run_command
 from .target import target_options
 
@@ -310,31 +312,16 @@ def _attention(target, picked, inputs, run):
 
 @cli.command()
 @target_options
-@click.option(
-    "--from-run",
-    "from_run",
-    metavar="DIR",
-    help="Feed the model the inputs `shapeguard run --keep-inputs DIR` kept (those of the "
-    "module of the model's class), instead of making them up.",
-)
-@click.option(
-    "--module",
-    "kept_module",
-    metavar="NAME",
-    help="With --from-run: the kept inputs of the module of this class (its name or "
-    "module.QualName) instead of the model's own class.",
-)
-def check(target, from_run, kept_module):
+@from_run_options
+def check(target, inputs_for):
     """Trace the model in FILE, run the semantic probes, and summarize pass / fail.
 
     The probes (batch independence, causality, ...) need real values, so they are
     skipped on --device meta. A probe that proves nothing either way is inconclusive,
     with its reason, and fails nothing. Exit status 1 on any failure.
     """
-    from .kept_from_run import kept_inputs_for
     from .run import Freezer
 
-    inputs_for = kept_inputs_for(target, from_run, kept_module)
     hold = Freezer()  # the collector frozen from the model's build until the report is out
     try:
         _check_and_report(target, hold, inputs_for)
@@ -418,8 +405,7 @@ def explain(text: str | None) -> None:
 
 
 def _load_and_run(target, module, stack, hold=None, inputs_for=None):
-    """Build the model in `module` and its inputs (`inputs_for(model)`'s where given),
-    and run one traced forward:
+    """Build the model in `module` and its inputs (`inputs_for`'s if given), run one forward:
     (picked, inputs, run), the crash (if any) recorded as the trace's last finding.
 
     Warnings raised on the way (a deprecation in the user's code, a fallback notice)
@@ -445,17 +431,10 @@ def _load_and_run(target, module, stack, hold=None, inputs_for=None):
                 )
                 if picked.on_meta:  # too large at its defaults: traced on meta, and said so
                     target.device = "meta"
-                inputs = (
-                    inputs_for(picked.model)
-                    if inputs_for is not None
-                    else _inputs.make_inputs(
-                        module,
-                        picked.model,
-                        specs=target.specs,
-                        dims=target.dims,
-                        device=target.device,
-                    )
+                make = inputs_for or functools.partial(
+                    _inputs.make_inputs, module, specs=target.specs, dims=target.dims
                 )
+                inputs = make(picked.model, device=target.device)
                 # A rank of a tensor-parallel run (torchrun with a plan, or --tp's
                 # simulated one): the plan applied, the process group held open.
                 picked.model = stack.enter_context(_cli_tp.parallel(module, picked.model))
@@ -492,10 +471,7 @@ def _load_and_run(target, module, stack, hold=None, inputs_for=None):
         if inputs.made and run.crash.generic:
             run.crash.hint = _made_up_hint(inputs)
         elif inputs_for is not None and run.crash.generic:
-            run.crash.hint = (
-                f"the inputs are from {inputs.how}; if FILE builds the model other than the run "
-                "did (other sizes: pass them with --arg), the recorded inputs do not fit it"
-            )
+            run.crash.hint = kept_crash_hint(inputs)
         add_crash(run.trace, run.crash)
     return picked, inputs, run
 

@@ -9,7 +9,43 @@ initial weights; the properties the probes test (batch independence, causality, 
 are the code's, not the weights'.
 """
 
+import functools
+
+import click
+
 from .errors import UsageFailure
+
+
+def from_run_options(command):
+    """`check`'s `--from-run DIR` and `--module NAME`, given to `command` as `inputs_for`
+    (None without them). Put under `target_options`: it reads the parsed `target`."""
+
+    @functools.wraps(command)
+    def with_inputs(target, from_run, kept_module, **options):
+        return command(target, inputs_for=kept_inputs_for(target, from_run, kept_module), **options)
+
+    with_inputs = click.option(
+        "--module",
+        "kept_module",
+        metavar="NAME",
+        help="With --from-run: the kept inputs of the module of this class (its name or "
+        "module.QualName) instead of the model's own class.",
+    )(with_inputs)
+    return click.option(
+        "--from-run",
+        "from_run",
+        metavar="DIR",
+        help="Feed the model the inputs `shapeguard run --keep-inputs DIR` kept (those of the "
+        "module of the model's class), instead of making them up.",
+    )(with_inputs)
+
+
+def kept_crash_hint(inputs) -> str:
+    """The hint of a forward that crashed on kept inputs."""
+    return (
+        f"the inputs are from {inputs.how}; if FILE builds the model other than the run did "
+        "(other sizes: pass them with --arg), the recorded inputs do not fit it"
+    )
 
 
 def kept_inputs_for(target, folder: str | None, module_name: str | None):
@@ -24,8 +60,11 @@ def kept_inputs_for(target, folder: str | None, module_name: str | None):
         raise UsageFailure(f"{given} makes inputs; --from-run takes them all from {folder}")
     if target.device != "cpu":
         raise UsageFailure("--from-run feeds recorded values: run it without --device meta")
+    from .kept_inputs import read_index
 
-    def inputs_for(model):
+    read_index(folder)  # a bad DIR is said before the model is built
+
+    def inputs_for(model, device: str = "cpu"):
         from .inputs import Inputs
         from .kept_inputs import load
 

@@ -69,9 +69,9 @@ def save(folder: str, watched: list, program: dict) -> list[str]:
         else:
             sample, entry["batch"], entry["examples"] = first_examples(item.module, sample)
             skipped: list[dict] = []
-            args = [_plain(v, f"args[{i}]", skipped) for i, v in enumerate(sample.args)]
-            kwargs = {k: _plain(v, k, skipped) for k, v in sample.kwargs.items()}
             names = _positional_names(item.module, len(sample.args))
+            args = [_plain(v, n, skipped) for n, v in zip(names, sample.args, strict=True)]
+            kwargs = {k: _plain(v, k, skipped) for k, v in sample.kwargs.items()}
             entry["inputs"] = [
                 {"name": n, "value": _describe(v)} for n, v in zip(names, sample.args, strict=True)
             ] + [{"name": k, "value": _describe(v)} for k, v in sample.kwargs.items()]
@@ -185,7 +185,7 @@ def load(folder: str, model, name: str | None) -> Kept:
     """The kept inputs in `folder` of the module named `name` (its class name or
     module.QualName), or of `model`'s class when no name is given; a `UsageFailure` with
     one line for a missing or corrupt folder, no such module, or inputs not kept."""
-    index = _read_index(folder)
+    index = read_index(folder)
     wanted = name or type(model).__name__
     entries = [
         m
@@ -212,7 +212,8 @@ def load(folder: str, model, name: str | None) -> Kept:
     return Kept(tuple(data["args"]), dict(data["kwargs"]), how)
 
 
-def _read_index(folder: str) -> dict:
+def read_index(folder: str) -> dict:
+    """DIR's index, checked; a `UsageFailure` with one line where it is missing or corrupt."""
     if not os.path.isdir(folder):
         raise UsageFailure(f"--from-run {folder}: no such folder ({_MAKE})")
     try:

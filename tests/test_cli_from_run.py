@@ -280,3 +280,74 @@ def test_keep_inputs_refuses_a_folder_of_other_files_before_the_program_runs(fol
     again = kept_run(folder)
     assert "kept the inputs of 1 module" in again.stderr
     assert sorted(os.listdir(folder / "kept")) == ["index.json", "inputs-1.pt"]
+
+
+SEQ_FIRST = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(64, 2)  # batch_first=False: [seq, batch, d_model]
+
+    def forward(self, x, pad):
+        return self.attn(x, x, x, key_padding_mask=pad)[0]
+
+
+torch.manual_seed(0)
+x = torch.randn(7, BATCH, 64)
+pad = torch.zeros(BATCH, 7, dtype=torch.bool)
+pad[0, 5:] = True
+print(tuple(Block()(x, pad).shape))
+"""
+
+
+@pytest.mark.parametrize(
+    ("batch", "x", "pad", "examples"),
+    [
+        (6, "[7, 4, 64] float32", "[4, 7] bool", 4),  # cut on the batch axis the trace read
+        (3, "[7, 3, 64] float32", "[3, 7] bool", None),  # no larger than the bound: whole
+    ],
+)
+def test_the_cut_follows_the_batch_axis_the_trace_read_not_the_first(
+    tmp_path, batch, x, pad, examples
+):
+    program = write(tmp_path, "seq_first.py", SEQ_FIRST.replace("BATCH", str(batch)))
+    result = shapeguard("run", "--keep-inputs", tmp_path / "kept", program)
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads((tmp_path / "kept" / "index.json").read_text())["modules"]
+    assert entry["inputs"] == [{"name": "x", "value": x}, {"name": "pad", "value": pad}]
+    assert (entry["batch"], entry["examples"]) == (batch, examples)
+
+
+def test_coincident_sizes_cut_the_batch_of_each_input(folder):
+    # batch == seq == 7: the cut still takes examples, never positions.
+    write(
+        folder,
+        "train.py",
+        PROGRAM.replace("[9, 9, 0, 0, 0, 0, 0]]", "[9, 9, 0, 0, 0, 0, 0], [4, 4, 4, 0, 0, 0, 0]]"),
+    )
+    result = kept_run(folder)
+    assert result.stdout == "(7, 7, 64) True\n"
+    (entry,) = json.loads((folder / "kept" / "index.json").read_text())["modules"]
+    assert (entry["batch"], entry["examples"]) == (7, 4)
+    data = torch.load(folder / "kept" / entry["file"], weights_only=True)
+    assert data["args"][0].tolist()[2] == [1, 2, 0, 0, 0, 0, 0]  # whole rows: examples
+    assert list(data["kwargs"]["src_mask"].shape) == [4, 1, 7]
+
+
+def test_keep_inputs_goes_with_check_and_the_probes_see_the_whole_call(folder):
+    result = shapeguard(
+        "run", "--check", "--keep-inputs", folder / "kept", "--json", folder / "run.json",
+        folder / "train.py",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (module,) = json.loads((folder / "run.json").read_text())["modules"]
+    assert module["check"]["passed"]
+    # --check probes the call as the program made it: all 6 examples, not the kept 4.
+    batch = next(r for r in module["check"]["results"] if r["name"] == "batch independence")
+    assert "of 6" in batch["detail"]
+    (entry,) = json.loads((folder / "kept" / "index.json").read_text())["modules"]
+    assert (entry["batch"], entry["examples"]) == (6, 4)

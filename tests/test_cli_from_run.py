@@ -351,3 +351,15 @@ def test_keep_inputs_goes_with_check_and_the_probes_see_the_whole_call(folder):
     assert "of 6" in batch["detail"]
     (entry,) = json.loads((folder / "kept" / "index.json").read_text())["modules"]
     assert (entry["batch"], entry["examples"]) == (6, 4)
+
+
+def test_a_module_program_is_named_in_the_index_and_the_inputs_line(folder, monkeypatch):
+    monkeypatch.chdir(folder)
+    result = shapeguard("run", "--keep-inputs", "kept", "-m", "train", "--lr", "3")
+    assert result.exit_code == 0, result.output
+    index = json.loads((folder / "kept" / "index.json").read_text())
+    assert (index["program"], index["module_program"]) == (None, "train")
+    assert (index["argv"], index["cwd"]) == (["--lr", "3"], str(folder))
+    checked = shapeguard("check", "attn_model.py", "--from-run", "kept")
+    assert checked.exit_code == 0, checked.output
+    assert "(from the run of train kept in kept, 4 of 6 examples)" in checked.stdout

@@ -363,3 +363,18 @@ def test_a_module_program_is_named_in_the_index_and_the_inputs_line(folder, monk
     checked = shapeguard("check", "attn_model.py", "--from-run", "kept")
     assert checked.exit_code == 0, checked.output
     assert "(from the run of train kept in kept, 4 of 6 examples)" in checked.stdout
+
+
+def test_a_folder_that_cannot_be_written_after_the_run_still_reports(folder, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    result = shapeguard("run", "--keep-inputs", folder / "kept", folder / "train.py")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "(6, 7, 64) True\n"
+    assert f"cannot write the kept inputs into {folder / 'kept'}: [Errno 28] No space" in (
+        result.stderr
+    )
+    assert "1 module traced, 0 findings; exit status 0" in result.stderr
+    assert not (folder / "kept" / "index.json").exists()

@@ -169,7 +169,11 @@ def _keep(watcher, folder: str, path, module_name, args) -> None:
         "argv": list(args),
         "cwd": os.getcwd(),
     }
-    notes = save(folder, watcher.watched, program)
+    try:
+        notes = save(folder, watcher.watched, program)
+    except OSError as error:  # after the program ran: its report still comes, this line first
+        click.echo(f"shapeguard run: cannot write the kept inputs into {folder}: {error}", err=True)
+        return
     kept = len(watcher.watched) - len(notes)
     for note in notes:
         click.echo(f"shapeguard run: {note}", err=True)

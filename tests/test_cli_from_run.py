@@ -378,3 +378,19 @@ def test_a_folder_that_cannot_be_written_after_the_run_still_reports(folder, mon
     )
     assert "1 module traced, 0 findings; exit status 0" in result.stderr
     assert not (folder / "kept" / "index.json").exists()
+
+
+def test_a_model_built_with_other_sizes_crashes_with_a_hint_to_pass_the_programs(folder):
+    kept_run(folder)
+    result = shapeguard(
+        "check", folder / "attn_model.py", "--model", "Encoder", "--arg", "vocab=5",
+        "--from-run", folder / "kept",
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "forward raised IndexError: index out of range in self" in result.stdout
+    assert "      x = self.emb(src)" in result.stdout
+    assert (
+        f"  hint: the inputs are from the run of train.py kept in {folder / 'kept'}, 4 of 6 "
+        "examples; if the file builds the model with other sizes than the program did, they "
+        "do not fit it: pass the program's sizes with --arg"
+    ) in result.stdout

@@ -43,8 +43,8 @@ def from_run_options(command):
 def kept_crash_hint(inputs) -> str:
     """The hint of a forward that crashed on kept inputs."""
     return (
-        f"the inputs are from {inputs.how}; if FILE builds the model other than the run did "
-        "(other sizes: pass them with --arg), the recorded inputs do not fit it"
+        f"the inputs are from {inputs.how}; if the file builds the model with other sizes "
+        "than the program did, they do not fit it: pass the program's sizes with --arg"
     )
 
 

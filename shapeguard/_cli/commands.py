@@ -8,6 +8,7 @@ warnings) to stderr. torch is imported only by the commands that need it.
 """
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ import click
 from .._version import __version__
 from .check_summary import probe_runner as probe_runner
 from .errors import Failed, Interrupted, UsageFailure
+from .kept_from_run import from_run_options, kept_crash_hint
 from .run_command import run_command
 from .target import target_options
 
@@ -310,7 +312,8 @@ def _attention(target, picked, inputs, run):
 
 @cli.command()
 @target_options
-def check(target):
+@from_run_options
+def check(target, inputs_for):
     """Trace the model in FILE, run the semantic probes, and summarize pass / fail.
 
     The probes (batch independence, causality, ...) need real values, so they are
@@ -321,17 +324,17 @@ def check(target):
 
     hold = Freezer()  # the collector frozen from the model's build until the report is out
     try:
-        _check_and_report(target, hold)
+        _check_and_report(target, hold, inputs_for)
     finally:
         hold.close()
 
 
-def _check_and_report(target, hold) -> None:
+def _check_and_report(target, hold, inputs_for=None) -> None:
     from ..report.text import render_check, render_target
     from .check_summary import summary_rows
 
     with target.loaded() as module, contextlib.ExitStack() as stack:
-        picked, inputs, run = _load_and_run(target, module, stack, hold)
+        picked, inputs, run = _load_and_run(target, module, stack, hold, inputs_for)
         summary = summary_rows(
             picked.model,
             inputs,
@@ -401,8 +404,8 @@ def explain(text: str | None) -> None:
 # -- running the model, with a spinner and a progress bar on a terminal -------------------------
 
 
-def _load_and_run(target, module, stack, hold=None):
-    """Build the model in `module` and its inputs, and run one traced forward:
+def _load_and_run(target, module, stack, hold=None, inputs_for=None):
+    """Build the model in `module` and its inputs (`inputs_for`'s if given), run one forward:
     (picked, inputs, run), the crash (if any) recorded as the trace's last finding.
 
     Warnings raised on the way (a deprecation in the user's code, a fallback notice)
@@ -428,9 +431,10 @@ def _load_and_run(target, module, stack, hold=None):
                 )
                 if picked.on_meta:  # too large at its defaults: traced on meta, and said so
                     target.device = "meta"
-                inputs = _inputs.make_inputs(
-                    module, picked.model, specs=target.specs, dims=target.dims, device=target.device
+                make = inputs_for or functools.partial(
+                    _inputs.make_inputs, module, specs=target.specs, dims=target.dims
                 )
+                inputs = make(picked.model, device=target.device)
                 # A rank of a tensor-parallel run (torchrun with a plan, or --tp's
                 # simulated one): the plan applied, the process group held open.
                 picked.model = stack.enter_context(_cli_tp.parallel(module, picked.model))
@@ -466,6 +470,8 @@ def _load_and_run(target, module, stack, hold=None):
             raise malformed from run.crash.error
         if inputs.made and run.crash.generic:
             run.crash.hint = _made_up_hint(inputs)
+        elif inputs_for is not None and run.crash.generic:
+            run.crash.hint = kept_crash_hint(inputs)
         add_crash(run.trace, run.crash)
     return picked, inputs, run
 

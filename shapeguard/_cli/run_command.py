@@ -82,6 +82,14 @@ def _positive(ctx, param, value):
     "inputs of its first traced call (copied, at most 64 MiB; dropped after), in eval mode.",
 )
 @click.option(
+    "--keep-inputs",
+    "keep_dir",
+    metavar="DIR",
+    help="Save the first traced call's inputs of each traced module into DIR (its first 4 "
+    "examples where the batch axis is known; plain data only), for "
+    "`shapeguard check FILE --from-run DIR`.",
+)
+@click.option(
     "--strict",
     is_flag=True,
     help="Exit 1 on any finding or failed check, whatever the program's status.",
@@ -96,6 +104,7 @@ def run_command(
     html_path,
     output_format,
     probes,
+    keep_dir,
     strict,
     program,
 ):
@@ -116,8 +125,13 @@ def run_command(
     from .run_watch import Watcher
     from .target import quiet_torch
 
+    if keep_dir is not None:
+        from .kept_inputs import prepare_dir
+
+        prepare_dir(keep_dir)
     quiet_torch()
-    watcher = Watcher(names=tuple(watch_names), calls=calls, steps=steps, keep_inputs=probes)
+    keep = probes or keep_dir is not None
+    watcher = Watcher(names=tuple(watch_names), calls=calls, steps=steps, keep_inputs=keep)
     with _stdout_for(json_path) as held:
         watcher.install()
         try:
@@ -127,8 +141,12 @@ def run_command(
         finally:
             watcher.remove()
         sys.stdout.flush()
+        if keep_dir is not None:
+            _keep(watcher, keep_dir, path, module_name, args)
         if probes:
             _check(watcher, ended)
+        for watched in watcher.watched:
+            watched.module = watched.sample = None  # no tensor outlives the command
         _report(watcher, ended, json_path, html_path, output_format, held, path or module_name)
     findings = sum(len(w.trace.findings) for w in watcher.watched)
     failed = sum(w.check.failures for w in watcher.watched if w.check is not None)
@@ -137,6 +155,33 @@ def run_command(
         raise Failed(", ".join(_count(n, word) for n, word in parts if n) + " (--strict)")
     if ended.status:
         raise click.exceptions.Exit(ended.status)
+
+
+def _keep(watcher, folder: str, path, module_name, args) -> None:
+    """`--keep-inputs`: the kept inputs written into `folder`, a line on stderr saying so."""
+    import os
+
+    from .kept_inputs import save
+
+    program = {
+        "program": os.path.abspath(path) if path is not None else None,
+        "module_program": module_name,
+        "argv": list(args),
+        "cwd": os.getcwd(),
+    }
+    try:
+        notes = save(folder, watcher.watched, program)
+    except OSError as error:  # after the program ran: its report still comes, this line first
+        click.echo(f"shapeguard run: cannot write the kept inputs into {folder}: {error}", err=True)
+        return
+    kept = len(watcher.watched) - len(notes)
+    for note in notes:
+        click.echo(f"shapeguard run: {note}", err=True)
+    click.echo(
+        f"shapeguard run: kept the inputs of {_count(kept, 'module')} in {folder} "
+        f"(shapeguard check FILE --from-run {folder})",
+        err=True,
+    )
 
 
 def _check(watcher, ended) -> None:
@@ -149,7 +194,6 @@ def _check(watcher, ended) -> None:
             watched.check = Summary([("semantic probes", "skip", "interrupted (Ctrl-C)")])
         else:
             watched.check = check_module(watched.module, watched.sample, watched.trace)
-        watched.module = watched.sample = None
 
 
 class _Held:

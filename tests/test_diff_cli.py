@@ -12,7 +12,7 @@ MODELS = textwrap.dedent(
     """
     import sys, torch
     sys.path.insert(0, {root!r})
-    from tests import diff_models as dm
+    import diff_models as dm
 
     def build_model():
         torch.manual_seed({seed})

@@ -4,11 +4,11 @@ state is left as it was."""
 
 import inspect
 
+import diff_models as dm
 import pytest
 import torch
 
 import shapeguard
-from tests import diff_models as dm
 
 # (batch, heads, seq, d_k): pairwise distinct, coincident, realistic.
 SIZES = {

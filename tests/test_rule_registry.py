@@ -184,6 +184,10 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
 UNTESTED: set[str] = {
     # layout_bshd is not found at the coincident sizes (test_flash_layout_at_every_setting)
     "flash.flash_contract",
+    # xformers' kernel has no CPU operator, so a fixed call cannot run here and xformers is
+    # optional: its bugs and fixed calls at the three settings are in tests/test_reach_xformers.py
+    # (the check before the call, the kernel's own failure unchanged), run where it is installed.
+    "xformers.xformers_contract",
 }
 
 BUGS = {str(bug): bug for bug in invariants.BUGS}

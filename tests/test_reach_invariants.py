@@ -497,6 +497,26 @@ def test_sliding_windows_and_full_layers_with_padding_and_a_cache_are_silent():
 
 
 @recorded
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_a_full_layer_that_carries_the_configs_window_size_is_not_held_to_it(impl):
+    """Exaone 4 sets `sliding_window` on every layer and windows only where `is_sliding`
+    (its config's layer_types): the full layer is not a windowed one (world corpus)."""
+    ids, mask = left_padded_batch()
+    config = transformers.Exaone4Config(
+        **TEXT, sliding_window=4, sliding_window_pattern=2, attn_implementation=impl
+    )
+    model = transformers.Exaone4ForCausalLM(config)
+    assert config.layer_types == ["sliding_attention", "full_attention"]
+    assert model.model.layers[1].self_attn.sliding_window == 4  # the size, on the full layer
+    trace = hf_trace(model, generate=True, input_ids=ids, attention_mask=mask)
+    assert not trace.findings, describe(trace.findings)
+    windowed = [r for r in trace.reach if r.module.endswith("layers.0.self_attn")]
+    full = [r for r in trace.reach if r.module.endswith("layers.1.self_attn")]
+    assert any(r.seq_k == 12 and r.summary().endswith("(4 of 12)") for r in windowed)
+    assert any(r.seq_k == 12 and r.summary().endswith("(12 of 12)") for r in full)
+
+
+@recorded
 def test_cross_attention_over_an_encoders_padding_is_silent():
     ids, mask = left_padded_batch()
     config = transformers.BartConfig(

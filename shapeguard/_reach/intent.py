@@ -385,6 +385,12 @@ def _window(call, module) -> tuple[int | None, str, str, int | None]:
     kind = None
     if isinstance(types, list | tuple) and layer is not None and 0 <= layer < len(types):
         kind = types[layer]
+    # The layer's own kind is more specific than a window size every layer carries
+    # (Exaone 4 sets sliding_window on each layer and windows only where is_sliding).
+    if kind == "full_attention":
+        return None, "", f"config.layer_types[{layer}] is full_attention", layer
+    if getattr(module, "is_sliding", None) is False:
+        return None, "", "", layer  # not windowed; what else it is, it does not say
     own = getattr(module, "sliding_window", None)
     if isinstance(own, int) and not isinstance(own, bool) and own > 0:
         return own, f"{type(module).__name__}.sliding_window = {own}", "", layer
@@ -397,8 +403,6 @@ def _window(call, module) -> tuple[int | None, str, str, int | None]:
                 "",
                 layer,
             )
-    if kind == "full_attention":
-        return None, "", f"config.layer_types[{layer}] is full_attention", layer
     # A config's sliding_window alone is no evidence: Mistral windows every layer with it,
     # Moshi declares one and masks causally (its mask is create_causal_mask's). No claim.
     return None, "", "", layer

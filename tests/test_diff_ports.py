@@ -99,11 +99,7 @@ def test_each_difference_first_diverges_at_its_tensor(setting, variant, style):
         assert phrase in str(result), (phrase, str(result))
 
 
-@pytest.mark.parametrize(
-    "variant, style",
-    [("scale", "a"), ("bias", "a"), ("rotary_pairing", "a"), ("transpose", "a"),
-     ("transpose", "b"), ("bias", "b")],
-)  # fmt: skip
+@pytest.mark.parametrize("variant, style", list(FIRST))
 def test_realistic_sizes(variant, style):
     result, _ = _diff(SETTINGS["realistic"], variant, style)
     assert result.first.key == FIRST[variant, style]

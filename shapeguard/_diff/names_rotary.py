@@ -85,7 +85,7 @@ def rotary_fits(ref: Any, port: Any, axes: Sequence[str | None], upstream, tol: 
             fits += _position_fits(before, turn, pairing, port, axes, seq_at, tol)
             if heads_at is not None:
                 fits += _grouping_fits(before, turn, pairing, port, heads_at, tol)
-            fits += _bias_fits(before, turn, pairing, port, seq_at, heads_at, tol)
+            fits += _bias_fits(before, turn, pairing, port, axes, seq_at, heads_at, tol)
     return fits
 
 
@@ -167,7 +167,7 @@ def _grouping_fits(before, turn, pairing, port, heads_at, tol) -> list[Fit]:
     ]
 
 
-def _bias_fits(before, turn, pairing, port, seq_at, heads_at, tol) -> list[Fit]:
+def _bias_fits(before, turn, pairing, port, axes, seq_at, heads_at, tol) -> list[Fit]:
     """The port's tensor before rotary (the reference's rotation undone) is the reference's
     plus a per-feature offset the same at every position and batch row: a bias."""
     if not bool((turn.abs() > 0.5).all()):
@@ -185,8 +185,8 @@ def _bias_fits(before, turn, pairing, port, seq_at, heads_at, tol) -> list[Fit]:
         Fit(
             "bias",
             f"port == rotary(x + b) where ref == rotary(x), b a vector over heads x head_dim "
-            f"({heads} x {head_dim} = {heads * head_dim} features) the same at every batch "
-            f"row and position (largest |b| {float(b.abs().max()):.3g}): a bias one side adds "
+            f"({heads} x {head_dim} = {heads * head_dim} features) the same at every "
+            f"{axis_word(axes, 0)} and {axis_word(axes, seq_at)} (largest |b| {float(b.abs().max()):.3g}): a bias one side adds "
             "to the projection and the other does not",
             "the port's projection drops the reference's bias (nn.Linear(..., bias=False), "
             "or F.linear without its bias), or adds one the reference lacks: match its bias",

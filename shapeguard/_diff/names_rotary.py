@@ -6,8 +6,11 @@ agreed) and the reference's output, the rotation per position and frequency is f
 under each pairing, one complex least-squares ratio averaged over every axis but seq and
 head_dim (so it is evidence, not a free parameter per element); the pairing that
 reproduces the reference is the reference's, and the same rotations applied with the other
-pairing must give the port's tensor. Bounded: two fits and one comparison per upstream
-pair of the same shape (at most MOST_UPSTREAM of them).
+pairing must give the port's tensor. With the same fitted rotation, differences made before
+rotary are named after it: the rotation for the next position (a shift), heads split
+(d h), a projection's bias. Bounded: two fits per upstream tensor of the pair's shape or of
+its projection's (at most MOST_UPSTREAM of them), each followed by at most five
+comparisons.
 """
 
 from collections.abc import Sequence

@@ -343,7 +343,7 @@ AFTER_ROTARY = {
         "where the reference pairs them half-split",
     ],
     "shift": ["by the reference's rotary angle for t + 1", "its rotary positions are one ahead"],
-    "bias": ["port == rotary(x + b) where ref == rotary(x)", "the same at every batch row"],
+    "bias": ["port == rotary(x + b) where ref == rotary(x)", "the same at every axis 0 and query"],
 }
 
 

@@ -82,8 +82,8 @@ def name_difference(pair: Pair) -> Difference | None:
     pair agrees, or when two different transformations explain it (no guess between them).
 
     Bounded: each family tries its kinds a fixed number of ways (its module says how
-    many; at most 120 permutations, every roll of an axis up to 128 long, two fits per
-    upstream pair), each one comparison of tensors the size of the pair; nothing is kept
+    many; at most 120 permutations, every roll of an axis up to 128 long, two rotary fits
+    per upstream pair, each followed by at most five tests), each one comparison of tensors the size of the pair; nothing is kept
     of them afterwards.
     """
     from .fit import matches

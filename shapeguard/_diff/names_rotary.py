@@ -6,8 +6,11 @@ agreed) and the reference's output, the rotation per position and frequency is f
 under each pairing, one complex least-squares ratio averaged over every axis but seq and
 head_dim (so it is evidence, not a free parameter per element); the pairing that
 reproduces the reference is the reference's, and the same rotations applied with the other
-pairing must give the port's tensor. Bounded: two fits and one comparison per upstream
-pair of the same shape (at most MOST_UPSTREAM of them, and as many reference-only tensors).
+pairing must give the port's tensor. With the same fitted rotation, differences made before
+rotary are named after it: the rotation for the next position (a shift), heads split
+(d h), a projection's bias. Bounded: two fits per upstream tensor of the pair's shape or of
+its projection's (at most MOST_UPSTREAM of them, and as many reference-only tensors), each
+followed by at most five comparisons.
 """
 
 from collections.abc import Sequence
@@ -95,7 +98,7 @@ def rotary_fits(
             fits += _position_fits(before, turn, pairing, port, axes, seq_at, tol)
             if heads_at is not None:
                 fits += _grouping_fits(before, turn, pairing, port, heads_at, tol)
-            fits += _bias_fits(before, turn, pairing, port, seq_at, heads_at, tol)
+            fits += _bias_fits(before, turn, pairing, port, axes, seq_at, heads_at, tol)
     return fits
 
 
@@ -177,7 +180,7 @@ def _grouping_fits(before, turn, pairing, port, heads_at, tol) -> list[Fit]:
     ]
 
 
-def _bias_fits(before, turn, pairing, port, seq_at, heads_at, tol) -> list[Fit]:
+def _bias_fits(before, turn, pairing, port, axes, seq_at, heads_at, tol) -> list[Fit]:
     """The port's tensor before rotary (the reference's rotation undone) is the reference's
     plus a per-feature offset the same at every position and batch row: a bias."""
     if not bool((turn.abs() > 0.5).all()):
@@ -195,8 +198,8 @@ def _bias_fits(before, turn, pairing, port, seq_at, heads_at, tol) -> list[Fit]:
         Fit(
             "bias",
             f"port == rotary(x + b) where ref == rotary(x), b a vector over heads x head_dim "
-            f"({heads} x {head_dim} = {heads * head_dim} features) the same at every batch "
-            f"row and position (largest |b| {float(b.abs().max()):.3g}): a bias one side adds "
+            f"({heads} x {head_dim} = {heads * head_dim} features) the same at every "
+            f"{axis_word(axes, 0)} and {axis_word(axes, seq_at)} (largest |b| {float(b.abs().max()):.3g}): a bias one side adds "
             "to the projection and the other does not",
             "the port's projection drops the reference's bias (nn.Linear(..., bias=False), "
             "or F.linear without its bias), or adds one the reference lacks: match its bias",

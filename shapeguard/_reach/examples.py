@@ -15,6 +15,7 @@ from math import prod
 from .._errors import Violation
 from .._names import dims as D
 from . import intent as _intent
+from .invariants import operands
 from .rows import Reach, runs_text
 
 _MARKED = 64  # cells kept in `Reach.marks`, at most
@@ -72,9 +73,7 @@ def judge(call, reach: Reach) -> tuple[Reach, Violation] | None:
         "into one sequence need a block-diagonal mask from their lengths (or cu_seqlens); a "
         "[batch, seq] tensor read as [seq, batch] needs a transpose, not a view"
     )
-    violation = Violation(
-        "reach_other_example", relation, _operands(call), hint, severity="warning"
-    )
+    violation = Violation("reach_other_example", relation, operands(call), hint, severity="warning")
     return dataclasses.replace(reach, marks=tuple(marks)), violation
 
 
@@ -146,15 +145,3 @@ def _at(reach: Reach, index: tuple[int, ...], query: int, lead_axis) -> str:
     differ = lead_axis is not None or any(size > 1 for size in reach.stored)
     shown = [f"slice {tuple(index)}"] if differ else []
     return ", ".join([*shown, f"query {query}"])
-
-
-def _operands(call) -> tuple:
-    bound = call.bound()
-    names = ("input",) if call.spec in _intent.SOFTMAXES else ("query", "key", "attn_mask")
-    found = []
-    for name in names:
-        tensor = bound.get(name)
-        if hasattr(tensor, "shape"):
-            default = "scores" if name == "input" else name
-            found.append(call.operand(call.label_of(tensor, default), tensor))
-    return tuple(found)

@@ -284,7 +284,7 @@ def _violation(call, reach: Reach, site, found: _Found, total: int) -> Violation
     return Violation(
         found.kind,
         f"{reach.op or call.op} over {shape}: {relation}",
-        _operands(call),
+        operands(call),
         hint,
         severity="warning",
     )
@@ -376,7 +376,9 @@ def _at(reach: Reach, index: tuple[int, ...], query: int) -> str:
     return ", ".join([*parts, f"query {query}"])
 
 
-def _operands(call) -> tuple:
+def operands(call) -> tuple:
+    """The site's operands for a reach finding: the scores at a softmax, else the kernel's
+    query, key and mask."""
     bound = call.bound()
     names = ("input",) if call.spec in _intent.SOFTMAXES else ("query", "key", "attn_mask")
     found = []

@@ -13,6 +13,7 @@ import click
 
 from .errors import Failed, UsageFailure
 from .loader import LoadError, ModelCrashed
+from .target import write_report
 
 
 def _pair(value: str | None, option: str, most: int = 2) -> tuple[str, ...] | None:
@@ -89,14 +90,12 @@ def diff_command(
 
         # Three or more backends: the page shows the first pair that diverges.
         shown = result.shown if isinstance(result, DiffSet) else result
-        with open(html_path, "w", encoding="utf-8") as f:
-            f.write(render_diff_html(shown))
+        write_report(html_path, render_diff_html(shown))
     if json_path == "-":
         click.echo(result.to_json())
     else:
         if json_path:
-            with open(json_path, "w", encoding="utf-8") as f:
-                f.write(result.to_json() + "\n")
+            write_report(json_path, result.to_json() + "\n")
         click.echo(str(result), nl=False)
     if not result.agree:
         raise Failed(f"{result.port_name} diverges from {result.ref_name}")

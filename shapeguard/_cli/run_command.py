@@ -234,7 +234,9 @@ def _report(watcher, ended, json_path, html_path, output_format, held, program) 
         if json_path == "-":
             held.text = text
         else:
-            _write(json_path, text)
+            from .target import write_report
+
+            write_report(json_path, text)
     if html_path:
         _write_html(watcher, html_path)
     if output_format == "github":
@@ -332,16 +334,11 @@ def _write_html(watcher, path: str) -> None:
     import os
 
     from ..report.html import render_html
+    from .target import write_report
 
     stem, suffix = os.path.splitext(path)
     for i, watched in enumerate(watcher.watched):
         target = path if i == 0 else f"{stem}.{i + 1}{suffix}"
-        _write(target, render_html(watched.trace, None, title=f"shapeguard run: {watched.name}"))
-
-
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as error:
-        raise UsageFailure(f"cannot write {path}: {error.strerror}") from None
+        write_report(
+            target, render_html(watched.trace, None, title=f"shapeguard run: {watched.name}")
+        )

@@ -291,7 +291,7 @@ class Target:
         from .. import _ranks
 
         if self.json_path and self.json_path != "-":
-            _write(_ranks.rank_path(self.json_path), _json(trace, check))
+            write_report(_ranks.rank_path(self.json_path), _json(trace, check))
         if self.html_path:
             try:
                 from ..report.html import render_html
@@ -299,7 +299,7 @@ class Target:
                 raise UsageFailure(f"--html is not available in this version ({error})") from None
             checks = check.rows if check else None
             page = render_html(trace, attention, checks=checks, probe_reach=_probe_reach(check))
-            _write(_ranks.rank_path(self.html_path), page)
+            write_report(_ranks.rank_path(self.html_path), page)
 
 
 def _probe_reach(check) -> dict | None:
@@ -355,7 +355,9 @@ def _json(trace, check) -> str:
     return json.dumps(data, indent=2)
 
 
-def _write(path: str, text: str) -> None:
+def write_report(path: str, text: str) -> None:
+    """Write a report the user named; a path that cannot be written is a usage error in
+    one line, not a traceback."""
     try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)

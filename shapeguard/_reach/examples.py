@@ -15,7 +15,7 @@ from math import prod
 from .._errors import Violation
 from .._names import dims as D
 from . import intent as _intent
-from .invariants import operands
+from .invariants import operands, shape_text
 from .rows import Reach, runs_text
 
 _MARKED = 64  # cells kept in `Reach.marks`, at most
@@ -63,7 +63,7 @@ def judge(call, reach: Reach) -> tuple[Reach, Violation] | None:
     index, q, crossing, example, theirs = first
     root = atom[0].find()
     relation = (
-        f"{reach.op or call.op} over {_shape(reach)}: {rows} of {total} query rows see keys of "
+        f"{reach.op or call.op} over {shape_text(reach)}: {rows} of {total} query rows see keys of "
         f"another example (first at {_at(reach, index, q, lead_axis)}, of example {example}: it sees "
         f"{runs_text(crossing)} of example {theirs}); the keys' axis carries the batch, "
         f"{_HOW.get(root.kind_rank, 'batch by a parameter')}"
@@ -129,15 +129,6 @@ def _indices(reach: Reach, lead_axis):
         a = lead_axis[0]
         for b in range(reach.lead[a]):
             yield (*index[:a], b, *index[a + 1 :])
-
-
-def _shape(reach: Reach) -> str:
-    names = list(reach.lead_axes) if len(reach.lead_axes) == len(reach.lead) else []
-    parts = [
-        f"{names[i]}={size}" if i < len(names) and names[i] else str(size)
-        for i, size in enumerate(reach.lead)
-    ]
-    return f"[{', '.join([*parts, f'seq_q={reach.seq_q}', f'seq_k={reach.seq_k}'])}]"
 
 
 def _at(reach: Reach, index: tuple[int, ...], query: int, lead_axis) -> str:

@@ -233,7 +233,7 @@ def _window_cells(site, own: int, keys: list[int], pads, docs, sinks) -> list[in
 # -- the message ---------------------------------------------------------------------------
 def _violation(call, reach: Reach, site, found: _Found, total: int) -> Violation:
     index, query, runs = found.first or ((), 0, ())
-    shape = _shape(reach)
+    shape = shape_text(reach)
     at = _at(reach, index, query)
     own = site.own[query] if site.own is not None else -1
     if found.kind == "reach_padded_key":
@@ -355,7 +355,9 @@ def _step_text(reach: Reach, site, found: _Found, total: int, at: str, own: int,
     return relation, hint
 
 
-def _shape(reach: Reach) -> str:
+def shape_text(reach: Reach) -> str:
+    """`[batch=3, 4, seq_q=7, seq_k=5]`: the site's shape, its leading axes named where
+    provenance names them."""
     names = list(reach.lead_axes) if len(reach.lead_axes) == len(reach.lead) else []
     parts = [
         f"{names[i]}={size}" if i < len(names) and names[i] else str(size)

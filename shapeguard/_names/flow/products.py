@@ -14,7 +14,16 @@ _BADDBMM, _ADDMM = _ops.by_name("baddbmm"), _ops.by_name("addmm")
 
 # -- contractions ---------------------------------------------------------------------------------
 def classify_product(
-    call, a, b, a_meta, b_meta, contract_a: Axis, contract_b: Axis, rows: Axis, cols: Axis
+    call,
+    a,
+    b,
+    a_meta,
+    b_meta,
+    contract_a: Axis,
+    contract_b: Axis,
+    rows: Axis,
+    cols: Axis,
+    query_heads: int = 0,
 ) -> str | None:
     """ "scores" for a query-key product, "context" for attention weights times values.
 
@@ -27,6 +36,8 @@ def classify_product(
     as MLA's absorbed `W_uk` [heads, d, rank] against q [batch, heads, seq, d], is no key).
     The left operand holds the queries by the order `q @ k^T` is written in: where the
     operands' names say the opposite (`k @ q^T`), that order is no evidence either.
+    `query_heads` counts the queries' axes the keys lack on evidence (an einsum letter for
+    the heads that only the queries carry: multi-query keys shared by every head).
     """
     if D.size_of(contract_a) <= 1 or a_meta.param or b_meta.param:
         return None
@@ -37,7 +48,7 @@ def classify_product(
     ka, kb = D.strong_kind_of(contract_a), D.strong_kind_of(contract_b)
     if TOKEN in (ka, kb):
         return "context" if a_meta.role in ("attn", None) else None
-    if not _keys_per_example(a, b, a_meta, b_meta, cols):
+    if not _keys_per_example(a, b, a_meta, b_meta, cols, query_heads):
         return None
     if a_meta.role == "K" or b_meta.role == "Q":
         # Which operand holds the queries is the order `q @ k^T` is written in; where the
@@ -54,13 +65,13 @@ def classify_product(
     return "scores" if b_meta.laid_out else None
 
 
-def _keys_per_example(a, b, a_meta, b_meta, cols: Axis) -> bool:
+def _keys_per_example(a, b, a_meta, b_meta, cols: Axis, query_heads: int = 0) -> bool:
     """The right operand can be the keys of the left one's queries: it has columns, they
     are an activation's (a kind known for them, or laid out for this product by a transpose
     in the trace), and it varies along every example axis the queries have."""
     if not cols or (D.kind_of(cols) is None and not b_meta.laid_out):
         return False
-    if b.dim() < a.dim():
+    if b.dim() + query_heads < a.dim():
         return False  # shared along a leading axis of the queries: a weight
     examples = {
         id(root) for axis in a_meta.dims for atom in axis if (root := atom[0].find()).kind == BATCH
@@ -282,31 +293,59 @@ def _einsum_product(call, operands, letters: dict, dims) -> Made | None:
     """A two-operand einsum with one contracted letter and one row letter per side: the
     query-key product or attention weights times values, read from the letters."""
     product = subscripts.product(call.args[0], [t.dim() for t in operands])
-    if product is None or not (
-        len(product.contracted) == len(product.rows) == len(product.cols) == 1
-    ):
+    if product is None or not (len(product.contracted) == len(product.cols) == 1):
         return None
     a, b = operands
     am, bm = call.meta_of(a), call.meta_of(b)
     spec_a, spec_b = product.equation.specs
     c = product.contracted
     ca, cb = am.dims[spec_a.index(c)], bm.dims[spec_b.index(c)]
-    rows, cols = letters.get(product.rows, ()), letters.get(product.cols, ())
-    role = classify_product(call, a, b, am, bm, ca, cb, rows, cols)
+    row, own_heads = product.rows, None
+    if len(row) == 2 and am.role != "attn":  # weights times values shared by the heads pass
+        own_heads = _query_heads_letter(row, spec_a, am.dims, ca)
+        if own_heads is None:
+            return None
+        row = row.replace(own_heads, "")
+    if len(row) != 1 and am.role != "attn":
+        return None
+    rows, cols = letters.get(row, ()), letters.get(product.cols, ())
+    role = classify_product(
+        call, a, b, am, bm, ca, cb, rows, cols, query_heads=0 if own_heads is None else 1
+    )
+    if role == "context" and len(row) == 2 and not call.reported:
+        _claim_shared_values(cols)
     if role != "scores":
         return Made(dims, (), role) if role else None
-    heads = _heads_letter(product.batch, spec_a, am.dims, ca)
+    heads = own_heads or _heads_letter(product.batch, spec_a, am.dims, ca)
     heads_a = am.dims[spec_a.index(heads)] if heads else None
-    heads_b = bm.dims[spec_b.index(heads)] if heads else None
+    heads_b = bm.dims[spec_b.index(heads)] if heads and heads in spec_b else None
     claim_scores(rows, cols, ca, cb, heads_a, heads_b)
     _claim_operand_roles(am, bm)
     out = product.equation.out
-    if rows and cols and out[-1] == product.rows:
-        _note_keys_first(call, rows, cols, product)
+    if rows and cols and out[-1] == row:
+        _note_keys_first(call, rows, cols, product, row)
     if rows and cols and D.roots_of(rows) == D.roots_of(cols):
-        tags = tuple("q" if x == product.rows else "k" if x == product.cols else None for x in out)
+        tags = tuple("q" if x == row else "k" if x == product.cols else None for x in out)
         return Made(dims, tags, role)
     return Made(dims, (), role)
+
+
+def _claim_shared_values(v_cols: Axis) -> None:
+    """Weights with a heads letter the values lack (multi-query): each head reads the same
+    values, so their features are the head size, d_k, as the shared keys' are."""
+    if len(v_cols) == 1 and D.claim_kind(v_cols[0][0], FEATURE, STRUCTURE):
+        D.claim_part(v_cols[0], "d_k", STRUCTURE)
+
+
+def _query_heads_letter(rows: str, spec: str, dims, contract: Axis) -> str | None:
+    """Of a product's two row letters, the heads that only the queries carry (multi-query
+    keys `b j d` against queries `b h i d`): the one whose axis is the factor just outside
+    the contracted head size in the same dim (the queries' head split). None where
+    structure does not single one out: then nothing is claimed."""
+    if len(contract) != 1:
+        return None
+    found = [x for x in rows if _sibling(dims[spec.index(x)], contract[0]) is not None]
+    return found[0] if len(found) == 1 else None
 
 
 def _heads_letter(batch: str, spec: str, dims, contract: Axis) -> str | None:
@@ -326,9 +365,9 @@ def _heads_letter(batch: str, spec: str, dims, contract: Axis) -> str | None:
 _KEYS_FIRST = Memo("keys-first products", 256)
 
 
-def _note_keys_first(call, rows: Axis, cols: Axis, product) -> None:
+def _note_keys_first(call, rows: Axis, cols: Axis, product, row: str) -> None:
     equation = product.equation
-    swap = {product.rows: product.cols, product.cols: product.rows}
+    swap = {row: product.cols, product.cols: row}
     out = "".join(swap.get(x, x) for x in equation.out)
     site = call.site
     pattern = (

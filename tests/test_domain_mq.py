@@ -1,0 +1,177 @@
+"""Multi-query and grouped-query attention whose keys have no heads axis (issue 32).
+
+PaLM-style blocks (also x-transformers, lucidrains' repositories) project the queries to
+`[batch, heads, seq, d_k]` and one shared key and value head `[batch, seq, d_k]`, and write
+the scores as `einsum("b h i d, b j d -> b h i j")`. The heads letter on the query side only
+is the evidence that the keys are shared by the heads: with it the product is scores, and
+the rules see the chain (softmax axis, the heads merge). An einsum with two query-side
+letters of which structure singles out no head split claims nothing.
+"""
+
+import warnings
+
+import bug_zoo as zoo
+import pytest
+import torch
+from bug_zoo import Sizes
+from torch import nn
+
+import shapeguard
+from shapeguard import ShapeWarning
+
+pytestmark = pytest.mark.no_shapeguard  # each test traces its own model
+
+SETTINGS = pytest.mark.parametrize("sizes", zoo.SETTINGS, ids=lambda s: s.name)
+SPELLINGS = pytest.mark.parametrize(
+    "scores_eq, context_eq",
+    [
+        ("b h i d, b j d -> b h i j", "b h i j, b j d -> b h i d"),
+        ("bhid,bjd->bhij", "bhij,bjd->bhid"),
+    ],
+    ids=["spaced", "compact"],
+)
+
+
+def trace(model, *args):
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", ShapeWarning)
+        return shapeguard.trace(model, *args, mode="warn")
+
+
+def describe(found) -> str:
+    return "\n".join(f"[{f.kind}] {f.message}\n  hint: {f.hint}" for f in found)
+
+
+def x_of(s: Sizes) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(s.batch, s.seq, s.d_model)
+
+
+class MultiQuery(nn.Module):
+    """Queries per head, one key and value head shared by all (PaLM)."""
+
+    def __init__(self, d_model, n_heads, d_k, scores_eq, context_eq, bug=None):
+        super().__init__()
+        self.n_heads, self.d_k, self.bug = n_heads, d_k, bug
+        self.scores_eq, self.context_eq = scores_eq, context_eq
+        self.to_q = nn.Linear(d_model, n_heads * d_k, bias=False)
+        self.to_k = nn.Linear(d_model, d_k, bias=False)
+        self.to_v = nn.Linear(d_model, d_k, bias=False)
+        self.to_out = nn.Linear(n_heads * d_k, d_model, bias=False)
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        q = self.to_q(x).view(B, S, self.n_heads, self.d_k).transpose(1, 2)  # [B, h, S, d]
+        k, v = self.to_k(x), self.to_v(x)  # [B, S, d]: one head for all
+        sim = torch.einsum(self.scores_eq, q, k) * self.d_k**-0.5
+        attn = sim.softmax(dim=-2 if self.bug == "softmax_axis" else -1)
+        out = torch.einsum(self.context_eq, attn, v)  # [B, h, S, d]
+        if self.bug == "merge":
+            out = out.reshape(B, S, self.n_heads * self.d_k)
+        else:
+            out = out.transpose(1, 2).reshape(B, S, self.n_heads * self.d_k)
+        return self.to_out(out)
+
+
+class GroupedQuery(nn.Module):
+    """Grouped-query attention: `groups` key heads, `n_heads` query heads in each group."""
+
+    def __init__(self, d_model, groups, n_heads, d_k, bug=None):
+        super().__init__()
+        self.groups, self.n_heads, self.d_k, self.bug = groups, n_heads, d_k, bug
+        self.to_q = nn.Linear(d_model, groups * n_heads * d_k, bias=False)
+        self.to_kv = nn.Linear(d_model, 2 * groups * d_k, bias=False)
+        self.to_out = nn.Linear(groups * n_heads * d_k, d_model, bias=False)
+
+    def forward(self, x):
+        B, S, _ = x.shape
+        q = self.to_q(x).view(B, S, self.groups, self.n_heads, self.d_k).permute(0, 2, 3, 1, 4)
+        k, v = self.to_kv(x).view(B, S, 2, self.groups, self.d_k).permute(2, 0, 3, 1, 4)
+        sim = torch.einsum("b g h i d, b g j d -> b g h i j", q, k) * self.d_k**-0.5
+        attn = sim.softmax(dim=-2 if self.bug == "softmax_axis" else -1)
+        out = torch.einsum("b g h i j, b g j d -> b g h i d", attn, v)
+        out = out.permute(0, 3, 1, 2, 4).reshape(B, S, -1)
+        return self.to_out(out)
+
+
+class StackedReadouts(nn.Module):
+    """Two readouts stacked on a new axis and scored against one memory: the stacked axis is
+    no head split of the contracted features, so nothing says the product is attention."""
+
+    def __init__(self, d_model, d_k):
+        super().__init__()
+        self.read_a = nn.Linear(d_model, d_k, bias=False)
+        self.read_b = nn.Linear(d_model, d_k, bias=False)
+        self.memory = nn.Linear(d_model, d_k, bias=False)
+
+    def forward(self, x):
+        q = torch.stack([self.read_a(x), self.read_b(x)], dim=1)  # [B, 2, S, d]
+        sim = torch.einsum("b n i d, b j d -> b n i j", q, self.memory(x))
+        return sim.softmax(dim=-2)
+
+
+def mq(s: Sizes, spelling, bug=None) -> MultiQuery:
+    torch.manual_seed(0)
+    return MultiQuery(s.d_model, s.heads, s.d_k, *spelling, bug=bug)
+
+
+@SETTINGS
+@SPELLINGS
+def test_multi_query_scores_recognised_and_correct_code_silent(sizes, scores_eq, context_eq):
+    t = trace(mq(sizes, (scores_eq, context_eq)), x_of(sizes))
+    assert not t.findings, describe(t.findings)
+    roles = [e.role for e in t.events if e.op == "einsum"]
+    assert roles == ["scores", "context"], roles
+    (scores,) = [e for e in t.events if e.role == "scores" and e.op == "einsum"]
+    assert scores.outputs[0].axes == ("batch", "heads", "seq_q", "seq_k")
+
+
+@SETTINGS
+@SPELLINGS
+def test_multi_query_softmax_over_queries_found(sizes, scores_eq, context_eq):
+    t = trace(mq(sizes, (scores_eq, context_eq), "softmax_axis"), x_of(sizes))
+    assert [f.kind for f in t.findings] == ["softmax_axis"], describe(t.findings)
+    f = t.findings[0]
+    assert "softmax over seq_q (dim -2) of sim" in f.message
+    assert "over the keys (seq_k)" in f.message
+    assert "dim=-1" in f.hint
+
+
+@SETTINGS
+@SPELLINGS
+def test_multi_query_heads_merge_gets_merge_hint(sizes, scores_eq, context_eq):
+    t = trace(mq(sizes, (scores_eq, context_eq), "merge"), x_of(sizes))
+    assert [f.kind for f in t.findings] == ["view_mixes_axes"], describe(t.findings)
+    f = t.findings[0]
+    assert "merges heads back before moving them next to d_k" in f.message
+    assert f"[heads={sizes.heads}, seq={sizes.seq}, d_k={sizes.d_k}]" in f.message
+    assert f.hint.startswith(
+        "transpose first: out.transpose(1, 2).contiguous().view(batch, seq, heads * d_k)"
+    ), f.hint
+    assert "patch" not in f.hint and "Conv2d" not in f.hint
+
+
+@SETTINGS
+def test_grouped_query_scores_recognised(sizes):
+    torch.manual_seed(0)
+    model = GroupedQuery(sizes.d_model, sizes.kv_heads, sizes.heads, sizes.d_k)
+    t = trace(model, x_of(sizes))
+    assert not t.findings, describe(t.findings)
+    assert [e.role for e in t.events if e.op == "einsum"] == ["scores", "context"]
+
+
+@SETTINGS
+def test_grouped_query_softmax_over_queries_found(sizes):
+    torch.manual_seed(0)
+    model = GroupedQuery(sizes.d_model, sizes.kv_heads, sizes.heads, sizes.d_k, "softmax_axis")
+    t = trace(model, x_of(sizes))
+    assert [f.kind for f in t.findings] == ["softmax_axis"], describe(t.findings)
+    assert "softmax over seq_q (dim -2) of sim" in t.findings[0].message
+
+
+@SETTINGS
+def test_query_letters_without_a_head_split_claim_nothing(sizes):
+    torch.manual_seed(0)
+    t = trace(StackedReadouts(sizes.d_model, sizes.d_k), x_of(sizes))
+    assert not t.findings, describe(t.findings)
+    assert [e.role for e in t.events if e.op == "einsum"] == [None]

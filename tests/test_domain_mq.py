@@ -11,6 +11,7 @@ letters of which structure singles out no head split claims nothing.
 import warnings
 
 import bug_zoo as zoo
+import einops
 import pytest
 import torch
 from bug_zoo import Sizes
@@ -27,8 +28,9 @@ SPELLINGS = pytest.mark.parametrize(
     [
         ("b h i d, b j d -> b h i j", "b h i j, b j d -> b h i d"),
         ("bhid,bjd->bhij", "bhij,bjd->bhid"),
+        ("einops: b h i d, b j d -> b h i j", "einops: b h i j, b j d -> b h i d"),
     ],
-    ids=["spaced", "compact"],
+    ids=["spaced", "compact", "einops"],
 )
 
 
@@ -63,14 +65,24 @@ class MultiQuery(nn.Module):
         B, S, _ = x.shape
         q = self.to_q(x).view(B, S, self.n_heads, self.d_k).transpose(1, 2)  # [B, h, S, d]
         k, v = self.to_k(x), self.to_v(x)  # [B, S, d]: one head for all
-        sim = torch.einsum(self.scores_eq, q, k) * self.d_k**-0.5
+        sim = self.einsum(self.scores_eq, q, k) * self.d_k**-0.5
         attn = sim.softmax(dim=-2 if self.bug == "softmax_axis" else -1)
-        out = torch.einsum(self.context_eq, attn, v)  # [B, h, S, d]
+        if self.bug == "aggregate_queries":  # sums over the queries, not the keys
+            out = torch.einsum("b h i j, b i d -> b h j d", attn, v)
+        else:
+            out = self.einsum(self.context_eq, attn, v)  # [B, h, S, d]
         if self.bug == "merge":
             out = out.reshape(B, S, self.n_heads * self.d_k)
         else:
             out = out.transpose(1, 2).reshape(B, S, self.n_heads * self.d_k)
         return self.to_out(out)
+
+    @staticmethod
+    def einsum(equation, a, b):
+        """torch.einsum, or einops.einsum (its words, the pattern last) for "einops: ..."."""
+        if equation.startswith("einops: "):
+            return einops.einsum(a, b, equation.removeprefix("einops: "))
+        return torch.einsum(equation, a, b)
 
 
 class GroupedQuery(nn.Module):
@@ -149,6 +161,21 @@ def test_multi_query_heads_merge_gets_merge_hint(sizes, scores_eq, context_eq):
         "transpose first: out.transpose(1, 2).contiguous().view(batch, seq, heads * d_k)"
     ), f.hint
     assert "patch" not in f.hint and "Conv2d" not in f.hint
+
+
+@SETTINGS
+@pytest.mark.parametrize("bug", [None, "aggregate_queries"])
+def test_multi_query_aggregation_reads_named_weights(sizes, bug):
+    """The weights-times-values einsum is context, over weights whose query and key axes
+    the scores named: what a rule on the contracted axis (summed over the keys the softmax
+    normalised, or over the queries) reads. Which axis it contracts is that rule's to judge
+    (issue 32's "normalised over one axis, contracted over another")."""
+    t = trace(
+        mq(sizes, ("b h i d, b j d -> b h i j", "b h i j, b j d -> b h i d"), bug), x_of(sizes)
+    )
+    (context,) = [e for e in t.events if e.op == "einsum" and e.role == "context"]
+    assert context.inputs[0].axes == ("batch", "heads", "seq_q", "seq_k")
+    assert context.inputs[0].role == "attn"
 
 
 @SETTINGS

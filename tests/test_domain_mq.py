@@ -106,6 +106,41 @@ class GroupedQuery(nn.Module):
         return self.to_out(out)
 
 
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class PaLMParallelBlock(nn.Module):
+    """PaLM's parallel block (after lucidrains' PaLM-pytorch): one fused projection for
+    multi-query attention and the feed-forward, rotary on q and the shared k, a causal
+    mask laid on the multi-query scores."""
+
+    def __init__(self, dim, dim_head, heads, bug=None):
+        super().__init__()
+        self.heads, self.scale, self.bug = heads, dim_head**-0.5, bug
+        self.norm = nn.LayerNorm(dim)
+        self.fused_dims = (dim_head * heads, dim_head, dim_head, dim * 4)
+        self.register_buffer("inv_freq", 10000 ** -(torch.arange(0, dim_head, 2) / dim_head))
+        self.fused_attn_ff_proj = nn.Linear(dim, sum(self.fused_dims), bias=False)
+        self.attn_out = nn.Linear(dim_head * heads, dim, bias=False)
+        self.ff_out = nn.Sequential(nn.SiLU(), nn.Linear(dim * 4, dim, bias=False))
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v, ff = self.fused_attn_ff_proj(self.norm(x)).split(self.fused_dims, dim=-1)
+        q = q.view(b, n, self.heads, -1).transpose(1, 2)  # [b, h, n, d]; k, v: [b, n, d]
+        freqs = torch.einsum("i , j -> i j", torch.arange(n).float(), self.inv_freq)
+        pos = torch.cat((freqs, freqs), dim=-1)
+        q, k = ((t * pos.cos()) + (rotate_half(t) * pos.sin()) for t in (q, k))
+        sim = torch.einsum("b h i d, b j d -> b h i j", q * self.scale, k)
+        causal_mask = torch.ones((n, n), dtype=torch.bool)
+        causal_mask = causal_mask.tril(-1) if self.bug == "mask_direction" else causal_mask.triu(1)
+        attn = sim.masked_fill(causal_mask, -torch.finfo(sim.dtype).max).softmax(dim=-1)
+        out = torch.einsum("b h i j, b j d -> b h i d", attn, v)
+        return self.attn_out(out.transpose(1, 2).reshape(b, n, -1)) + self.ff_out(ff)
+
+
 class StackedReadouts(nn.Module):
     """Two readouts stacked on a new axis and scored against one memory: the stacked axis is
     no head split of the contracted features, so nothing says the product is attention."""
@@ -194,6 +229,26 @@ def test_grouped_query_softmax_over_queries_found(sizes):
     t = trace(model, x_of(sizes))
     assert [f.kind for f in t.findings] == ["softmax_axis"], describe(t.findings)
     assert "softmax over seq_q (dim -2) of sim" in t.findings[0].message
+
+
+@SETTINGS
+def test_palm_block_silent_and_causal(sizes):
+    torch.manual_seed(0)
+    model = PaLMParallelBlock(sizes.d_model, sizes.rope_d_k, sizes.heads)
+    t = trace(model, x_of(sizes))
+    assert not t.findings, describe(t.findings)
+    assert [e.role for e in t.events if e.op == "einsum"][-2:] == ["scores", "context"]
+    assert "softmax in PaLMParallelBlock" in str(t) and ": causal" in str(t)
+
+
+@SETTINGS
+def test_palm_block_mask_direction_found(sizes):
+    """A mask on multi-query scores is read once the scores are recognised (main missed it)."""
+    torch.manual_seed(0)
+    model = PaLMParallelBlock(sizes.d_model, sizes.rope_d_k, sizes.heads, "mask_direction")
+    t = trace(model, x_of(sizes))
+    assert [f.kind for f in t.findings] == ["mask_direction"], describe(t.findings)
+    assert "causal_mask hides the past instead of the future" in t.findings[0].message
 
 
 @SETTINGS

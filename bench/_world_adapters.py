@@ -23,6 +23,8 @@ class Adapter:
     inputs: Callable  # (sizes, padding, generator) -> (args, kwargs)
     paddings: tuple = ("n",)
     sizes: tuple = ("d", "c", "a", "r")
+    # What its tokens are: the report counts the probes that held per non-text block.
+    modality: str = "text"
 
 
 def _ids(s, g, seq=None):
@@ -126,7 +128,7 @@ def _xt_vit():
     def inputs(s, padding, g):
         return (torch.randn(s.batch, 3, 32, 32, generator=g),), {}
 
-    return Adapter("x_transformers ViTransformerWrapper", build, inputs)
+    return Adapter("x_transformers ViTransformerWrapper", build, inputs, modality="image")
 
 
 # -- lucidrains' attention variants ----------------------------------------------------
@@ -168,7 +170,7 @@ def _perceiver():
     def inputs(s, padding, g):
         return (torch.randn(s.batch, 4, s.seq, 3, generator=g),), {}
 
-    return Adapter("perceiver_pytorch Perceiver", build, inputs)
+    return Adapter("perceiver_pytorch Perceiver", build, inputs, modality="image")
 
 
 def _perceiver_io():
@@ -183,7 +185,7 @@ def _perceiver_io():
         queries = torch.randn(s.batch, s.dec_seq, s.hidden, generator=g)
         return (_x(s, g),), _with({"queries": queries}, mask=_keep(s, padding))
 
-    return Adapter("perceiver_pytorch PerceiverIO", build, inputs, ("n", "r"))
+    return Adapter("perceiver_pytorch PerceiverIO", build, inputs, ("n", "r"), modality="features")
 
 
 def _nystrom():
@@ -280,7 +282,7 @@ def _conformer():
     def inputs(s, padding, g):
         return (_x(s, g),), _with({}, mask=_keep(s, padding))
 
-    return Adapter("conformer ConformerBlock", build, inputs, ("n", "r"))
+    return Adapter("conformer ConformerBlock", build, inputs, ("n", "r"), modality="audio")
 
 
 def _rotary():
@@ -362,7 +364,7 @@ def _diffusers_attention():
         context = torch.randn(s.batch, s.dec_seq, 32, generator=g)
         return (_x(s, g),), {"encoder_hidden_states": context}
 
-    return Adapter("diffusers Attention (cross)", build, inputs)
+    return Adapter("diffusers Attention (cross)", build, inputs, modality="image")
 
 
 def _diffusers_block():
@@ -375,7 +377,7 @@ def _diffusers_block():
         context = torch.randn(s.batch, s.dec_seq, 32, generator=g)
         return (_x(s, g),), {"encoder_hidden_states": context}
 
-    return Adapter("diffusers BasicTransformerBlock", build, inputs)
+    return Adapter("diffusers BasicTransformerBlock", build, inputs, modality="image")
 
 
 def _diffusers_2d():
@@ -391,7 +393,7 @@ def _diffusers_2d():
         context = torch.randn(s.batch, s.dec_seq, 32, generator=g)
         return (image,), {"encoder_hidden_states": context}
 
-    return Adapter("diffusers Transformer2DModel", build, inputs)
+    return Adapter("diffusers Transformer2DModel", build, inputs, modality="image")
 
 
 # -- torch_geometric ---------------------------------------------------------------------
@@ -401,13 +403,17 @@ def _graph(s, g):
     return torch.randn(nodes, s.hidden, generator=g), edges
 
 
+def _graph_inputs(s, padding, g):
+    return _graph(s, g), {}
+
+
 def _gat():
     def build(s):
         from torch_geometric.nn import GATConv
 
         return GATConv(s.hidden, s.head_dim, heads=s.heads)
 
-    return Adapter("torch_geometric GATConv", build, lambda s, p, g: (_graph(s, g), {}))
+    return Adapter("torch_geometric GATConv", build, _graph_inputs, modality="graph")
 
 
 def _transformer_conv():
@@ -416,7 +422,7 @@ def _transformer_conv():
 
         return TransformerConv(s.hidden, s.head_dim, heads=s.heads)
 
-    return Adapter("torch_geometric TransformerConv", build, lambda s, p, g: (_graph(s, g), {}))
+    return Adapter("torch_geometric TransformerConv", build, _graph_inputs, modality="graph")
 
 
 # -- fair-esm, openai-whisper ------------------------------------------------------------
@@ -440,7 +446,7 @@ def _esm2():
             tokens = tokens.masked_fill(mask == 0, alphabet.padding_idx)
         return (tokens,), {}
 
-    return Adapter("esm ESM2", build, inputs, ("n", "r"))
+    return Adapter("esm ESM2", build, inputs, ("n", "r"), modality="protein")
 
 
 def _whisper():
@@ -460,4 +466,4 @@ def _whisper():
         mel = torch.randn(s.batch, 16, 2 * s.seq, generator=g)
         return (mel, _ids(s, g, seq=s.dec_seq)), {}
 
-    return Adapter("whisper Whisper", build, inputs)
+    return Adapter("whisper Whisper", build, inputs, modality="audio")

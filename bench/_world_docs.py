@@ -129,6 +129,22 @@ def _per_subject(results):
     return rows
 
 
+def _non_text(results):
+    rows = [
+        "| package | block | tokens | configs | findings | failed | inconclusive | n/a | held | held besides shape checks |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    blocks = report.non_text_blocks(results)
+    for b in sorted(blocks, key=lambda b: (b["package"], b["block"])):
+        beyond = report.held_beyond_shape_checks(b)
+        rows.append(
+            f"| {b['package']} | {_cell(b['block'])} | {b['modality']} | {b['configs']} | "
+            f"{b['findings']} | {b['failed']} | {b['inconclusive']} | {b['n/a']} | "
+            f"{len(b['held'])} | {len(beyond)}: {', '.join(beyond) or '-'} |"
+        )
+    return rows if blocks else []
+
+
 def render(meta, tallied, results) -> str:
     counts, details = tallied["counts"], tallied["details"]
     out = [
@@ -155,6 +171,7 @@ def render(meta, tallied, results) -> str:
     )
     out += _section("Past the timeout", _simple(details["timeouts"], "timeout"))
     out += _section(f"Not built ({counts['not built']})", _not_built(details))
+    out += _section("Non-text attention blocks: the probes that held", _non_text(results))
     out += _section("Per subject", _per_subject(results))
     out.append(END)
     return "\n".join(out) + "\n"

@@ -10,6 +10,7 @@ import importlib.metadata
 import time
 
 import _world_adapters as a
+import _world_vision as vision
 import torch
 from _world_runs import error_text, run_check, run_config
 from _world_sizes import SIZES
@@ -31,7 +32,11 @@ PACKAGES = {
     ),
     "conformer": ("conformer", (a._conformer,)),
     "rotary-embedding-torch": ("rotary_embedding_torch", (a._rotary,)),
-    "diffusers": ("diffusers", (a._diffusers_attention, a._diffusers_block, a._diffusers_2d)),
+    "diffusers": (
+        "diffusers",
+        (a._diffusers_attention, a._diffusers_block, a._diffusers_2d, *vision.DIFFUSERS),
+    ),
+    "timm": ("timm", vision.TIMM),
     "torch-geometric": ("torch_geometric", (a._gat, a._transformer_conv)),
     "fair-esm": ("esm", (a._esm2,)),
     "openai-whisper": ("whisper", (a._whisper,)),
@@ -78,6 +83,7 @@ def run(name, discover=False) -> dict:
     for index, factory in enumerate(factories):
         adapter = factory()
         result["models"][str(index)] = adapter.label
+        result.setdefault("modalities", {})[adapter.label] = adapter.modality
         for size_tag in ("d",) if discover else adapter.sizes:
             sizes = SIZES[size_tag]
             try:

@@ -134,7 +134,47 @@ def _by_subject(entries):
     return grouped
 
 
-def lines(tallied) -> list:
+def non_text_blocks(results) -> list:
+    """One row per non-text block of a package (an image, audio, graph, protein or feature
+    model): its configurations with a finding, its failed probes, and the probes of its
+    `check` that held (passed; n/a is not holding). Issue 32 asks for one probe besides the
+    shape checks that holds on every such block."""
+    rows = []
+    for r in results:
+        for label, modality in r.get("modalities", {}).items():
+            if modality == "text" or r.get("status") != "ok":
+                continue
+            configs = [c for c in _configs(r).values() if c.get("model") == label]
+            probes = [
+                p for p in (r.get("check") or {}).get("probes", [])
+                if p["name"].rpartition(": ")[0] == label
+            ]  # fmt: skip
+            held = [p["name"].rpartition(": ")[2] for p in probes if p["outcome"] == "passed"]
+            rows.append({
+                "package": r["name"], "block": label, "modality": modality,
+                "configs": len(configs), "findings": sum(bool(c.get("findings")) for c in configs),
+                "failed": sum(p["outcome"] == "failed" for p in probes),
+                "inconclusive": sum(p["outcome"] == "inconclusive" for p in probes),
+                "n/a": sum(p["outcome"] == "n/a" for p in probes), "held": held,
+            })  # fmt: skip
+    return rows
+
+
+def held_beyond_shape_checks(row) -> list:
+    return [name for name in row["held"] if name != "shape checks"]
+
+
+def _block_line(row) -> str:
+    beyond = held_beyond_shape_checks(row)
+    return (
+        f"NON-TEXT {row['package']}: {row['block']} ({row['modality']}): held {len(row['held'])} "
+        f"({len(beyond)} besides shape checks: {', '.join(beyond) or 'none'}), findings "
+        f"{row['findings']} of {row['configs']} configs, failed {row['failed']}, inconclusive "
+        f"{row['inconclusive']}, n/a {row['n/a']}"
+    )
+
+
+def lines(tallied, results=()) -> list:
     """The printed report: each count's details, then the summary line last."""
     details, counts = tallied["details"], tallied["counts"]
     out = []
@@ -175,6 +215,7 @@ def lines(tallied) -> list:
         out.append(f"TIMEOUT {name}: {error}")
     for name, _status, error in details["not built"]:
         out.append(f"NOT BUILT {name}: {_first_line(error, 160)}")
+    out += [_block_line(row) for row in non_text_blocks(results)]
     out.append(summary_line(counts))
     return out
 

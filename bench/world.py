@@ -162,7 +162,7 @@ def main(argv=None) -> int:
             "versions": versions(results),
         }
     tallied = _world_report.tally(results)
-    lines = _world_report.lines(tallied)
+    lines = _world_report.lines(tallied, results)
     if args.json and not args.from_json:
         with open(args.json, "w", encoding="utf-8") as f:
             saved = {"meta": meta, "counts": tallied["counts"], "results": results}

@@ -118,6 +118,7 @@ PACKAGES = [
     pytest.param("torch", 1, id="nn.MultiheadAttention(batch_first=False)"),
     pytest.param("einops", 0, id="einops attention"),
     pytest.param("x-transformers", 0, id="x-transformers decoder (optional)"),
+    pytest.param("diffusers", 0, id="diffusers cross-attention, an image block (optional)"),
 ]
 
 
@@ -170,3 +171,34 @@ def test_the_summary_counts_what_must_be_zero():
         "INCONCLUSIVE m: causality: why" in text
         and "CHECK FAILED m: batch independence: moved" in text
     )
+
+
+def test_the_report_counts_the_probes_that_held_per_non_text_block():
+    """Issue 32: per image, audio or graph block, the probes that held (not n/a, not
+    inconclusive), apart from the shape checks; text blocks of the same package are left out."""
+    import _world_report
+
+    probes = [("img: shape checks", "passed"), ("img: batch independence", "passed"),
+              ("img: causality", "n/a"), ("img: reach", "inconclusive"),
+              ("graph: shape checks", "passed"), ("graph: batch independence", "n/a"),
+              ("txt: batch independence", "passed")]  # fmt: skip
+    found = [{"kind": "batch_mixing", "count": 1, "message": "m"}]
+    result = {"name": "pkg", "source": "package", "status": "ok",
+              "modalities": {"img": "image", "graph": "graph", "txt": "text"},
+              "configs": {"0dn": {"model": "img", "findings": []},
+                          "0cn": {"model": "img", "findings": found},
+                          "1dn": {"model": "graph", "findings": []},
+                          "2dn": {"model": "txt", "findings": []}},
+              "check": {"probes": [{"name": n, "outcome": o, "message": ""} for n, o in probes]}}  # fmt: skip
+    rows = _world_report.non_text_blocks([result])
+    assert [(r["block"], r["held"], r["findings"], r["configs"]) for r in rows] == [
+        ("img", ["shape checks", "batch independence"], 1, 2),
+        ("graph", ["shape checks"], 0, 1),
+    ]
+    text = _world_report.lines(_world_report.tally([result]), [result])
+    assert text[-3:-1] == [
+        "NON-TEXT pkg: img (image): held 2 (1 besides shape checks: batch independence), "
+        "findings 1 of 2 configs, failed 0, inconclusive 1, n/a 1",
+        "NON-TEXT pkg: graph (graph): held 1 (0 besides shape checks: none), "
+        "findings 0 of 1 configs, failed 0, inconclusive 0, n/a 1",
+    ]

@@ -274,6 +274,10 @@ def _einsum(call):
     equation = subscripts.parse(args[0], [t.dim() for t in operands])
     if equation is None:
         return None
+    if len(operands) == 1:
+        permuted = _permutation(call.meta_of(operands[0]), equation.specs[0], equation.out)
+        if permuted is not None:
+            return [permuted]
     letters: dict[str, Axis] = {}
     for spec, t in zip(equation.specs, operands, strict=True):
         m = call.meta_of(t)
@@ -287,6 +291,19 @@ def _einsum(call):
     dims = tuple(letters.get(c, ()) for c in equation.out)
     made = _einsum_product(call, operands, letters, dims) if len(operands) == 2 else None
     return [made or Made(dims)]
+
+
+def _permutation(m, spec: str, out: str) -> Made | None:
+    """A one-operand einsum that only reorders its axes (`nhwpqc->nchpwq`, diffusers'
+    unpatchify) is a permute written with subscripts: the same axes, tags and facts, and an
+    order the code chose (`laid_out`), as the layout rule makes for `permute`."""
+    if len(set(spec)) != len(spec) or sorted(spec) != sorted(out):
+        return None
+    order = [spec.index(c) for c in out]
+    tags = tuple(tag_at(m, i) for i in order) if m.tags else ()
+    moved = order != list(range(len(order)))
+    dims = tuple(m.dims[i] for i in order)
+    return Made(dims, tags, m.role, m.rotary, m.param, moved or m.laid_out)
 
 
 def _einsum_product(call, operands, letters: dict, dims) -> Made | None:

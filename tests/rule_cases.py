@@ -14,6 +14,7 @@ runs each bug and its fix at the three size settings. The line where a bug bites
     view_transposed   heads merged with .view after the transpose (not contiguous)
     unsplit_qkv       a fused q/k/v projection viewed as heads without splitting it
     positions_unsliced  a learned position table added whole, not cut to the sequence
+    gather_axis       MAE's random masking gathering the kept patches along the features
     rope_late         a rotary written for [batch, seq, heads, d_k] (its cos table, a buffer
                       built in __init__, cut by x.size(1)) applied after the heads transpose
     bias_per_head     a per-head [heads, seq, seq] bias added to [batch * heads] scores
@@ -191,6 +192,25 @@ class LateRope(nn.Module):
             q, k = self.rope(torch.cat((q, k))).chunk(2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return y.transpose(1, 2).reshape(B, S, C)
+
+
+class RandomMasking(nn.Module):
+    """A patch embedding, then MAE's random masking: the kept patches gathered by token ids
+    from an argsort of noise, the index copied along the features. The bug gathers along
+    them (dim=2), which runs while d_model >= the number of patches."""
+
+    def __init__(self, d_model, bug=None):
+        super().__init__()
+        self.bug = bug
+        self.embed = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        x = self.embed(x)
+        N, L, D = x.shape
+        ids_keep = torch.argsort(torch.rand(N, L), dim=1)[:, : max(1, L // 2)]
+        index = ids_keep.unsqueeze(-1).repeat(1, 1, D)
+        dim = 2 if self.bug == "gather_axis" else 1
+        return torch.gather(x, dim, index)  # <- gather_axis
 
 
 class Biased(nn.Module):

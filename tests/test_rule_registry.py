@@ -83,6 +83,7 @@ POSITIONED = _of(
 LATE_ROPE = _of(
     lambda s, bug: rule_cases.LateRope(s.heads, s.rope_d_k, 2 * s.seq + 1, bug), invariants.x_rope
 )
+MASKING = _of(lambda s, bug: rule_cases.RandomMasking(s.d_model, bug), invariants.x_only)
 BIASED = _of(lambda s, bug: rule_cases.Biased(s.d_model, s.heads, bug), invariants.x_only)
 GROUPED = _of(
     lambda s, bug: rule_cases.Grouped(s.d_model, s.heads, s.kv_heads, bug), invariants.x_only
@@ -118,6 +119,7 @@ CASES = [
     Case("unsplit_qkv", "linear", merged("linear"), "view_numel", ("head count and head size",)),
     Case("positions_unsliced", "learned", POSITIONED, "broadcast", ("equal or one of them 1",)),
     Case("rope_late", "rotate_half", LATE_ROPE, "rotary_axis", ("before the heads transpose",)),
+    Case("gather_axis", "mae", MASKING, "gather_axis", ("dim=1",)),
     Case("bias_per_head", "baddbmm", BIASED, "broadcast", ("must broadcast to [batch, n, p]",)),
     Case("kv_heads", "sdpa", GROUPED, "sdpa_heads", ("enable_gqa=True",)),
     Case("memory_mask", "mha", CROSS, "mha_key_padding_mask", ("[batch, seq_k]",)),
@@ -144,6 +146,7 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "elementwise.masked_fill": ("mask_not_bool-masked_fill",),
     "elementwise.where": ("mask_not_bool-where",),
     "heads_view.view": ("view_transposed-linear", "unsplit_qkv-linear"),
+    "layout.gather_axis": ("gather_axis-mae",),
     "layout.mha_batch_first": ("mha_batch_first-mha", "mha_batch_first-encoder_layer"),
     "layout.product_layout": ("no_transpose-tutorial_matmul",),
     "layout.rotary_axis": (

@@ -6,6 +6,8 @@
 - `nn.MultiheadAttention(batch_first=False)` given `[batch, seq, embed]`: it reads the
   batch as the sequence and attends across examples.
 - rotary cos/sin whose position axis lines up with the heads (or a feature) axis.
+- a gather along the features with an index copied along them (MAE's random masking
+  with `dim=2` for `dim=1`): each output row is one element repeated.
 
 What an axis is comes from its provenance (`_names`): a factor of a projection's
 output features is a feature however many entries it has, so the rules hold when
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .. import _ops
 from .._errors import Violation
 from .._names import subscripts
-from .._names.dims import BATCH, FEATURE, TOKEN
+from .._names.dims import BATCH, COPY, FEATURE, TOKEN
 from .._values import is_tensor
 from . import WARNING, _rotary_values, rule
 from ._einsum import written
@@ -315,4 +317,50 @@ def _rotary_hint(call, x, heads: int, x_label: str, c_label: str) -> str:
         f"put the position axis of {c_label} on the sequence axis of [{layout}]: "
         f"{c_label} shaped [..., seq, 1, d_k] for [batch, seq, heads, d_k] (unsqueeze_dim=2), "
         "[..., seq, d_k] for [batch, heads, seq, d_k] (unsqueeze_dim=1)"
+    )
+
+
+# -- gather ------------------------------------------------------------------------------
+@rule(_ops.by_name("gather"), kinds={"gather_axis": WARNING}, order=1)
+def gather_axis(call: CallView) -> Iterator[Violation]:
+    """`torch.gather(x, d, index)` with `index` a broadcast copy along `d` (made by repeat or
+    expand: the same value at every place of that axis) and `x`'s axis `d` features: every
+    output element along `d` is the same element of `x`. The index was copied along the
+    features to gather along another axis (the tokens its values address: an argsort or
+    top-k over them), and `d` names the features instead."""
+    if getattr(call.func, "__name__", "") == "take_along_dim":
+        return  # (input, indices, dim): broadcasts, and its parameters are in another order
+    p = call.bound()
+    x, index = p.get("input"), p.get("index")
+    if not (is_tensor(x) and is_tensor(index)) or index.dim() != x.dim() or x.dim() < 2:
+        return
+    d = p.get("dim")
+    if not isinstance(d, int) or not -x.dim() <= d < x.dim():
+        return
+    d %= x.dim()
+    if index.shape[d] < 2 or call.kind(index, d, strong=True) != COPY:
+        return
+    if call.kind(x, d, strong=True) != FEATURE:
+        return
+    x_label, i_label = call.label_of(x, "x"), call.label_of(index, "index")
+    out = call.output_labels(1)
+    prefix = f"{out[0]} = " if out and out[0] else ""
+    name = call.axes(x)[d] or "features"
+    # The axis the values likely address: a token axis of x the index is not a copy along,
+    # else the last such axis (named in the hint only).
+    kept = [j for j in range(x.dim()) if j != d and call.kind(index, j) != COPY]
+    keep = next((j for j in kept if call.kind(x, j) == TOKEN), kept[-1] if kept else None)
+    other = f"dim={keep}" if keep is not None else "the axis its values address"
+    yield Violation(
+        "gather_axis",
+        f"{prefix}torch.gather({x_label}, dim={d}, {i_label}): {i_label} is a copy along axis "
+        f"{d} (repeat or expand: one value for all {index.shape[d]} places), and axis {d} of "
+        f"{x_label} is its {name} ({x.shape[d]}): each output row is one element of "
+        f"{x_label} repeated, not a gather of rows",
+        (call.operand(x_label, x), call.operand(i_label, index)),
+        f"gather along the axis the index's values address ({other}, the tokens for ids from "
+        "an argsort or top-k over them), with the index copied along the features: "
+        f"torch.gather({x_label}, dim={keep if keep is not None else 1}, index=ids.unsqueeze(-1)"
+        f".expand(-1, -1, {x.shape[d]}))",
+        severity="warning",
     )

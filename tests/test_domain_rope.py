@@ -1,5 +1,5 @@
-"""Rotary embeddings applied after the heads transpose (issue 32), in the three spellings
-of the field, with tables built before the trace opens; and the correct rotaries beside them.
+"""Rotary embeddings applied after the heads transpose (issue 32), in four spellings of the
+field, three with tables built before the trace opens; and the correct rotaries beside them.
 
 Code written for `[B, T, H, D]` reads `T = x.size(1)`; on `[B, H, T, D]` that is the heads,
 so the table is cut to the head count and its positions meet the heads: each head gets one
@@ -22,7 +22,7 @@ from shapeguard import ShapeWarning
 pytestmark = pytest.mark.no_shapeguard  # the bugs warn on purpose
 
 SETTING = pytest.mark.parametrize("sizes", zoo.SETTINGS, ids=lambda s: s.name)
-STYLES = ("stacked", "complex", "rotate_half")
+STYLES = ("stacked", "complex", "rotate_half", "position_ids")
 MAX_POSITIONS = 128
 
 
@@ -40,9 +40,10 @@ def rotate_half(x):
 
 
 class Rope(nn.Module):
-    """A rotary table built once in `__init__`, in one of three spellings: lit-llama's
-    stacked cos/sin `[T, D/2, 2]`, llama's complex `freqs_cis` `[T, D/2]`, transformers'
-    `cos_cached`/`sin_cached` `[T, D]` with `rotate_half`. `apply(x, seq_axis)` rotates
+    """A rotary table in one of four spellings: built once in `__init__` as lit-llama's
+    stacked cos/sin `[T, D/2, 2]`, llama's complex `freqs_cis` `[T, D/2]`, or the older
+    transformers' `cos_cached`/`sin_cached` `[T, D]` with `rotate_half`; or computed in the
+    forward from position ids, as transformers does now. `apply(x, seq_axis)` rotates
     x along the axis it is told holds the positions, as code written for one layout does."""
 
     def __init__(self, style: str, dim: int):
@@ -53,6 +54,8 @@ class Rope(nn.Module):
             self.register_buffer("cache", torch.stack([a.cos(), a.sin()], -1), persistent=False)
         elif style == "complex":
             self.register_buffer("cache", torch.polar(torch.ones_like(a), a), persistent=False)
+        elif style == "position_ids":
+            self.register_buffer("inv_freq", inv_freq(dim), persistent=False)
         else:
             emb = torch.cat((a, a), dim=-1)
             self.register_buffer("cos_cached", emb.cos(), persistent=False)
@@ -77,8 +80,15 @@ class Rope(nn.Module):
             xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
             freqs = self.cache[start : start + T].view(*shape[:-1], xc.size(-1))
             return torch.view_as_real(xc * freqs).flatten(-2).type_as(x)
-        cos = self.cos_cached[start : start + T].view(*shape[:-1], x.size(-1))
-        sin = self.sin_cached[start : start + T].view(*shape[:-1], x.size(-1))
+        if self.style == "position_ids":
+            # transformers' rotary: cos and sin computed in the forward from position ids.
+            position_ids = torch.arange(start, start + T)[None]  # [1, T]
+            freqs = self.inv_freq[None, :, None] @ position_ids[:, None, :].float()
+            emb = torch.cat((freqs, freqs), dim=1).transpose(1, 2)  # [1, T, D]
+            cos, sin = emb.cos().view(*shape[:-1], -1), emb.sin().view(*shape[:-1], -1)
+        else:
+            cos = self.cos_cached[start : start + T].view(*shape[:-1], x.size(-1))
+            sin = self.sin_cached[start : start + T].view(*shape[:-1], x.size(-1))
         return x * cos + rotate_half(x) * sin
 
 

@@ -149,3 +149,26 @@ def test_gathers_along_tokens_and_vocabulary_are_clean(sizes):
     model = TokenSelection(sizes, vocab)
     found = findings(model, patches(sizes), targets, given)
     assert found == [], messages(found)
+
+
+class RelativeBuckets(nn.Module):
+    """A relative-position bias gathered from a projection's buckets (ProphetNet's): the index
+    is made from a repeat minus the positions, so it varies along the gathered axis although
+    one of its terms is a copy there."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        self.buckets = nn.Linear(patch_width(sizes), 2 * sizes.seq - 1)
+
+    def forward(self, patches):
+        rel = self.buckets(patches)  # [N, L, 2L - 1]
+        N, L, _ = rel.shape
+        positions = torch.arange(L)[None].repeat(N, 1)
+        relative = positions.unsqueeze(-1).repeat(1, 1, L) - positions.unsqueeze(1) + L - 1
+        return torch.gather(rel, dim=2, index=relative)  # [N, L, L]
+
+
+@SETTING
+def test_an_index_that_varies_along_the_gathered_axis_is_clean(sizes):
+    found = findings(RelativeBuckets(sizes), patches(sizes))
+    assert found == [], messages(found)

@@ -24,6 +24,7 @@ from .._names.dims import BATCH, COPY, FEATURE, TOKEN
 from .._values import is_tensor
 from . import WARNING, _rotary_values, rule
 from ._einsum import written
+from ._mask_effects import readable
 from ._view import CallView
 
 if TYPE_CHECKING:
@@ -324,7 +325,8 @@ def _rotary_hint(call, x, heads: int, x_label: str, c_label: str) -> str:
 @rule(_ops.by_name("gather"), kinds={"gather_axis": WARNING}, order=1)
 def gather_axis(call: CallView) -> Iterator[Violation]:
     """`torch.gather(x, d, index)` with `index` a broadcast copy along `d` (made by repeat or
-    expand: the same value at every place of that axis) and `x`'s axis `d` features: every
+    expand, and the same value at every place of that axis, as its values show: only small
+    CPU indices are read) and `x`'s axis `d` features: every
     output element along `d` is the same element of `x`. The index was copied along the
     features to gather along another axis (the tokens its values address: an argsort or
     top-k over them), and `d` names the features instead."""
@@ -341,6 +343,10 @@ def gather_axis(call: CallView) -> Iterator[Violation]:
     if index.shape[d] < 2 or call.kind(index, d, strong=True) != COPY:
         return
     if call.kind(x, d, strong=True) != FEATURE:
+        return
+    # A copy's kind also survives arithmetic with a real axis (relative positions made as
+    # `pos.repeat(1, T, 1) - pos[..., None]`), so the values must say it: one per row.
+    if not (readable(index) and bool((index == index.narrow(d, 0, 1)).all())):
         return
     x_label, i_label = call.label_of(x, "x"), call.label_of(index, "index")
     out = call.output_labels(1)

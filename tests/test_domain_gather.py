@@ -29,13 +29,18 @@ def patch_width(sizes) -> int:
 class RandomMasking(nn.Module):
     """Patch embedding, then MAE's masking: keep a random subset of the patches (gather by
     ids_keep), append mask tokens and put them back in order (gather by ids_restore).
-    `bug`: "keep" or "restore" gathers along dim 2, the features."""
+    `bug`: "keep" or "restore" gathers along dim 2, the features. `copy`: how the index is
+    copied along the features, MAE's `repeat` or an `expand`."""
 
-    def __init__(self, sizes, bug=None):
+    def __init__(self, sizes, bug=None, copy="repeat"):
         super().__init__()
         self.embed = nn.Linear(patch_width(sizes), sizes.d_model)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, sizes.d_model))
-        self.bug = bug
+        self.bug, self.copy = bug, copy
+
+    def along_features(self, ids, D):
+        ids = ids.unsqueeze(-1)
+        return ids.repeat(1, 1, D) if self.copy == "repeat" else ids.expand(-1, -1, D)
 
     def forward(self, patches, mask_ratio=0.5):
         x = self.embed(patches)
@@ -46,11 +51,11 @@ class RandomMasking(nn.Module):
         ids_restore = torch.argsort(ids_shuffle, dim=1)
         ids_keep = ids_shuffle[:, :len_keep]
         keep_dim = 2 if self.bug == "keep" else 1
-        x_masked = torch.gather(x, dim=keep_dim, index=ids_keep.unsqueeze(-1).repeat(1, 1, D))
+        x_masked = torch.gather(x, dim=keep_dim, index=self.along_features(ids_keep, D))
         mask_tokens = self.mask_token.repeat(N, L - len_keep, 1)
         x_ = torch.cat([x_masked, mask_tokens], dim=1)
         restore_dim = 2 if self.bug == "restore" else 1
-        index = ids_restore.unsqueeze(-1).repeat(1, 1, D)
+        index = self.along_features(ids_restore, D)
         return torch.gather(x_, dim=restore_dim, index=index)
 
 
@@ -71,9 +76,10 @@ def messages(found) -> list[str]:
 
 # -- the bug -----------------------------------------------------------------------------------
 @SETTING
+@pytest.mark.parametrize("copy", ("repeat", "expand"))
 @pytest.mark.parametrize("bug", ("keep", "restore"))
-def test_a_gather_along_the_features_is_found(bug, sizes):
-    found = findings(RandomMasking(sizes, bug), patches(sizes))
+def test_a_gather_along_the_features_is_found(bug, copy, sizes):
+    found = findings(RandomMasking(sizes, bug, copy), patches(sizes))
     assert [f.kind for f in found] == ["gather_axis"], messages(found)
     (finding,) = found
     d = sizes.d_model
@@ -110,8 +116,9 @@ def test_the_message_in_full():
 
 # -- what is right stays silent ------------------------------------------------------------------
 @SETTING
-def test_mae_masking_and_unshuffle_are_clean(sizes):
-    assert findings(RandomMasking(sizes), patches(sizes)) == []
+@pytest.mark.parametrize("copy", ("repeat", "expand"))
+def test_mae_masking_and_unshuffle_are_clean(copy, sizes):
+    assert findings(RandomMasking(sizes, None, copy), patches(sizes)) == []
 
 
 class TokenSelection(nn.Module):

@@ -14,6 +14,9 @@ runs each bug and its fix at the three size settings. The line where a bug bites
     view_transposed   heads merged with .view after the transpose (not contiguous)
     unsplit_qkv       a fused q/k/v projection viewed as heads without splitting it
     positions_unsliced  a learned position table added whole, not cut to the sequence
+    gather_axis       MAE's random masking gathering the kept patches along the features
+    rope_late         a rotary written for [batch, seq, heads, d_k] (its cos table, a buffer
+                      built in __init__, cut by x.size(1)) applied after the heads transpose
     bias_per_head     a per-head [heads, seq, seq] bias added to [batch * heads] scores
     kv_heads          grouped-query keys and values given to SDPA without repeating them
     memory_mask       cross-attention given the queries' padding mask for the memory's keys
@@ -151,6 +154,63 @@ class Positioned(nn.Module):
         x = x + table  # <- positions_unsliced
         out, _ = self.attn(x, x, x, need_weights=False)
         return out
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LateRope(nn.Module):
+    """Causal self-attention whose q and k (one batch of both) are rotated by a helper written
+    for [batch, seq, heads, d_k]: it reads the positions from axis 1. The fix applies it
+    before the heads transpose; the bug after it, where axis 1 holds the heads."""
+
+    def __init__(self, heads, d_k, max_len, bug=None):
+        super().__init__()
+        self.heads, self.d_k, self.bug = heads, d_k, bug
+        self.qkv = nn.Linear(heads * d_k, 3 * heads * d_k)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, d_k, 2).float() / d_k))
+        angles = torch.outer(torch.arange(max_len).float(), inv_freq)
+        emb = torch.cat((angles, angles), dim=-1)  # [max_len, d_k]
+        self.register_buffer("cos_cached", emb.cos(), persistent=False)
+        self.register_buffer("sin_cached", emb.sin(), persistent=False)
+
+    def rope(self, x):  # x: [batch, seq, heads, d_k]
+        T = x.size(1)
+        cos = self.cos_cached[:T].view(1, T, 1, x.size(-1))
+        sin = self.sin_cached[:T].view(1, T, 1, x.size(-1))
+        return x * cos + _rotate_half(x) * sin  # <- rope_late
+
+    def forward(self, x):
+        B, S, C = x.shape
+        q, k, v = (t.view(B, S, self.heads, self.d_k) for t in self.qkv(x).split(C, dim=2))
+        if self.bug != "rope_late":
+            q, k = self.rope(torch.cat((q, k))).chunk(2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.bug == "rope_late":
+            q, k = self.rope(torch.cat((q, k))).chunk(2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(B, S, C)
+
+
+class RandomMasking(nn.Module):
+    """A patch embedding, then MAE's random masking: the kept patches gathered by token ids
+    from an argsort of noise, the index copied along the features. The bug gathers along
+    them (dim=2), which runs while d_model >= the number of patches."""
+
+    def __init__(self, d_model, bug=None):
+        super().__init__()
+        self.bug = bug
+        self.embed = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        x = self.embed(x)
+        N, L, D = x.shape
+        ids_keep = torch.argsort(torch.rand(N, L), dim=1)[:, : max(1, L // 2)]
+        index = ids_keep.unsqueeze(-1).repeat(1, 1, D)
+        dim = 2 if self.bug == "gather_axis" else 1
+        return torch.gather(x, dim, index)  # <- gather_axis
 
 
 class Biased(nn.Module):

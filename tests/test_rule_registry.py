@@ -80,6 +80,10 @@ POSITIONED = _of(
     lambda s, bug: rule_cases.Positioned(s.d_model, s.heads, 2 * s.seq + 1, bug),
     invariants.x_only,
 )
+LATE_ROPE = _of(
+    lambda s, bug: rule_cases.LateRope(s.heads, s.rope_d_k, 2 * s.seq + 1, bug), invariants.x_rope
+)
+MASKING = _of(lambda s, bug: rule_cases.RandomMasking(s.d_model, bug), invariants.x_only)
 BIASED = _of(lambda s, bug: rule_cases.Biased(s.d_model, s.heads, bug), invariants.x_only)
 GROUPED = _of(
     lambda s, bug: rule_cases.Grouped(s.d_model, s.heads, s.kv_heads, bug), invariants.x_only
@@ -114,6 +118,8 @@ CASES = [
     Case("view_transposed", "linear", merged("linear"), "noncontiguous_view", (".contiguous().view(",)),
     Case("unsplit_qkv", "linear", merged("linear"), "view_numel", ("head count and head size",)),
     Case("positions_unsliced", "learned", POSITIONED, "broadcast", ("equal or one of them 1",)),
+    Case("rope_late", "rotate_half", LATE_ROPE, "rotary_axis", ("before the heads transpose",)),
+    Case("gather_axis", "mae", MASKING, "gather_axis", ("dim=1",)),
     Case("bias_per_head", "baddbmm", BIASED, "broadcast", ("must broadcast to [batch, n, p]",)),
     Case("kv_heads", "sdpa", GROUPED, "sdpa_heads", ("enable_gqa=True",)),
     Case("memory_mask", "mha", CROSS, "mha_key_padding_mask", ("[batch, seq_k]",)),
@@ -140,9 +146,14 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "elementwise.masked_fill": ("mask_not_bool-masked_fill",),
     "elementwise.where": ("mask_not_bool-where",),
     "heads_view.view": ("view_transposed-linear", "unsplit_qkv-linear"),
+    "layout.gather_axis": ("gather_axis-mae",),
     "layout.mha_batch_first": ("mha_batch_first-mha", "mha_batch_first-encoder_layer"),
     "layout.product_layout": ("no_transpose-tutorial_matmul",),
-    "layout.rotary_axis": ("rotary_axis-hf_rotate_half", "rotary_axis-llama_freqs_cis"),
+    "layout.rotary_axis": (
+        "rotary_axis-hf_rotate_half",
+        "rotary_axis-llama_freqs_cis",
+        "rope_late-rotate_half",
+    ),
     "layout.sdpa_layout": ("no_transpose-hf_sdpa", "no_transpose-timm_sdpa"),
     "mask_semantics.added_mask": ("mask_axis-hf_eager_additive",),
     "mask_semantics.check": (

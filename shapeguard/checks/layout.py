@@ -6,6 +6,8 @@
 - `nn.MultiheadAttention(batch_first=False)` given `[batch, seq, embed]`: it reads the
   batch as the sequence and attends across examples.
 - rotary cos/sin whose position axis lines up with the heads (or a feature) axis.
+- a gather along the features with an index copied along them (MAE's random masking
+  with `dim=2` for `dim=1`): each output row is one element repeated.
 
 What an axis is comes from its provenance (`_names`): a factor of a projection's
 output features is a feature however many entries it has, so the rules hold when
@@ -18,10 +20,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from .. import _ops
 from .._errors import Violation
 from .._names import subscripts
-from .._names.dims import BATCH, FEATURE, TOKEN
+from .._names.dims import BATCH, COPY, FEATURE, TOKEN
 from .._values import is_tensor
-from . import WARNING, rule
+from . import WARNING, _rotary_values, rule
 from ._einsum import written
+from ._mask_effects import readable
 from ._view import CallView
 
 if TYPE_CHECKING:
@@ -254,9 +257,10 @@ def mha_batch_first(call: CallView) -> Iterator[Violation]:
 # -- rotary embeddings ---------------------------------------------------------------
 @rule(_ops.by_name("mul"), kinds={"rotary_axis": WARNING}, order=1, operands=2)
 def rotary_axis(call: CallView) -> Iterator[Violation]:
-    """A rotary table (made by cos, sin or polar, or complex: a rotation) multiplied into
-    q or k: each of its axes but the last (the frequencies) must line up with the batch or
-    the positions, never with a factor of the features."""
+    """A rotary table (made by cos, sin or polar, or complex: a rotation; or whose values
+    rotate by one step per row) multiplied into q or k: each of its axes but the last (the
+    frequencies) must line up with the batch or the positions, never with a factor of the
+    features."""
     args = call.args
     if len(args) < 2 or not is_tensor(args[0]) or not is_tensor(args[1]):
         return
@@ -264,37 +268,105 @@ def rotary_axis(call: CallView) -> Iterator[Violation]:
         if c.dim() < 2 or x.dim() < c.dim() or x.dim() < 3:
             continue  # cheap tests first: this runs on every multiplication
         c_meta, x_meta = call.meta(c), call.meta(x)
-        rotary = c.is_complex() or (c_meta is not None and c_meta.rotary)
-        if not rotary or (x_meta is not None and x_meta.rotary):
+        if x_meta is not None and x_meta.rotary:
             continue
         if call.kind(x, -1, strong=True) != FEATURE:
             continue
+        made = c.is_complex() or (c_meta is not None and c_meta.rotary)
         lead = x.dim() - c.dim()
         for i in range(c.dim() - 1):
             if c.shape[i] == 1 or call.kind(x, lead + i, strong=True) != FEATURE:
                 continue
-            if call.kind(c, i, strong=True) == FEATURE:
-                continue  # a per-head table lined up with the heads
+            # A table made in the trace (cos, sin, polar) or complex meets the heads with a
+            # position axis of its own; one that took the heads' identity (cut by a size
+            # read from them, `cache[:q.size(1)]`) or was built before the trace says what
+            # its axis holds by its values: positions 0, 1, 2, ... (`_rotary_values`).
+            per_head = call.kind(c, i, strong=True) == FEATURE
+            if (per_head or not made) and not _rotary_values.positions_axis(c, i):
+                continue  # a per-head table lined up with the heads, or no rotation
             c_label = call.label(index, "cos")
             x_label = call.label_of(x, "q")
             x_axes = call.axes(x)
-            name = x_axes[lead + i] or f"dim {lead + i - x.dim()}"
+            at = lead + i
+            name = f".{x_axes[at]}" if x_axes[at] else f" axis {at - x.dim()}"
             yield Violation(
                 "rotary_axis",
                 f"{x_label} * {c_label}: the positions of {c_label} (axis {i - c.dim()}, size "
-                f"{c.shape[i]}) line up with {x_label}.{name} ({x.shape[lead + i]}), not with its "
+                f"{c.shape[i]}) line up with {x_label}{name} ({x.shape[at]}), not with its "
                 "sequence axis: each head gets one position's rotation",
                 (call.operand(x_label, x), call.operand(c_label, c)),
-                _rotary_hint(x_axes, c_label),
+                _rotary_hint(call, x, at, x_label, c_label),
                 severity="warning",
             )
             return
 
 
-def _rotary_hint(x_axes, c_label: str) -> str:
-    layout = ", ".join(n or "?" for n in x_axes)
+def _rotary_hint(call, x, heads: int, x_label: str, c_label: str) -> str:
+    """Where the sequence axis comes after the heads, the rotary was applied to [batch,
+    heads, seq, d_k] by code written for [batch, seq, heads, d_k] (its table cut by
+    `x.size(1)`): applying it before the transpose is the fix, or a table for this layout."""
+    layout = ", ".join(n or "?" for n in call.axes(x))
+    seq = next((j for j in range(x.dim() - 1) if call.kind(x, j) == TOKEN), None)
+    if seq is not None and seq > heads:
+        return (
+            "apply the rotary before the heads transpose, on [batch, seq, heads, d_k]; or put "
+            f"the positions of {c_label} on axis {seq} of [{layout}], the sequence: "
+            f"{x_label}.size({seq}) rows (not .size({heads})) shaped [..., seq, d_k] for "
+            "[batch, heads, seq, d_k] (unsqueeze_dim=1)"
+        )
     return (
         f"put the position axis of {c_label} on the sequence axis of [{layout}]: "
         f"{c_label} shaped [..., seq, 1, d_k] for [batch, seq, heads, d_k] (unsqueeze_dim=2), "
         "[..., seq, d_k] for [batch, heads, seq, d_k] (unsqueeze_dim=1)"
+    )
+
+
+# -- gather ------------------------------------------------------------------------------
+@rule(_ops.by_name("gather"), kinds={"gather_axis": WARNING}, order=1)
+def gather_axis(call: CallView) -> Iterator[Violation]:
+    """`torch.gather(x, d, index)` with `index` a broadcast copy along `d` (made by repeat or
+    expand, and the same value at every place of that axis, as its values show: only small
+    CPU indices are read) and `x`'s axis `d` features: every
+    output element along `d` is the same element of `x`. The index was copied along the
+    features to gather along another axis (the tokens its values address: an argsort or
+    top-k over them), and `d` names the features instead."""
+    if getattr(call.func, "__name__", "") == "take_along_dim":
+        return  # (input, indices, dim): broadcasts, and its parameters are in another order
+    p = call.bound()
+    x, index = p.get("input"), p.get("index")
+    if not (is_tensor(x) and is_tensor(index)) or index.dim() != x.dim() or x.dim() < 2:
+        return
+    d = p.get("dim")
+    if not isinstance(d, int) or not -x.dim() <= d < x.dim():
+        return
+    d %= x.dim()
+    if index.shape[d] < 2 or call.kind(index, d, strong=True) != COPY:
+        return
+    if call.kind(x, d, strong=True) != FEATURE:
+        return
+    # A copy's kind also survives arithmetic with a real axis (relative positions made as
+    # `pos.repeat(1, T, 1) - pos[..., None]`), so the values must say it: one per row.
+    if not (readable(index) and bool((index == index.narrow(d, 0, 1)).all())):
+        return
+    x_label, i_label = call.label_of(x, "x"), call.label_of(index, "index")
+    out = call.output_labels(1)
+    prefix = f"{out[0]} = " if out and out[0] else ""
+    name = call.axes(x)[d] or "features"
+    # The axis the values likely address: a token axis of x the index is not a copy along,
+    # else the last such axis (named in the hint only).
+    kept = [j for j in range(x.dim()) if j != d and call.kind(index, j) != COPY]
+    keep = next((j for j in kept if call.kind(x, j) == TOKEN), kept[-1] if kept else None)
+    other = f"dim={keep}" if keep is not None else "the axis its values address"
+    yield Violation(
+        "gather_axis",
+        f"{prefix}torch.gather({x_label}, dim={d}, {i_label}): {i_label} is a copy along axis "
+        f"{d} (repeat or expand: one value for all {index.shape[d]} places), and axis {d} of "
+        f"{x_label} is its {name} ({x.shape[d]}): each output row is one element of "
+        f"{x_label} repeated, not a gather of rows",
+        (call.operand(x_label, x), call.operand(i_label, index)),
+        f"gather along the axis the index's values address ({other}, the tokens for ids from "
+        "an argsort or top-k over them), with the index copied along the features: "
+        f"torch.gather({x_label}, dim={keep if keep is not None else 1}, index=ids.unsqueeze(-1)"
+        f".expand(-1, -1, {x.shape[d]}))",
+        severity="warning",
     )

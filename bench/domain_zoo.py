@@ -10,8 +10,9 @@ first plainly (does the bug crash torch: "loud"), then through `shapeguard.trace
 command calls; its failed probes). A bug is found by the trace at a size when a finding or a
 ShapeError points at one of the bug's marked lines; a finding elsewhere in a buggy module is
 recorded as a false alarm of its correct part. It is found by trace + check when, besides, a
-probe fails. For a correct counterpart any finding or failed probe is a false alarm; the probes
-that held (passed, not n/a) are counted.
+probe fails that did not fail on the correct counterpart at the same size. For a correct
+counterpart any finding or failed probe is a false alarm; the probes that held (passed, not n/a)
+are counted. The measuring itself is tests/domain_zoo_measure.py, which the test pins too.
 """
 
 import argparse
@@ -19,7 +20,6 @@ import json
 import os
 import sys
 import time
-import warnings
 
 import torch
 
@@ -28,58 +28,7 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 import domain_zoo  # noqa: E402
-
-import shapeguard  # noqa: E402
-from shapeguard import ShapeError, ShapeWarning  # noqa: E402
-
-
-def _first_line(error: BaseException) -> str:
-    return (str(error).splitlines() or [type(error).__name__])[0]
-
-
-def build(arch: domain_zoo.Arch, sizes, bug: str | None):
-    torch.manual_seed(0)
-    module = arch.build(sizes, bug).eval()
-    return module, arch.inputs(sizes)
-
-
-def run_trace(module, inputs) -> dict:
-    """The trace's findings ([kind, location, headline]) and the error it raised, if any."""
-    found, error = [], None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ShapeWarning)
-        trace = shapeguard.trace(mode="warn")
-        try:
-            with trace:
-                module(*inputs)
-        except ShapeError as e:
-            error = {"kind": e.kind, "location": e.location, "message": _first_line(e)}
-        except Exception as e:  # torch's own error, passed through
-            error = {"kind": type(e).__name__, "location": "", "message": _first_line(e)}
-    for f in trace.findings:
-        found.append({"kind": f.kind, "location": f.location, "headline": f.headline})
-    return {"findings": found, "error": error}
-
-
-def run_check(module, inputs) -> dict:
-    report = shapeguard.check(module, *inputs)
-    probes = report.probes
-    return {
-        "verdict": report.verdict,
-        "failed": [r.name for r in probes if r.status == "failed"],
-        "held": [r.name for r in probes if r.status == "passed"],
-        "inconclusive": [r.name for r in probes if r.status == "inconclusive"],
-    }
-
-
-def loud(module, inputs) -> str:
-    """torch's own error on a plain forward ("" when it runs)."""
-    try:
-        with torch.no_grad():
-            module(*inputs)
-    except Exception as e:
-        return _first_line(e)
-    return ""
+import domain_zoo_measure as measuring  # noqa: E402
 
 
 def measure(bug: domain_zoo.Bug | None, arch: domain_zoo.Arch, sizes, correct_failed=()) -> dict:
@@ -87,35 +36,24 @@ def measure(bug: domain_zoo.Bug | None, arch: domain_zoo.Arch, sizes, correct_fa
     A probe that fails on the bug counts only where it did not fail on the correct counterpart
     at the same size (`correct_failed`): a probe that fails on both says nothing of the bug."""
     started = time.perf_counter()
-    module, inputs = build(arch, sizes, bug.name if bug else None)
-    row = {
-        "domain": arch.domain,
-        "arch": arch.name,
-        "bug": bug.name if bug else None,
-        "size": sizes.name,
-        "loud": loud(module, inputs),
-    }
-    module, inputs = build(arch, sizes, bug.name if bug else None)
-    row["trace"] = run_trace(module, inputs)
-    module, inputs = build(arch, sizes, bug.name if bug else None)
-    row["check"] = run_check(module, inputs)
-    hits = [*row["trace"]["findings"]]
-    if row["trace"]["error"] and row["trace"]["error"]["location"]:
-        hits.append(row["trace"]["error"])
+    name = bug.name if bug else None
+    row = {"domain": arch.domain, "arch": arch.name, "bug": name, "size": sizes.name}
+    row["loud"] = measuring.loud(*measuring.build(arch, sizes, name))
+    traced = measuring.run_trace(*measuring.build(arch, sizes, name))
+    checked = measuring.run_check(*measuring.build(arch, sizes, name))
+    for found in [*traced["findings"], traced["error"]]:
+        if found:
+            del found["message"]
+    row["trace"], row["check"] = traced, checked
+    hits = measuring.hits(traced)
     if bug is None:
         row["false_alarms"] = [h["kind"] for h in hits]
-        row["outcome"] = "clean" if not hits and not row["check"]["failed"] else "false alarm"
+        row["outcome"] = "clean" if not hits and not checked["failed"] else "false alarm"
     else:
-        about = [h for h in hits if domain_zoo.about_the_bug(bug, h["location"])]
+        about = measuring.about(bug, traced)
         row["found_kinds"] = sorted({h["kind"] for h in about})
         row["false_alarms"] = [f"{h['kind']} at {h['location']}" for h in hits if h not in about]
-        row["check_finds"] = [p for p in row["check"]["failed"] if p not in correct_failed]
-        if about:
-            row["outcome"] = "trace"
-        elif row["check_finds"]:
-            row["outcome"] = "check"
-        else:
-            row["outcome"] = "miss"
+        row["outcome"] = measuring.outcome(bug, traced, checked, correct_failed)
         row["expected"] = bug.expected(sizes)
     row["seconds"] = round(time.perf_counter() - started, 2)
     return row
@@ -180,7 +118,7 @@ def table(all_rows: list[dict]) -> str:
         if r["bug"] is None:
             lines.append(
                 f"| {r['arch']} | {r['size']} | {', '.join(r['false_alarms']) or '-'} | "
-                f"{', '.join(r['check']['failed']) or '-'} | {len(r['check']['held'])} |"
+                f"{', '.join(r['check']['failed']) or '-'} | {len(r['check']['passed'])} |"
             )
     missed: dict[str, list[str]] = {}
     for r in all_rows:

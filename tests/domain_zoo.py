@@ -28,7 +28,7 @@ import domain_zoo_vision as vision
 from domain_zoo_sizes import SETTINGS, Sizes
 from torch import nn
 
-__all__ = ["ARCHS", "BUGS", "SETTINGS", "Arch", "Bug", "Sizes", "about_the_bug"]
+__all__ = ["ARCHS", "BUGS", "FALSE_ALARMS", "SETTINGS", "Arch", "Bug", "Sizes", "about_the_bug"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ class Bug:
     source: str
     manifests: str
     expect: str | tuple[str, str, str]
+    # The finding kind the trace gives on the bug's lines where it finds it ("a|b": either).
+    kind: str = ""
 
     @property
     def domain(self) -> str:
@@ -96,163 +98,185 @@ BUGS = [
     Bug(
         "vit_patch_tokens",
         "vit",
-        "timm/vit-pytorch forum threads: x.view(B, -1, C) after the patch conv, for "
-        "flatten(2).transpose(1, 2)",
+        "report: reshape for permute on conv features (vitrioil/Speech-Separation#4, "
+        "leaderj1001/Attention-Augmented-Conv2d#21), here after ViT's patch conv",
         "silent: each token holds pieces of every channel at other positions",
         "trace",
+        "view_mixes_axes",
     ),
     Bug(
         "vit_softmax_queries",
         "vit",
-        "lucidrains/vit-pytorch issues on attention maps: softmax(dim=-2) over the queries",
+        "report: nerminnuraydogan/vision-transformer#1 (ViT attention softmax along the wrong "
+        "dimension)",
         "silent: columns, not rows, sum to one",
-        "miss",
+        "trace",
+        "softmax_axis",
     ),
     Bug(
         "vit_merge",
         "vit",
-        "timm Attention: (attn @ v).reshape(B, N, C) without .transpose(1, 2)",
+        "report: pytorch/pytorch#67651, meta-pytorch/opacus#825 (view(bsz, tgt_len, embed) "
+        "without the heads transpose)",
         "silent: each output token holds pieces of other tokens",
         "trace",
+        "view_mixes_axes",
     ),
     Bug(
         "deit_pos_resize",
         "deit",
-        "facebookresearch/deit and timm resize_pos_embed: the pos grid reshaped to [1, C, h, w] "
-        "without the permute before interpolation",
+        "injected: the permute before F.interpolate dropped from DeiT/DPT position resizing (isl-"
+        "org/DPT#68 quotes the correct code)",
         "silent: the position table is scrambled across positions and features",
-        "trace",
+        "miss",
     ),
     Bug(
         "swin_partition",
         "swin",
-        "microsoft/Swin-Transformer window_partition: the view reshaped without its permute",
+        "report: ByChelsea/CMOS#4 (Swin window partition with view and no permute)",
         "silent: windows are strips of rows, not squares",
         "trace",
+        "batch_mixing|view_mixes_axes",
     ),
     Bug(
         "swin_reverse_batch",
         "swin",
-        "Swin window_reverse forks: windows unfolded window-major where the partition is "
-        "batch-major",
+        "injected: Swin window_reverse unfolded window-major (DiT-3D/DiT-3D#18 asks about its "
+        "batch arithmetic)",
         "silent: images exchange windows (batch mixing)",
         "trace",
+        "batch_mixing",
     ),
     Bug(
         "swin_merge",
         "swin",
-        "Swin WindowAttention: (attn @ v).reshape(B_, N, C) without .transpose(1, 2)",
+        "report: the heads merge of pytorch/pytorch#67651 in Swin WindowAttention (repro-"
+        "domains/window_attention_merge_hint.py)",
         "silent: heads merged into tokens",
         "trace",
+        "view_mixes_axes",
     ),
     Bug(
         "mae_restore_gather_axis",
         "mae",
-        "facebookresearch/mae random_masking restore: torch.gather on dim=2 (features) with "
-        "ids_restore",
+        "injected: issue 32's field report (MAE random_masking restore gathering on dim=2)",
         "silent: features permuted, tokens left in shuffled order",
         "miss",
     ),
     Bug(
         "mae_shuffle_batch",
         "mae",
-        "MAE reimplementations: argsort(noise, dim=0), shuffling across the batch",
+        "injected: MAE random_masking with argsort(noise, dim=0)",
         "silent: kept tokens are chosen by batch rank, not at random per image",
-        "miss",
+        ("check", "miss", "check"),
     ),
     # -- diffusion ---------------------------------------------------------------------------
     Bug(
         "spatial_softmax_queries",
         "spatial",
-        "CompVis/stable-diffusion CrossAttention: sim.softmax(dim=-2) on image tokens",
+        "report: repro-domains/image_tokens_softmax_axis.py; Amshaker/SwiftFormer#4 (softmax over"
+        " the wrong axis of image tokens)",
         "silent: over the queries; proj_out is zero-initialised",
         "miss",
     ),
     Bug(
         "spatial_tokens_reshape",
         "spatial",
-        "stable-diffusion SpatialTransformer ports: x.reshape(b, h * w, c) for "
-        "rearrange('b c h w -> b (h w) c')",
+        "report: reshape for rearrange on conv features (dmenig/Pytorch-StNet#2), here in SD's "
+        "SpatialTransformer",
         "silent: tokens are slices of channels",
         "trace",
+        "view_mixes_axes",
     ),
     Bug(
         "spatial_out_reshape",
         "spatial",
-        "SpatialTransformer ports: x.reshape(b, c, h, w) back from [b, h*w, c]",
+        "report: the same slip on the way back (dmenig/Pytorch-StNet#2), in SD's "
+        "SpatialTransformer",
         "silent: channels and positions scrambled on the way back",
-        "trace",
+        ("trace", "miss", "miss"),
+        "view_mixes_axes",
     ),
     Bug(
         "spatial_mask_repeat",
         "spatial",
-        "stable-diffusion CrossAttention mask: repeat 'b j -> (h b) () j' against a (b h) "
-        "fold (repro-domains/zero_init_out_check_passes.py)",
+        "report: line/lighthouse#77, lsdefine/attention-is-all-you-need-keras#28 (a per-example "
+        "mask tiled for the heads in the wrong order)",
         "silent: each example masked with another example's padding",
         "miss",
     ),
     Bug(
         "spatial_fold_order",
         "spatial",
-        "SD attention rewrites: heads folded '(b h)' and unfolded '(h b)'",
+        "report: lsdefine/attention-is-all-you-need-keras#28 ((b h) against (h b)), in SD's "
+        "CrossAttention",
         "silent: examples exchange heads (batch mixing)",
         "trace",
+        "batch_mixing",
     ),
     Bug(
         "legacy_einsum_transposed",
         "legacy_qkv",
-        "openai/guided-diffusion QKVAttentionLegacy: einsum 'bst,bcs->bct' for 'bts,bcs->bct'",
+        "injected: issue 32's field report (guided-diffusion QKVAttentionLegacy with "
+        "'bst,bcs->bct')",
         "silent: aggregates over the queries",
         "miss",
     ),
     Bug(
         "legacy_softmax_queries",
         "legacy_qkv",
-        "guided-diffusion/improved-diffusion ports: softmax(weight, dim=1) on 'bts'",
+        "report: labmlai/annotated_deep_learning_paper_implementations#146 (DDPM UNet attention "
+        "softmax over the queries)",
         "silent: over the queries",
         "miss",
     ),
     Bug(
         "dit_modulate_tokens",
         "dit",
-        "facebookresearch/DiT modulate: shift.unsqueeze(0) for unsqueeze(1)",
+        "injected: DiT modulate with unsqueeze(0), adaLN broadcast over tokens (issue 32)",
         "loud where batch != tokens; silent at the coincident size: adaLN broadcast over tokens",
-        "trace",
+        ("trace", "miss", "trace"),
+        "broadcast",
     ),
     Bug(
         "dit_fold_order",
         "dit",
-        "DiT attention rewrites under adaLN-Zero: heads folded (b h), unfolded (h b)",
+        "injected: repro-domains/zero_init_out_check_passes.py's batch mixing, behind DiT's "
+        "adaLN-Zero gate",
         "silent: batch mixing behind a zero gate",
         "trace",
+        "batch_mixing",
     ),
     Bug(
         "dit_unpatchify",
         "dit",
-        "DiT unpatchify: x.reshape(N, c, h * p, w * p) without the einsum 'nhwpqc->nchpwq'",
+        "report: huggingface/transformers#18908 review (dims must be rearranged before the "
+        "reshape), at DiT's unpatchify",
         "silent: the image is scrambled",
-        "trace",
+        ("trace", "miss", "trace"),
+        "view_mixes_axes",
     ),
     Bug(
         "joint_cat_axis",
         "joint",
-        "SD3/Flux joint attention ports: torch.cat((txt_q, img_q), dim=1) (heads) for dim=2",
+        "injected: SD3/Flux joint attention concatenating text and image on the heads axis (issue"
+        " 32)",
         "loud where text and image lengths differ; silent at the coincident size",
-        "trace",
+        ("trace", "miss", "trace"),
+        "torch_error",
     ),
     Bug(
         "joint_split_order",
         "joint",
-        "black-forest-labs/flux DoubleStreamBlock: attn[:, :img_len] taken as the image, "
-        "where text comes first",
+        "injected: Flux-style joint output split with image first where text comes first",
         "silent: text and image outputs exchanged",
         "miss",
     ),
     Bug(
         "joint_rope_after_transpose",
         "joint",
-        "lit-llama style apply_rope after the heads transpose (repro-domains/"
-        "rope_after_transpose.py)",
+        "injected: repro-domains/rope_after_transpose.py (lit-llama apply_rope after the "
+        "transposes)",
         "silent: rotated along heads, not positions",
         "miss",
     ),
@@ -260,134 +284,149 @@ BUGS = [
     Bug(
         "detr_batch_first",
         "detr",
-        "facebookresearch/detr issues: nn.MultiheadAttention (seq-first) fed [B, N, C]",
+        "report: om-ai-lab/OmDet#19, aipixel/AEMatter#3 (nn.MultiheadAttention without "
+        "batch_first fed batch-first tensors)",
         "silent: attention across the batch",
-        "trace",
+        ("trace", "miss", "trace"),
+        "mha_batch|mha_key_padding_mask",
     ),
     Bug(
         "detr_mask_polarity",
         "detr",
-        "DETR/HF ports: key_padding_mask=attention_mask (1 = real) where True means padding",
+        "report: facebookresearch/detr#96 (what True means in key_padding_mask)",
         "loud-ish: NaN for an unpadded image, real pixels hidden elsewhere",
         "trace",
+        "mask_fully_masked",
     ),
     Bug(
         "deform_offsets_view",
         "deformable",
-        "fundamentalvision/Deformable-DETR MSDeformAttn: sampling_offsets viewed (.., points, "
-        "levels, 2) for (.., levels, points, 2)",
+        "injected: Deformable DETR sampling_offsets viewed with heads before queries (issue 32)",
         "silent: offsets read for the wrong level and point",
-        "miss",
+        "trace",
+        "view_mixes_axes",
     ),
     Bug(
         "deform_weights_softmax",
         "deformable",
-        "Deformable-DETR reimplementations: attention_weights.softmax(-1) before the per-head view",
+        "injected: Deformable DETR attention_weights softmaxed before the per-head view",
         "silent: one softmax across all heads",
         "miss",
     ),
     Bug(
         "deform_value_heads",
         "deformable",
-        "MSDeformAttn ports: value.view(N, n_heads, Len_in, d) carving heads out of tokens",
+        "injected: MSDeformAttn value viewed [N, heads, Len_in, d], heads carved out of tokens",
         "silent: heads carved out of the token axis",
         "trace",
+        "view_mixes_axes",
     ),
     # -- audio -------------------------------------------------------------------------------
     Bug(
         "whisper_frames_reshape",
         "whisper",
-        "openai/whisper AudioEncoder ports: x.reshape(B, T, D) for x.permute(0, 2, 1)",
+        "report: reshape for permute after a conv (vitrioil/Speech-Separation#4), at Whisper's "
+        "AudioEncoder",
         "silent: frames are slices of channels",
         "trace",
+        "view_mixes_axes",
     ),
     Bug(
         "whisper_pos_before_permute",
         "whisper",
-        "whisper ports: positional_embedding added to the conv output [B, D, T]",
+        "injected: Whisper's positional embedding added to the [B, D, T] conv output",
         "loud where d_model != frames; silent at the coincident size",
         "trace",
+        "broadcast",
     ),
     Bug(
         "whisper_causal_direction",
         "whisper",
-        "whisper decoder mask ports: torch.full(..., -inf).tril(-1) for triu(1)",
+        "injected: Whisper's decoder mask built with tril(-1) for triu(1)",
         "silent: hides the past, shows the future",
         "trace",
+        "mask_direction",
     ),
     Bug(
         "w2v_seq_first",
         "wav2vec",
-        "fairseq/torchaudio wav2vec forks: nn.TransformerEncoderLayer without batch_first fed "
-        "[B, T, C]",
+        "report: pytorch/pytorch#122959, om-ai-lab/OmDet#19 (batch_first=True forgotten), in a "
+        "wav2vec encoder",
         "loud where batch != frames (its padding mask); silent at the coincident size",
         "trace",
+        "mha_batch_first",
     ),
     Bug(
         "w2v_mask_polarity",
         "wav2vec",
-        "HF forum: src_key_padding_mask=attention_mask (1 = real) into nn.Transformer",
+        "report: lucidrains/feedback-transformer-pytorch#6, pytorch/pytorch#24816 (padding-mask "
+        "polarity; NaN)",
         "silent: real frames hidden, padding attended (NaN for an unpadded clip)",
         "trace",
+        "mask_polarity",
     ),
     # -- time series -------------------------------------------------------------------------
     Bug(
         "informer_embed_reshape",
         "informer",
-        "zhouhaoyi/Informer2020 TokenEmbedding ports: conv output .reshape(B, L, D) for "
-        ".transpose(1, 2)",
+        "report: reshape for transpose after a conv (proceduralia/pytorch-conv2_1d#1), at "
+        "Informer's TokenEmbedding",
         "silent: time steps are slices of features",
         "trace",
+        "view_mixes_axes",
     ),
     Bug(
         "informer_scores_einsum",
         "informer",
-        "Informer/Autoformer FullAttention ports: einsum 'blhe,bshe->bhsl' (keys first)",
+        "injected: Informer FullAttention einsum 'blhe,bshe->bhsl' (keys first)",
         "silent: the softmax runs over the queries",
-        "miss",
+        "trace",
+        "softmax_axis",
     ),
     Bug(
         "informer_aggregate_transposed",
         "informer",
-        "FullAttention ports: einsum 'bhls,blhd->bshd' for 'bhls,bshd->blhd'",
+        "injected: Informer FullAttention einsum 'bhls,blhd->bshd' (over the queries)",
         "silent in self-attention: aggregates over the queries",
         "miss",
     ),
     Bug(
         "autoformer_decomp_reshape",
         "autoformer",
-        "thuml/Autoformer moving_avg ports: x.reshape(B, C, L) before AvgPool1d for "
-        "x.permute(0, 2, 1)",
+        "report: view for permute before a conv/pool (dmenig/Pytorch-StNet#2), at Autoformer's "
+        "moving_avg",
         "silent: the trend is averaged across features and time",
         "trace",
+        "view_mixes_axes",
     ),
     # -- graphs ------------------------------------------------------------------------------
     Bug(
         "gat_softmax_side",
         "gat_dense",
-        "Diego999/pyGAT issues: softmax(e, dim=0) over targets for dim=1 over sources",
+        "report: LinWeizheDragon/Knowledge-Aware-Graph-Enhanced-GPT-2-for-Dialogue-State-"
+        "Tracking#1 (GAT softmax over which node axis)",
         "silent: each source's weights sum to one",
         "miss",
     ),
     Bug(
         "gat_aggregate_transposed",
         "gat_dense",
-        "pyGAT forks: attention.t() @ Wh (aggregating along outgoing edges)",
+        "injected: dense GAT aggregating with attention.T (issue 32)",
         "silent: messages flow against the edges",
         "miss",
     ),
     Bug(
         "gat_heads_merge",
         "gat_dense",
-        "GAT multi-head concat: out.reshape(N, H * F) from [H, N, F] without transpose",
+        "report: the heads merge of pytorch/pytorch#67651 in a GAT's multi-head concat",
         "silent: nodes exchange heads",
         "trace",
+        "view_mixes_axes",
     ),
     Bug(
         "gat_sparse_softmax_src",
         "gat_sparse",
-        "torch_geometric GATConv ports: softmax(alpha, edge_index[0]) (sources) for "
-        "edge_index[1] (targets)",
+        "injected: torch_geometric-style softmax grouped by sources (issue 32)",
         "silent: normalised over each source's outgoing edges",
         "miss",
     ),
@@ -395,40 +434,98 @@ BUGS = [
     Bug(
         "perceiver_latents_axis",
         "perceiver",
-        "lucidrains/perceiver-pytorch forks: latents expanded 'n d -> n b d' for 'b n d'",
+        "injected: Perceiver latents repeated 'n d -> n b d' (issue 32)",
         "loud where latents != batch; silent at the coincident size",
-        "trace",
+        ("trace", "miss", "trace"),
+        "einsum_dim",
     ),
     Bug(
         "perceiver_mask_axis",
         "perceiver",
-        "perceiver-pytorch cross-attention: mask[:, None, :, None] on the latent (query) axis",
+        "injected: Perceiver cross-attention mask on the latent (query) axis",
         "loud where latents != inputs; silent at the coincident size",
-        "trace",
+        ("trace", "miss", "trace"),
+        "mask_broadcast",
     ),
     Bug(
         "perceiver_softmax_queries",
         "perceiver",
-        "Perceiver cross-attention written after Slot Attention: softmax over the latents",
+        "report: PetrochukM/PyTorch-NLP#2 (attention softmax over the wrong dim), at a Perceiver "
+        "cross-attention",
         "silent: over the queries",
-        "miss",
+        "trace",
+        "softmax_axis",
     ),
     Bug(
         "resampler_mqa_softmax",
         "resampler",
-        "PaLM-style multi-query einsum (lucidrains/flamingo-pytorch resampler forks): "
-        "'b h i d, b j d -> b h i j' then softmax(dim=-2)",
+        "injected: issue 32's field report (PaLM-style multi-query einsum, then softmax over the "
+        "queries)",
         "silent: over the queries; the keys have no heads axis",
         "miss",
     ),
     Bug(
         "resampler_mqa_merge",
         "resampler",
-        "multi-query attention forks: out.reshape(B, N, h * d) for rearrange('b h n d -> b n (h d)')",
+        "injected: issue 32's field report (a multi-query heads merge without the transpose)",
         "silent: heads merged into latents",
-        "trace",
+        ("trace", "miss", "miss"),
+        "view_mixes_axes",
     ),
 ]
+
+
+@dataclass(frozen=True)
+class FalseAlarm:
+    """A finding or failed probe on a correct counterpart today: an engine false alarm, pinned
+    so that its fix shows up (what: "trace: kind" or "check: probe name")."""
+
+    arch: str
+    sizes: tuple[str, ...]
+    what: str
+    why: str
+
+
+_ALL = ("distinct", "coincident", "realistic")
+FALSE_ALARMS = [
+    FalseAlarm(
+        "dit",
+        _ALL,
+        "trace: view_mixes_axes",
+        "DiT's own unpatchify (einsum 'nhwpqc->nchpwq', then reshape to [N, c, h*p, w*p]) is "
+        "read as joining positions with features",
+    ),
+    FalseAlarm(
+        "informer",
+        ("distinct", "realistic"),
+        "check: token-permutation equivariance",
+        "the circular conv token embedding is not permutation-equivariant, by design; the "
+        "probe does not take the conv for a position term",
+    ),
+    FalseAlarm(
+        "autoformer",
+        ("distinct", "realistic"),
+        "check: token-permutation equivariance",
+        "the same conv token embedding, and the moving average over time",
+    ),
+    FalseAlarm(
+        "gat_dense",
+        _ALL,
+        "check: batch independence",
+        "the node axis of [nodes, features] is read as batch; nodes attend to their neighbours "
+        "through the adjacency by design",
+    ),
+]
+
+
+def false_alarms(arch: str, size: str, tool: str) -> list[str]:
+    """The pinned false alarms of `arch`'s correct counterpart at `size` ("trace" or "check")."""
+    return sorted(
+        f.what
+        for f in FALSE_ALARMS
+        if f.arch == arch and size in f.sizes and f.what.startswith(tool)
+    )
+
 
 _MARK = re.compile(r"#\s*<-\s*(.+)$")
 

@@ -24,8 +24,11 @@ import time
 import torch
 
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
-if TESTS not in sys.path:
-    sys.path.insert(0, TESTS)
+# First, even where it is already on the path: this file's own name is the zoo's, and the zoo
+# must win over it (as pytest's prepend import puts tests/ first for tests/test_domain_zoo.py).
+if TESTS in sys.path:
+    sys.path.remove(TESTS)
+sys.path.insert(0, TESTS)
 
 import domain_zoo  # noqa: E402
 import domain_zoo_measure as measuring  # noqa: E402

@@ -489,13 +489,6 @@ class FalseAlarm:
 _ALL = ("distinct", "coincident", "realistic")
 FALSE_ALARMS = [
     FalseAlarm(
-        "dit",
-        _ALL,
-        "trace: view_mixes_axes",
-        "DiT's own unpatchify (einsum 'nhwpqc->nchpwq', then reshape to [N, c, h*p, w*p]) is "
-        "read as joining positions with features",
-    ),
-    FalseAlarm(
         "informer",
         ("distinct", "realistic"),
         "check: token-permutation equivariance",

@@ -129,3 +129,67 @@ def test_off_stack_outside_a_trace_calls_the_function_as_it_is():
     before = stack()
     assert interceptor.off_stack(lambda a, b=0: a + b, (1,), {"b": 2}) == 3
     assert stack() == before
+
+
+# -- other compiled code inside a traced forward ---------------------------------------------
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.proj(x)).softmax(-1) * 3.1
+
+
+class WithCompiledBlock(torch.nn.Module):
+    """A user's model whose block is `torch.compile`d (an `OptimizedModule`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = torch.compile(Block())
+
+    def forward(self, x):
+        return self.block(x * 2) + 1
+
+
+def test_a_compiled_submodule_runs_its_compiled_code_and_the_ops_around_it_are_traced():
+    """Before: dynamo traced the session's global module hooks inside the compiled forward
+    and failed ("already tracked for mutation"); with the hooks quiet under dynamo, the
+    traced call was compiled again under the mode and, past the limit, ran eagerly (output
+    off by about 1e-7). Now the compiled module is suspended as torch's composites are."""
+    torch.manual_seed(0)
+    model = WithCompiledBlock()
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(0))
+    before = stack()
+    with one_compile_per_frame(), torch.no_grad():
+        plain = model(x)
+        with shapeguard.trace() as trace:
+            traced = model(x)
+            assert interceptor.on_stack(interceptor._holder().mode)
+    assert torch.equal(traced, plain), (traced - plain).abs().max().item()
+    ops = [event.op for event in trace.events]
+    assert "mul" in ops and "add" in ops  # the user's own ops around the block
+    assert "linear" not in ops and "softmax" not in ops  # nothing of the compiled code
+    assert stack() == before
+
+
+def test_create_block_mask_compiled_by_transformers_runs_off_the_stack():
+    """`create_block_mask(..., _compile=True)` (transformers' masks) compiles itself: run off
+    the stack, no second compile and the same mask; without `_compile` it is traced as it
+    was (the original, under the interceptor)."""
+    seen = []
+
+    def causal_seen(b, h, q_idx, kv_idx):
+        seen.append(stack())
+        return q_idx >= kv_idx
+
+    with one_compile_per_frame():
+        plain = flex.create_block_mask(causal, None, None, 256, 256, device="cpu", _compile=True)
+        with shapeguard.trace():
+            traced = flex.create_block_mask(
+                causal, None, None, 256, 256, device="cpu", _compile=True
+            )
+            mode = interceptor._holder().mode
+            flex.create_block_mask(causal_seen, None, None, 128, 128, device="cpu")
+    assert torch.equal(traced.to_dense(), plain.to_dense())
+    assert seen and all(mode in modes for modes in seen)  # the eager call: under the mode

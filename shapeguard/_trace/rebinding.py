@@ -58,17 +58,18 @@ def wrap(original, *, compiled: bool = False):
     return checked
 
 
-def wrap_unchecked(original):
+def wrap_unchecked(original, flag: str | None = None):
     """A wrapper of `original`, a function that runs code compiled by torch.compile and
     that shapeguard does not check: run with the interceptor off the mode stack, so the
-    compiled code is the untraced call's (`interceptor.off_stack`)."""
+    compiled code is the untraced call's (`interceptor.off_stack`). `flag`: only calls that
+    pass this keyword true run compiled code; the others are the original's, traced."""
 
     @functools.wraps(original)
     def unmoded(*args, **kwargs):
         __tracebackhide__ = True
         import torch
 
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or (flag is not None and not kwargs.get(flag)):
             return original(*args, **kwargs)
         from .interceptor import off_stack
 

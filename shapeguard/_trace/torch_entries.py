@@ -11,13 +11,15 @@ under the interceptor it would compile the frame once more and, past its recompi
 run it eagerly, with output that can differ in the last bits from the untraced call's.
 `flex_attention` runs its kernel compiled; transformers' `compile_friendly_flex_attention`
 calls a `torch.compile(flex_attention)` made once, outside the trace's reach, so it is not
-checked, only run off the stack."""
+checked, only run off the stack; `create_block_mask(..., _compile=True)` (transformers'
+masks) compiles itself."""
 
 import sys
 
 from .rebinding import Rebinder, wrap, wrap_unchecked
 
 CHECKED, CHECKED_COMPILED, COMPILED = "checked", "checked, runs compiled", "runs compiled"
+COMPILED_IF = "runs compiled given _compile=True"
 
 # (module, function, how it is wrapped): entry points a mode cannot see.
 ENTRY_POINTS = (
@@ -28,6 +30,7 @@ ENTRY_POINTS = (
     ("xformers.ops.fmha", "memory_efficient_attention", CHECKED),
     # transformers' FlexAttention path: its compiled flex_attention, made on the first call.
     ("transformers.integrations.flex_attention", "compile_friendly_flex_attention", COMPILED),
+    ("torch.nn.attention.flex_attention", "create_block_mask", COMPILED_IF),
 )
 
 
@@ -49,8 +52,8 @@ def _wrapper(func):
         ),
         CHECKED,
     )
-    if how == COMPILED:
-        return wrap_unchecked(func)
+    if how in (COMPILED, COMPILED_IF):
+        return wrap_unchecked(func, "_compile" if how == COMPILED_IF else None)
     return wrap(func, compiled=how == CHECKED_COMPILED)
 
 

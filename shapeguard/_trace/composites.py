@@ -80,9 +80,8 @@ def composite_kind(module) -> str | None:
     return kind
 
 
-COMPILED = (
-    "compiled"  # torch.compile's wrapper of a module: suspended, neither checked nor recorded
-)
+# The kind of torch.compile's wrapper of a module: suspended, neither checked nor recorded.
+COMPILED = "compiled"
 
 
 def is_compiled_module(module) -> bool:

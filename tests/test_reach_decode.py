@@ -304,6 +304,9 @@ def padded_step(s, new, bug=None):
 @SETTING
 @NEW
 def test_a_left_padded_step_that_sees_the_padding_is_found(sizes, new):
+    """One bug, one finding, and it is `reach_padded_key`, not `reach_decode`: the fix is
+    the padding mask on the key axis (its cached columns included), as in the full
+    forward; `reach_decode` names the step's positions (invariants.py)."""
     trace = padded_step(sizes, new, bug=True)
     assert kinds(trace) == ["reach_padded_key"], describe(trace)
     message = trace.findings[0].message
@@ -313,6 +316,7 @@ def test_a_left_padded_step_that_sees_the_padding_is_found(sizes, new):
     assert "it sees padded key 0); padding from attention_mask (1 = real token), padded on" in (
         message
     )
+    assert "hide the padded keys from every query" in trace.findings[0].hint
     assert padded_step(sizes, new).findings == []
 
 

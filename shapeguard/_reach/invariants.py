@@ -23,7 +23,10 @@ says in `Reach.padding`.
   forward's query at its position sees: its own key, no later slot, and, where the
   layer states its window or full attention, exactly its window's or every earlier real
   key. It stands for `reach_future` and `reach_window` there: the cause is the step's
-  positions, not the mask's pattern.
+  positions, not the mask's pattern. Not for `reach_padded_key`: a step that sees its
+  padding is that finding, as the full forward's query would be, since its fix is the
+  padding mask's (applied on the key axis, its cached columns included), not the step's
+  positions; and its evidence, the root's padding mask, holds without the cache's layout.
 """
 
 import dataclasses

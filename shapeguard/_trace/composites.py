@@ -80,6 +80,21 @@ def composite_kind(module) -> str | None:
     return kind
 
 
+# The kind of torch.compile's wrapper of a module: suspended, neither checked nor recorded.
+COMPILED = "compiled"
+
+
+def is_compiled_module(module) -> bool:
+    """Whether `module` is torch.compile's wrapper of a module (`OptimizedModule`). Its
+    forward runs compiled code, whose frames dynamo guards on the modes on the stack: under
+    shapeguard's mode they are compiled once more and, past dynamo's recompile limit, run
+    eagerly, with output that can differ in the last bits. So it is suspended as a
+    composite is, unchecked: nothing of a compiled module is traced (design.md)."""
+    frames = sys.modules.get("torch._dynamo.eval_frame")  # not loaded: nothing compiled
+    wrapper = getattr(frames, "OptimizedModule", None)
+    return wrapper is not None and isinstance(module, wrapper)
+
+
 # -- torch's function-mode stack -----------------------------------------------------------
 def top_mode():
     """The mode at the top of torch's function-mode stack, or None when it is empty."""
@@ -380,7 +395,7 @@ class _State:
 
     def kind(self, module) -> str | None:
         if type(module) not in _KINDS:
-            return None
+            return COMPILED if is_compiled_module(module) else None
         try:
             return self.kinds[module]
         except KeyError:
@@ -434,7 +449,7 @@ def enter(session, module, args: tuple, kwargs: dict) -> None:
     popped = _pop_interceptors(session)
     if not popped and not outer:
         return  # another mode on top: the slow path, whose ops the session sees as before
-    enabled = _config.is_enabled()
+    enabled = _config.is_enabled() and kind != COMPILED
     site = _source.user_site() if enabled else None
     if enabled and not outer:
         try:

@@ -171,9 +171,9 @@ def on_stack(mode) -> bool:
     return any(_get_function_stack_at(i) is mode for i in range(_len_torch_function_stack()))
 
 
-def remove(mode) -> None:
+def remove(mode) -> int:
     """Take `mode` off torch's function-mode stack wherever it sits; the modes above it
-    stay, in their order."""
+    stay, in their order. Returns how many modes were below it (-1: it was not there)."""
     n = _len_torch_function_stack()
     for i in range(n - 1, -1, -1):
         if _get_function_stack_at(i) is mode:
@@ -181,4 +181,36 @@ def remove(mode) -> None:
             _pop_torch_function_stack()
             for other in reversed(above):
                 _push_on_torch_function_stack(other)
-            return
+            return i
+    return -1
+
+
+def insert(mode, depth: int) -> None:
+    """Put `mode` back on torch's function-mode stack with `depth` modes below it (as
+    `remove` found it; at the top where the stack has shrunk since)."""
+    n = _len_torch_function_stack()
+    above = [_pop_torch_function_stack() for _ in range(max(n - max(depth, 0), 0))]
+    _push_on_torch_function_stack(mode)
+    for other in reversed(above):
+        _push_on_torch_function_stack(other)
+
+
+def off_stack(func, args: tuple, kwargs: dict):
+    """`func(*args, **kwargs)` with the thread's interceptor off torch's mode stack (modes
+    above it stay, in their order), put back where it was after, also on an exception.
+
+    For calls that run code compiled by torch.compile: dynamo guards each compiled frame on
+    the types of the modes on the stack, so under the interceptor the frame is compiled
+    once more, and once dynamo's recompile limit is spent it runs eagerly, whose output can
+    differ in the last bits from the compiled one's. Off the stack, the call runs the code
+    an untraced call runs."""
+    holder = getattr(_threads, "holder", None)
+    if holder is None or not holder.users or not on_stack(holder.mode):
+        return func(*args, **kwargs)
+    depth = remove(holder.mode)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        # Unless the call closed the last session, or a nested one put the mode back.
+        if holder.users and not on_stack(holder.mode):
+            insert(holder.mode, depth)

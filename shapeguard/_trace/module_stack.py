@@ -42,6 +42,10 @@ class ModuleStack(SessionState):
         return ref() if ref is not None else None
 
     def _on_module_enter(self, module, args) -> None:
+        if is_compiling():
+            # Dynamo traces these global hooks with a compiled module's forward: nothing
+            # of the session enters its graph (and dynamo cannot trace `current_session`).
+            return
         if current_session() is not self:
             return  # an inner session, or another context's, is tracking modules now
         stack = self.module_stack
@@ -74,6 +78,8 @@ class ModuleStack(SessionState):
         self.enter_module(module, args, {})
 
     def _on_module_exit(self, module, args, output) -> None:
+        if is_compiling():
+            return  # (as on entering)
         try:
             _composites.leave(self, module, output)  # whichever session is current
         except Exception as error:

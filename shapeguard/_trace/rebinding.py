@@ -24,11 +24,21 @@ def bound_names(found: dict[int, object], modules) -> list[tuple[dict, str]]:
     return locations
 
 
-def wrap(original):
+def wrap(original, *, compiled: bool = False):
     """A wrapper of `original` that hands each call to the calling context's open session
     (which checks it, runs it with the interceptor quiet, and records one event named after
     the original); outside a trace, in another thread and under torch.compile it is the
-    original itself."""
+    original itself. `compiled`: the original runs code compiled by torch.compile, so it
+    runs with the interceptor off the mode stack (`interceptor.off_stack`), after the
+    checks, as an untraced call runs it."""
+    run = original
+    if compiled:
+
+        @functools.wraps(original)
+        def run(*args, **kwargs):
+            from .interceptor import off_stack
+
+            return off_stack(original, args, kwargs)
 
     @functools.wraps(original)
     def checked(*args, **kwargs):
@@ -41,11 +51,32 @@ def wrap(original):
 
         session = current_session()
         if session is None:  # another thread, or called after the trace closed
-            return original(*args, **kwargs)
-        return session.dispatch(original, args, kwargs)
+            return run(*args, **kwargs)
+        return session.dispatch(run, args, kwargs)
 
     checked.__shapeguard_original__ = original  # type: ignore[attr-defined]  # a marker on the wrapper
     return checked
+
+
+def wrap_unchecked(original, flag: str | None = None):
+    """A wrapper of `original`, a function that runs code compiled by torch.compile and
+    that shapeguard does not check: run with the interceptor off the mode stack, so the
+    compiled code is the untraced call's (`interceptor.off_stack`). `flag`: only calls that
+    pass this keyword true run compiled code; the others are the original's, traced."""
+
+    @functools.wraps(original)
+    def unmoded(*args, **kwargs):
+        __tracebackhide__ = True
+        import torch
+
+        if torch.compiler.is_compiling() or (flag is not None and not kwargs.get(flag)):
+            return original(*args, **kwargs)
+        from .interceptor import off_stack
+
+        return off_stack(original, args, kwargs)
+
+    unmoded.__shapeguard_original__ = original  # type: ignore[attr-defined]  # a marker on the wrapper
+    return unmoded
 
 
 class Rebinder:
@@ -53,8 +84,9 @@ class Rebinder:
     modules already loaded), rebound to wrappers from the first `patch` to the last
     `restore`. One per family: flash-attn's (`flash.py`), torch's (`torch_entries.py`)."""
 
-    def __init__(self, find, on_restore=None) -> None:
+    def __init__(self, find, on_restore=None, wrapper=wrap) -> None:
         self._find = find
+        self._wrapper = wrapper  # function -> its wrapper
         self._on_restore = on_restore  # called when the last restore has put them back
         self._lock = threading.RLock()
         self._depth = 0
@@ -99,7 +131,7 @@ class Rebinder:
         if key != self._scan_key:
             # The bindings to make, wrappers included, are made once per scan: a session
             # that opens after it makes no object (tests/test_gc_pressure.py counts them).
-            wrappers = {ident: wrap(func) for ident, func in found.items()}
+            wrappers = {ident: self._wrapper(func) for ident, func in found.items()}
             self._plan = [
                 (namespace, name, found[id(namespace[name])], wrappers[id(namespace[name])])
                 for namespace, name in bound_names(found, list(sys.modules.values()))

@@ -32,7 +32,9 @@ from ._view import CallView
 _MATMUL = _ops.by_name("matmul")
 
 
-@rule(_MATMUL, _ops.by_name("bmm"), kinds={"aggregation_axis": WARNING}, order=1)
+@rule(
+    _MATMUL, _ops.by_name("bmm"), _ops.by_name("mm"), kinds={"aggregation_axis": WARNING}, order=1
+)
 def weights_product(call: CallView) -> Iterator[Violation]:
     """attn @ V (or V^T @ attn^T): the weights' contracted axis is their normalised one."""
     args = call.args
@@ -58,7 +60,7 @@ def weights_product(call: CallView) -> Iterator[Violation]:
             )
         else:
             hint = _renormalise_hint(lw, c)
-        written_as = f"{la} @ {lb}" if call.spec is _MATMUL else f"bmm({la}, {lb})"
+        written_as = f"{la} @ {lb}" if call.spec is _MATMUL else f"{call.op}({la}, {lb})"
         yield _violation(call, written_as, w, lw, n, c, other, lo, hint)
         return
 

@@ -47,7 +47,7 @@ def weights_product(call: CallView) -> Iterator[Violation]:
     if call.op in call.spec.reflected:
         la, lb = lb, la
     for w, lw, c, other, lo, oc in ((a, la, -1, b, lb, -2), (b, lb, -2, a, la, -1)):
-        found = _judge(call, w, c, other, oc)
+        found = _judge(call, w, c, other, oc, [-1 if c == -1 else -2])
         if found is None:
             continue
         n, same = found
@@ -83,8 +83,11 @@ def weights_einsum(call: CallView) -> Iterator[Violation]:
     user = written(call, operands)
     for i in (0, 1):
         w, other, spec = operands[i], operands[1 - i], equation.specs[i]
-        c, oc = spec.index(letter), equation.specs[1 - i].index(letter)
-        found = _judge(call, w, c - w.dim(), other, oc - other.dim())
+        other_spec = equation.specs[1 - i]
+        c, oc = spec.index(letter), other_spec.index(letter)
+        kept = [j - other.dim() for j, x in enumerate(other_spec) if x in equation.out]
+        kept = [j for j in kept if other_spec[j] not in spec]
+        found = _judge(call, w, c - w.dim(), other, oc - other.dim(), kept)
         if found is None:
             continue
         n, same = found
@@ -105,11 +108,13 @@ def weights_einsum(call: CallView) -> Iterator[Violation]:
         return
 
 
-def _judge(call, w, c: int, other, oc: int) -> tuple[int, bool] | None:
+def _judge(call, w, c: int, other, oc: int, kept: list[int]) -> tuple[int, bool] | None:
     """(the weights' normalised axis, whether it and the contracted one are the same
     positions) when `w` is attention weights whose contracted axis `c` is of the other
     side than the one they sum to 1 along, and `other`'s contracted axis `oc` is those
-    very positions (V along the keys, a graph's node features). Axes are negative."""
+    very positions, its `kept` axes none of them (V along the keys, a graph's node
+    features; not a [tokens, tokens] matrix, as in Nystrom's pseudo-inverse iteration).
+    Axes are negative."""
     meta = call.meta(w)
     if meta is None or not meta.normed:
         return None
@@ -120,7 +125,11 @@ def _judge(call, w, c: int, other, oc: int) -> tuple[int, bool] | None:
         return None
     n = sides.index(meta.normed)
     contracted = D.normalize(meta.dims[c % ndim])
-    if not contracted or D.normalize(call.dims(other)[oc % other.dim()]) != contracted:
+    other_dims = call.dims(other)
+    if not contracted or D.normalize(other_dims[oc % other.dim()]) != contracted:
+        return None
+    positions = {id(r) for i in (n, c) for r in D.roots_of(meta.dims[i])}
+    if any(id(r) in positions for i in kept for r in D.roots_of(other_dims[i])):
         return None
     same = D.normalize(meta.dims[n]) == contracted
     if not same and meta.normed != "q":

@@ -53,10 +53,14 @@ def weights_product(call: CallView) -> Iterator[Violation]:
         n, same = found
         if same:
             moved = " or drop the transpose that laid it out" if call.meta_of(w).laid_out else ""
+            swap = (
+                f"write {lw}.transpose({n}, {c}) in this product"
+                if lw.isidentifier()
+                else f"swap its dims {n} and {c} in this product"
+            )
             hint = (
-                f"sum {lw} over dim {n}, the axis its weights sum to 1 along (write "
-                f"{lw}.transpose({n}, {c}) in this product{moved}), or normalise {lw} along "
-                f"dim {c} instead"
+                f"sum {lw} over dim {n}, the axis its weights sum to 1 along ({swap}{moved}), "
+                f"or normalise {lw} along dim {c} instead"
             )
         else:
             hint = _renormalise_hint(lw, c)

@@ -65,15 +65,18 @@ def carry(call, made: list[Made]) -> list[Made]:
     if spec is _SOFTMAX:
         return [_softmaxed(call, made[0])]
     family = spec.family
-    if family is not _ops.BINARY and family is not _ops.SAME and family not in _ARRANGING:
+    if family != _ops.BINARY and family != _ops.SAME and family not in _ARRANGING:
         return made
-    source = next((t for t in call.tensors() if call.meta_of(t).normed), None)
-    if source is None:
+    # A plain loop: this runs for most ops, and a generator is one more tracked object.
+    for source in call.tensors():
+        meta = call.meta_of(source)
+        if meta.normed:
+            break
+    else:
         return made
-    meta = call.meta_of(source)
     kept = family in _ARRANGING or (
         spec.keeps_value or spec is _DROPOUT or spec is _NAN_TO_NUM
-        if family is _ops.SAME
+        if family == _ops.SAME
         else _keeps_sums(call, source, meta)
     )
     return [made[0]._replace(normed=meta.normed)] if kept else made

@@ -456,10 +456,8 @@ def test_cross_attention_softmax_over_the_queries_is_found_at_the_product(s):
     """Queries that are no keys: the softmax over them could be renormalised after it (as
     slot attention does), so the product with V decides, once."""
     torch.manual_seed(0)
-    x, memory = (
-        torch.randn(s.batch, s.slots, s.channels),
-        torch.randn(s.batch, s.tokens, s.channels),
-    )
+    x = torch.randn(s.batch, s.slots, s.channels)
+    memory = torch.randn(s.batch, s.tokens, s.channels)
     assert findings(CrossAttention(s.channels, s.heads), x, memory) == []
     found = findings(CrossAttention(s.channels, s.heads, "softmax"), x, memory)
     finding = only(found, "aggregation_axis")

@@ -23,6 +23,7 @@ from .. import _ops
 from .._errors import Violation
 from .._names import dims as D
 from .._names import subscripts
+from .._names.dims import TOKEN
 from .._names.flow.weights import side_of
 from .._values import is_tensor
 from . import WARNING, rule
@@ -130,9 +131,18 @@ def _judge(call, w, c: int, other, oc: int, kept: list[int]) -> tuple[int, bool]
     n = sides.index(meta.normed)
     contracted = D.normalize(meta.dims[c % ndim])
     other_dims = call.dims(other)
-    if not contracted or D.normalize(other_dims[oc % other.dim()]) != contracted:
-        return None
+    paired = other_dims[oc % other.dim()]
     positions = {id(r) for i in (n, c) for r in D.roots_of(meta.dims[i])}
+    if not contracted or (
+        D.normalize(paired) != contracted
+        # Values not tied to the keys yet (given apart from them): positions at least,
+        # and not the other side's.
+        and (
+            D.strong_kind_of(paired) not in (None, TOKEN)
+            or any(id(r) in positions for r in D.roots_of(paired))
+        )
+    ):
+        return None
     if any(id(r) in positions for i in kept for r in D.roots_of(other_dims[i])):
         return None
     same = D.normalize(meta.dims[n]) == contracted

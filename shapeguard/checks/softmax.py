@@ -6,8 +6,8 @@ axis holds the queries and which the keys is what the product said (`weights.sid
 whatever the tokens are called (seq, height*width, frames). Where softmax already runs
 along the last axis and the product laid the keys elsewhere (an einsum written
 `... -> ... j i`), the product is what to fix, and the hint says so. A softmax over
-queries that are no keys (slot attention's slots) is left to the product with V, which
-sees whether the weights were renormalised over the keys in between.
+queries that are no keys (cross-attention, slot attention's slots) is left to the product
+with V, which sees whether the weights were renormalised over the keys in between.
 """
 
 from collections.abc import Iterator
@@ -47,9 +47,9 @@ def softmax_over_keys(call: CallView) -> Iterator[Violation]:
     if sides[dim] == "k":
         return  # the keys, wherever the product laid them
     if sides[dim] == "q" and _cross(meta, dim, sides):
-        # Other queries than keys (slot attention's slots): a softmax over them is right
-        # where the weights are renormalised over the keys after it, so the product with
-        # V judges (`checks/aggregation.py`).
+        # Queries that are no keys (slot attention's slots) may compete for the keys: a
+        # softmax over them is right where the weights are renormalised over the keys
+        # after it, so the product with V judges (`checks/aggregation.py`).
         return
     keys_axis = _keys_axis(axes, sides, ndim)
     wrong = (

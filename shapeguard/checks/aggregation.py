@@ -117,9 +117,9 @@ def _judge(call, w, c: int, other, oc: int, kept: list[int]) -> tuple[int, bool]
     """(the weights' normalised axis, whether it and the contracted one are the same
     positions) when `w` is attention weights whose contracted axis `c` is of the other
     side than the one they sum to 1 along, and `other`'s contracted axis `oc` is those
-    very positions, its `kept` axes none of them (V along the keys, a graph's node
-    features; not a [tokens, tokens] matrix, as in Nystrom's pseudo-inverse iteration).
-    Axes are negative."""
+    very positions (or, across other positions, values given apart from the keys), its
+    `kept` axes none of them (V along the keys, a graph's node features; not a [tokens,
+    tokens] matrix, as in Nystrom's pseudo-inverse iteration). Axes are negative."""
     meta = call.meta(w)
     if meta is None or not meta.normed:
         return None
@@ -130,24 +130,24 @@ def _judge(call, w, c: int, other, oc: int, kept: list[int]) -> tuple[int, bool]
         return None
     n = sides.index(meta.normed)
     contracted = D.normalize(meta.dims[c % ndim])
-    other_dims = call.dims(other)
-    paired = other_dims[oc % other.dim()]
-    positions = {id(r) for i in (n, c) for r in D.roots_of(meta.dims[i])}
-    if not contracted or (
-        D.normalize(paired) != contracted
-        # Values not tied to the keys yet (given apart from them): positions at least,
-        # and not the other side's.
-        and (
-            D.strong_kind_of(paired) not in (None, TOKEN)
-            or any(id(r) in positions for r in D.roots_of(paired))
-        )
-    ):
-        return None
-    if any(id(r) in positions for i in kept for r in D.roots_of(other_dims[i])):
+    if not contracted:
         return None
     same = D.normalize(meta.dims[n]) == contracted
     if not same and meta.normed != "q":
         return None  # a sum over other positions' queries (soft k-means): no claim
+    other_dims = call.dims(other)
+    paired = other_dims[oc % other.dim()]
+    positions = {id(r) for i in (n, c) for r in D.roots_of(meta.dims[i])}
+    if D.normalize(paired) != contracted and (
+        # Across other positions, values given apart from the keys (not tied to them
+        # yet): positions of no other kind at least, and not the queries'.
+        same
+        or D.strong_kind_of(paired) not in (None, TOKEN)
+        or any(id(r) in positions for r in D.roots_of(paired))
+    ):
+        return None
+    if any(id(r) in positions for i in kept for r in D.roots_of(other_dims[i])):
+        return None
     return n - ndim, same
 
 

@@ -25,6 +25,9 @@ runs each bug and its fix at the three size settings. The line where a bug bites
     flash_layout      flash_attention given [batch, heads, seq, d_k] for its [b, s, h, d]
     block_mask_reused a FlexAttention block mask made once for the longest sequence and
                       reused for shorter ones
+    aggregation_axis  attention weights summed over the queries, not over the keys their
+                      softmax normalised: guided-diffusion's legacy QKV attention with the
+                      transposed einsum, a dense graph attention (GAT) with `attn^T @ Wh`
     reach             a causal decoder's mask, in four styles, that lets a real query see a
                       padded key, a later position, a key outside its window, or another
                       packed document (the reach's invariants, found at the softmax); and a
@@ -453,3 +456,60 @@ def packed_embeds(s, documents=2):
 def unpadded_embeds(s):
     """One document per row, no padding."""
     return packed_embeds(s, documents=1)
+
+
+class LegacyQKV(nn.Module):
+    """guided-diffusion's QKVAttentionLegacy on a [B, d_model, tokens] feature map: q, k, v
+    as [batch * heads, channels, tokens], the scores by an einsum of the transposed layout."""
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.n_heads, self.bug = n_heads, bug
+        self.qkv = nn.Conv1d(d_model, 3 * d_model, 1)
+        self.proj = nn.Conv1d(d_model, d_model, 1)
+
+    def forward(self, x):
+        qkv = self.qkv(x)
+        bs, width, length = qkv.shape
+        ch = width // (3 * self.n_heads)
+        q, k, v = qkv.reshape(bs * self.n_heads, ch * 3, length).split(ch, dim=1)
+        scale = 1 / math.sqrt(math.sqrt(ch))
+        weight = torch.einsum("bct,bcs->bts", q * scale, k * scale).softmax(dim=-1)
+        if self.bug == "aggregation_axis":
+            a = torch.einsum("bst,bcs->bct", weight, v)  # <- aggregation_axis
+        else:
+            a = torch.einsum("bts,bcs->bct", weight, v)
+        return x + self.proj(a.reshape(bs, -1, length))
+
+
+def feature_map(s):
+    """A [B, d_model, seq] feature map (a conv's channels first)."""
+    return (torch.randn(s.batch, s.d_model, s.seq),)
+
+
+class DenseGAT(nn.Module):
+    """A multi-head graph attention layer written densely: scores are the node axis
+    broadcast against itself, softmax over each node's neighbours."""
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.n_heads, self.bug = n_heads, bug
+        d_k = d_model // n_heads
+        self.W = nn.Parameter(torch.randn(d_model, d_model) / math.sqrt(d_model))
+        self.a_dst = nn.Parameter(torch.randn(n_heads, d_k, 1) / math.sqrt(d_k))
+        self.a_src = nn.Parameter(torch.randn(n_heads, d_k, 1) / math.sqrt(d_k))
+
+    def forward(self, x, adj):  # x [nodes, d_model], adj [nodes, nodes]
+        N = x.shape[0]
+        Wh = (x @ self.W).view(N, self.n_heads, -1).transpose(0, 1)  # [heads, nodes, d_k]
+        e = F.leaky_relu(Wh @ self.a_dst + (Wh @ self.a_src).transpose(-2, -1), 0.2)
+        attn = e.masked_fill(adj == 0, float("-inf")).softmax(dim=-1)
+        weights = attn.transpose(-2, -1) if self.bug == "aggregation_axis" else attn
+        out = weights @ Wh  # <- aggregation_axis
+        return out.transpose(0, 1).reshape(N, -1)
+
+
+def graph(s):
+    """Node features [seq, d_model] and a 0/1 adjacency [seq, seq] with self-loops."""
+    adj = (torch.rand(s.seq, s.seq) < 0.5) | torch.eye(s.seq, dtype=torch.bool)
+    return torch.randn(s.seq, s.d_model), adj.float()

@@ -94,6 +94,10 @@ CACHED_STEP = _of(
     lambda s, bug: rule_cases.CachedStep(s.d_model, s.heads, bug), invariants.with_cache
 )
 FLASH = _of(lambda s, bug: rule_cases.Flash(s.d_model, s.heads, bug), invariants.x_only)
+LEGACY_QKV = _of(
+    lambda s, bug: rule_cases.LegacyQKV(s.d_model, s.heads, bug), rule_cases.feature_map
+)
+DENSE_GAT = _of(lambda s, bug: rule_cases.DenseGAT(s.d_model, s.heads, bug), rule_cases.graph)
 FLEX = _of(
     lambda s, bug: rule_cases.Flex(s.d_model, s.heads, 2 * s.seq + 1, bug), invariants.x_only
 )
@@ -126,6 +130,8 @@ CASES = [
     Case("cache_axis", "cat", DECODING, "cache_axis", ("along the sequence axis",)),
     Case("mask_new_only", "sdpa", DECODING, "mask_cache_length", ("cached + new keys",)),
     Case("block_mask_reused", "flex", FLEX, "block_mask_shape", ("create_block_mask(",)),
+    Case("aggregation_axis", "legacy_einsum", LEGACY_QKV, "aggregation_axis", ("'bts,bcs->bct'",)),
+    Case("aggregation_axis", "gat_matmul", DENSE_GAT, "aggregation_axis", ("drop the transpose",)),
     Case("reach", "padded_key", reaching("padded_key"), "reach_padded_key", ("hide the padded keys",)),
     Case("reach", "future", reaching("future"), "reach_future", ("keys <= query",)),
     Case("reach", "window", reaching("window", rule_cases.unpadded_embeds), "reach_window", ("kv > q - ",)),
@@ -136,6 +142,8 @@ CASES = [
 # Rule ("family.function") -> the bugs ("bug-style": test_invariants.BUGS or CASES) on
 # which that rule yields the bug's kind at every size setting where the bug is silent.
 RULE_BUGS: dict[str, tuple[str, ...]] = {
+    "aggregation.weights_einsum": ("aggregation_axis-legacy_einsum",),
+    "aggregation.weights_product": ("aggregation_axis-gat_matmul",),
     "cache.cache_grown_along": ("cache_axis-cat",),
     "cache.mask_key_length": ("mask_new_only-sdpa",),
     "contraction.einsum_axes": ("contraction-einsum",),

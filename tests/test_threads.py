@@ -16,7 +16,9 @@ pytestmark = pytest.mark.no_shapeguard
 
 
 class Attention(nn.Module):
-    """softmax over the queries when `bug`: a softmax_axis warning, nothing else."""
+    """softmax over the queries when `bug`: queries that are no keys, so one
+    aggregation_axis warning at `attn @ v` (nothing renormalised the weights over the keys
+    in between), nothing else."""
 
     def __init__(self, bug: bool):
         super().__init__()
@@ -71,7 +73,7 @@ def test_threads_tracing_at_once_keep_their_own_findings():
         results = _run_threads(work, 6)
     for bug, seq_q, rounds in results:
         for t in rounds:
-            assert [f.kind for f in t.findings] == (["softmax_axis"] if bug else [])
+            assert [f.kind for f in t.findings] == (["aggregation_axis"] if bug else [])
             scores = t.shape_of("scores")
             assert scores == (2, 3, seq_q, 7), "another thread's events leaked in"
             assert len(t.events) == len(rounds[0].events)

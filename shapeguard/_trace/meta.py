@@ -47,6 +47,9 @@ class Facts(NamedTuple):
     flagged: frozenset = NO_FLAGS
     # Made by a transpose or permute (or a copy of one): its axis order was chosen.
     laid_out: bool = False
+    # Attention weights: the side ("q" or "k") a softmax made them sum to 1 along, kept
+    # while nothing may have renormalised them (`_names/flow/weights.py`); "" otherwise.
+    normed: str = ""
 
 
 # The facts of a tensor first seen in a session, and of a parameter first seen.
@@ -81,6 +84,7 @@ class TensorMeta:
     param = _fact("param")
     flagged = _fact("flagged")
     laid_out = _fact("laid_out")
+    normed = _fact("normed")
 
     def __init__(
         self,

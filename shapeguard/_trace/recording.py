@@ -127,6 +127,7 @@ class Recording(SessionState):
                     param=m.param,
                     flagged=flagged,
                     laid_out=m.laid_out,
+                    normed=m.normed,
                 ),
                 slot + k + 1,
             )

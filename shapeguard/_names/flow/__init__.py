@@ -10,7 +10,8 @@ an embedding's output width is d_model. Sizes name nothing here except where a
 module declares them (`declared`), and only for feature axes.
 """
 
-from . import attention, elementwise, inputs, products, views  # noqa: F401  (they register)
+# The axis rules register; `weights` is called by `propagate`.
+from . import attention, elementwise, inputs, products, views, weights  # noqa: F401
 from .base import Made, fallback_axes, propagates, rule_for
 from .products import classify_product
 from .views import layout_order, regroup_view
@@ -29,7 +30,7 @@ def propagate(call, outputs: list) -> list[Made]:
         if not _fits(m.dims, out.shape):
             m = fallback_axes(call, out)
         fixed.append(m)
-    return fixed
+    return weights.carry(call, fixed)
 
 
 def _fits(dims: tuple, shape) -> bool:

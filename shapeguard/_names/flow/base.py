@@ -16,6 +16,7 @@ class Made(NamedTuple):
     rotary: bool = False
     param: bool = False
     laid_out: bool = False  # a transpose or permute chose this axis order
+    normed: str = ""  # attention weights: the side they sum to 1 along (`weights`)
 
 
 Rule = Callable[..., list[Made] | None]

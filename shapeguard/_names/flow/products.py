@@ -341,7 +341,10 @@ def _einsum_product(call, operands, letters: dict, dims) -> Made | None:
     out = product.equation.out
     if rows and cols and out[-1] == row:
         _note_keys_first(call, rows, cols, product, row)
-    if rows and cols and D.roots_of(rows) == D.roots_of(cols):
+    if rows and cols:
+        # The letters say which axis holds the queries and which the keys, also where the
+        # two are other positions (slots against an image's) and the queries' axis is a
+        # broadcast copy that takes no claim (slot attention's learned slots).
         tags = tuple("q" if x == row else "k" if x == product.cols else None for x in out)
         return Made(dims, tags, role)
     return Made(dims, (), role)

@@ -47,6 +47,8 @@ class Facts(NamedTuple):
     flagged: frozenset = NO_FLAGS
     # Made by a transpose or permute (or a copy of one): its axis order was chosen.
     laid_out: bool = False
+    # What it is to per-group normalisation over an edge index (`_trace/grouping.py`).
+    grouped: tuple = ()
 
 
 # The facts of a tensor first seen in a session, and of a parameter first seen.
@@ -81,6 +83,7 @@ class TensorMeta:
     param = _fact("param")
     flagged = _fact("flagged")
     laid_out = _fact("laid_out")
+    grouped = _fact("grouped")
 
     def __init__(
         self,

@@ -190,3 +190,31 @@ def test_torch_geometric_gatconv_silence_is_measured_not_blind(monkeypatch):
     assert findings(GATConv(zoo.DISTINCT.d_model, 4, heads=2).eval(), x, edge_index) == []
     scatters = [states for op, states in seen if op == "scatter_add"]
     assert [("row",), ("normalised",)] in [states[1:] for states in scatters]
+
+
+class Spelled(nn.Module):
+    """Softmax by the sources, sum into the targets, the rows spelled `spelling`."""
+
+    def __init__(self, spelling):
+        super().__init__()
+        self.spelling = spelling
+
+    def forward(self, x, edge_index):
+        if self.spelling == "select":
+            src, dst = edge_index.select(0, 0), edge_index.select(0, -1)
+        elif self.spelling == "slices":
+            src, dst = edge_index[0, :], edge_index[-1, :]
+        else:
+            src, dst = edge_index.unbind(0)
+        w = (x.index_select(0, src) * x.index_select(0, dst)).sum(-1).exp()
+        alpha = w / w.new_zeros(x.shape[0]).index_add_(0, src, w).index_select(0, src)
+        msg = x.index_select(0, src) * alpha.unsqueeze(-1)
+        return x.new_zeros(x.shape).index_add_(0, dst, msg)
+
+
+@pytest.mark.parametrize("spelling", ["select", "slices", "unbind"])
+def test_each_way_of_taking_a_row_is_one_row(spelling):
+    x, edge_index = rule_cases.graph_inputs(zoo.DISTINCT)
+    (finding,) = findings(Spelled(spelling), x, edge_index)
+    assert finding.kind == KIND
+    assert "share edge_index[0], summed into the nodes of edge_index[1]" in finding.relation

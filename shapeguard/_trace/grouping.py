@@ -37,10 +37,13 @@ def _row_of(call, base, position) -> tuple:
         return _NOTHING
     if base.dim() != 2 or base.is_floating_point() or base.is_complex():
         return _NOTHING
+    rows = int(base.shape[0])
+    if not -rows <= position < rows:
+        return _NOTHING  # torch raises; no row
     meta = call.meta(base)
     if meta is None or meta.slot == 0 or base.dtype == torch.bool:
         return _NOTHING
-    return ("row", meta.slot, position % int(base.shape[0]), meta.label or "")
+    return ("row", meta.slot, position % rows, meta.label or "")
 
 
 def _selected_row(call) -> tuple:

@@ -32,6 +32,8 @@ runs each bug and its fix at the three size settings. The line where a bug bites
                       padded key, a later position, a key outside its window, or another
                       packed document (the reach's invariants, found at the softmax); and a
                       cached step's mask built from positions that restart at 0
+    edge_softmax      a GAT layer over edge_index whose softmax is grouped by the sources
+                      and whose messages are summed into the targets, or the other way round
 """
 
 import math
@@ -513,3 +515,61 @@ def graph(s):
     """Node features [seq, d_model] and a 0/1 adjacency [seq, seq] with self-loops."""
     adj = (torch.rand(s.seq, s.seq) < 0.5) | torch.eye(s.seq, dtype=torch.bool)
     return torch.randn(s.seq, s.d_model), adj.float()
+class GraphAttention(nn.Module):
+    """A GAT layer from scratch over `edge_index` [2, edges]: edge scores, a softmax over the
+    edges that share a target (sums scattered by the targets, read back by them) and the
+    weighted messages summed into the targets. `style` is how the rows and the sums are
+    written: "index_add" (`edge_index[0]`, `index_add_`), or "scatter_add" (`src, dst =
+    edge_index`, an expanded index and `scatter_add_`, as torch_geometric writes it);
+    the bug groups the softmax by the sources ("scatter_add") or sums into the sources
+    ("index_add")."""
+
+    def __init__(self, d_model, heads, style="index_add", bug=None):
+        super().__init__()
+        self.heads, self.d_k, self.style, self.bug = heads, d_model // heads, style, bug
+        self.lin = nn.Linear(d_model, d_model, bias=False)
+        self.att_src = nn.Parameter(torch.randn(1, heads, self.d_k))
+        self.att_dst = nn.Parameter(torch.randn(1, heads, self.d_k))
+
+    def _sums(self, values, index, nodes):
+        if self.style == "index_add":
+            return values.new_zeros(nodes, *values.shape[1:]).index_add_(0, index, values)
+        wide = index.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
+        return values.new_zeros(nodes, *values.shape[1:]).scatter_add_(0, wide, values)
+
+    def forward(self, x, edge_index):
+        nodes = x.shape[0]
+        h = self.lin(x).view(nodes, self.heads, self.d_k)
+        if self.style == "index_add":
+            src, dst = edge_index[0], edge_index[1]
+        else:
+            src, dst = edge_index
+        a_src, a_dst = (h * self.att_src).sum(-1), (h * self.att_dst).sum(-1)  # [nodes, heads]
+        e = F.leaky_relu(a_src.index_select(0, src) + a_dst.index_select(0, dst), 0.2)
+        group = src if self.bug and self.style == "scatter_add" else dst
+        e_max = e.new_full((nodes, self.heads), float("-inf")).scatter_reduce(
+            0, group.unsqueeze(-1).expand_as(e), e, reduce="amax", include_self=True
+        )
+        w = (e - e_max.index_select(0, group)).exp()
+        alpha = w / self._sums(w, group, nodes).index_select(0, group)  # [edges, heads]
+        msg = h.index_select(0, src) * alpha.unsqueeze(-1)  # [edges, heads, d_k]
+        into = src if self.bug and self.style == "index_add" else dst
+        empty = msg.new_zeros(nodes, self.heads, self.d_k)
+        if self.style == "index_add":
+            out = empty.index_add_(0, into, msg)  # <- edge_softmax
+        else:
+            out = empty.scatter_add_(0, into.view(-1, 1, 1).expand_as(msg), msg)  # <- edge_softmax
+        return out.reshape(nodes, self.heads * self.d_k)
+
+
+def graph_inputs(s):
+    """Node features [nodes, d_model] (nodes = seq) and edge_index [2, edges]: a directed
+    ring, plus `batch` chords where batch differs from seq, so nodes, edges, heads and d_k
+    are pairwise distinct at the distinct setting and all equal at the coincident one."""
+    nodes = s.seq
+    ring = torch.arange(nodes)
+    extra = s.batch if s.batch != s.seq else 0
+    chords = torch.arange(extra) % nodes
+    src = torch.cat([ring, chords])
+    dst = torch.cat([(ring + 1) % nodes, (chords + 2) % nodes])
+    return torch.randn(nodes, s.d_model), torch.stack([src, dst])

@@ -93,6 +93,15 @@ DECODING = _of(lambda s, bug: rule_cases.Decoding(s.d_model, s.heads, bug), inva
 CACHED_STEP = _of(
     lambda s, bug: rule_cases.CachedStep(s.d_model, s.heads, bug), invariants.with_cache
 )
+
+
+def graph(style):
+    return _of(
+        lambda s, bug: rule_cases.GraphAttention(s.d_model, s.heads, style, bug),
+        rule_cases.graph_inputs,
+    )
+
+
 FLASH = _of(lambda s, bug: rule_cases.Flash(s.d_model, s.heads, bug), invariants.x_only)
 LEGACY_QKV = _of(
     lambda s, bug: rule_cases.LegacyQKV(s.d_model, s.heads, bug), rule_cases.feature_map
@@ -137,6 +146,8 @@ CASES = [
     Case("reach", "window", reaching("window", rule_cases.unpadded_embeds), "reach_window", ("kv > q - ",)),
     Case("reach", "documents", reaching("documents", rule_cases.packed_embeds), "reach_documents", ("block-diagonal",)),
     Case("reach", "decode", CACHED_STEP, "reach_decode", ("restart at 0",)),
+    Case("edge_softmax", "index_add", graph("index_add"), "edge_weights_other_side", ("group the softmax by",)),
+    Case("edge_softmax", "scatter_add", graph("scatter_add"), "edge_weights_other_side", ("group the softmax by",)),
 ]  # fmt: skip
 
 # Rule ("family.function") -> the bugs ("bug-style": test_invariants.BUGS or CASES) on
@@ -149,6 +160,7 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "contraction.einsum_axes": ("contraction-einsum",),
     "contraction.product_axes": ("contraction-tutorial_attn_v", "contraction-hf_eager_q_k"),
     "flex.block_mask_fits": ("block_mask_reused-flex",),
+    "graph.summed_into_other_side": ("edge_softmax-index_add", "edge_softmax-scatter_add"),
     "elementwise.arithmetic": ("positions_unsliced-learned",),
     "elementwise.bool_mask_added": ("mask_not_bool-added",),
     "elementwise.masked_fill": ("mask_not_bool-masked_fill",),

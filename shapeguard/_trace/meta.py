@@ -50,6 +50,8 @@ class Facts(NamedTuple):
     # Attention weights: the side ("q" or "k") a softmax made them sum to 1 along, kept
     # while nothing may have renormalised them (`_names/flow/weights.py`); "" otherwise.
     normed: str = ""
+    # What it is to per-group normalisation over an edge index (`_trace/grouping.py`).
+    grouped: tuple = ()
 
 
 # The facts of a tensor first seen in a session, and of a parameter first seen.
@@ -85,6 +87,7 @@ class TensorMeta:
     flagged = _fact("flagged")
     laid_out = _fact("laid_out")
     normed = _fact("normed")
+    grouped = _fact("grouped")
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ import torch
 from .. import _ops, _source, _tp
 from .._memo import Memo
 from .._names import flow as _flow
+from . import grouping as _grouping
 from . import replay as _replay
 from . import tp_session as _tp_session
 from .call import OpCall, dtype_name
@@ -110,6 +111,7 @@ class Recording(SessionState):
         flagged = call.flagged
         op = call.op
         table = self.metas
+        groups = _grouping.carried(call, in_metas, len(outputs))
         for k, (tensor, m) in enumerate(zip(outputs, made, strict=True)):
             label = labels[k] if k < len(labels) else None
             if label is None and k == 0 and first_label:
@@ -128,6 +130,7 @@ class Recording(SessionState):
                     flagged=flagged,
                     laid_out=m.laid_out,
                     normed=m.normed,
+                    grouped=groups[k] if k < len(groups) else (),
                 ),
                 slot + k + 1,
             )

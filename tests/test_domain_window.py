@@ -355,6 +355,12 @@ def test_a_feature_maps_attention_is_silent(z, style):
 
 
 @sizes
+def test_video_attention_over_frames_and_patches_is_silent(z):
+    model = VideoAttention(z["heads"] * z["d_k"], z["heads"], z["p"])
+    silent(model, _img(z, z["batch"], z["frames"]))
+
+
+@sizes
 @pytest.mark.parametrize("shift", [True, False], ids=["shifted", "plain"])
 def test_a_swin_block_traces_silent(z, shift):
     silent(*_block(SwinBlock, z, shift))

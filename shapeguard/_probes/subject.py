@@ -88,7 +88,7 @@ class Subject:
                 continue
             if batch and (not (leaf.batch or leaf.folded) or self.unclear(leaf)):
                 continue
-            if batch and leaf.folded and not leaf.batch and self._padded():
+            if batch and leaf.folded and not leaf.batch and (leaf.seq or self._padded()):
                 continue  # an example's padding cannot be placed among folded rows
             found.append(leaf)
         return found

@@ -117,7 +117,7 @@ def describe_node(node: ast.AST) -> tuple[str, str, tuple[str, ...]]:
     if isinstance(node, ast.Call):
         args = tuple(ast.unparse(a) for a in node.args)
         if isinstance(node.func, ast.Attribute):
-            receiver = "" if _is_namespace(node.func.value) else ast.unparse(node.func.value)
+            receiver = "" if _is_namespace(node.func.value) else _receiver(node.func.value)
             return node.func.attr, receiver, args
         return ast.unparse(node.func), "", args
     if isinstance(node, ast.BinOp):
@@ -126,10 +126,32 @@ def describe_node(node: ast.AST) -> tuple[str, str, tuple[str, ...]]:
     if isinstance(node, ast.Compare):
         return "compare", "", (ast.unparse(node.left), *map(ast.unparse, node.comparators))
     if isinstance(node, ast.Attribute):
-        return node.attr, ast.unparse(node.value), ()
+        return node.attr, _receiver(node.value), ()
     if isinstance(node, ast.Subscript):
-        return "__getitem__", ast.unparse(node.value), (ast.unparse(node.slice),)
+        return "__getitem__", _receiver(node.value), (ast.unparse(node.slice),)
     return "", "", ()
+
+
+# Expressions that bind more loosely than `.attr`, `[i]` and `(args)`: as a receiver they
+# stood in parentheses, which `ast.unparse` drops at the top of what it prints.
+_LOOSE = (
+    ast.BinOp,
+    ast.BoolOp,
+    ast.Compare,
+    ast.UnaryOp,
+    ast.IfExp,
+    ast.Lambda,
+    ast.NamedExpr,
+    ast.Await,
+)
+
+
+def _receiver(node: ast.AST) -> str:
+    """The receiver of a method call, attribute or subscript as the user wrote it: with
+    the parentheses that make `(attn @ v).reshape(...)` reshape the product, so a message
+    that prints `receiver.reshape(...)` keeps its meaning."""
+    text = ast.unparse(node)
+    return f"({text})" if isinstance(node, _LOOSE) else text
 
 
 def _label(node: ast.AST) -> str:

@@ -22,6 +22,8 @@ mask the module only indexed), its size decides, and a size shared by the batch 
 sequence, or by two sequences, leaves the probes that need it skipped (`ambiguous`).
 """
 
+import math
+
 import torch
 
 from .._names import dims as D
@@ -357,9 +359,28 @@ def _out_leaves(outputs, batch_roots: set, group_of: dict, batch_size, lengths) 
             and int(t.shape[d]) in lengths
             and axis_kind(axis) != D.FEATURE
         )
-        if batch or seq:
-            found.append(OutLeaf(path, tuple(batch), seq, loose, unplaced))
+        folded = {
+            d: where
+            for d, axis in enumerate(axes)
+            if d not in batch and (where := _folded_batch(axis, batch_roots)) is not None
+        }
+        if batch or seq or folded:
+            found.append(OutLeaf(path, tuple(batch), seq, loose, unplaced, folded))
     return found
+
+
+def _folded_batch(axis, batch_roots: set) -> tuple[int, int] | None:
+    """(outer, inner) where an output axis holds the inputs' batch whole as one of its
+    factors and no other part of it ([batch * windows] after a window partition): the
+    sizes of the factors outside and inside it. None for any other axis."""
+    atoms = D.normalize(axis)
+    if len(atoms) < 2:
+        return None
+    hits = [k for k, a in enumerate(atoms) if id(a[0]) in batch_roots]
+    if len(hits) != 1 or not D.is_whole(atoms[hits[0]]):
+        return None
+    k = hits[0]
+    return math.prod(a[2] for a in atoms[:k]), math.prod(a[2] for a in atoms[k + 1 :])
 
 
 def _by_size_alone(path, t, batch_size, lengths) -> OutLeaf | None:

@@ -39,6 +39,10 @@ class OutLeaf:
     # group's tokens, not features: PEGASUS-X's encoder output after its padding to the
     # block size is cut back): which of their rows are padding cannot be told.
     unplaced: tuple[int, ...] = ()
+    # Axes that hold the batch whole as one factor among others (Swin's windows,
+    # [batch * windows, ...]): axis -> (outer, inner), the sizes of the factors outside and
+    # inside the batch, so each example's rows along it can be picked (`example_rows`).
+    folded: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -89,3 +93,12 @@ def roots_of(axis) -> list:
 def axis_kind(axis) -> str | None:
     kind = D.kind_of(axis)
     return None if kind in ("mixed", D.COPY) else kind
+
+
+def example_rows(examples, batch: int, outer: int, inner: int) -> torch.Tensor:
+    """The rows of `examples` along an axis that folds a batch of `batch` with `outer`
+    factors outside it and `inner` inside ([batch * windows]: outer 1), in axis order."""
+    picked = torch.as_tensor(examples, dtype=torch.long)
+    base = torch.arange(outer).view(-1, 1, 1) * (batch * inner)
+    rows = base + picked.view(1, -1, 1) * inner + torch.arange(inner).view(1, 1, -1)
+    return rows.reshape(-1)

@@ -64,9 +64,7 @@ def measured_reach(s: Subject) -> ProbeResult:
     if layout.ambiguous:
         return inconclusive(NAME, layout.ambiguous)
     if s.out_batch is None and layout.batch_size != 1:
-        return not_applicable(
-            NAME, "the first output has no batch axis whose examples can be told apart"
-        )
+        return not_applicable(NAME, _no_batch_axis(s))
     measured = measure(s)
     if isinstance(measured, str):
         return inconclusive(NAME, f"the reach cannot be measured: {measured}")
@@ -91,6 +89,24 @@ def measured_reach(s: Subject) -> ProbeResult:
         result = not_applicable(NAME, _measured_only(s, measured, record))
     result.reach = record
     return result
+
+
+def _no_batch_axis(s: Subject) -> str:
+    """Why the first output has no batch axis to lay the reach out on, naming what the
+    trace saw there: the batch folded with other factors into one axis (a window
+    partition's [batch * windows]), or nothing."""
+    head = "the first output has no batch axis whose examples can be told apart"
+    first = next((o for o in s.layout.outputs if s.refs.get(o.path) is s.reference), None)
+    if first is None or not first.folded:
+        return head
+    d, (outer, inner) = next(iter(first.folded.items()))
+    size = int(s.reference.shape[d])
+    return (
+        f"the first output has no batch axis of its own: its axis {d} ({size}) folds the "
+        f"batch with other factors ({outer} outside it, {inner} inside: [batch * windows] "
+        "after a window partition, for one), so the reach cannot be laid out per example; "
+        "the batch probes read the examples' rows from it"
+    )
 
 
 # -- the record ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 from .._names import axes as _axes
 from .compare import deviation, scale_of
 from .edits import take
-from .layout_records import Layout, OutLeaf
+from .layout_records import Layout, OutLeaf, example_rows
 from .result import ProbeResult
 from .runs import Rejected, call
 from .tree import first_output, pick
@@ -86,10 +86,15 @@ class Subject:
                 continue
             if group is not None and group not in leaf.seq.values():
                 continue
-            if batch and (not leaf.batch or self.unclear(leaf)):
+            if batch and (not (leaf.batch or leaf.folded) or self.unclear(leaf)):
                 continue
+            if batch and leaf.folded and not leaf.batch and (leaf.seq or self._padded()):
+                continue  # an example's padding cannot be placed among folded rows
             found.append(leaf)
         return found
+
+    def _padded(self) -> bool:
+        return any(bool(pad.any()) for pad in self.layout.pads.values())
 
     def unclear(self, leaf: OutLeaf) -> bool:
         """An axis as long as the batch that is not known to be the batch (CLIP's
@@ -171,6 +176,11 @@ def _restrict(t: torch.Tensor, leaf: OutLeaf, examples, positions):
             if d >= t.dim():
                 return None
             t = take(t, d, index)
+        for d, (outer, inner) in leaf.folded.items():
+            batch = t.shape[d] // max(outer * inner, 1) if d < t.dim() else 0
+            if d >= t.dim() or batch * outer * inner != t.shape[d]:
+                return None
+            t = take(t, d, example_rows(examples, batch, outer, inner))
     if positions:
         for d, g in leaf.seq.items():
             if g in positions and positions[g] is not None:

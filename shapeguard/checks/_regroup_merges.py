@@ -109,7 +109,10 @@ class Merges(ViewUnderExamination):
         real_i, real_j = self._with_heads(real_i, real_j)
         names = [self.axes[i] or f"dim {i}" for i in real_i]
         regroup = self.regroup_text(real_i, real_j)
-        if "heads" in names and any(n in SEQ_AXES for n in names):
+        positions = any(
+            n in SEQ_AXES or self.kind(i) == TOKEN for n, i in zip(names, real_i, strict=True)
+        )
+        if "heads" in names and positions:
             relation = (
                 f"{self.expr}: merges heads back before moving them next to d_k: {regroup}, "
                 "so each output token holds pieces of other tokens"
@@ -123,14 +126,17 @@ class Merges(ViewUnderExamination):
                 f"{self.expr}: {regroup}: one new axis joins positions with features, so the "
                 "positions of the result hold pieces of other positions"
             )
-            hint = self.reorder_hint(real_i, real_j)
+            hint = self.fold_hint(real_i, real_j) or self.reorder_hint(real_i, real_j)
         return Violation("view_mixes_axes", relation, self.operands(), hint, severity="warning")
 
     def _with_heads(self, real_i: list[int], real_j: list[int]) -> tuple[list[int], list[int]]:
         """The group, and before it the source axis of the heads that belong with a merged
         d_k, with where it lands, when it is not in the group (an attention output's heads
         are the queries', its d_k the values': one head split, by what attention did)."""
-        if not any(self.axes[i] == "d_k" for i in real_i):
+        last = len(self.shape) - 1
+        if not any(
+            self.axes[i] == "d_k" or (i == last and self.kind(i) == FEATURE) for i in real_i
+        ):
             return real_i, real_j
         for h in range(real_i[0] - 1, -1, -1):
             if self.axes[h] in ("heads", "kv_heads") and D.is_factor(self.meta.dims[h]):

@@ -10,6 +10,9 @@ from .._names.intent import view_intents
 
 SEQ_AXES = ("seq", "seq_q", "seq_k")
 
+# The factors a head split makes of the features.
+HEAD_FACTORS = ("heads", "kv_heads", "d_k")
+
 TOKENS = (BATCH, TOKEN)
 
 
@@ -188,9 +191,41 @@ class ViewUnderExamination:
 
     # -- hints -----------------------------------------------------------------------------
     def image(self, real_i) -> bool:
-        """The regrouped axes are an image's (channels, height, width, or parts of them)."""
-        names = {D.dim_name(a[0].find()) for i in real_i for a in self.meta.dims[i]}
-        return bool(names & {"height", "width"}) or self.meta.op == "unfold"
+        """The regrouped axes are an image's (channels, height, width, or parts of them),
+        where patches are made: never a group that holds attention's heads or d_k (a heads
+        merge in a window attention regroups window positions, not an image)."""
+        if self.meta.op == "unfold":
+            return True
+        atoms = self.atoms(real_i)
+        if any(D.atom_name(a) in HEAD_FACTORS for a in atoms):
+            return False
+        names = {D.dim_name(a[0].find()) for a in atoms}
+        return bool(names & {"height", "width"})
+
+    def fold_hint(self, real_i, real_j) -> str | None:
+        """The hint where a channels-first view ([batch, C, length]) merges a factor of the
+        channels into the positions ([C / k, k * length]): heads taken from the channels
+        belong in the batch, as guided-diffusion's legacy attention folds them; None
+        for any other group."""
+        if len(real_i) != 2 or len(real_j) != 2:
+            return None
+        f, t = real_i
+        if self.kind(f) != FEATURE or self.kind(t) != TOKEN:
+            return None
+        channels, length = self.shape[f], self.shape[t]
+        merged = self.resolved[real_j[1]]
+        if merged <= length or merged % length or channels % (merged // length):
+            return None
+        k = merged // length
+        lead = ", ".join(str(self.resolved[j]) for j in range(real_j[0]))
+        batch = f"{lead} * {k}" if lead else str(k)
+        return (
+            f"heads are a factor of the channels: fold them into the batch, not into the "
+            f"positions: {self.label}.reshape({batch}, {channels // k}, {length}) takes them as "
+            "the outer factor of the channels ([heads, 3 * ch], guided-diffusion's legacy "
+            "order); where the channels are [3, heads, ch], split q, k and v first "
+            f"(.chunk(3, dim={f})) and fold each"
+        )
 
     def _conv_output(self, real_i) -> bool:
         """The regrouped channels are a convolution's output features (the patches of a

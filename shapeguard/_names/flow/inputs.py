@@ -84,8 +84,11 @@ def _conv(call, outputs):
     lead = x.dim() - spatial - 1  # 1 with a batch axis, 0 without
     if lead:
         # A conv reads [batch, channels, *spatial] (its documented layout): the first axis
-        # holds the examples, each convolved on its own.
-        D.claim_atoms(xm.dims[0], BATCH, STRUCTURE)
+        # holds the examples, each convolved on its own. A fold there ([batch * frames],
+        # a video's clips run frame by frame) says only that its items are apart, not that
+        # each factor is the model's batch: attention may run along one of them next.
+        lead_axis = xm.dims[0]
+        D.claim_atoms(lead_axis, BATCH, STRUCTURE if len(lead_axis) <= 1 else D.CONVENTION)
     channels = xm.dims[lead]
     # The kind first: a conventional name of another kind (audio's mel bins read as seq)
     # goes with it, and the conv's own name comes in its place.

@@ -231,9 +231,15 @@ def test_trace_is_silent_on_every_block(kind, size):
         assert not t.findings, [f.message for f in t.findings]
 
 
+# The check at two settings: realistic sizes take 50-150 s a block here (measured
+# by hand: every verdict the same, see the s39-zeroinit report).
+CHECKED = ["distinct", "coincident"]
+
+
+@pytest.mark.parametrize("size", CHECKED)
 @pytest.mark.parametrize("kind", KINDS)
-def test_correct_zero_init_block_passes_on_a_non_constant_output(kind):
-    block, inputs = build(kind, "distinct", zero=True, bug=False)
+def test_correct_zero_init_block_passes_on_a_non_constant_output(kind, size):
+    block, inputs = build(kind, size, zero=True, bug=False)
     report = check(block, *inputs)
     assert report.passed, str(report)
     where, zeros = MEASURED[kind]
@@ -246,9 +252,10 @@ def test_correct_zero_init_block_passes_on_a_non_constant_output(kind):
     assert batch.status == "passed", batch.message
 
 
+@pytest.mark.parametrize("size", CHECKED)
 @pytest.mark.parametrize("kind", KINDS)
-def test_batch_mixing_zero_init_block_fails(kind):
-    block, inputs = build(kind, "distinct", zero=True, bug=True)
+def test_batch_mixing_zero_init_block_fails(kind, size):
+    block, inputs = build(kind, size, zero=True, bug=True)
     report = check(block, *inputs)
     assert not report.passed
     assert report.results[0].status == "passed"  # the trace cannot see it: the probe does
@@ -273,14 +280,6 @@ def test_live_block_is_probed_on_its_output(kind, bug):
     assert report.passed is not bug, str(report)
     assert not any("measured on" in r.message for r in report.results)
     assert not any("does not depend on the attention" in r.message for r in report.results)
-
-
-@pytest.mark.parametrize("bug", [False, True])
-def test_coincident_sizes_keep_the_verdict(bug):
-    block, inputs = build("cross", "coincident", zero=True, bug=bug)
-    report = check(block, *inputs)
-    assert report.passed is not bug, str(report)
-    assert any("measured on the input of proj_out" in r.message for r in report.results)
 
 
 def test_inner_leaves_no_hook_and_returns_the_points():

@@ -24,8 +24,16 @@ class Inner(torch.nn.Module):
 
     def __init__(self, block: torch.nn.Module, points: list[Point]) -> None:
         super().__init__()
-        self.block = block
+        # Registered under its class's name: the traced re-runs of a failed probe name
+        # its ops' modules as the module's own trace does ("(CrossAttentionBlock)").
+        name = type(block).__name__
+        self.named = name if name.isidentifier() and not hasattr(self, name) else "block"
+        self.add_module(self.named, block)
         self.points = list(points)
+
+    @property
+    def block(self) -> torch.nn.Module:
+        return self.get_submodule(self.named)
 
     def forward(self, *args, **kwargs):
         from .tree import first_output

@@ -139,6 +139,7 @@ def _probe(work, model, args, kwargs, traced, causal, seed, report) -> None:
             report.results.append(_run_probe(probe, subject))
         _weigh_reach(report)
         _hear_attention(subject, report, (work, args, kwargs, traced, causal, seed))
+        _weigh_reach(report)  # again: a reach measured inside, against the probes there
 
 
 def _cannot_probe(traced: "Traced", inputs) -> ProbeResult | None:
@@ -229,7 +230,10 @@ def _hear_attention(subject, report: CheckReport, given: tuple) -> None:
         return  # no evidence either way: the passes stand
     if not why:
         return
-    inner, where = _inner(subject, given)
+    passed = {r.name for r in report.results[1:] if r.status == PASSED}
+    inner, where = ("", "")
+    if any(NAMES[p] in passed for p in INNER):
+        inner, where = _inner(subject, given)
     because = f"the output does not depend on the attention ({cut_off(subject.model)})"
     for i, result in enumerate(report.results[1:], start=1):
         if result.status != PASSED:

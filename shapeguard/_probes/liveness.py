@@ -37,7 +37,7 @@ class _Noise:
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
         self.hits = 0
-        self.sites: list[str] = []  # where the attention ops it shook ran (the first few)
+        self.sites: list[str] = []  # the lines of the attention ops it shook (the first 3)
         self.weights = WeakTensorKeyDictionary()  # softmax outputs and what follows them
 
     def before(self, func, op: str, args, kwargs) -> None:
@@ -65,8 +65,9 @@ class _Noise:
         t.add_(noise.to(t.dtype).to(t.device) * (scale or 1.0))
         self.hits += 1
         site = user_site()
-        if site is not None and len(self.sites) < 3:
-            self.sites.append(f"{site.location} `{site.source}`")
+        said = f"{site.location} `{site.source}`" if site is not None else ""
+        if said and said not in self.sites and len(self.sites) < 3:
+            self.sites.append(said)  # each line once: a layer's op runs once per layer
 
 
 def _is_weights(table, value) -> bool:

@@ -939,14 +939,55 @@ def cross_inputs(size):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_an_output_that_does_not_depend_on_the_attention_passes_nothing(size):
+def test_an_output_that_does_not_depend_on_the_attention_is_probed_inside(size):
+    # The output is deaf to the attention: the probes measure the context before the zero
+    # projection instead, where the tiled mask shows (tests/test_probe_zero_init.py).
     report = check(build(CrossAttentionBlock, size), *cross_inputs(size))
+    sub = result(report, "sub-batch consistency")
+    assert sub.status == "failed", report.render(width=200)
+    first = sub.message.splitlines()[0]
+    assert "; measured on the input of proj_out (Linear) at tests/test_probe_outcomes.py:" in first
+    assert first.endswith(
+        "because the output does not depend on the attention (all-zero weights: "
+        "proj_out.weight, as zero_module and adaLN-Zero start)"
+    )
+    assert not report.passed and report.verdict == "failed"
+
+
+class GatedInline(nn.Module):
+    """The attention inline and its result scaled by a gate at zero, no module after it:
+    nothing the probes can run measures what the attention does."""
+
+    def __init__(self, heads, d_k):
+        super().__init__()
+        d = heads * d_k
+        self.h, self.d_k = heads, d_k
+        self.to_qkv = nn.Linear(d, 3 * d)
+        self.gate = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        B, L, _ = x.shape
+        q, k, v = self.to_qkv(x).view(B, L, 3, self.h, self.d_k).permute(2, 0, 3, 1, 4)
+        out = (q @ k.transpose(-2, -1) / self.d_k**0.5).softmax(-1) @ v
+        return x + self.gate * out.transpose(1, 2).reshape(B, L, -1)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_an_output_deaf_to_an_inline_attention_passes_nothing(size):
+    b, h, s, dk = SIZES[size]
+    torch.manual_seed(0)
+    report = check(build(GatedInline, size), torch.randn(b, s, h * dk))
     assert "passed" not in [r.status for r in report.probes], report.render(width=200)
     why = reason(report, "batch independence")
     assert why.startswith(
         "the output does not depend on the attention: noise added to the output of 1 attention "
-        "op left it unchanged (deviation 0.0e+00), so no probe can see what the attention does"
-    )
+        "op (tests/test_probe_outcomes.py:"
+    ), why
+    assert (
+        "left it unchanged (deviation 0.0e+00), so no probe of the output can see what the "
+        "attention does (all-zero weights: gate, as zero_module and adaLN-Zero start); no "
+        "module's input or output moves with the attention either"
+    ) in why, why
     assert report.passed and report.verdict == "inconclusive"
 
 

@@ -138,7 +138,8 @@ def _probe(work, model, args, kwargs, traced, causal, seed, report) -> None:
         for probe in PROBES:
             report.results.append(_run_probe(probe, subject))
         _weigh_reach(report)
-        _hear_attention(subject, report)
+        _hear_attention(subject, report, (work, args, kwargs, traced, causal, seed))
+        _weigh_reach(report)  # again: a reach measured inside, against the probes there
 
 
 def _cannot_probe(traced: "Traced", inputs) -> ProbeResult | None:
@@ -200,10 +201,21 @@ def _weigh_reach(report: CheckReport) -> None:
     report.results[index] = kept
 
 
-def _hear_attention(subject, report: CheckReport) -> None:
-    """Make the passed probes inconclusive when the outputs do not depend on the
-    attention (`liveness`): a pass there proves nothing about it."""
-    from .liveness import deaf
+# The probes measured again where the attention's effect stops, when the output is deaf.
+INNER = (
+    _probes.batch_independence,
+    _probes.sub_batch,
+    _probes.token_permutation,
+    _probes.length_change,
+    _probes.measured_reach,
+)
+
+
+def _hear_attention(subject, report: CheckReport, given: tuple) -> None:
+    """Where the outputs do not depend on the attention (`liveness`), the passed probes
+    prove nothing about it: those of `INNER` run again on the tensors where its effect
+    stops (`inner.py`), and say so; the rest, and those that cannot, are inconclusive."""
+    from .liveness import cut_off, deaf
 
     if subject.void or not any(r.status == PASSED for r in report.results[1:]):
         return
@@ -216,10 +228,49 @@ def _hear_attention(subject, report: CheckReport) -> None:
         why = deaf(subject)
     except Exception:
         return  # no evidence either way: the passes stand
-    if why:
-        report.results[1:] = [
-            demoted(r, why) if r.status == PASSED else r for r in report.results[1:]
-        ]
+    if not why:
+        return
+    passed = {r.name for r in report.results[1:] if r.status == PASSED}
+    inner, where = ("", "")
+    if any(NAMES[p] in passed for p in INNER):
+        inner, where = _inner(subject, given)
+    because = f"the output does not depend on the attention ({cut_off(subject.model)})"
+    for i, result in enumerate(report.results[1:], start=1):
+        if result.status != PASSED:
+            continue
+        probe = next((p for p in INNER if NAMES[p] == result.name), None)
+        if probe is None or isinstance(inner, str):
+            reason = f"{why}; {inner}" if probe is not None and inner else why
+            report.results[i] = demoted(result, reason)
+            continue
+        again = _run_probe(probe, inner)
+        if again.conclusive:
+            head, *rest = again.message.split("\n", 1)
+            head += f"; measured on {where}, because {because}"
+            again.message = "\n".join([head, *rest])
+            report.results[i] = again
+        else:
+            said = again.message.splitlines()[0]
+            report.results[i] = demoted(result, f"{why}; measured on {where}: {said}")
+
+
+def _inner(subject, given: tuple):
+    """(the subject measured where the attention's effect stops, those places in words),
+    or (why there is none, "")."""
+    from .inner import inner_subject, where
+    from .liveness import live_points
+
+    work, args, kwargs, traced, causal, seed = given
+    try:
+        points = live_points(subject)
+        if not points:
+            return "no module's input or output moves with the attention either", ""
+        made = inner_subject(work, args, kwargs, points, traced, causal, seed)
+    except Exception as error:
+        return f"probing inside the block failed ({_own_crash(error)})", ""
+    if isinstance(made, str):
+        return f"the tensors the attention moves ({where(points)}) cannot be probed: {made}", ""
+    return made, where(points)
 
 
 def _run_probe(probe, subject) -> ProbeResult:

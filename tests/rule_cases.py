@@ -515,6 +515,8 @@ def graph(s):
     """Node features [seq, d_model] and a 0/1 adjacency [seq, seq] with self-loops."""
     adj = (torch.rand(s.seq, s.seq) < 0.5) | torch.eye(s.seq, dtype=torch.bool)
     return torch.randn(s.seq, s.d_model), adj.float()
+
+
 class GraphAttention(nn.Module):
     """A GAT layer from scratch over `edge_index` [2, edges]: edge scores, a softmax over the
     edges that share a target (sums scattered by the targets, read back by them) and the

@@ -489,19 +489,6 @@ class FalseAlarm:
 _ALL = ("distinct", "coincident", "realistic")
 FALSE_ALARMS = [
     FalseAlarm(
-        "informer",
-        ("distinct", "realistic"),
-        "check: token-permutation equivariance",
-        "the circular conv token embedding is not permutation-equivariant, by design; the "
-        "probe does not take the conv for a position term",
-    ),
-    FalseAlarm(
-        "autoformer",
-        ("distinct", "realistic"),
-        "check: token-permutation equivariance",
-        "the same conv token embedding, and the moving average over time",
-    ),
-    FalseAlarm(
         "gat_dense",
         _ALL,
         "check: batch independence",

@@ -1,0 +1,86 @@
+"""check's probes on correct modules that mix positions or examples by design (issue 32's
+domain zoo): a probe fails only with a counterexample the property really forbids.
+
+A convolution whose kernel runs along the tokens (Informer's circular token embedding) makes
+the output depend on the tokens' order: token permutation does not apply, and says which conv.
+A view that moves data across the tokens in front of the same conv is still a failure."""
+
+import pytest
+import torch
+from torch import nn
+
+from shapeguard import check
+
+# (batch, seq, channels, d_model, heads)
+SIZES = {
+    "distinct": (3, 7, 5, 16, 4),
+    "coincident": (4, 4, 4, 16, 4),
+    "realistic": (4, 64, 7, 64, 8),
+}
+
+
+def result(report, name):
+    return next(r for r in report.probes if r.name == name)
+
+
+class ConvEmbedded(nn.Module):
+    """A circular conv token embedding over time, then attention over the steps."""
+
+    def __init__(self, channels, d_model, heads, bug=None, padding_mode="circular"):
+        super().__init__()
+        self.bug = bug
+        self.embed = nn.Conv1d(channels, d_model, 3, padding=1, padding_mode=padding_mode)
+        self.attn = nn.MultiheadAttention(d_model, heads, batch_first=True)
+
+    def forward(self, x):  # x: [batch, steps, channels]
+        B, T, C = x.shape
+        # The bug: a view for the permute, which mixes the steps with the channels.
+        series = x.reshape(B, C, T) if self.bug == "view" else x.permute(0, 2, 1)
+        h = self.embed(series).transpose(1, 2)  # [batch, steps, d_model]
+        y, _ = self.attn(h, h, h, need_weights=False)
+        return y
+
+
+def _conv_case(size, bug=None, padding_mode="circular"):
+    b, t, c, d, h = SIZES[size]
+    torch.manual_seed(0)
+    return ConvEmbedded(c, d, h, bug, padding_mode).eval(), torch.randn(b, t, c)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_conv_along_the_tokens_makes_token_permutation_not_apply(size):
+    module, x = _conv_case(size, padding_mode="zeros")
+    got = result(check(module, x), "token-permutation equivariance")
+    assert got.status == "skipped" and not got.applicable, got.message
+    seq = SIZES[size][1]
+    assert got.message.startswith("conv1d at ") and "test_probe_false_alarms.py:" in got.message
+    assert "(embed)" in got.message
+    assert f"has a kernel of 3 along seq (axis 2 of its output, the {seq} tokens)" in got.message
+    assert "it mixes neighbouring positions" in got.message
+
+
+def test_a_circular_conv_along_the_tokens_makes_token_permutation_not_apply():
+    """Informer's embedding: F.pad(mode="circular") inside the conv, then the conv itself."""
+    module, x = _conv_case("distinct")
+    got = result(check(module, x), "token-permutation equivariance")
+    assert got.status == "skipped" and not got.applicable, got.message
+    assert got.message.startswith("conv1d at ")
+    assert "has a kernel of 3 along seq (axis 2 of its output, the 7 tokens)" in got.message
+
+
+@pytest.mark.parametrize("size", ["coincident", "realistic"])
+def test_a_circular_conv_never_fails_token_permutation(size):
+    """Where the circular pad's new axis hides which input axis the conv's output holds,
+    the probe does not apply for that reason instead: no failure either way."""
+    module, x = _conv_case(size)
+    got = result(check(module, x), "token-permutation equivariance")
+    assert got.status == "skipped" and not got.applicable, got.message
+    assert "conv1d at " in got.message or "keep none of the inputs' token axes" in got.message
+
+
+@pytest.mark.no_shapeguard  # the view warns, on purpose
+def test_a_view_across_the_tokens_before_the_conv_still_fails():
+    module, x = _conv_case("distinct", bug="view")
+    got = result(check(module, x), "token-permutation equivariance")
+    assert got.status == "failed", got.message
+    assert "permuting the tokens moved the outputs" in got.message

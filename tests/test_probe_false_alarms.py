@@ -7,6 +7,7 @@ A view that moves data across the tokens in front of the same conv is still a fa
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from shapeguard import check
@@ -84,3 +85,80 @@ def test_a_view_across_the_tokens_before_the_conv_still_fails():
     got = result(check(module, x), "token-permutation equivariance")
     assert got.status == "failed", got.message
     assert "permuting the tokens moved the outputs" in got.message
+
+
+class DenseGraphAttention(nn.Module):
+    """A dense GAT layer on node features [nodes, features] and adj[target, source]."""
+
+    def __init__(self, features, heads, d_k, bug=None):
+        super().__init__()
+        self.heads, self.d_k, self.bug = heads, d_k, bug
+        self.W = nn.Linear(features, heads * d_k, bias=False)
+        self.a_src = nn.Parameter(torch.randn(heads, d_k) * 0.1)
+        self.a_dst = nn.Parameter(torch.randn(heads, d_k) * 0.1)
+
+    def forward(self, x, adj):
+        N = x.shape[0]
+        Wh = self.W(x).view(N, self.heads, self.d_k).transpose(0, 1)  # [heads, nodes, d_k]
+        e_src = (Wh * self.a_src[:, None, :]).sum(-1)  # [heads, nodes]
+        e_dst = (Wh * self.a_dst[:, None, :]).sum(-1)
+        e = F.leaky_relu(e_dst[:, :, None] + e_src[:, None, :], 0.2)  # [heads, target, source]
+        attention = torch.softmax(e.masked_fill(adj[None] == 0, float("-inf")), dim=-1)
+        out = attention @ Wh  # sums over the source nodes: nodes see their neighbours
+        return out.transpose(0, 1).reshape(N, self.heads * self.d_k)
+
+
+def _graph_case(size):
+    _, n, c, d, h = SIZES[size]
+    torch.manual_seed(0)
+    adj = (torch.rand(n, n) < 0.5).float()
+    adj.fill_diagonal_(1.0)  # every node attends to itself: no empty softmax row
+    return DenseGraphAttention(c, h, d // h).eval(), torch.randn(n, c), adj
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("probe", ["batch independence", "sub-batch consistency"])
+def test_nodes_a_product_contracts_are_not_a_batch(size, probe):
+    module, x, adj = _graph_case(size)
+    got = result(check(module, x, adj), probe)
+    assert got.status == "skipped" and not got.applicable, got.message
+    n, c = SIZES[size][1], SIZES[size][2]
+    assert got.message.startswith(f"axis 0 of x [{n}, {c}] is contracted by matmul at ")
+    assert "test_probe_false_alarms.py:" in got.message and "(DenseGraphAttention)" in got.message
+    assert got.message.endswith(
+        ": the examples are not independent along it (the batch-first convention alone named "
+        "it the batch)"
+    )
+
+
+class BatchMixing(nn.Module):
+    """Attention over [batch, seq, d_model]; the bug: each example adds a softmax-weighted
+    sum of the other examples' mean states (a product that contracts the batch)."""
+
+    def __init__(self, d_model, heads, bug=None):
+        super().__init__()
+        self.heads, self.bug = heads, bug
+        self.qkv, self.out = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        if self.bug == "batch":
+            g = y.mean(1)  # [batch, d_model]
+            y = y + (torch.softmax(g @ g.T, dim=-1) @ g)[:, None, :]
+        return self.out(y)
+
+
+@pytest.mark.no_shapeguard  # the trace warns on the bug's softmax over the batch too
+@pytest.mark.parametrize("bug", [None, "batch"])
+@pytest.mark.parametrize("size", SIZES)
+def test_a_batch_the_attention_establishes_still_fails_when_a_product_contracts_it(size, bug):
+    b, t, _, d, h = SIZES[size]
+    torch.manual_seed(0)
+    report = check(BatchMixing(d, h, bug).eval(), torch.randn(b, t, d))
+    got = result(report, "batch independence")
+    assert got.status == ("failed" if bug else "passed"), got.message
+    if bug:
+        assert "moved the other examples' outputs" in got.message

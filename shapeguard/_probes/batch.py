@@ -125,6 +125,8 @@ def _cannot_run(s: Subject, name: str) -> ProbeResult | None:
     b = s.layout.batch_size
     if b is None:
         return not_applicable(name, "no input has a batch axis")
+    if s.layout.not_batch:
+        return not_applicable(name, s.layout.not_batch)
     if b < 2:
         return inconclusive(name, "needs a batch of 2 or more")  # grown first: see _of_one
     if not s.outputs(batch=True):

@@ -27,6 +27,7 @@ import math
 import torch
 
 from .._names import dims as D
+from .contractions import contracted_batch
 from .layout_masks import by_size, is_additive_mask, is_binary, read_masks
 from .layout_records import Layout, Leaf, OutLeaf, axis_kind, root_of, roots_of
 from .tree import leaves
@@ -105,6 +106,8 @@ def read_layout(
             # beside [nodes, features] holds no examples.
             batch_axis[path] = None
     addressed = _addressed(found, dims, kinds, names, batch_axis, watch)
+    named = {path: names.get(path, _path_name(path)) for path, _ in found}
+    contracted = contracted_batch(found, dims, kinds, named, batch_axis, watch)
 
     if batch_size is None:
         # A batch of one has no batch dim (a size-1 axis carries nothing): the leading
@@ -205,7 +208,8 @@ def read_layout(
                     f"{int(t.shape[applied[0]])}, so its axes cannot be told apart; use distinct sizes"
                 )
     layout.unbatched = _unbatched(layout, found)
-    layout.ambiguous_batch = layout.ambiguous_batch or addressed
+    layout.ambiguous_batch = layout.ambiguous_batch or addressed or contracted
+    layout.not_batch = contracted
     layout.outputs = _out_leaves(outputs, batch_roots, group_of, batch_size, lengths)
     if not layout.queries and any(leaf.seq for leaf in layout.outputs):
         layout.queries, layout.made_inside = True, ""

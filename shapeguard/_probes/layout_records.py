@@ -54,6 +54,9 @@ class Layout:
     leaves: dict[tuple, Leaf]
     ambiguous: str = ""  # why some token axes cannot be told apart, if they cannot
     ambiguous_batch: str = ""  # why some input's batch axis cannot be told, if it cannot
+    # Why the conventional batch axis holds no independent examples (a product contracts
+    # it: `contractions.contracted_batch`); the batch probes do not apply.
+    not_batch: str = ""
     # Why the batch cannot be resized (a sub-batch, copies of one example): an input of
     # ids or data has an axis as long as the batch that the trace does not show is it.
     unbatched: str = ""

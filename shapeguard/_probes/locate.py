@@ -9,7 +9,7 @@ from .edits import take
 from .subject import Subject
 from .watch import Watch
 
-_SEQ_NAMES = ("seq", "seq_q", "seq_k")
+TOKEN_AXES = ("seq", "seq_q", "seq_k")  # the names the trace gives token axes
 
 
 def record_values(s: Subject, inputs, *, mode: str = "warn") -> list[tuple]:
@@ -87,7 +87,7 @@ def seq_dims(a, axes, length: int) -> list[int]:
     """The sequence axes of an op's output; where none is named (a view that mixed the
     sequence with another axis has no sequence axis left), the unnamed ones of the
     probed length, so the op that broke equivariance can still be pointed at."""
-    dims = [d for d in _named(axes, _SEQ_NAMES) if a.shape[d] == length]
+    dims = [d for d in _named(axes, TOKEN_AXES) if a.shape[d] == length]
     if dims:
         return dims
     names = tuple(axes or ()) + (None,) * (a.dim() - len(axes or ()))
@@ -110,7 +110,7 @@ def region_batch(batch: int, keep: list[int]):
 def region_prefix(name: str, full: int, k: int, *, same_size: bool = False):
     """The first k along every axis called `name` (batch, or any seq axis) of size full;
     the second run has size k there (a shorter run) or full (`same_size`)."""
-    names = _SEQ_NAMES if name == "seq" else (name,)
+    names = TOKEN_AXES if name == "seq" else (name,)
 
     def region(a, b, axes):
         if a.dim() != b.dim():

@@ -8,9 +8,12 @@ The two runs of the probe (tokens as given, tokens permuted) are compared op by 
 at the first op whose output breaks the permutation, an operand made from the module's
 own parameters, buffers or constants (none of the inputs flows into it) with an axis as
 long as the tokens is such a position term: the module does not promise the property,
-and the probe says so instead of failing; so is a convolution along the tokens (its kernel
-is laid along the relative positions). Where the first op that breaks it reads only what
-the inputs made (a view that moves data across the seq axis), it is a failure.
+and the probe says so instead of failing. A convolution whose kernel is wider than one along
+an output axis the trace names a token axis (its spatial axis, by the conv's documented
+[N, C, *spatial] layout) mixes neighbouring positions by design (Informer's circular conv
+token embedding): the property does not apply, and the probe says so, naming the conv.
+Where the first op that breaks it reads only what the inputs made (a view that moves data
+across the seq axis), it is a failure.
 """
 
 from typing import Any
@@ -20,7 +23,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from .. import _ops
 from .compare import deviation, scale_of
-from .locate import region_permuted
+from .locate import TOKEN_AXES, region_permuted
 from .subject import Subject
 from .tree import leaves, op_tensors
 from .watch import describe_event
@@ -51,15 +54,26 @@ class _Flow:
         if first is None or not first.is_floating_point() or self.session is None:
             return
         own: list[tuple] = [tuple(t.shape) for t in operands if t not in self.made and t.dim() > 0]
-        if _ops.lookup(op).family == _ops.CONV and operands and operands[0].dim() > 2:
-            # A convolution's kernel is laid along its input's spatial axes: a relative
-            # position term wherever one of them holds the tokens.
-            own.append(("along", *operands[0].shape[2:]))
         events = self.session.trace.events
         where = describe_event(events[-1]) if len(events) > count and events[-1].op == op else op
         meta = self.session.metas.get(first)
         axes = meta.axes if meta is not None else ()
-        self.steps.append((op, where, first.detach().clone(), axes, own))
+        window = _kernel_by_axis(op, operands, first)
+        self.steps.append((op, where, first.detach().clone(), axes, own, window))
+
+
+def _kernel_by_axis(op: str, operands: list, out) -> dict[int, int]:
+    """A convolution's kernel size along each spatial axis of its output ({axis: size});
+    {} for any other op. conv1d/2d/3d read [N, C, *spatial] (or [C, *spatial]) with a
+    weight [out, in / groups, *kernel]: the last axes are the spatial ones, in order."""
+    if _ops.lookup(op).family != _ops.CONV or len(operands) < 2:
+        return {}
+    weight = operands[1]
+    spatial = weight.dim() - 2
+    if spatial < 1 or out.dim() < spatial + 1:
+        return {}
+    first = out.dim() - spatial
+    return {first + i: int(weight.shape[2 + i]) for i in range(spatial)}
 
 
 def _record(s: Subject, inputs) -> list[tuple]:
@@ -81,35 +95,51 @@ def _record(s: Subject, inputs) -> list[tuple]:
     return flow.steps
 
 
-def position_term(s: Subject, given, moved, perm: torch.Tensor) -> str:
-    """The op where a term made from the module's own state, laid along the tokens, first
-    breaks the permutation ("" where the first break reads only what the inputs made, or
-    cannot be found)."""
+def _mixes_tokens(where: str, out, axes, window: dict[int, int], length: int) -> str:
+    """Why a convolution's output depends on the tokens' order: a kernel wider than one
+    along an output axis of the tokens' length that the trace names a token axis ("")."""
+    names = tuple(axes or ())
+    for d, kernel in window.items():
+        if kernel > 1 and out.shape[d] == length and d < len(names) and names[d] in TOKEN_AXES:
+            return (
+                f"{where} has a kernel of {kernel} along {names[d]} (axis {d} of its "
+                f"output, the {length} tokens): it mixes neighbouring positions, so the "
+                "output depends on the tokens' order by design and the module is not "
+                "permutation-equivariant"
+            )
+    return ""
+
+
+NONE = ("", "")  # no reason found: the probe's failure stands
+
+
+def position_term(s: Subject, given, moved, perm: torch.Tensor) -> tuple[str, str]:
+    """Why the module is not permutation-equivariant by design, at the op that first breaks
+    the permutation: ("n/a", why) for a convolution along the tokens, ("inconclusive", why)
+    for a term made from the module's own state laid along them, `NONE` where the first
+    break reads only what the inputs made, or cannot be found."""
     length = len(perm)
     try:
         first, second = _record(s, given), _record(s, moved)
     except Exception:
-        return ""
+        return NONE
     region = region_permuted(length, perm)
-    for (op_a, where, a, axes, own), (op_b, _, b, _, _) in zip(first, second, strict=False):
+    for (op_a, where, a, axes, own, window), (op_b, _, b, *_) in zip(first, second, strict=False):
         if op_a != op_b:
-            return ""  # the runs took different paths: no op-by-op comparison
+            return NONE  # the runs took different paths: no op-by-op comparison
         pair = region(a, b, axes)
         if pair is None or deviation(pair[0], pair[1], scale_of(a)) <= s.rtol:
             continue
+        mixing = _mixes_tokens(where, a, axes, window, length)
+        if mixing:
+            return "n/a", mixing
         tables = [shape for shape in own if length in shape and length > 1]
         if not tables:
-            return ""
-        if tables[0][0] == "along":
-            return (
-                f"{where} convolves along the {length} tokens with a kernel of the module's "
-                "own parameters: a relative position term the permutation does not move, so "
-                "the module is not permutation-equivariant by design"
-            )
-        return (
+            return NONE
+        return "inconclusive", (
             f"{where} adds a term made from the module's own parameters or buffers "
             f"({list(tables[0])}), laid along the {length} tokens: a position term (a "
             "learned position table, a relative bias cut to the length) the permutation "
             "does not move, so the module is not permutation-equivariant by design"
         )
-    return ""
+    return NONE

@@ -394,9 +394,11 @@ def token_permutation(s: Subject) -> ProbeResult:
     if dev > s.rtol:
         from .position_terms import position_term
 
-        term = position_term(s, s.inputs, moved, perms[0])
-        if term:
-            return inconclusive(name, term, deviation=dev)
+        outcome, why = position_term(s, s.inputs, moved, perms[0])
+        if outcome == "n/a":
+            return not_applicable(name, why)
+        if outcome:
+            return inconclusive(name, why, deviation=dev)
 
     def point():
         return locate(s, s.inputs, moved, region_permuted(s.layout.lengths[0], perms[0]))

@@ -6,6 +6,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from .. import _ops
 from ..checks import mask_semantics
 from ..checks.mask_semantics import mask_uses
+from .contractions import note_contracted
 from .cuts import CUTTING, note_cuts
 from .head_sites import HeadWatch
 from .tree import first_output
@@ -55,6 +56,8 @@ class Watch:
         # (root dim of the axis, root dims of the index, where): rows picked or written
         # along an axis by an index tensor's values.
         self.addressed: list[tuple] = []
+        # (dim, where) for each dim a matrix product contracted (`contractions`).
+        self.contracted: list[tuple] = []
         # {id of a token axis's dim: cuts.Cut}: the last op that took it out of its output.
         self.cuts: dict = {}
         # A crash of this watch's own code (`runs.describe_crash`): what it noted is not to
@@ -183,6 +186,7 @@ class Watch:
         self.heads.after(session, op, args, kwargs, out, lambda: self._where(count, op))
         if op in _ADDRESSING or _ops.declared(op) is _GETITEM:
             self._addressing(op, args, kwargs, count)
+        note_contracted(self.contracted, session, op, args, lambda: self._where(count, op))
         if op in CUTTING:
             note_cuts(self.cuts, session, op, args, out, lambda: self._where(count, op))
         if op in _POSITIONAL_OPS or (op in _TABLE_READS and _reads_a_table(session, args)):

@@ -161,7 +161,8 @@ BUGS = [
         "mae",
         "injected: issue 32's field report (MAE random_masking restore gathering on dim=2)",
         "silent: features permuted, tokens left in shuffled order",
-        "miss",
+        "trace",
+        "gather_axis",
     ),
     Bug(
         "mae_shuffle_batch",
@@ -177,7 +178,8 @@ BUGS = [
         "report: repro-domains/image_tokens_softmax_axis.py; Amshaker/SwiftFormer#4 (softmax over"
         " the wrong axis of image tokens)",
         "silent: over the queries; proj_out is zero-initialised",
-        "miss",
+        "trace",
+        "softmax_axis",
     ),
     Bug(
         "spatial_tokens_reshape",
@@ -203,7 +205,7 @@ BUGS = [
         "report: line/lighthouse#77, lsdefine/attention-is-all-you-need-keras#28 (a per-example "
         "mask tiled for the heads in the wrong order)",
         "silent: each example masked with another example's padding",
-        "miss",
+        ("check", "check", "miss"),
     ),
     Bug(
         "spatial_fold_order",
@@ -220,7 +222,8 @@ BUGS = [
         "injected: issue 32's field report (guided-diffusion QKVAttentionLegacy with "
         "'bst,bcs->bct')",
         "silent: aggregates over the queries",
-        "miss",
+        "trace",
+        "aggregation_axis",
     ),
     Bug(
         "legacy_softmax_queries",
@@ -228,7 +231,8 @@ BUGS = [
         "report: labmlai/annotated_deep_learning_paper_implementations#146 (DDPM UNet attention "
         "softmax over the queries)",
         "silent: over the queries",
-        "miss",
+        "trace",
+        "softmax_axis",
     ),
     Bug(
         "dit_modulate_tokens",
@@ -278,7 +282,8 @@ BUGS = [
         "injected: repro-domains/rope_after_transpose.py (lit-llama apply_rope after the "
         "transposes)",
         "silent: rotated along heads, not positions",
-        "miss",
+        "trace",
+        "rotary_axis",
     ),
     # -- detection ---------------------------------------------------------------------------
     Bug(
@@ -354,7 +359,7 @@ BUGS = [
         "wav2vec encoder",
         "loud where batch != frames (its padding mask); silent at the coincident size",
         "trace",
-        "mha_batch_first",
+        "mha_batch_first|mha_key_padding_mask",
     ),
     Bug(
         "w2v_mask_polarity",
@@ -388,7 +393,8 @@ BUGS = [
         "informer",
         "injected: Informer FullAttention einsum 'bhls,blhd->bshd' (over the queries)",
         "silent in self-attention: aggregates over the queries",
-        "miss",
+        "trace",
+        "aggregation_axis",
     ),
     Bug(
         "autoformer_decomp_reshape",
@@ -406,14 +412,16 @@ BUGS = [
         "report: LinWeizheDragon/Knowledge-Aware-Graph-Enhanced-GPT-2-for-Dialogue-State-"
         "Tracking#1 (GAT softmax over which node axis)",
         "silent: each source's weights sum to one",
-        "miss",
+        "trace",
+        "aggregation_axis",
     ),
     Bug(
         "gat_aggregate_transposed",
         "gat_dense",
         "injected: dense GAT aggregating with attention.T (issue 32)",
         "silent: messages flow against the edges",
-        "miss",
+        "trace",
+        "aggregation_axis",
     ),
     Bug(
         "gat_heads_merge",
@@ -444,8 +452,8 @@ BUGS = [
         "perceiver",
         "injected: Perceiver cross-attention mask on the latent (query) axis",
         "loud where latents != inputs; silent at the coincident size",
-        ("trace", "miss", "trace"),
-        "mask_broadcast",
+        "trace",
+        "mask_axis|mask_broadcast",
     ),
     Bug(
         "perceiver_softmax_queries",
@@ -454,7 +462,7 @@ BUGS = [
         "cross-attention",
         "silent: over the queries",
         "trace",
-        "softmax_axis",
+        "aggregation_axis|softmax_axis",
     ),
     Bug(
         "resampler_mqa_softmax",
@@ -462,14 +470,15 @@ BUGS = [
         "injected: issue 32's field report (PaLM-style multi-query einsum, then softmax over the "
         "queries)",
         "silent: over the queries; the keys have no heads axis",
-        "miss",
+        "trace",
+        "aggregation_axis",
     ),
     Bug(
         "resampler_mqa_merge",
         "resampler",
         "injected: issue 32's field report (a multi-query heads merge without the transpose)",
         "silent: heads merged into latents",
-        ("trace", "miss", "miss"),
+        "trace",
         "view_mixes_axes",
     ),
 ]

@@ -218,8 +218,8 @@ def apply_rope(x, cache):
     c = cache[:T].view(1, T, 1, xs.size(3), 2)
     out = torch.stack(
         [
-            xs[..., 0] * c[..., 0] - xs[..., 1] * c[..., 1],
-            xs[..., 1] * c[..., 0] + xs[..., 0] * c[..., 1],
+            xs[..., 0] * c[..., 0] - xs[..., 1] * c[..., 1],  # <- joint_rope_after_transpose
+            xs[..., 1] * c[..., 0] + xs[..., 0] * c[..., 1],  # <- joint_rope_after_transpose
         ],
         -1,
     )

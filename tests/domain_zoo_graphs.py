@@ -50,7 +50,7 @@ class DenseGAT(nn.Module):
         if self.bug == "gat_aggregate_transposed":
             out = attention.transpose(-1, -2) @ Wh  # <- gat_aggregate_transposed
         else:
-            out = attention @ Wh  # [heads, N, d_k]
+            out = attention @ Wh  # [heads, N, d_k]  # <- gat_softmax_side (summed here)
         if self.bug == "gat_heads_merge":
             return F.elu(out.reshape(N, self.heads * self.d_k))  # <- gat_heads_merge
         return F.elu(out.transpose(0, 1).reshape(N, self.heads * self.d_k))

@@ -34,7 +34,7 @@ class PerceiverAttention(nn.Module):
         cross = mask is not None
         axis = -2 if cross and self.bug == "perceiver_softmax_queries" else -1
         attn = sim.softmax(dim=axis)  # <- perceiver_softmax_queries
-        out = torch.einsum("b h i j, b h j d -> b h i d", attn, v)
+        out = torch.einsum("b h i j, b h j d -> b h i d", attn, v)  # <- perceiver_softmax_queries
         return self.to_out(rearrange(out, "b h n d -> b n (h d)"))
 
 
@@ -82,7 +82,7 @@ class Resampler(nn.Module):
         sim = sim.masked_fill(~keep[:, None, None, :], -torch.finfo(sim.dtype).max)
         axis = -2 if self.bug == "resampler_mqa_softmax" else -1
         attn = sim.softmax(dim=axis)  # <- resampler_mqa_softmax
-        out = torch.einsum("b h i j, b j d -> b h i d", attn, v)
+        out = torch.einsum("b h i j, b j d -> b h i d", attn, v)  # <- resampler_mqa_softmax
         if self.bug == "resampler_mqa_merge":
             out = out.reshape(B, N, self.heads * self.d_k)  # <- resampler_mqa_merge
         else:

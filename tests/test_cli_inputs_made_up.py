@@ -249,9 +249,9 @@ def test_a_real_bug_at_a_line_that_reads_no_made_up_input_is_still_a_bug(tmp_pat
     assert result.stderr.startswith("shapeguard: 1 warning in ")
     finding = result.stdout[result.stdout.index("\nwarning: ") + 1 :].splitlines()
     assert finding[0].startswith(
-        "warning: scores.softmax(-1) @ v.reshape(2, 5, 32): merges heads back before moving them"
+        "warning: (scores.softmax(-1) @ v).reshape(2, 5, 32): merges heads back before moving them"
     )
-    assert finding[3] == "  scores.softmax(-1) @ v  [batch=2, heads=4, seq_q=5, d_k=8] float32"
+    assert finding[3] == "  (scores.softmax(-1) @ v)  [batch=2, heads=4, seq_q=5, d_k=8] float32"
     assert finding[4].startswith("  hint: transpose first")
     assert "made up:" not in "\n".join(finding)
 

@@ -88,7 +88,9 @@ def test_swallowed():
 # The first line of the message for K not transposed, as fnmatch patterns.
 RELATION = "*scores = Q @ K: Q.d_k (11) != K.seq_k (7)"
 HINT = "*hint: K was not transposed: use Q @ K.transpose(-2, -1)"
-SOFTMAX = "*softmax over seq_q (dim -2) of scores: each query's weights must sum to 1*"
+# Cross-attention's softmax over the queries is reported where the weights are summed over the
+# keys (`aggregation_axis`): slot attention renormalises over the keys in between, correctly.
+SOFTMAX = "*attn @ V sums attn over dim -1 (seq_k=7), but its softmax made it sum to 1 over dim -2*"
 
 
 @pytest.fixture
@@ -237,7 +239,7 @@ def test_shape_warning_is_reported_not_raised_even_under_filterwarnings_error(te
         + """
 def test_pytest_warns_still_sees_it():
     from shapeguard import ShapeWarning
-    with pytest.warns(ShapeWarning, match="softmax over seq_q"):
+    with pytest.warns(ShapeWarning, match="sums attn over dim -1"):
         Attention(softmax_dim=-2)(*inputs())
 """,
     )

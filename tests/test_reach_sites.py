@@ -185,7 +185,9 @@ def test_a_softmax_over_a_tensor_no_query_key_product_made_records_nothing():
 
 def test_a_softmax_over_the_queries_records_nothing():
     q, k, _ = qkv(SETTINGS[0])
-    with shapeguard.trace(mode="warn") as t, pytest.warns(shapeguard.ShapeWarning):
+    # q and k are two inputs, so no softmax_axis at the softmax (queries that are not the keys
+    # wait for the product with V, which is not made here): what matters is that no reach is kept.
+    with shapeguard.trace(mode="warn") as t:
         F.softmax(q @ k.transpose(-2, -1), dim=-2)
     assert t.reach == []
 

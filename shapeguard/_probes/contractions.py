@@ -37,9 +37,9 @@ def note_contracted(contracted: list, session, op: str, args, where) -> None:
             contracted.append((dim, where()))
 
 
-def contracted_batch(found, dims, kinds, names, batch_axis, watch) -> str:
-    """Why an input's batch axis, named by the batch-first convention only, holds no
-    independent examples: a matrix product contracts it ("" where none does)."""
+def conventional_batch_roots(found, dims, kinds, batch_axis):
+    """(path, tensor, axis, root) for each input whose batch axis is one dim whose batch kind
+    rests on the batch-first convention alone (a structural batch is never yielded)."""
     for path, t in found:
         axis = batch_axis[path]
         if axis is None or kinds[path] not in ("ids", "data"):
@@ -47,7 +47,13 @@ def contracted_batch(found, dims, kinds, names, batch_axis, watch) -> str:
         atoms = dims[path][axis]
         if len(atoms) != 1 or D.established_kind(atoms[0]) == D.BATCH:
             continue
-        root = atoms[0][0].find()
+        yield path, t, axis, atoms[0][0].find()
+
+
+def contracted_batch(found, dims, kinds, names, batch_axis, watch) -> str:
+    """Why an input's batch axis, named by the batch-first convention only, holds no
+    independent examples: a matrix product contracts it ("" where none does)."""
+    for path, t, axis, root in conventional_batch_roots(found, dims, kinds, batch_axis):
         for dim, where in watch.contracted:
             if dim.find() is root:
                 name = names.get(path) or "input"

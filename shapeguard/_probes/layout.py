@@ -27,7 +27,7 @@ import math
 import torch
 
 from .._names import dims as D
-from .contractions import contracted_batch
+from .contractions import contracted_batch, conventional_batch_roots
 from .layout_masks import by_size, is_additive_mask, is_binary, read_masks
 from .layout_records import Layout, Leaf, OutLeaf, axis_kind, root_of, roots_of
 from .tree import leaves
@@ -241,14 +241,7 @@ def _addressed(found, dims, kinds, names, batch_axis, watch) -> str:
     not: only the batch-first convention names it, and the module picks or writes its
     rows by the values of another input (a graph's nodes read through its edge index:
     each row is addressed by others' numbers, as no batch's example is)."""
-    for path, _t in found:
-        axis = batch_axis[path]
-        if axis is None or kinds[path] not in ("ids", "data"):
-            continue
-        atoms = dims[path][axis]
-        if len(atoms) != 1 or D.established_kind(atoms[0]) == D.BATCH:
-            continue
-        rows = atoms[0][0].find()
+    for path, _t, axis, rows in conventional_batch_roots(found, dims, kinds, batch_axis):
         for indexed, index_roots, where in watch.addressed:
             if indexed.find() is not rows:
                 continue

@@ -169,7 +169,8 @@ BUGS = [
         "mae",
         "injected: MAE random_masking with argsort(noise, dim=0)",
         "silent: kept tokens are chosen by batch rank, not at random per image",
-        ("check", "miss", "check"),
+        "trace",
+        "gather_axis",
     ),
     # -- diffusion ---------------------------------------------------------------------------
     Bug(

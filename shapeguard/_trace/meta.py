@@ -52,6 +52,9 @@ class Facts(NamedTuple):
     normed: str = ""
     # What it is to per-group normalisation over an edge index (`_trace/grouping.py`).
     grouped: tuple = ()
+    # Indices: the axis along which its values are positions, an argsort's `dim` (-1: none;
+    # `_names/flow/addresses.py`).
+    addresses: int = -1
 
 
 # The facts of a tensor first seen in a session, and of a parameter first seen.
@@ -88,6 +91,7 @@ class TensorMeta:
     laid_out = _fact("laid_out")
     normed = _fact("normed")
     grouped = _fact("grouped")
+    addresses = _fact("addresses")
 
     def __init__(
         self,

@@ -130,6 +130,7 @@ class Recording(SessionState):
                     flagged=flagged,
                     laid_out=m.laid_out,
                     normed=m.normed,
+                    addresses=m.addresses,
                     grouped=groups[k] if k < len(groups) else (),
                 ),
                 slot + k + 1,

@@ -7,7 +7,8 @@
   batch as the sequence and attends across examples.
 - rotary cos/sin whose position axis lines up with the heads (or a feature) axis.
 - a gather along the features with an index copied along them (MAE's random masking
-  with `dim=2` for `dim=1`): each output row is one element repeated.
+  with `dim=2` for `dim=1`): each output row is one element repeated; or along one axis
+  with indices that an argsort made positions along another (`argsort(noise, dim=0)`).
 
 What an axis is comes from its provenance (`_names`): a factor of a projection's
 output features is a feature however many entries it has, so the rules hold when
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _ops
 from .._errors import Violation
+from .._names import dims as D
 from .._names import subscripts
 from .._names.dims import BATCH, COPY, FEATURE, TOKEN
 from .._values import is_tensor
@@ -329,7 +331,8 @@ def gather_axis(call: CallView) -> Iterator[Violation]:
     CPU indices are read) and `x`'s axis `d` features: every
     output element along `d` is the same element of `x`. The index was copied along the
     features to gather along another axis (the tokens its values address: an argsort or
-    top-k over them), and `d` names the features instead."""
+    top-k over them), and `d` names the features instead. Else, an index whose values an
+    argsort made positions along another of its axes (`_addressed_elsewhere`)."""
     if getattr(call.func, "__name__", "") == "take_along_dim":
         return  # (input, indices, dim): broadcasts, and its parameters are in another order
     p = call.bound()
@@ -340,13 +343,10 @@ def gather_axis(call: CallView) -> Iterator[Violation]:
     if not isinstance(d, int) or not -x.dim() <= d < x.dim():
         return
     d %= x.dim()
-    if index.shape[d] < 2 or call.kind(index, d, strong=True) != COPY:
-        return
-    if call.kind(x, d, strong=True) != FEATURE:
-        return
-    # A copy's kind also survives arithmetic with a real axis (relative positions made as
-    # `pos.repeat(1, T, 1) - pos[..., None]`), so the values must say it: one per row.
-    if not (readable(index) and bool((index == index.narrow(d, 0, 1)).all())):
+    if not _copied_along(call, x, index, d):
+        other_axis = _addressed_elsewhere(call, x, index, d)
+        if other_axis is not None:
+            yield other_axis
         return
     x_label, i_label = call.label_of(x, "x"), call.label_of(index, "index")
     out = call.output_labels(1)
@@ -368,5 +368,49 @@ def gather_axis(call: CallView) -> Iterator[Violation]:
         "an argsort or top-k over them), with the index copied along the features: "
         f"torch.gather({x_label}, dim={keep if keep is not None else 1}, index=ids.unsqueeze(-1)"
         f".expand(-1, -1, {x.shape[d]}))",
+        severity="warning",
+    )
+
+
+def _copied_along(call, x, index, d: int) -> bool:
+    """`index` is a broadcast copy along `d`, and axis `d` of `x` its features."""
+    if index.shape[d] < 2 or call.kind(index, d, strong=True) != COPY:
+        return False
+    if call.kind(x, d, strong=True) != FEATURE:
+        return False
+    # A copy's kind also survives arithmetic with a real axis (relative positions made as
+    # `pos.repeat(1, T, 1) - pos[..., None]`), so the values must say it: one per row.
+    return readable(index) and bool((index == index.narrow(d, 0, 1)).all())
+
+
+def _addressed_elsewhere(call, x, index, d: int) -> Violation | None:
+    """`index`'s values are positions along its own axis k (an argsort's or a sort's
+    explicit `dim=k`, `_names/flow/addresses.py`), k != d: gather lines up axis k of the
+    index with axis k of `x` and reads the values as positions along `d`. Silent where the
+    two axes are one (a square matrix of an axis against itself)."""
+    k = call.meta_of(index).addresses
+    if k < 0 or k == d or k >= index.dim() or index.shape[k] < 2:
+        return None
+    along_k = {*D.roots_of(call.dims(index)[k]), *D.roots_of(call.dims(x)[k])}
+    along_d = {*D.roots_of(call.dims(index)[d]), *D.roots_of(call.dims(x)[d])}
+    if along_k & along_d:
+        return None
+    x_label, i_label = call.label_of(x, "x"), call.label_of(index, "index")
+    out = call.output_labels(1)
+    prefix = f"{out[0]} = " if out and out[0] else ""
+    ranked = call.axes(index)[k] or call.axes(x)[k]
+    ranked = f"its {ranked} ({index.shape[k]})" if ranked else f"{index.shape[k]} entries"
+    read = call.axes(x)[d]
+    read = f"{read} ({x.shape[d]})" if read else f"axis {d} ({x.shape[d]})"
+    return Violation(
+        "gather_axis",
+        f"{prefix}torch.gather({x_label}, dim={d}, {i_label}): the values of {i_label} are "
+        f"positions along its axis {k}, {ranked} (an argsort or sort along dim={k} made them), "
+        f"but gather reads them along {x_label}'s {read} and lines up axis {k} of {i_label} "
+        f"with axis {k} of {x_label}: each row picks by its rank along axis {k}, not by its own "
+        "order",
+        (call.operand(x_label, x), call.operand(i_label, index)),
+        f"sort along the axis the gather reads: argsort (or sort) with dim={d}, so that the "
+        f"values are positions along axis {d} of {x_label}, not dim={k}",
         severity="warning",
     )

@@ -17,6 +17,7 @@ class Made(NamedTuple):
     param: bool = False
     laid_out: bool = False  # a transpose or permute chose this axis order
     normed: str = ""  # attention weights: the side they sum to 1 along (`weights`)
+    addresses: int = -1  # indices: the axis along which the values are positions (`addresses`)
 
 
 Rule = Callable[..., list[Made] | None]

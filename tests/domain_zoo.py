@@ -206,7 +206,8 @@ BUGS = [
         "report: line/lighthouse#77, lsdefine/attention-is-all-you-need-keras#28 (a per-example "
         "mask tiled for the heads in the wrong order)",
         "silent: each example masked with another example's padding",
-        ("check", "check", "miss"),
+        "trace",
+        "batch_mixing",
     ),
     Bug(
         "spatial_fold_order",

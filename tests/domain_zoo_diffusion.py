@@ -68,7 +68,8 @@ class CrossAttention(nn.Module):
                 mask = repeat(mask, "b j -> (h b) () j", h=h)  # <- spatial_mask_repeat
             else:
                 mask = repeat(mask, "b j -> (b h) () j", h=h)
-            sim = sim.masked_fill(~mask, -torch.finfo(sim.dtype).max)
+            fill = -torch.finfo(sim.dtype).max
+            sim = sim.masked_fill(~mask, fill)  # <- spatial_mask_repeat (where it bites)
         axis = -2 if self.bug == "spatial_softmax_queries" else -1
         attn = sim.softmax(dim=axis)  # <- spatial_softmax_queries
         out = torch.einsum("b i j, b j d -> b i d", attn, v)

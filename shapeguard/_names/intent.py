@@ -65,8 +65,71 @@ def count_sources(call, count: int) -> list[Axis | None]:
     (`bsz` of `bsz, T, _ = h.size()`), or None."""
     return [
         intent.axis if intent is not None and not intent.part else None
-        for intent in view_intents(call, count)
+        for intent in count_intents(call, count)
     ]
+
+
+def count_intents(call, count: int) -> list[Intent | None]:
+    """For `repeat`, `expand` and `repeat_interleave`: what each count argument stands for.
+    einops' `repeat` expands once, one count per letter of its right side, each bound by
+    keyword (`repeat(mask, "b j -> (h b) () j", h=self.heads)`)."""
+    site = call.site
+    if site is not None and site.callee == "repeat" and call.op == "expand":
+        if site.receiver or site.in_module:
+            return []
+        plan = _plans.held(("copies", id(site), count), site)
+        if plan is None:
+            plan = _plans.hold(("copies", id(site), count), site, _copies_plan(site, count))
+        return plan
+    return view_intents(call, count)
+
+
+def _copies_plan(site, count: int) -> list[Intent | None]:
+    letters = _right_letters(site)
+    if letters is None or len(letters) != count:
+        return []
+    bound, bindings = dict(site.keywords), _aliases(site)
+    plan: list[Intent | None] = []
+    for letter in letters:
+        read = None
+        if letter in bound:
+            try:
+                node = _source.parse(bound[letter], mode="eval").body
+            except SyntaxError:
+                node = None
+            read = _read(node, bindings, 0, site.lineno) if node is not None else None
+        name = _ATTRIBUTE_NAMES.get(read[1]) if read is not None and read[0] == "attr" else None
+        plan.append(Intent(bound[letter], FEATURE, name) if name else None)
+    return plan
+
+
+def _right_letters(site) -> list[str] | None:
+    """The letters of an einops pattern's right side, groups and all, in order."""
+    if len(site.args) < 2:
+        return None
+    try:
+        pattern = ast.literal_eval(site.args[1])
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(pattern, str) or pattern.count("->") != 1 or "..." in pattern:
+        return None
+    return pattern.split("->")[1].replace("(", " ").replace(")", " ").split()
+
+
+def einops_patterns(site, name: str) -> list[str]:
+    """The patterns of the einops `repeat` and `rearrange` calls assigned to `name` in the
+    site's function before its line, in order (for a hint: which one is meant is not known)."""
+    found = []
+    for binding in _aliases(site).get(name, ()):
+        value = binding.value
+        if binding.end >= site.lineno or not isinstance(value, ast.Call) or len(value.args) < 2:
+            continue
+        callee = value.func.attr if isinstance(value.func, ast.Attribute) else None
+        callee = value.func.id if isinstance(value.func, ast.Name) else callee
+        pattern = value.args[1].value if isinstance(value.args[1], ast.Constant) else None
+        if callee in ("repeat", "rearrange") and isinstance(pattern, str):
+            found.append((binding.line, pattern))
+    return [pattern for _, pattern in sorted(found)]
 
 
 # What a site's text says of each target size, read once per (site, the call is the

@@ -8,13 +8,15 @@ provenance says which factor of its first axis is the broadcast copy and which t
 batch, whatever the sizes.
 """
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .. import _ops
 from .._errors import Violation
 from .._names import dims as D
-from .._names.dims import BATCH, COPY
+from .._names import intent
+from .._names.dims import BATCH, COPY, FEATURE
 from .._values import is_tensor
 from . import WARNING, rule
 from ._view import CallView
@@ -60,3 +62,153 @@ def mask_tiling(call: CallView) -> Iterator[Violation]:
         f"{base}.repeat({heads}, 1, 1)",
         severity="warning",
     )
+
+
+# -- a mask tiled against scores with the heads folded into the batch ----------------------
+@rule(
+    _ops.by_name("masked_fill"),
+    _ops.by_name("where"),
+    _ops.by_name("add"),
+    kinds={"batch_mixing": WARNING},
+    order=1,
+)
+def mask_tiling_order(call: CallView) -> Iterator[Violation]:
+    """A tensor folded `[batch * heads]` (`(b h)`: its factors a batch and features, by
+    structure) masked or biased by one tiled over that axis with copies counted as the heads
+    (`self.n_heads`) or read from the batch: the copies must sit where the fold has what they
+    count. Copies of the heads where the batch is (`repeat(mask, "b j -> (h b) () j")`
+    against `(b h)`) hand most heads of each example another example's mask."""
+    pair = _masked_pair(call)
+    if pair is None:
+        return
+    (x_label, x), (m_label, mask) = pair
+    lead = x.dim() - mask.dim()
+    if lead < 0:
+        return
+    for i in range(mask.dim()):
+        found = _tiled_against(call, x, lead + i, mask, i) if mask.shape[i] > 1 else None
+        if found is None:
+            continue
+        fold, tiles, stands = found
+        order = " * ".join(f"{n}={s}" for n, s in fold)
+        tiled = " * ".join(f"{n}={s}" for n, s in tiles)
+        other = "batch" if stands == "heads" else "heads"
+        harm = (
+            "most heads of each example get another example's rows"
+            if stands == "heads"
+            else "most examples get another head's rows"
+        )
+        yield Violation(
+            "batch_mixing",
+            f"{call.op}: axis {i} of {m_label} is tiled [{tiled}] ({mask.shape[i]}), but axis "
+            f"{lead + i} of {x_label} is [{order}]: the {stands} copies sit where {x_label} "
+            f"has the {other}, so {harm}",
+            (call.operand(x_label, x), call.operand(m_label, mask)),
+            _order_hint(call, m_label, fold),
+            severity="warning",
+        )
+        return
+
+
+def _masked_pair(call) -> tuple | None:
+    """((label, tensor masked), (label, mask)) of masked_fill, where or +."""
+    args = call.args
+    if call.op == "masked_fill":
+        if len(args) >= 2 and is_tensor(args[0]) and is_tensor(args[1]):
+            return (call.label(0, "input"), args[0]), (call.label(1, "mask"), args[1])
+        return None
+    if call.op == "where":
+        p = _ops.bind(call.spec, args, call.kwargs, call.is_method)
+        cond, value = p.get("condition"), p.get("input")
+        if is_tensor(cond) and is_tensor(value):
+            return (call.label_of(value, "input"), value), (call.label_of(cond, "mask"), cond)
+        return None
+    if len(args) >= 2 and is_tensor(args[0]) and is_tensor(args[1]):
+        a, b = (args[0], args[1]) if args[0].dim() >= args[1].dim() else (args[1], args[0])
+        return (call.label_of(a, "input"), a), (call.label_of(b, "mask"), b)
+    return None
+
+
+def _tiled_against(call, x, j: int, mask, i: int):
+    """For axis j of `x` folded [batch, features] and axis i of `mask` [copy, real] whose
+    copies count one of the two: (the fold's names and sizes, the mask's, what the copies
+    stand for) when the copies sit at the other factor's place; else None."""
+    fold, tiles = D.normalize(call.dims(x)[j]), D.normalize(call.dims(mask)[i])
+    if len(fold) != 2 or len(tiles) != 2:
+        return None
+    kinds = [D.established_kind(a) for a in fold]
+    if sorted(k or "" for k in kinds) != sorted((BATCH, FEATURE)):
+        return None
+    copies = [k for k, a in enumerate(tiles) if a[0].find().kind == COPY]
+    if len(copies) != 1:
+        return None
+    at = copies[0]
+    stands = _copies_count(tiles[at], fold[kinds.index(BATCH)])
+    if stands is None:
+        return None
+    want = kinds.index(FEATURE if stands == "heads" else BATCH)
+    if at == want or tiles[at][2] != fold[want][2]:
+        return None
+    names = ["heads" if k == FEATURE else "batch" for k in kinds]
+    real = D.atom_name(tiles[1 - at]) or "rows"
+    mask_names = [f"{stands} copies" if k == at else real for k in range(2)]
+    return (
+        list(zip(names, (a[2] for a in fold), strict=True)),
+        list(zip(mask_names, (a[2] for a in tiles), strict=True)),
+        stands,
+    )
+
+
+def _copies_count(copy, batch) -> str | None:
+    """What a broadcast copy's count is: "heads" where the module declares it so (the
+    copies were counted by `self.n_heads`), "batch" where it was read from the batch."""
+    root = copy[0].find()
+    if root.name == "heads" and root.rank >= D.DECLARED:
+        return "heads"
+    source = D.stands_for(copy)
+    if source[0] is root:
+        return None
+    if source[0].find() is batch[0].find() or D.established_kind(source) == BATCH:
+        return "batch"
+    return None
+
+
+def _order_hint(call, m_label: str, fold) -> str:
+    """Tile in the fold's order: the user's einops pattern with its group turned round
+    (where one assigned to the mask's name has it the other way), else the two spellings."""
+    order = " ".join(n[0] for n, _ in fold)
+    base = m_label.strip("~() ")
+    heads = next(s for n, s in fold if n == "heads")
+    torch_way = (
+        f"{base}.repeat_interleave({heads}, dim=0)"
+        if fold[0][0] == "batch"
+        else f"{base}.repeat({heads}, 1, 1)"
+    )
+    site = call.site
+    for pattern in reversed(intent.einops_patterns(site, base) if site is not None else []):
+        fixed = _reordered(pattern, order)
+        if fixed is not None:
+            return (
+                f'tile {base} in the fold\'s order, ({order}): "{fixed}", not "{pattern}" '
+                f"(or {torch_way})"
+            )
+    return (
+        f"tile {base} in the fold's order, [{' * '.join(n for n, _ in fold)}]: einops "
+        f"'({order})' in the repeat's output, or {torch_way}"
+    )
+
+
+def _reordered(pattern: str, order: str) -> str | None:
+    """`pattern` with its right side's two-letter group of a new letter and an old one put
+    the other way round, where it is not in `order` (letters b and h) already."""
+    left, _, right = pattern.partition("->")
+    old = set(left.replace("(", " ").replace(")", " ").split())
+    for group in re.findall(r"\(\s*(\w+)\s+(\w+)\s*\)", right):
+        if (group[0] in old) == (group[1] in old):
+            continue
+        batch_first = group[0] in old
+        if batch_first == order.startswith("b"):
+            continue
+        swapped = right.replace(f"({group[0]} {group[1]})", f"({group[1]} {group[0]})", 1)
+        return f"{left}->{swapped}" if swapped != right else None
+    return None

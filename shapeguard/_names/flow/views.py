@@ -7,7 +7,7 @@ from ..._values import is_tensor
 from .. import axes as _axes
 from .. import dims as D
 from ..dims import BATCH, COPY, FEATURE, STRUCTURE, TOKEN, Axis
-from ..intent import count_sources
+from ..intent import count_intents
 from .base import (
     Made,
     first_tensor,
@@ -444,13 +444,20 @@ def _copy(size: int) -> Axis:
 
 def _count_copies(call, axes: list[Axis], copies: list[bool]) -> None:
     """Copy axes whose count the user read from an axis (`.repeat(bsz, 1, 1, 1)` after
-    `bsz, T, _ = h.size()`) stand for that axis in the user's names (`dims.copy_of`)."""
+    `bsz, T, _ = h.size()`) stand for that axis in the user's names (`dims.copy_of`); a
+    count the module declares as its heads (`self.n_heads`) names the copy one per head."""
     if not any(copies):
         return
-    sources = count_sources(call, len(axes))
-    for axis, copy, source in zip(axes, copies, sources, strict=False):
-        if copy and source:
-            D.copy_of(axis, source)
+    intents = count_intents(call, len(axes))
+    for axis, copy, intent in zip(axes, copies, intents, strict=False):
+        if not copy or intent is None or intent.part or not axis:
+            continue
+        if intent.axis is not None:
+            D.copy_of(axis, intent.axis)
+        elif intent.name == "heads":
+            for dim, _, _ in axis:
+                if dim.find().kind == COPY:
+                    D.claim_name(dim, "heads", D.DECLARED)
 
 
 @propagates(_ops.GROW)
@@ -494,6 +501,10 @@ def _grow(call, outputs):
             return None
         axes = list(m.dims)
         # Each element repeated in place: the copy is the inner factor.
-        axes[d] = D.normalize((*m.dims[d], *_copy(repeats))) if repeats > 1 else m.dims[d]
+        copy = _copy(repeats)
+        axes[d] = D.normalize((*m.dims[d], *copy)) if repeats > 1 else m.dims[d]
+        site = call.site
+        if copy and site is not None and call.site_matches() and site.args:
+            _count_copies(call, [copy, *[()] * (len(site.args) - 1)], [True])
         return [Made(tuple(axes), m.tags, m.role)]
     return None

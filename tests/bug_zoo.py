@@ -945,6 +945,58 @@ class EinopsMHAMask(nn.Module):
         return rearrange(out, "s b e -> b s e")
 
 
+class EinopsMaskedFold(nn.Module):
+    """stable-diffusion's CrossAttention on self-attention: heads folded into the batch with
+    einops, (b h), and a [batch, seq] padding mask tiled to match with einops' repeat."""
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.n_heads, self.scale, self.bug = n_heads, (d_model // n_heads) ** -0.5, bug
+        self.to_qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.to_out = nn.Linear(d_model, d_model)
+
+    def forward(self, x, attention_mask):
+        h = self.n_heads
+        q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+        q, k, v = (rearrange(t, "b n (h d) -> (b h) n d", h=h) for t in (q, k, v))
+        sim = torch.einsum("b i d, b j d -> b i j", q, k) * self.scale
+        if self.bug == "mask_repeat":
+            keep = einops.repeat(attention_mask.bool(), "b j -> (h b) () j", h=h)  # <- mask_repeat
+        else:
+            keep = einops.repeat(attention_mask.bool(), "b j -> (b h) () j", h=h)
+        sim = sim.masked_fill(~keep, float("-inf"))  # <- mask_repeat
+        out = torch.einsum("b i j, b j d -> b i d", sim.softmax(dim=-1), v)
+        return self.to_out(rearrange(out, "(b h) n d -> b n (h d)", h=h))
+
+
+class BmmMaskedFold(nn.Module):
+    """fairseq-style attention on torch.bmm: [batch * heads, seq, d_k] batch-major, and a
+    [batch, 1, seq] padding mask tiled to match before masked_fill."""
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.n_heads, self.bug = n_heads, bug
+        self.to_qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.to_out = nn.Linear(d_model, d_model)
+
+    def forward(self, x, attention_mask):
+        B, S, D = x.shape
+        h, d_k = self.n_heads, D // self.n_heads
+        q, k, v = (
+            t.view(B, S, h, d_k).transpose(1, 2).reshape(B * h, S, d_k)
+            for t in self.to_qkv(x).chunk(3, dim=-1)
+        )
+        scores = torch.bmm(q, k.transpose(1, 2)) / math.sqrt(d_k)
+        hidden = (attention_mask == 0)[:, None, :]  # [B, 1, S]
+        if self.bug == "mask_repeat":
+            hidden = hidden.repeat(self.n_heads, 1, 1)  # <- mask_repeat
+        else:
+            hidden = hidden.repeat_interleave(self.n_heads, dim=0)
+        scores = scores.masked_fill(hidden, float("-inf"))  # <- mask_repeat
+        out = torch.bmm(scores.softmax(dim=-1), v).view(B, h, S, d_k)
+        return self.to_out(out.transpose(1, 2).reshape(B, S, D))
+
+
 # -- ViT patch embedding -----------------------------------------------------------------
 class PatchEmbed(nn.Module):
     """ViT's patch embedding, [B, C, H, W] images -> [B, num_patches, d_model] tokens, each

@@ -275,6 +275,8 @@ BUGS = [
     # 10. a per-example nn.MultiheadAttention mask repeated in the wrong order
     Bug("mask_repeat", "mha_repeat", of(zoo.MHAPerExampleMask, padded), "batch_mixing", ("repeat_interleave",)),
     Bug("mask_repeat", "einops_repeat", of(zoo.EinopsMHAMask, padded), "batch_mixing", ("repeat_interleave", "(b h)")),
+    Bug("mask_repeat", "einops_fill", of(zoo.EinopsMaskedFold, padded), "batch_mixing", ('"b j -> (b h) () j"',)),
+    Bug("mask_repeat", "bmm_fill", of(zoo.BmmMaskedFold, padded), "batch_mixing", ("repeat_interleave",)),
     # 11. a score bias constant along the keys, which softmax cancels
     Bug("bias_constant", "tutorial_alibi", of(zoo.AlibiAttention), "score_bias_constant", ("1, seq_k]", "seq_q, seq_k]")),
     Bug("bias_constant", "bloom_baddbmm", of(zoo.BloomAttention), "score_bias_constant", ("1, seq_k]", "seq_q, seq_k]")),
@@ -340,6 +342,8 @@ CORRECT = {
         lambda s, bug: zoo.SeqFirstFolded(s.d_model, s.heads), seq_first_padded
     ),
     "mha_per_example_mask": of(zoo.MHAPerExampleMask, padded),
+    "einops_masked_fold": of(zoo.EinopsMaskedFold, padded),
+    "bmm_masked_fold": of(zoo.BmmMaskedFold, padded),
     "patch_permute": patches("split"),
     "patch_conv": patches("conv"),
     "patch_einops": patches("einops"),
@@ -723,6 +727,8 @@ REFERENCES = {
     zoo.T5Attention: ref_t5,
     zoo.EinopsAttention: ref_einops,
     zoo.EinopsFolded: ref_einops,
+    zoo.EinopsMaskedFold: ref_einops,
+    zoo.BmmMaskedFold: ref_einops,
     zoo.MHAEncoder: ref_mha_encoder,
     zoo.TorchEncoder: ref_encoder_layer,
     zoo.SeqFirstEncoder: ref_seq_first,

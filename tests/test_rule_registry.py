@@ -202,6 +202,7 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "sdpa.sdpa_contract": ("kv_heads-sdpa",),
     "softmax.softmax_over_keys": ("softmax_axis-tutorial", "softmax_axis-einops"),
     "tiling.mask_tiling": ("mask_repeat-mha_repeat", "mask_repeat-einops_repeat"),
+    "tiling.mask_tiling_order": ("mask_repeat-einops_fill", "mask_repeat-bmm_fill"),
     "tp.dtensor_mixed": ("plain_operand-matmul",),
     "tp.dtensor_mixed_elementwise": ("plain_operand-mul",),
     "tp.shard_axis_mismatch": ("gather_other_axis-attention",),

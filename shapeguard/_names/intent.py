@@ -75,7 +75,7 @@ def count_intents(call, count: int) -> list[Intent | None]:
     keyword (`repeat(mask, "b j -> (h b) () j", h=self.heads)`)."""
     site = call.site
     if site is not None and site.callee == "repeat" and call.op == "expand":
-        if site.receiver or site.in_module:
+        if site.receiver not in ("", "einops") or site.in_module:
             return []
         plan = _plans.held(("copies", id(site), count), site)
         if plan is None:

@@ -130,26 +130,27 @@ def _masked_pair(call) -> tuple | None:
 
 
 def _tiled_against(call, x, j: int, mask, i: int):
-    """For axis j of `x` folded [batch, features] and axis i of `mask` [copy, real] whose
-    copies count one of the two: (the fold's names and sizes, the mask's, what the copies
-    stand for) when the copies sit at the other factor's place; else None."""
+    """For axis j of `x` folded with the heads (a factor of features, by structure) and axis
+    i of `mask` [copies, real] whose copies count the heads or the fold's other factor: (the
+    fold's names and sizes, the mask's, what the copies stand for) when the copies sit at
+    the other factor's place; else None."""
     fold, tiles = D.normalize(call.dims(x)[j]), D.normalize(call.dims(mask)[i])
     if len(fold) != 2 or len(tiles) != 2:
         return None
     kinds = [D.established_kind(a) for a in fold]
-    if sorted(k or "" for k in kinds) != sorted((BATCH, FEATURE)):
-        return None
     copies = [k for k, a in enumerate(tiles) if a[0].find().kind == COPY]
-    if len(copies) != 1:
+    if kinds.count(FEATURE) != 1 or COPY in kinds or len(copies) != 1:
         return None
-    at = copies[0]
-    stands = _copies_count(tiles[at], fold[kinds.index(BATCH)])
+    at, heads = copies[0], kinds.index(FEATURE)
+    stands = _copies_count(tiles[at], fold[1 - heads])
     if stands is None:
         return None
-    want = kinds.index(FEATURE if stands == "heads" else BATCH)
+    want = heads if stands == "heads" else 1 - heads
     if at == want or tiles[at][2] != fold[want][2]:
         return None
-    names = ["heads" if k == FEATURE else "batch" for k in kinds]
+    other = fold[1 - heads]
+    other_name = D.atom_name(other) or ("batch" if D.kind_of((other,)) == BATCH else "rows")
+    names = ["heads" if k == heads else other_name for k in range(2)]
     real = D.atom_name(tiles[1 - at]) or "rows"
     mask_names = [f"{stands} copies" if k == at else real for k in range(2)]
     return (
@@ -159,16 +160,15 @@ def _tiled_against(call, x, j: int, mask, i: int):
     )
 
 
-def _copies_count(copy, batch) -> str | None:
+def _copies_count(copy, other) -> str | None:
     """What a broadcast copy's count is: "heads" where the module declares it so (the
-    copies were counted by `self.n_heads`), "batch" where it was read from the batch."""
+    copies were counted by `self.n_heads`), "batch" where it was read from the fold's other
+    factor (`B, S, _ = x.shape`, then `repeat(B, 1, 1)`)."""
     root = copy[0].find()
     if root.name == "heads" and root.rank >= D.DECLARED:
         return "heads"
     source = D.stands_for(copy)
-    if source[0] is root:
-        return None
-    if source[0].find() is batch[0].find() or D.established_kind(source) == BATCH:
+    if source[0] is not root and source[0].find() is other[0].find():
         return "batch"
     return None
 

@@ -491,7 +491,9 @@ def _grow(call, outputs):
         for k, r in enumerate(reps[lead:]):
             # repeat tiles whole blocks: the copy is the outer factor.
             axes.append(D.normalize((*_copy(r), *m.dims[k])) if r > 1 else m.dims[k])
-        copies = [k < lead or (reps[k] > 1 and not m.dims[k - lead]) for k in range(len(reps))]
+        # A copy tiled onto a real axis is the composite's outer factor (only named: an alias
+        # is for a copy that is the axis whole, `dims.copy_of`).
+        copies = [k < lead or reps[k] > 1 for k in range(len(reps))]
         _count_copies(call, axes, copies)
         return [Made(tuple(axes), (), m.role)]
     if op == "repeat_interleave":

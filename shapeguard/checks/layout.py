@@ -386,10 +386,15 @@ def _copied_along(call, x, index, d: int) -> bool:
 def _addressed_elsewhere(call, x, index, d: int) -> Violation | None:
     """`index`'s values are positions along its own axis k (an argsort's or a sort's
     explicit `dim=k`, `_names/flow/addresses.py`), k != d: gather lines up axis k of the
-    index with axis k of `x` and reads the values as positions along `d`. Silent where the
-    two axes are one (a square matrix of an axis against itself)."""
+    index with axis k of `x` and reads the values as positions along `d`. Only where
+    structure makes axes k and d of `x` different kinds (its batch and its tokens): a
+    distance matrix's rows and columns are the same points, ranked down one and read along
+    the other; nor where the two are one axis."""
     k = call.meta_of(index).addresses
     if k < 0 or k == d or k >= index.dim() or index.shape[k] < 2:
+        return None
+    kinds = call.kind(x, k, strong=True), call.kind(x, d, strong=True)
+    if None in kinds or COPY in kinds or kinds[0] == kinds[1]:
         return None
     along_k = {*D.roots_of(call.dims(index)[k]), *D.roots_of(call.dims(x)[k])}
     along_d = {*D.roots_of(call.dims(index)[d]), *D.roots_of(call.dims(x)[d])}

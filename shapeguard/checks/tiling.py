@@ -1,4 +1,5 @@
-"""nn.MultiheadAttention's 3-D attn_mask, tiled over [batch * heads] in the wrong order.
+"""A mask tiled over [batch * heads] in the wrong order: nn.MultiheadAttention's 3-D
+attn_mask, and a mask applied to scores whose heads are folded into the batch.
 
 MultiheadAttention reads a `[batch * heads, seq_q, seq_k]` mask as `[batch, heads]`:
 the copies of one example's mask must be adjacent (`repeat_interleave(heads, 0)`,
@@ -73,11 +74,12 @@ def mask_tiling(call: CallView) -> Iterator[Violation]:
     order=1,
 )
 def mask_tiling_order(call: CallView) -> Iterator[Violation]:
-    """A tensor folded `[batch * heads]` (`(b h)`: its factors a batch and features, by
-    structure) masked or biased by one tiled over that axis with copies counted as the heads
-    (`self.n_heads`) or read from the batch: the copies must sit where the fold has what they
-    count. Copies of the heads where the batch is (`repeat(mask, "b j -> (h b) () j")`
-    against `(b h)`) hand most heads of each example another example's mask."""
+    """A tensor folded `[batch * heads]` (`(b h)`: its heads a factor of a projection's
+    features, by structure) masked or biased by one tiled over that axis with copies
+    counted as the heads (`self.n_heads`) or read from the fold's other factor: the copies
+    must sit where the fold has what they count. Copies of the heads where the batch is
+    (`repeat(mask, "b j -> (h b) () j")` against `(b h)`) hand most heads of each example
+    another example's mask."""
     pair = _masked_pair(call)
     if pair is None:
         return
@@ -92,7 +94,7 @@ def mask_tiling_order(call: CallView) -> Iterator[Violation]:
         fold, tiles, stands = found
         order = " * ".join(f"{n}={s}" for n, s in fold)
         tiled = " * ".join(f"{n}={s}" for n, s in tiles)
-        other = "batch" if stands == "heads" else "heads"
+        other = next(n for n, _ in fold if n != "heads") if stands == "heads" else "heads"
         harm = (
             "most heads of each example get another example's rows"
             if stands == "heads"

@@ -240,9 +240,10 @@ BUGS = [
         "dit_modulate_tokens",
         "dit",
         "injected: DiT modulate with unsqueeze(0), adaLN broadcast over tokens (issue 32)",
-        "loud where batch != tokens; silent at the coincident size: adaLN broadcast over tokens",
-        ("trace", "miss", "trace"),
-        "broadcast",
+        "loud where batch != tokens; at the coincident size the conditioning's batch (lined up "
+        "with the conv's examples by the gate) meets the patch tokens",
+        ("trace", "trace", "trace"),
+        "broadcast|misaligned_axes",
     ),
     Bug(
         "dit_fold_order",
@@ -294,8 +295,8 @@ BUGS = [
         "report: om-ai-lab/OmDet#19, aipixel/AEMatter#3 (nn.MultiheadAttention without "
         "batch_first fed batch-first tensors)",
         "silent: attention across the batch",
-        ("trace", "miss", "trace"),
-        "mha_batch|mha_key_padding_mask",
+        ("trace", "trace", "trace"),
+        "mha_batch|mha_key_padding_mask|misaligned_axes",
     ),
     Bug(
         "detr_mask_polarity",
@@ -445,9 +446,10 @@ BUGS = [
         "perceiver_latents_axis",
         "perceiver",
         "injected: Perceiver latents repeated 'n d -> n b d' (issue 32)",
-        "loud where latents != batch; silent at the coincident size",
-        ("trace", "miss", "trace"),
-        "einsum_dim",
+        "loud where latents != batch; at the coincident size the letter b pairs the latents' "
+        "rows with the data's batch",
+        ("trace", "trace", "trace"),
+        "einsum_dim|misaligned_axes",
     ),
     Bug(
         "perceiver_mask_axis",

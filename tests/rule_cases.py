@@ -34,11 +34,20 @@ runs each bug and its fix at the three size settings. The line where a bug bites
                       cached step's mask built from positions that restart at 0
     edge_softmax      a GAT layer over edge_index whose softmax is grouped by the sources
                       and whose messages are summed into the targets, or the other way round
+    adaln_tokens      DiT's adaLN modulation broadcast over the tokens (`unsqueeze(0)`) where
+                      the batch is (`unsqueeze(1)`)
+    latents_axis      Perceiver's latents copied along a new second axis ("n d -> n b d"),
+                      so the product pairs the latents with the examples
+    queries_batch     DETR's object queries and memory passed batch-first to a seq-first
+                      nn.MultiheadAttention, which reads the queries' own rows as the batch
+The last three are silent only where two sizes coincide (tokens == batch, latents == batch,
+queries == positions); their modules are built with those sizes equal at every setting.
 """
 
 import math
 import warnings
 
+import einops
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -575,3 +584,95 @@ def graph_inputs(s):
     src = torch.cat([ring, chords])
     dst = torch.cat([(ring + 1) % nodes, (chords + 2) % nodes])
     return torch.randn(nodes, s.d_model), torch.stack([src, dst])
+
+
+# -- axes lined up where their sizes coincide -------------------------------------------
+def _attend(x, qkv, heads):
+    B, S, _ = x.shape
+    q, k, v = (t.view(B, S, heads, -1).transpose(1, 2) for t in qkv(x).chunk(3, dim=-1))
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, S, -1)
+
+
+class AdaLN(nn.Module):
+    """DiT's final layer after one attention block: a 1-D patch embedding (as many patches as
+    examples), class labels embedded into shift, scale and gate (adaLN)."""
+
+    def __init__(self, channels, patch, d_model, n_heads, bug=None):
+        super().__init__()
+        self.heads, self.bug = n_heads, bug
+        self.embed = nn.Conv1d(channels, d_model, patch, stride=patch)
+        self.label = nn.Embedding(10, d_model)
+        self.ada = nn.Linear(d_model, 3 * d_model)
+        self.norm = nn.LayerNorm(d_model, elementwise_affine=False)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+
+    def modulate(self, x, shift, scale):
+        if self.bug == "adaln_tokens":
+            return x * (1 + scale.unsqueeze(0)) + shift.unsqueeze(0)  # <- adaln_tokens
+        return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+    def forward(self, signal, labels):
+        x = self.embed(signal).transpose(1, 2)  # [B, patches, d_model]
+        shift, scale, gate = self.ada(self.label(labels)).chunk(3, dim=-1)
+        x = x + gate.unsqueeze(1) * _attend(self.norm(x), self.qkv, self.heads)
+        return self.modulate(self.norm(x), shift, scale)
+
+
+def patches_per_example(s):
+    """A [B, channels, B * patch] signal (B patches) and B class labels."""
+    signal = torch.randn(s.batch, s.channels, s.batch * s.patch)
+    return signal, torch.randint(0, 10, (s.batch,))
+
+
+class Latents(nn.Module):
+    """Perceiver's cross-attention: as many learned latents as examples attend to the data;
+    style "einops" copies them with einops.repeat, "expand" with unsqueeze + expand."""
+
+    def __init__(self, d_model, n_heads, n_latents, style, bug=None):
+        super().__init__()
+        self.heads, self.style, self.bug = n_heads, style, bug
+        self.latents = nn.Parameter(torch.randn(n_latents, d_model) * 0.02)
+        self.to_q, self.to_kv = nn.Linear(d_model, d_model), nn.Linear(d_model, 2 * d_model)
+
+    def forward(self, data):
+        B = data.shape[0]
+        if self.style == "einops" and self.bug == "latents_axis":
+            x = einops.repeat(self.latents, "n d -> n b d", b=B)
+        elif self.style == "einops":
+            x = einops.repeat(self.latents, "n d -> b n d", b=B)
+        elif self.bug == "latents_axis":
+            x = self.latents.unsqueeze(1).expand(-1, B, -1)
+        else:
+            x = self.latents.unsqueeze(0).expand(B, -1, -1)
+        q = einops.rearrange(self.to_q(x), "b n (h d) -> b h n d", h=self.heads)
+        k, v = (
+            einops.rearrange(t, "b n (h d) -> b h n d", h=self.heads)
+            for t in self.to_kv(data).chunk(2, dim=-1)
+        )
+        sim = torch.einsum("b h i d, b h j d -> b h i j", q, k)  # <- latents_axis
+        attn = (sim * q.shape[-1] ** -0.5).softmax(dim=-1)
+        out = torch.einsum("b h i j, b h j d -> b h i d", attn, v)
+        return einops.rearrange(out, "b h n d -> b n (h d)")
+
+
+class ObjectQueries(nn.Module):
+    """DETR's cross-attention: learned object queries (as many as the feature map's
+    positions) attend to a conv feature map through a seq-first nn.MultiheadAttention."""
+
+    def __init__(self, d_model, n_heads, n_queries, bug=None):
+        super().__init__()
+        self.bug = bug
+        self.backbone = nn.Conv1d(d_model, d_model, 1)
+        self.queries = nn.Embedding(n_queries, d_model)
+        self.attn = nn.MultiheadAttention(d_model, n_heads)
+
+    def forward(self, signal):
+        features = self.backbone(signal)  # [B, d_model, L]
+        B = features.shape[0]
+        if self.bug == "queries_batch":
+            memory = features.transpose(1, 2)
+            query = self.queries.weight.unsqueeze(0).repeat(B, 1, 1)
+        else:
+            memory = features.permute(2, 0, 1)  # [L, B, d_model]
+            query = self.queries.weight.unsqueeze(1).repeat(1, B, 1)  # [Q, B, d_model]
+        return self.attn(query, memory, memory, need_weights=False)[0]  # <- queries_batch

@@ -102,6 +102,7 @@ class Dim:
         "cut",
         "joined",
         "serial",
+        "param",
     )
 
     def __init__(
@@ -136,6 +137,10 @@ class Dim:
         # The axes a concatenation joined into this dim, in order (a cache's keys and the
         # new ones), so the positions each part holds can be read back (`_reach/steps.py`).
         self.joined: tuple[Axis, ...] | None = None
+        # A parameter's own axis, or one lined up with it, as "axis 0 of <its name>": its
+        # size is fixed when the model is built, so it never holds the examples of a batch
+        # (a copy made of it may). "" for any other axis.
+        self.param = ""
         _serial[0] += 1
         self.serial = _serial[0]
 
@@ -168,6 +173,7 @@ class DimState(NamedTuple):
     # `Dim.alias`, an atom; in a recorded step, where the replay finds the atom's dim.
     alias: Any
     origin: str
+    param: str
 
 
 _read_state = attrgetter(*DimState._fields)
@@ -289,6 +295,7 @@ def unify(a: Dim, b: Dim) -> None:
         a.parts = parts
     a.q_side = a.q_side or b.q_side
     a.k_side = a.k_side or b.k_side
+    a.param = a.param or b.param
     if a.alias is None:
         a.alias = b.alias
     if a.cut is None:

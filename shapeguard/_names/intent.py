@@ -39,13 +39,14 @@ class Intent:
     part: bool = False  # a factor of the size (`C` in `C * p * p`), not all of it
 
 
-def view_intents(call, count: int) -> list[Intent | None]:
-    """One entry per target size of the view `call` (None where the code says nothing)."""
+def view_intents(call, count: int, copies: bool = False) -> list[Intent | None]:
+    """One entry per target size of the view `call` (None where the code says nothing);
+    with `copies`, of the expand or repeat `call` (einops' repeat: its new letters)."""
     site = call.site
     if site is None:
         return []
     matches = call.site_matches()
-    plan = _plan(site, matches, count)
+    plan = _plan(site, matches, count, copies and call.op == "expand")
     if not plan:
         return []
     frame = None
@@ -65,7 +66,7 @@ def count_sources(call, count: int) -> list[Axis | None]:
     (`bsz` of `bsz, T, _ = h.size()`), or None."""
     return [
         intent.axis if intent is not None and not intent.part else None
-        for intent in count_intents(call, count)
+        for intent in view_intents(call, count, copies=True)
     ]
 
 
@@ -140,18 +141,18 @@ def einops_patterns(site, name: str) -> list[str]:
 _plans = Memo("view plans", 4096)
 
 
-def _plan(site, matches: bool, count: int) -> list:
-    key = (id(site), matches, count)
+def _plan(site, matches: bool, count: int, expand: bool = False) -> list:
+    key = (id(site), matches, count, expand)
     plan = _plans.held(key, site)
     if plan is None:
-        plan = _plans.hold(key, site, _read_plan(site, matches, count))
+        plan = _plans.hold(key, site, _read_plan(site, matches, count, expand))
     return plan
 
 
-def _read_plan(site, matches: bool, count: int) -> list:
+def _read_plan(site, matches: bool, count: int, expand: bool) -> list:
     texts: Sequence[str | None]
     if site.callee in _EINOPS and not site.receiver and not site.in_module:
-        texts = _einops_texts(site, count)
+        texts = _einops_new_axes(site, count) if expand else _einops_texts(site, count)
     elif matches:
         texts = list(site.args)
         if len(site.args) == 1 and count > 1:
@@ -212,6 +213,25 @@ def _einops_texts(site, count: int) -> list[str | None]:
         return []
     bound = dict(site.keywords)
     return [bound.get(letter) for letter in letters]
+
+
+def _einops_new_axes(site, count: int) -> list[str | None]:
+    """For the expand einops' repeat ends with, `repeat(t, "n d -> b n d", b=B)`, one
+    axis per letter of the pattern's right side: the expression bound to each new letter."""
+    if site.callee != "repeat" or len(site.args) < 2:
+        return []
+    try:
+        pattern = ast.literal_eval(site.args[1])
+    except (ValueError, SyntaxError):
+        return []
+    if not isinstance(pattern, str) or "->" not in pattern:
+        return []
+    left, right = pattern.split("->", 1)
+    if "(" in right or "..." in right or len(right.split()) != count:
+        return []  # a tiled group: einops repeats, and reshapes, not a plain expand
+    old = set(left.replace("(", " ").replace(")", " ").split())
+    bound = dict(site.keywords)
+    return [None if letter in old else bound.get(letter) for letter in right.split()]
 
 
 def _shape_intent(call, frame, text: str, tensor_name: str, index: int, part: bool):

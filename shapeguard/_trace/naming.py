@@ -86,6 +86,7 @@ class InputNaming(SessionState):
         for i, axis in enumerate(axes):
             for dim, _, _ in axis:
                 dim.origin = f"axis {i} of {name}" if name else origin
+                dim.param = dim.origin if param else ""
         meta = TensorMeta.made(axes, FRESH_PARAM if param else FRESH, 0)
         self._fresh -= 1
         meta.slot = self._fresh

@@ -85,6 +85,7 @@ def fill_fresh(meta: TensorMeta, shape, nature: tuple) -> None:
         else:
             dim = _dims.Dim(int(size))
             dim.origin = origin
+            dim.param = dim.origin if param else ""
             axes.append(((dim, 1, dim.size),))
     meta.fill(tuple(axes), FRESH_PARAM if param else FRESH)
 

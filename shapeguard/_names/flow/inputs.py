@@ -29,7 +29,11 @@ def _embedding(call, outputs):
             D.claim_part(width[0], names, D.DECLARED)
             break
     if ids.dim() == 1 and ids.numel() > 1:
-        D.claim_atoms(im.dims[0], TOKEN, STRUCTURE)
+        # Ids an arange made are positions by structure; other 1-D ids are one sequence's
+        # tokens by the usual layout, or a batch of class labels (DiT's label embedding).
+        made_by = _ops.lookup(im.op) if im.op else None
+        positions = made_by is not None and made_by.positional
+        D.claim_atoms(im.dims[0], TOKEN, STRUCTURE if positions else D.CONVENTION)
     return [Made((*im.dims, width), im.tags + (None,) if im.tags else ())]
 
 

@@ -81,8 +81,16 @@ def count_intents(call, count: int) -> list[Intent | None]:
         plan = _plans.held(("copies", id(site), count), site)
         if plan is None:
             plan = _plans.hold(("copies", id(site), count), site, _copies_plan(site, count))
-        return plan
-    return view_intents(call, count)
+        # A count read off a shape (`b=B` after `B = x.shape[0]`) says more than a declared
+        # one: it is the axis itself.
+        read = view_intents(call, count, copies=True)
+        if not read or not plan:
+            return read or plan
+        return [
+            r if r is not None and r.axis is not None else p
+            for r, p in zip(read, plan, strict=False)
+        ]
+    return view_intents(call, count, copies=True)
 
 
 def _copies_plan(site, count: int) -> list[Intent | None]:

@@ -110,6 +110,83 @@ def test_a_normalisation_that_is_no_softmax_gives_no_claim():
     assert kinds(RandomWalk(), x, edge_index, weight) == []
 
 
+class Spelled2(nn.Module):
+    """A GAT softmax written without torch_geometric as the domain zoo's SparseGAT writes it
+    (a max by `scatter_reduce`, the denominators by an out-of-place `index_add`, read back by
+    `total[group]`, the weights widened by `alpha[..., None]`), in other spellings of the
+    same effect: the sums by `index_add_`, `scatter_add(_)` over an index widened by
+    `group[:, None]`, or `scatter_reduce(..., "sum")`; read back by `index_select` or
+    `gather`; guarded by an epsilon or a clamp. The softmax groups by `group`, the messages
+    are summed into the targets."""
+
+    def __init__(self, sums="index_add", read="getitem", guard="", heads=2):
+        super().__init__()
+        self.sums, self.read, self.guard, self.heads = sums, read, guard, heads
+
+    def _total(self, alpha, group, nodes):
+        wide = group[:, None].expand(-1, self.heads)
+        zeros = torch.zeros(nodes, self.heads)
+        if self.sums == "index_add":
+            return zeros.index_add(0, group, alpha)
+        if self.sums == "index_add_":
+            return zeros.index_add_(0, group, alpha)
+        if self.sums == "scatter_add":
+            return zeros.scatter_add(0, wide, alpha)
+        if self.sums == "scatter_add_":
+            return zeros.scatter_add_(0, wide, alpha)
+        return zeros.scatter_reduce(0, wide, alpha, "sum")
+
+    def forward(self, x, edge_index, group_row):
+        nodes = x.shape[0]
+        src, dst = edge_index
+        group = edge_index[group_row]
+        scores = (x[src] * x[dst]).sum(-1)[:, None].expand(-1, self.heads)  # [edges, heads]
+        top = torch.full((nodes, self.heads), float("-inf")).scatter_reduce(
+            0, group[:, None].expand(-1, self.heads), scores, "amax"
+        )
+        alpha = (scores - top[group]).exp()
+        total = self._total(alpha, group, nodes)
+        if self.guard == "clamp":
+            total = total.clamp(min=1e-16)
+        if self.read == "getitem":
+            denominators = total[group]
+        elif self.read == "index_select":
+            denominators = total.index_select(0, group)
+        else:
+            denominators = total.gather(0, group[:, None].expand(-1, self.heads))
+        if self.guard == "eps":
+            denominators = denominators + 1e-16
+        alpha = alpha / denominators
+        messages = alpha[..., None] * x[src][:, None, :]  # [edges, heads, features]
+        return torch.zeros(nodes, self.heads, x.shape[1]).index_add(0, dst, messages)
+
+
+SPELLINGS = [
+    ("index_add", "getitem", ""),
+    ("index_add_", "index_select", "eps"),
+    ("scatter_add", "gather", ""),
+    ("scatter_add_", "getitem", "clamp"),
+    ("scatter_reduce", "getitem", "eps"),
+]
+
+
+@pytest.mark.parametrize("sizes", zoo.SETTINGS, ids=lambda s: s.name)
+@pytest.mark.parametrize("spelling", SPELLINGS, ids="-".join)
+def test_a_softmax_spelled_without_torch_geometric_is_followed(spelling, sizes):
+    x, edge_index = rule_cases.graph_inputs(sizes)
+    model = Spelled2(*spelling, heads=sizes.heads)
+    assert findings(model, x, edge_index, 1) == []
+    (finding,) = findings(model, x, edge_index, 0)
+    assert finding.kind == KIND
+    assert finding.relation == (
+        "messages carries weights normalised over the edges that share edge_index[0], "
+        "summed into the nodes of edge_index[1]: the weights each node receives do not "
+        "sum to 1"
+    )
+    assert "index_add(0, dst, messages)" in finding.source
+    assert finding.hint.startswith("group the softmax by the index the aggregation scatters ")
+
+
 # -- torch_geometric ---------------------------------------------------------------------
 pyg = pytest.importorskip("torch_geometric")
 

@@ -184,7 +184,10 @@ def test_a_softmax_spelled_without_torch_geometric_is_followed(spelling, sizes):
         "sum to 1"
     )
     assert "index_add(0, dst, messages)" in finding.source
+    assert [o.name for o in finding.operands] == ["messages", "edge_index[1]"]
     assert finding.hint.startswith("group the softmax by the index the aggregation scatters ")
+    # The next runs replay the recorded steps: the finding holds on each.
+    assert [kinds(model, x, edge_index, 0) for _ in range(2)] == [[KIND]] * 2
 
 
 # -- torch_geometric ---------------------------------------------------------------------

@@ -86,7 +86,9 @@ def _whole(key) -> bool:
     """An indexing key that keeps every element where it is, adding axes at most:
     `t[:, None]`, `t[..., None]`, `t[:]`."""
     parts = key if isinstance(key, tuple) else (key,)
-    return all(p is None or p is Ellipsis or p == slice(None) for p in parts)
+    return all(
+        p is None or p is Ellipsis or (isinstance(p, slice) and p == slice(None)) for p in parts
+    )
 
 
 def _read_back(call, source, index) -> tuple:

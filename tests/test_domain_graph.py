@@ -10,6 +10,8 @@ written wrong), and the cases where structure gives no claim.
 import warnings
 
 import bug_zoo as zoo
+import domain_zoo_graphs as zoo_graphs
+import domain_zoo_sizes as zoo_sizes
 import pytest
 import rule_cases
 import torch
@@ -188,6 +190,85 @@ def test_a_softmax_spelled_without_torch_geometric_is_followed(spelling, sizes):
     assert finding.hint.startswith("group the softmax by the index the aggregation scatters ")
     # The next runs replay the recorded steps: the finding holds on each.
     assert [kinds(model, x, edge_index, 0) for _ in range(2)] == [[KIND]] * 2
+
+
+# -- a graph's node axis is shown as nodes ------------------------------------------------
+# Node features [N, F] read as [batch, features] by the batch-first convention; where
+# structure shows the first axis holds the nodes, tables and messages call it `nodes`,
+# while every rule keeps the conventional reading (`record.axes`).
+
+
+def traced(model, *args):
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", ShapeWarning)
+        return shapeguard.trace(model, *args)
+
+
+@pytest.mark.parametrize("sizes", zoo_sizes.SETTINGS, ids=lambda s: s.name)
+def test_a_dense_gat_shows_its_nodes_in_the_table_and_the_messages(sizes):
+    """The adjacency-masked [heads, N, N] weights contract Wh's first axis: nodes. The
+    decisions are the conventional reading's: the same finding, `axes` still batch."""
+    torch.manual_seed(0)
+    n, h, d = sizes.seq, sizes.heads, sizes.d_k
+    trace = traced(zoo_graphs.DenseGAT(sizes), *zoo_graphs.dense_inputs(sizes))
+    (wh, *_) = trace.records("Wh")
+    assert wh.named_shape == f"[nodes={n}, {h * d}]"
+    assert wh.axes[0] == "batch"  # what the rules read
+    assert trace.records("attention")[0].named_shape == f"[heads={h}, nodes={n}, nodes={n}]"
+    assert f"nodes={n}" in trace.table(all_ops=True, width=200)
+    assert f"batch={n}" not in trace.table(all_ops=True, width=200)
+    assert trace.findings == []
+
+    buggy = zoo_graphs.DenseGAT(sizes, "gat_softmax_side")
+    for _ in range(3):  # recorded, then replayed: the same message each time
+        (finding,) = traced(buggy, *zoo_graphs.dense_inputs(sizes)).findings
+        assert finding.kind == "aggregation_axis"
+        assert finding.relation.startswith(
+            f"attention @ Wh sums attention over dim -1 (nodes={n}), but its softmax made "
+            f"it sum to 1 over dim -2 (nodes={n})"
+        )
+        assert [o.shape for o in finding.operands] == [
+            f"[heads={h}, nodes={n}, nodes={n}] float32",
+            f"[heads={h}, nodes={n}, d_k={d}] float32",
+        ]
+
+
+def test_a_heads_merge_across_the_nodes_says_nodes():
+    sizes = zoo_sizes.DISTINCT
+    n, h, d = sizes.seq, sizes.heads, sizes.d_k
+    model = zoo_graphs.DenseGAT(sizes, "gat_heads_merge")
+    (finding,) = traced(model, *zoo_graphs.dense_inputs(sizes)).findings
+    assert finding.relation == (
+        f"out.reshape({n}, {h * d}): regroups [heads={h}, nodes={n}, d_k={d}] as "
+        f"[{n}, {h * d}], moving data across the nodes axis"
+    )
+    assert finding.operands[0].shape == f"[heads={h}, nodes={n}, d_k={d}] float32"
+
+
+@pytest.mark.parametrize("sizes", zoo_sizes.SETTINGS, ids=lambda s: s.name)
+def test_a_sparse_gat_shows_the_nodes_its_edge_index_addresses(sizes):
+    torch.manual_seed(0)
+    n, h, d = sizes.seq, sizes.heads, sizes.d_k
+    trace = traced(zoo_graphs.SparseGAT(sizes), *zoo_graphs.sparse_inputs(sizes))
+    assert trace.records("Wh")[1].named_shape == f"[nodes={n}, heads={h}, d_k={d}]"
+    assert trace.findings == []
+
+
+class NoGraph(nn.Module):
+    """A batch [B, F] picked by a permutation (mixup), and its Gram matrix over the
+    features and over the batch: no edge index, no [N, N] weights over one axis."""
+
+    def forward(self, x):
+        mixed = 0.5 * (x + x[torch.randperm(x.shape[0])])
+        gram = x.transpose(0, 1) @ x  # [F, F]: the batch contracted with itself
+        return mixed @ gram
+
+
+@pytest.mark.parametrize("sizes", zoo_sizes.SETTINGS, ids=lambda s: s.name)
+def test_a_batch_without_graph_structure_keeps_its_conventional_name(sizes):
+    x = torch.randn(sizes.batch, sizes.d_model)
+    table = traced(NoGraph(), x).table(all_ops=True, width=200)
+    assert f"batch={sizes.batch}" in table and "nodes" not in table
 
 
 # -- torch_geometric ---------------------------------------------------------------------

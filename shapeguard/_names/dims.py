@@ -101,6 +101,7 @@ class Dim:
         "origin",
         "cut",
         "joined",
+        "shown",
         "serial",
     )
 
@@ -136,6 +137,9 @@ class Dim:
         # The axes a concatenation joined into this dim, in order (a cache's keys and the
         # new ones), so the positions each part holds can be read back (`_reach/steps.py`).
         self.joined: tuple[Axis, ...] | None = None
+        # How tables and messages show an axis the convention named, where structure shows
+        # it is something else ("nodes": `_names/shown.py`); never read by a rule.
+        self.shown: str | None = None
         _serial[0] += 1
         self.serial = _serial[0]
 
@@ -168,6 +172,7 @@ class DimState(NamedTuple):
     # `Dim.alias`, an atom; in a recorded step, where the replay finds the atom's dim.
     alias: Any
     origin: str
+    shown: str | None
 
 
 _read_state = attrgetter(*DimState._fields)
@@ -197,6 +202,16 @@ def claim_name(dim: Dim, name: str, rank: int) -> None:
             touched.append(root)
         root.name, root.rank = name, rank
         _epoch[0] += 1
+
+
+def show_as(dim: Dim, name: str) -> None:
+    """Show `dim` as `name` in tables and messages (`_names/shown.py`); names no axis."""
+    root = dim.find()
+    if root.shown != name:
+        touched = _touched.get()
+        if touched is not None:
+            touched.append(root)
+        root.shown = name
 
 
 def claim_kind(dim: Dim, kind: str, rank: int) -> bool:
@@ -295,6 +310,8 @@ def unify(a: Dim, b: Dim) -> None:
         a.cut = b.cut
     if a.joined is None:
         a.joined = b.joined
+    if a.shown is None:
+        a.shown = b.shown
     b.parent = a
     _epoch[0] += 1
 

@@ -115,7 +115,7 @@ def test_a_normalisation_that_is_no_softmax_gives_no_claim():
 class Spelled2(nn.Module):
     """A GAT softmax written without torch_geometric as the domain zoo's SparseGAT writes it
     (a max by `scatter_reduce`, the denominators by an out-of-place `index_add`, read back by
-    `total[group]`, the weights widened by `alpha[..., None]`), in other spellings of the
+    `total[group]` (or `total[group, :]`), the weights widened by `alpha[..., None]`), in other spellings of the
     same effect: the sums by `index_add_`, `scatter_add(_)` over an index widened by
     `group[:, None]`, or `scatter_reduce(..., "sum")`; read back by `index_select` or
     `gather`; guarded by an epsilon or a clamp. The softmax groups by `group`, the messages
@@ -152,6 +152,8 @@ class Spelled2(nn.Module):
             total = total.clamp(min=1e-16)
         if self.read == "getitem":
             denominators = total[group]
+        elif self.read == "getitem_slices":
+            denominators = total[group, :]
         elif self.read == "index_select":
             denominators = total.index_select(0, group)
         else:
@@ -168,7 +170,7 @@ SPELLINGS = [
     ("index_add_", "index_select", "eps"),
     ("scatter_add", "gather", ""),
     ("scatter_add_", "getitem", "clamp"),
-    ("scatter_reduce", "getitem", "eps"),
+    ("scatter_reduce", "getitem_slices", "eps"),
 ]
 
 

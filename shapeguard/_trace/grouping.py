@@ -91,6 +91,14 @@ def _whole(key) -> bool:
     )
 
 
+def first_axis_index(key):
+    """The index tensor of an indexing key that addresses the first axis by it and keeps
+    the others whole (`t[i]`, `t[i, :]`, `t[i, ...]`), or None."""
+    if isinstance(key, tuple) and key and _whole(key[1:]):
+        key = key[0]
+    return key if isinstance(key, torch.Tensor) else None
+
+
 def _read_back(call, source, index) -> tuple:
     """Sums read back by the row that scattered them: each edge's denominator."""
     sums = _grouped(call, source)
@@ -146,8 +154,9 @@ def carried(call, in_metas: list, count: int) -> tuple:
             return _NOTHING
         return tuple(_row_of(call, args[0], k) for k in range(count))
     if op == "select" or op == "__getitem__":
-        if len(args) >= 2 and isinstance(args[1], torch.Tensor):
-            return (_read_back(call, args[0], args[1]),)
+        index = first_axis_index(args[1]) if op == "__getitem__" and len(args) >= 2 else None
+        if index is not None:
+            return (_read_back(call, args[0], index),)
         row = _selected_row(call)
         if row:
             return (row,)

@@ -12,6 +12,7 @@ import torch
 
 from .._names import dims as D
 from .._names.shown import NODES, conventional_batch
+from .grouping import first_axis_index
 
 # Ops that pick or write rows of `input` along `dim` by the values of `index`.
 _ADDRESSING = frozenset({"index_select", "gather", "index_add", "scatter_add", "scatter_reduce"})
@@ -43,8 +44,8 @@ def _addressed(call):
     if op == "__getitem__":
         if len(args) < 2 or not isinstance(args[0], torch.Tensor):
             return None, None
-        key = args[1]
-        return (args[0], key) if isinstance(key, torch.Tensor) else (None, None)
+        index = first_axis_index(args[1])
+        return (args[0], index) if index is not None else (None, None)
     bound = call.bound()
     source, dim = bound.get("input"), bound.get("dim")
     if not isinstance(source, torch.Tensor) or dim not in (0, -source.dim()):

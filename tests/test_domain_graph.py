@@ -235,6 +235,32 @@ def test_a_dense_gat_shows_its_nodes_in_the_table_and_the_messages(sizes):
         ]
 
 
+class EinsumGAT(nn.Module):
+    """A dense GAT aggregating by einsum: the [heads, N, N] weights contract the nodes."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        self.heads, self.d_k = sizes.heads, sizes.d_k
+        self.W = nn.Linear(sizes.in_channels, sizes.heads * sizes.d_k, bias=False)
+
+    def forward(self, x, adj):
+        N = x.shape[0]
+        Wh = self.W(x).view(N, self.heads, self.d_k)  # [N, heads, d_k]
+        a = Wh.sum(-1).transpose(0, 1)  # [heads, N]: additive scores, as GAT's
+        e = (a[:, :, None] + a[:, None, :]).masked_fill(adj[None] == 0, float("-inf"))
+        attention = torch.softmax(e, dim=-1)
+        return torch.einsum("hij,jhd->ihd", attention, Wh).reshape(N, -1)
+
+
+@pytest.mark.parametrize("sizes", zoo_sizes.SETTINGS, ids=lambda s: s.name)
+def test_an_einsum_over_the_nodes_shows_them(sizes):
+    torch.manual_seed(0)
+    n, h, d = sizes.seq, sizes.heads, sizes.d_k
+    trace = traced(EinsumGAT(sizes), *zoo_graphs.dense_inputs(sizes))
+    assert trace.records("Wh")[-1].named_shape == f"[nodes={n}, heads={h}, d_k={d}]"
+    assert trace.findings == []
+
+
 def test_a_heads_merge_across_the_nodes_says_nodes():
     sizes = zoo_sizes.DISTINCT
     n, h, d = sizes.seq, sizes.heads, sizes.d_k

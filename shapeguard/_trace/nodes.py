@@ -4,13 +4,14 @@ Node features `[N, F]` read as `[batch, features]` (`_names/roots.py`). Two stru
 the first axis holds a graph's nodes: its rows picked or summed by a row of an edge index
 (`x[src]`, `x.index_select(0, edge_index[0])`, `index_add(0, dst, ...)`: the row as
 `_trace/grouping.py` carries it), and a matrix product that contracts it with an `[N, N]`
-over itself (a dense GAT's `attention @ Wh`). There the axis is marked to be shown as
+over itself (a dense GAT's `attention @ Wh`, or its einsum). There the axis is marked to be shown as
 `nodes` (`dims.show_as`); what it is to every rule stays the conventional batch.
 """
 
 import torch
 
 from .._names import dims as D
+from .._names import subscripts
 from .._names.shown import NODES, conventional_batch
 from .grouping import first_axis_index
 
@@ -62,6 +63,8 @@ def note(call) -> None:
             root = _root(call, tensor, 0)
             if root is not None:
                 D.show_as(root, NODES)
+    elif op == "einsum":
+        _einsum(call)
     elif op in _MATRIX and len(call.args) >= 2:
         args = call.args
         a, b = (args[1], args[0]) if call.op in call.spec.reflected else (args[0], args[1])
@@ -73,3 +76,26 @@ def note(call) -> None:
         # [N, N] over the contracted axis: rows and columns are the same nodes.
         if root is not None and _root(call, a, -1) is root and _root(call, a, -2) is root:
             D.show_as(root, NODES)
+
+
+def _einsum(call) -> None:
+    """`einsum("hij,hjd->hid", attention, Wh)`: a contracted letter whose axis is a
+    conventional batch in one operand and, in the other, both that axis and another."""
+    args = call.args
+    operands = args[1:]
+    if len(operands) == 1 and isinstance(operands[0], list | tuple):
+        operands = tuple(operands[0])
+    if len(operands) != 2 or not all(isinstance(t, torch.Tensor) for t in operands):
+        return
+    found = subscripts.product(args[0], [t.dim() for t in operands])
+    if found is None:
+        return
+    (a, b), (sa, sb) = operands, found.equation.specs
+    for letter in found.contracted:
+        for weights, values, sw, sv in ((a, b, sa, sb), (b, a, sb, sa)):
+            root = _root(call, values, sv.index(letter))
+            if root is None or _root(call, weights, sw.index(letter)) is not root:
+                continue
+            if any(_root(call, weights, i) is root for i, c in enumerate(sw) if c != letter):
+                D.show_as(root, NODES)
+                return

@@ -439,7 +439,8 @@ BUGS = [
         "gat_sparse",
         "injected: torch_geometric-style softmax grouped by sources (issue 32)",
         "silent: normalised over each source's outgoing edges",
-        "miss",
+        "trace",
+        "edge_weights_other_side",
     ),
     # -- multimodal --------------------------------------------------------------------------
     Bug(

@@ -78,5 +78,7 @@ class SparseGAT(nn.Module):
         alpha = (alpha - top[group]).exp()
         total = torch.zeros(N, self.heads).index_add(0, group, alpha)
         alpha = alpha / total[group]  # <- gat_sparse_softmax_src
-        out = torch.zeros(N, self.heads, self.d_k).index_add(0, dst, alpha[..., None] * Wh[src])
+        messages = alpha[..., None] * Wh[src]  # [E, heads, d_k]
+        out = torch.zeros(N, self.heads, self.d_k)
+        out = out.index_add(0, dst, messages)  # <- gat_sparse_softmax_src (summed here)
         return F.elu(out.reshape(N, self.heads * self.d_k))

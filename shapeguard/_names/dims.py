@@ -101,6 +101,7 @@ class Dim:
         "origin",
         "cut",
         "joined",
+        "shown",
         "serial",
         "param",
     )
@@ -141,6 +142,9 @@ class Dim:
         # size is fixed when the model is built, so it never holds the examples of a batch
         # (a copy made of it may). "" for any other axis.
         self.param = ""
+        # How tables and messages show an axis the convention named, where structure shows
+        # it is something else ("nodes": `_names/shown.py`); never read by a rule.
+        self.shown: str | None = None
         _serial[0] += 1
         self.serial = _serial[0]
 
@@ -174,6 +178,7 @@ class DimState(NamedTuple):
     alias: Any
     origin: str
     param: str
+    shown: str | None
 
 
 _read_state = attrgetter(*DimState._fields)
@@ -203,6 +208,16 @@ def claim_name(dim: Dim, name: str, rank: int) -> None:
             touched.append(root)
         root.name, root.rank = name, rank
         _epoch[0] += 1
+
+
+def show_as(dim: Dim, name: str) -> None:
+    """Show `dim` as `name` in tables and messages (`_names/shown.py`); names no axis."""
+    root = dim.find()
+    if root.shown != name:
+        touched = _touched.get()
+        if touched is not None:
+            touched.append(root)
+        root.shown = name
 
 
 def claim_kind(dim: Dim, kind: str, rank: int) -> bool:
@@ -302,6 +317,8 @@ def unify(a: Dim, b: Dim) -> None:
         a.cut = b.cut
     if a.joined is None:
         a.joined = b.joined
+    if a.shown is None:
+        a.shown = b.shown
     b.parent = a
     _epoch[0] += 1
 

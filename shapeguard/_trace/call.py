@@ -197,6 +197,15 @@ class OpCall:
         """The names of the tensor's axes (None where only the size is known)."""
         return self.meta_of(tensor).axes
 
+    def shown_axes(self, tensor) -> AxisNames:
+        """The names messages show for the tensor's axes (`_names/shown.py`): for text only,
+        never for a decision."""
+        return self.meta_of(tensor).shown_axes
+
+    def shown_axis(self, tensor, dim: int) -> str:
+        """`axis`, as messages show it."""
+        return _axes.axis_label(self.shown_axes(tensor), dim, tensor.dim())
+
     def role(self, tensor, label: str | None = None) -> str | None:
         meta = self.meta(tensor)
         if meta is not None and meta.role:
@@ -207,9 +216,9 @@ class OpCall:
         """One line of the operand block. With `like`, the tensor this one is applied to (a
         mask or a bias to the scores), its unnamed axes read as the axes they meet there."""
         shape = tuple(tensor.shape)
-        axes = self.axes(tensor)
+        axes = self.shown_axes(tensor)
         if isinstance(like, torch.Tensor):
-            target = self.axes(like)
+            target = self.shown_axes(like)
             lead = len(target) - len(axes)
             axes = tuple(
                 name

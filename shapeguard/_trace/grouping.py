@@ -8,12 +8,13 @@ tensor is on that path is one tuple, carried by the ops that keep it:
 
 - `("row", slot, position, label)`: an integer tensor that is row `position` of the 2-D
   tensor whose meta has `slot` (`edge_index[0]`, `row, col = edge_index`), or a view or
-  expansion of one (PyG broadcasts its index before `scatter_add_`);
-- `("sums", row)`: a sum scattered by that row (`index_add_`, `scatter_add_`,
-  `scatter_reduce(sum)`), also plus a number (PyG adds 1e-16);
-- `("denominators", row)`: those sums read back by the same row (`index_select`);
-- `("normalised", row)`: an exp divided by them (a softmax), and what keeps that: views, dropout, a
-  product with messages that carry no grouping.
+  expansion of one (PyG broadcasts its index before `scatter_add_`; `group[:, None]`);
+- `("sums", row)`: a sum scattered by that row (`index_add(_)`, `scatter_add(_)`,
+  `scatter_reduce(sum)`), also plus a number (PyG adds 1e-16) or clamped;
+- `("denominators", row)`: those sums read back by the same row (`index_select`, `sums[row]`,
+  `gather` along the first axis), also plus a number or clamped;
+- `("normalised", row)`: an exp divided by them (a softmax), and what keeps that: views
+  (`alpha[..., None]` too), dropout, a product with messages that carry no grouping.
 
 The rule on the aggregation is `checks/graph.py`. Nothing here guesses: an index whose
 origin is not a row of a known tensor carries nothing, so no claim follows.
@@ -65,17 +66,37 @@ def _selected_row(call) -> tuple:
     return _row_of(call, args[0], key)
 
 
+def _reduction(call) -> object:
+    """`scatter_reduce`'s reduce, by keyword or by position (after input, dim, index, src)."""
+    args = call.args
+    return call.kwargs.get("reduce", args[4] if len(args) > 4 else None)
+
+
 def _scattered(call) -> tuple:
     """A sum scattered by a row: the row it was grouped by, or nothing."""
     bound = call.bound()
-    if (
-        call.spec.name == "scatter_reduce"
-        and bound.get("reduce", call.kwargs.get("reduce")) != "sum"
-    ):
+    if call.spec.name == "scatter_reduce" and _reduction(call) != "sum":
         return _NOTHING
     index = bound.get("index")
     grouped = _grouped(call, index) if isinstance(index, torch.Tensor) else _NOTHING
     return ("sums", grouped) if grouped[:1] == ("row",) else _NOTHING
+
+
+def _whole(key) -> bool:
+    """An indexing key that keeps every element where it is, adding axes at most:
+    `t[:, None]`, `t[..., None]`, `t[:]`."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return all(
+        p is None or p is Ellipsis or (isinstance(p, slice) and p == slice(None)) for p in parts
+    )
+
+
+def first_axis_index(key):
+    """The index tensor of an indexing key that addresses the first axis by it and keeps
+    the others whole (`t[i]`, `t[i, :]`, `t[i, ...]`), or None."""
+    if isinstance(key, tuple) and key and _whole(key[1:]):
+        key = key[0]
+    return key if isinstance(key, torch.Tensor) else None
 
 
 def _read_back(call, source, index) -> tuple:
@@ -103,7 +124,9 @@ def _binary(call, args) -> tuple:
     if len(tensors) == 1:
         kept = _grouped(call, tensors[0])
         # sums + eps are still the sums; weights times a number are still proportional.
-        if (op == "add" and kept[:1] == ("sums",)) or (op == "mul" and kept[:1] == ("normalised",)):
+        if op == "add" and kept[:1] in (("sums",), ("denominators",)):
+            return kept
+        if op == "mul" and kept[:1] == ("normalised",):
             return kept
         return _NOTHING
     if len(tensors) != 2:
@@ -131,16 +154,27 @@ def carried(call, in_metas: list, count: int) -> tuple:
             return _NOTHING
         return tuple(_row_of(call, args[0], k) for k in range(count))
     if op == "select" or op == "__getitem__":
-        if len(args) >= 2 and isinstance(args[1], torch.Tensor):
-            return (_read_back(call, args[0], args[1]),)
+        index = first_axis_index(args[1]) if op == "__getitem__" and len(args) >= 2 else None
+        if index is not None:
+            return (_read_back(call, args[0], index),)
         row = _selected_row(call)
         if row:
             return (row,)
     if not any(m is not None and m.grouped for m in in_metas):
         return _NOTHING
+    if op == "__getitem__" and len(args) >= 2 and _whole(args[1]):
+        return (_grouped(call, args[0]),)
     if op == "index_select":
         bound = call.bound()
         return (_read_back(call, bound.get("input"), bound.get("index")),)
+    if op == "gather":
+        # Along the first axis only: there the index's row addresses the groups.
+        bound = call.bound()
+        source = bound.get("input")
+        first = isinstance(source, torch.Tensor) and bound.get("dim") in (0, -source.dim())
+        return (_read_back(call, source, bound.get("index")) if first else _NOTHING,)
+    if op == "clamp" and args and _grouped(call, args[0])[:1] in (("sums",), ("denominators",)):
+        return (_grouped(call, args[0]),)  # a floor against empty groups: still the sums
     if spec.addresses and spec.family == _ops.OTHER:
         if op == "scatter_add" or op == "index_add" or op == "scatter_reduce":
             return (_scattered(call),)

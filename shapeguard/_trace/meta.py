@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from .._names import dims as _dims
+from .._names import shown as _shown
 from .._names.dims import Axis
 from .._names.roles import canonical_role
 
@@ -150,6 +151,12 @@ class TensorMeta:
             self._names = _dims.names_of(self.dims, self.tags)
             self._epoch = now
         return self._names
+
+    @property
+    def shown_axes(self) -> tuple[str | None, ...]:
+        """The names tables and messages show, one per axis: `axes`, with a conventional
+        batch that structure shows is something else (a graph's nodes) called that."""
+        return _shown.shown_names(self.dims, self.axes)
 
     def tag(self, i: int) -> str | None:
         return self.tags[i] if i < len(self.tags) else None

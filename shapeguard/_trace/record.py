@@ -37,17 +37,25 @@ class TensorRecord:
     local_shape: tuple[int, ...] | None = None
     # The trace's notes on local head axes ({("heads", 6): "12/tp2"}), shared, or None.
     notes: dict | None = field(default=None, repr=False, compare=False)
+    # The names the table shows where they differ from `axes` (a graph's nodes, which
+    # `axes` keeps as the conventional batch: `_names/shown.py`); None where they do not.
+    shown: AxisNames | None = field(default=None, repr=False, compare=False)
 
     def settle(self) -> None:
         meta = self.meta
         if meta is not None:
             self.axes = meta.axes
+            shown = meta.shown_axes
+            self.shown = shown if shown != self.axes else None
             self.role = meta.role
             self.meta = None
 
     @property
     def named_shape(self) -> str:
-        axes = self.meta.axes if self.meta is not None else self.axes
+        if self.meta is not None:
+            axes = self.meta.shown_axes
+        else:
+            axes = self.shown if self.shown is not None else self.axes
         text = format_shape(self.shape, axes, self.notes)
         if self.placements is not None:
             text += f" {self.sharding}, local {list(self.local_shape or ())}"

@@ -24,6 +24,7 @@ from .._reach import intent as _intent
 from . import composites as _composites
 from . import flash as _flash
 from . import internal as _internal
+from . import nodes as _nodes
 from . import owed as _owed
 from . import replay as _replay
 from . import replay_match as _replay_match
@@ -285,6 +286,7 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
                         else None
                     )
                     reads = _replay_match.ValueReads(tensors) if step is not None else None
+                    _nodes.note(call)  # before the rules: their messages show the nodes
         except Exception as error:
             if not _internal.contained(self.trace, error, "preparing the checks", op):
                 raise

@@ -4,6 +4,7 @@ names for its target sizes contradict what lands on them."""
 from .._errors import Violation
 from .._names import dims as D
 from .._names.dims import BATCH, COPY, FEATURE, TOKEN
+from .._names.shown import shown_name
 from ._accounts import carve_account
 from ._regroup_unfold import Unfolds
 from ._regroup_view import carve_hint, holds, sizes_merge
@@ -49,9 +50,13 @@ class NamedOtherwise(Unfolds):
         return said or _established_of(held) is not None
 
     def _intent_violation(self, j: int, intent, held, held_kind) -> Violation:
-        held_name = D.known_name(held) or " * ".join(D.describe_atom(a) for a in held)
+        held_name = shown_name(held, D.known_name(held)) or " * ".join(
+            D.describe_atom(a) for a in held
+        )
         size = self.resolved[j]
-        said = f"{intent.text} ({intent.name})" if intent.name else intent.text
+        # What the message shows the read as (a graph's nodes, where a decision reads batch).
+        read = shown_name(intent.axis, intent.name) if intent.axis is not None else intent.name
+        said = f"{intent.text} ({read})" if read else intent.text
         if intent.kind == FEATURE and held_kind == BATCH:
             i = next(
                 (i for i, axis in enumerate(self.meta.dims) if set(held) <= set(D.normalize(axis))),

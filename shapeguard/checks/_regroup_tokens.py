@@ -96,6 +96,7 @@ class TokenCuts(ViewUnderExamination):
         call, label, expr, shape, axes = self.call, self.label, self.expr, self.shape, self.axes
         names = [axes[i] or f"dim {i}" for i in real_i]
         token = axes[t] or ("batch" if self.kind(t) == BATCH else f"dim {t}")
+        said = self.shown[t] or token  # the name the message shows (a graph's nodes)
         declared = call.declared()
         regroup = self.regroup_text(real_i, real_j)
         count = self.count(real_j)
@@ -107,11 +108,11 @@ class TokenCuts(ViewUnderExamination):
         )
         lead = real_i.index(t)
         if tp_note is not None:
-            relation = f"{expr}: carves heads out of the {token} axis: {regroup}"
+            relation = f"{expr}: carves heads out of the {said} axis: {regroup}"
             hint = tp_note
         elif self._window_partition(real_i, real_j, t):
             relation = (
-                f"{expr}: {regroup}, moving data across the {token} axis: each window takes "
+                f"{expr}: {regroup}, moving data across the {said} axis: each window takes "
                 f"rows of pixels, not a square of them"
             )
             hint = self._window_hint()
@@ -135,11 +136,11 @@ class TokenCuts(ViewUnderExamination):
                 )
             else:
                 hint = (
-                    f"transpose first: {label}.transpose({real_i[0]}, {t}) puts the {token} "
+                    f"transpose first: {label}.transpose({real_i[0]}, {t}) puts the {said} "
                     "axis in front, then merge with a view"
                 )
         elif seq_like and _carves_heads(real_i, t, self.resolved, real_j, declared):
-            relation = f"{expr}: carves heads out of the {token} axis: {regroup}"
+            relation = f"{expr}: carves heads out of the {said} axis: {regroup}"
             hint = carve_hint(label, shape, real_i, declared, self.sizes, count)
         elif self.kind(t) == BATCH and any(n in SEQ_AXES for n in names):
             other = next(n for n in names if n in SEQ_AXES)
@@ -151,10 +152,10 @@ class TokenCuts(ViewUnderExamination):
                 f"{other} use {label}.transpose({real_i[0]}, {real_i[1]})"
             )
         elif self.image(real_i):
-            relation = f"{expr}: {regroup}, moving data across the {token} axis"
+            relation = f"{expr}: {regroup}, moving data across the {said} axis"
             hint = self.patch_hint(real_i)
         else:
-            relation = f"{expr}: {regroup}, moving data across the {token} axis"
+            relation = f"{expr}: {regroup}, moving data across the {said} axis"
             hint = self.reorder_hint(real_i, real_j)
         return Violation("view_mixes_axes", relation, self.operands(), hint, severity="warning")
 

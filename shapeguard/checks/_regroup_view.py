@@ -24,6 +24,7 @@ class ViewUnderExamination:
         self.shape, self.resolved, self.groups = shape, resolved, groups
         self.meta = call.meta_of(x)
         self.axes = call.axes(x)
+        self.shown = call.shown_axes(x)  # the names messages show (`_names/shown.py`)
         self._target: tuple[list[D.Axis], list[bool]] | None = None
         self._label: str | None = None
         self._intents: list | None = None
@@ -68,7 +69,7 @@ class ViewUnderExamination:
         )
 
     def regroup_text(self, real_i, real_j) -> str:
-        names = [self.axes[i] or f"dim {i}" for i in real_i]
+        names = [self.shown[i] or f"dim {i}" for i in real_i]
         src = ", ".join(f"{n}={self.shape[i]}" for n, i in zip(names, real_i, strict=True))
         dst = ", ".join(str(self.resolved[j]) for j in real_j)
         return f"regroups [{src}] as [{dst}]"

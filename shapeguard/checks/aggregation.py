@@ -159,7 +159,7 @@ def _renormalise_hint(label: str, c: int) -> str:
 
 
 def _violation(call, product: str, w, lw: str, n: int, c: int, other, lo: str, hint: str):
-    axes = call.axes(w)
+    axes = call.shown_axes(w)
     ndim = w.dim()
 
     def shown(i: int) -> str:

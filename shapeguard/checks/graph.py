@@ -32,7 +32,10 @@ def _row_name(row: tuple) -> str:
 )
 def summed_into_other_side(call: CallView) -> Iterator[Violation]:
     bound = call.bound()
-    if call.spec.name == "scatter_reduce" and bound.get("reduce") != "sum":
+    # reduce by keyword or by position (after input, dim, index, src)
+    args = call.args
+    reduce = call.kwargs.get("reduce", args[4] if len(args) > 4 else None)
+    if call.spec.name == "scatter_reduce" and reduce != "sum":
         return
     index = bound.get("index")
     src = bound.get("src", bound.get("source"))

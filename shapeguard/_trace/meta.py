@@ -50,6 +50,10 @@ class Facts(NamedTuple):
     # Attention weights: the side ("q" or "k") a softmax made them sum to 1 along, kept
     # while nothing may have renormalised them (`_names/flow/weights.py`); "" otherwise.
     normed: str = ""
+    # The positions a softmax normalised jointly, as (axis, lo, hi) digits of this tensor's
+    # axes, and whether this is those weights times values (`_names/flow/extent.py`).
+    normed_over: tuple = ()
+    weighted: bool = False
     # What it is to per-group normalisation over an edge index (`_trace/grouping.py`).
     grouped: tuple = ()
 
@@ -87,6 +91,8 @@ class TensorMeta:
     flagged = _fact("flagged")
     laid_out = _fact("laid_out")
     normed = _fact("normed")
+    normed_over = _fact("normed_over")
+    weighted = _fact("weighted")
     grouped = _fact("grouped")
 
     def __init__(

@@ -130,6 +130,8 @@ class Recording(SessionState):
                     flagged=flagged,
                     laid_out=m.laid_out,
                     normed=m.normed,
+                    normed_over=m.normed_over,
+                    weighted=m.weighted,
                     grouped=groups[k] if k < len(groups) else (),
                 ),
                 slot + k + 1,

@@ -17,6 +17,8 @@ class Made(NamedTuple):
     param: bool = False
     laid_out: bool = False  # a transpose or permute chose this axis order
     normed: str = ""  # attention weights: the side they sum to 1 along (`weights`)
+    normed_over: tuple = ()  # positions a softmax normalised jointly (`extent`)
+    weighted: bool = False  # those weights times values (`extent`)
 
 
 Rule = Callable[..., list[Made] | None]

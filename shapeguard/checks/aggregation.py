@@ -24,8 +24,8 @@ from .._errors import Violation
 from .._names import dims as D
 from .._names import subscripts
 from .._names.dims import TOKEN
-from .._names.flow.weights import side_of
 from .._names.flow.base import first_tensor
+from .._names.flow.weights import side_of
 from .._values import is_tensor
 from . import WARNING, rule
 from ._einsum import written

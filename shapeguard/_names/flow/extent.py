@@ -94,8 +94,7 @@ def _elementwise(call, source, meta, out_shape: list[int]):
     other = others[0]
     offset = len(out_shape) - other.dim()
     varies = any(
-        0 <= axis - offset < other.dim() and other.shape[axis - offset] > 1
-        for axis, _, _ in pieces
+        0 <= axis - offset < other.dim() and other.shape[axis - offset] > 1 for axis, _, _ in pieces
     )
     return (pieces, True) if varies else (pieces, False)
 

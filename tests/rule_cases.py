@@ -617,8 +617,11 @@ class JointSplit(nn.Module):
         qt, kt, vt = self.txt_qkv(txt).view(B, S, 3, self.h, -1).unbind(2)
         q, k, v = (torch.cat(p, dim=1).transpose(1, 2) for p in ((qt, qi), (kt, ki), (vt, vi)))
         out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, S + N, -1)
-        img_out = out[:, :N] if self.bug == "segment_slice" else out[:, S:]  # <- segment_slice
-        return img_out, out[:, :S]
+        if self.bug == "segment_slice":
+            img_out, txt_out = out[:, :N], out[:, N:]  # <- segment_slice
+        else:
+            txt_out, img_out = out[:, :S], out[:, S:]
+        return img_out, txt_out
 
 
 def image_and_text(s):

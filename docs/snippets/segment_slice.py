@@ -20,8 +20,8 @@ class JointAttention(nn.Module):
         qt, kt, vt = self.txt_qkv(txt).view(B, S, 3, self.n_heads, -1).unbind(2)
         q, k, v = (torch.cat(p, dim=1).transpose(1, 2) for p in ((qt, qi), (kt, ki), (vt, vi)))
         out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, S + N, -1)
-        img_out = out[:, :N]  # the text comes first
-        return img_out, out[:, :S]
+        img_out, txt_out = out[:, :N], out[:, N:]  # the text comes first
+        return img_out, txt_out
 
 
 shapeguard.trace(JointAttention(), torch.randn(2, 6, 8), torch.randn(2, 4, 8))

@@ -2,12 +2,14 @@
 
 `torch.cat` along an axis records the parts it joined, in order (`Dim.joined`): SD3 and
 Flux join the text tokens, then the image tokens, run one attention over both, and split
-the output back. A bound read from one part's own shape (`N` of `N = x.shape[1]`, x the
-image tokens) says which part the slice means: `out[:, :N]` means the first part,
-`out[:, N:]` everything after a first part, `out[:, -N:]` the last part, `out[:, :-N]`
-everything before a last part. Where that part is not there, the slice takes other
-tokens: across the boundary where the lengths differ, or exactly the other part where
-they coincide, handed on as this one. A ShapeWarning: it runs, and is wrong.
+the output back. Where the code splits the joined axis at one bound (`out[:, :N]` and
+`out[:, N:]`, or `[-N:]` and `[:-N]`) read from one part's own shape (`N` of
+`N = x.shape[1]`, x the image tokens), the piece of that length means that part: `[:N]`
+the first, `[-N:]` the last. Where that part is not there, the piece takes other tokens:
+across the boundary where the lengths differ, or exactly the other part where they
+coincide, handed on as this one. A ShapeWarning: it runs, and is wrong. One piece alone
+is no split: a shift, a rolling state (Mamba's conv cache keeps its last `state_len`) or
+the new keys after a cache keep a part's length by design.
 
 Claims stand on structure and on the user's own reads: the parts are those torch.cat
 joined (the sliced axis is that concatenation whole), and the bound is a plain shape read
@@ -69,8 +71,11 @@ def joined_slice(call: CallView) -> Iterator[Violation]:
         other = written.upper if end == "lower" else written.lower
         if other is not None:
             return  # both bounds written: [S:S + N] is read no further
-        # The part a one-bound slice assumes at its end: [:N] and [N:] the first, [-N:] and
-        # [:-N] the last.
+        # A split: the piece of the bound's length, and the rest taken too by the same
+        # bound (one piece alone is a window, a shift or a cache kept: by design).
+        if (end == "lower") != negative or not _rest_taken(site, len(index), axis, end, text):
+            return
+        # The part the split assumes at its end: [:N] the first, [-N:] the last.
         k = len(parts) - 1 if negative else 0
         if k in meant:
             return
@@ -102,6 +107,30 @@ def _written_slice(text: str, count: int, axis: int) -> ast.Slice | None:
     items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
     item = items[axis] if len(items) == count else None
     return item if isinstance(item, ast.Slice) else None
+
+
+def _rest_taken(site, count: int, axis: int, end: str, text: str) -> bool:
+    """Whether the site's function also slices the same name at the same bound from the
+    other side (`out[:, N:]` beside `out[:, :N]`): the code splits it there."""
+    func = _source.function_node(site.filename, site.scope)
+    if func is None or not site.receiver.isidentifier():
+        return False
+    for node in ast.walk(func):
+        if not (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == site.receiver
+        ):
+            continue
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        item = items[axis] if len(items) == count else None
+        if not isinstance(item, ast.Slice) or item.step is not None:
+            continue
+        # The piece [:N] (or [-N:]) wrote `end`'s bound; the rest writes the other one.
+        kept, other = (item.lower, item.upper) if end == "upper" else (item.upper, item.lower)
+        if other is None and kept is not None and ast.unparse(kept) == text:
+            return True
+    return False
 
 
 def _unparenthesized(text: str) -> str:
@@ -140,7 +169,7 @@ def _part_names(parts: list) -> list[str]:
     names = [n[:-2] if n in ("seq_q", "seq_k") else n for n in names]
     if len(set(names)) == len(names):
         return names
-    origins = [D.roots_of(D.normalize(p))[0].origin for p in parts]
+    origins = [next((r.origin for r in D.roots_of(D.normalize(p))), "") for p in parts]
     return [_owned(n, o) for n, o in zip(names, origins, strict=True)]
 
 

@@ -153,9 +153,12 @@ def _judge(call, w, c: int, other, oc: int, kept: list[int]) -> tuple[int, bool]
 
 
 def _renormalise_hint(label: str, c: int) -> str:
+    # The keys first: a softmax over the queries is cross-attention's bug; slot attention,
+    # whose slots compete for the inputs on purpose, is the exception that renormalises.
     return (
-        f"renormalise {label} along dim {c} before this product ({label} / "
-        f"{label}.sum(dim={c}, keepdim=True)), or take the softmax along the keys"
+        f"take the softmax along the keys (dim {c}), or, where the weights are meant to "
+        f"compete over the queries (slot attention), renormalise {label} along dim {c} "
+        f"before this product ({label} / {label}.sum(dim={c}, keepdim=True))"
     )
 
 

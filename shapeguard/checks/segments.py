@@ -39,6 +39,8 @@ def joined_slice(call: CallView) -> Iterator[Violation]:
     args, site = call.args, call.site
     if len(args) != 2 or not is_tensor(args[0]) or site is None or len(site.args) != 1:
         return
+    if not call.site_matches():
+        return  # the line's expression is another call: its text is not this index
     x, index = args
     index = index if isinstance(index, tuple) else (index,)
     if len(index) > x.dim() or not all(isinstance(i, slice) for i in index):

@@ -277,7 +277,8 @@ BUGS = [
         "joint",
         "injected: Flux-style joint output split with image first where text comes first",
         "silent: text and image outputs exchanged",
-        "miss",
+        "trace",
+        "segment_slice",
     ),
     Bug(
         "joint_rope_after_transpose",
@@ -319,7 +320,8 @@ BUGS = [
         "deformable",
         "injected: Deformable DETR attention_weights softmaxed before the per-head view",
         "silent: one softmax across all heads",
-        "miss",
+        "trace",
+        "aggregation_axis",
     ),
     Bug(
         "deform_value_heads",

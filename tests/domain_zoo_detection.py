@@ -126,5 +126,6 @@ class DeformAttn(nn.Module):
             grid_l = grids[:, :, :, level].transpose(1, 2).flatten(0, 1)  # [B*h, Lq, P, 2]
             sampled.append(F.grid_sample(value_l, grid_l, mode="bilinear", align_corners=False))
         weights = weights.transpose(1, 2).reshape(B * h, 1, Lq, LEVELS * POINTS)
-        out = (torch.stack(sampled, dim=-2).flatten(-2) * weights).sum(-1).view(B, h * dk, Lq)
+        weighted = torch.stack(sampled, dim=-2).flatten(-2) * weights  # [B*h, d_k, Lq, L*P]
+        out = weighted.sum(-1).view(B, h * dk, Lq)  # <- deform_weights_softmax (summed here)
         return self.output_proj(out.transpose(1, 2))

@@ -676,3 +676,55 @@ class ObjectQueries(nn.Module):
             memory = features.permute(2, 0, 1)  # [L, B, d_model]
             query = self.queries.weight.unsqueeze(1).repeat(1, B, 1)  # [Q, B, d_model]
         return self.attn(query, memory, memory, need_weights=False)[0]  # <- queries_batch
+
+
+class DeformWeights(nn.Module):
+    """Multi-scale deformable attention's weighting (levels * points = 6 sampled values per
+    head and query, made by a Linear): values [batch * heads, d_k, queries, 6] times
+    weights [batch * heads, 1, queries, 6], summed over the 6."""
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.h, self.bug = n_heads, bug
+        self.attention_weights = nn.Linear(d_model, n_heads * 6)
+        self.sampled = nn.Linear(d_model, d_model * 6)
+
+    def forward(self, query):
+        B, Lq, C = query.shape
+        h = self.h
+        sampled = self.sampled(query).view(B, Lq, h, C // h, 6).permute(0, 2, 3, 1, 4)
+        if self.bug == "aggregation_axis":
+            weights = self.attention_weights(query).softmax(-1).view(B, Lq, h, 6)
+        else:
+            weights = self.attention_weights(query).view(B, Lq, h, 6).softmax(-1)
+        weights = weights.transpose(1, 2).reshape(B * h, 1, Lq, 6)
+        weighted = sampled.reshape(B * h, C // h, Lq, 6) * weights
+        return weighted.sum(-1).view(B, C, Lq)  # <- aggregation_axis
+
+
+class JointSplit(nn.Module):
+    """SD3/Flux joint attention: text tokens, then image tokens, one attention over both;
+    the bug takes the image output from the front, where the text is."""
+
+    def __init__(self, d_model, n_heads, bug=None):
+        super().__init__()
+        self.h, self.bug = n_heads, bug
+        self.img_qkv = nn.Linear(d_model, 3 * d_model)
+        self.txt_qkv = nn.Linear(d_model, 3 * d_model)
+
+    def forward(self, img, txt):  # [B, N, d], [B, S, d]
+        B, N, S = img.shape[0], img.shape[1], txt.shape[1]
+        qi, ki, vi = self.img_qkv(img).view(B, N, 3, self.h, -1).unbind(2)
+        qt, kt, vt = self.txt_qkv(txt).view(B, S, 3, self.h, -1).unbind(2)
+        q, k, v = (torch.cat(p, dim=1).transpose(1, 2) for p in ((qt, qi), (kt, ki), (vt, vi)))
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, S + N, -1)
+        if self.bug == "segment_slice":
+            img_out, txt_out = out[:, :N], out[:, N:]  # <- segment_slice
+        else:
+            txt_out, img_out = out[:, :S], out[:, S:]
+        return img_out, txt_out
+
+
+def image_and_text(s):
+    """Image tokens [batch, seq, d_model] and text tokens [batch, seq_k, d_model]."""
+    return torch.randn(s.batch, s.seq, s.d_model), torch.randn(s.batch, s.seq_k, s.d_model)

@@ -343,8 +343,9 @@ def test_slot_attention_without_its_renormalisation_is_found(s, sampled):
     finding = only(found, "aggregation_axis")  # once for the line, both iterations
     assert finding.relation.startswith("einsum 'bjd,bij->bid' sums attn over dim -1 (")
     assert f"sum to 1 over dim -2 (size {s.slots})" in finding.relation
-    assert finding.hint.startswith(
-        "renormalise attn along dim -1 before this product (attn / attn.sum(dim=-1, keepdim=True))"
+    assert finding.hint.endswith(
+        "where the weights are meant to compete over the queries (slot attention), renormalise "
+        "attn along dim -1 before this product (attn / attn.sum(dim=-1, keepdim=True))"
     )
 
 
@@ -462,7 +463,7 @@ def test_cross_attention_softmax_over_the_queries_is_found_at_the_product(s):
     found = findings(CrossAttention(s.channels, s.heads, "softmax"), x, memory)
     finding = only(found, "aggregation_axis")
     assert finding.relation.startswith("attn @ v sums attn over dim -1 (seq_k=")
-    assert finding.hint.startswith("renormalise attn along dim -1 before this product")
+    assert finding.hint.startswith("take the softmax along the keys (dim -1), or")
 
 
 def test_text_self_attention_keeps_its_softmax_message():

@@ -123,6 +123,12 @@ def latents(style):
     )
 
 
+DEFORM_WEIGHTS = _of(
+    lambda s, bug: rule_cases.DeformWeights(s.d_model, s.heads, bug), invariants.x_only
+)
+JOINT = _of(
+    lambda s, bug: rule_cases.JointSplit(s.d_model, s.heads, bug), rule_cases.image_and_text
+)
 FLEX = _of(
     lambda s, bug: rule_cases.Flex(s.d_model, s.heads, 2 * s.seq + 1, bug), invariants.x_only
 )
@@ -157,6 +163,8 @@ CASES = [
     Case("block_mask_reused", "flex", FLEX, "block_mask_shape", ("create_block_mask(",)),
     Case("aggregation_axis", "legacy_einsum", LEGACY_QKV, "aggregation_axis", ("'bts,bcs->bct'",)),
     Case("aggregation_axis", "gat_matmul", DENSE_GAT, "aggregation_axis", ("drop the transpose",)),
+    Case("aggregation_axis", "deform_sum", DEFORM_WEIGHTS, "aggregation_axis", ("softmax over only",)),
+    Case("segment_slice", "joint_split", JOINT, "segment_slice", ("slice by the part you mean",)),
     Case("reach", "padded_key", reaching("padded_key"), "reach_padded_key", ("hide the padded keys",)),
     Case("reach", "future", reaching("future"), "reach_future", ("keys <= query",)),
     Case("reach", "window", reaching("window", rule_cases.unpadded_embeds), "reach_window", ("kv > q - ",)),
@@ -178,6 +186,7 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "alignment.letter_pairs_a_parameter": ("latents_axis-einops", "latents_axis-expand"),
     "alignment.parameter_as_batch": ("queries_batch-mha",),
     "aggregation.weights_product": ("aggregation_axis-gat_matmul",),
+    "aggregation.weights_sum": ("aggregation_axis-deform_sum",),
     "cache.cache_grown_along": ("cache_axis-cat",),
     "cache.mask_key_length": ("mask_new_only-sdpa",),
     "contraction.einsum_axes": ("contraction-einsum",),
@@ -232,6 +241,7 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "tp.shard_of_replicated": ("replicated_as_shard-norm",),
     "tp.shard_of_replicated_elementwise": ("replicated_as_shard-gate",),
     "tp.sharded_projection": ("tp_too_wide-kv_heads",),
+    "segments.joined_slice": ("segment_slice-joint_split",),
 }
 
 # Rules with no bug test and counterpart at the three settings yet. This list only shrinks:

@@ -14,8 +14,10 @@ intent, and nothing is reported from it.
 """
 
 import ast
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import FrameType
 
 from .. import _source
 from .._memo import Memo
@@ -59,6 +61,36 @@ def view_intents(call, count: int, copies: bool = False) -> list[Intent | None]:
             frame = _source.user_frame()
         found.append(_shape_intent(call, frame, *step))
     return found
+
+
+def size_read(call, node: ast.AST, text: str) -> Intent | None:
+    """What the expression `node` (written at the call's site, as `text`) reads: a shape
+    read of a tensor in the user's frame (`N` of `N = x.shape[1]`), or None."""
+    site = call.site
+    if site is None:
+        return None
+    bindings = _aliases(site)
+    read = _read(node, bindings, 0, site.lineno)
+    if read is None or read[0] != "shape":
+        return None
+    _, tensor_name, index, part, line = read
+    if part or any(line < b.line and b.end < site.lineno for b in bindings.get(tensor_name, ())):
+        return None  # a factor of a size, or a name rebound since it was read
+    return _shape_intent(call, _site_frame(site), text, tensor_name, index, part)
+
+
+def _site_frame(site) -> FrameType | None:
+    """The frame running the site's function (the innermost one), where its names are
+    read: not merely the innermost user frame, which a wrapper around a rule can be."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename == site.filename and (
+            code.co_firstlineno == site.scope or frame.f_lineno == site.lineno
+        ):
+            return frame
+        frame = frame.f_back
+    return None
 
 
 def count_sources(call, count: int) -> list[Axis | None]:

@@ -51,6 +51,10 @@ class Facts(NamedTuple):
     # Attention weights: the side ("q" or "k") a softmax made them sum to 1 along, kept
     # while nothing may have renormalised them (`_names/flow/weights.py`); "" otherwise.
     normed: str = ""
+    # The positions a softmax normalised jointly, as (axis, lo, hi) digits of this tensor's
+    # axes, and whether this is those weights times values (`_names/flow/extent.py`).
+    normed_over: tuple = ()
+    weighted: bool = False
     # What it is to per-group normalisation over an edge index (`_trace/grouping.py`).
     grouped: tuple = ()
     # Indices: the axis along which its values are positions, an argsort's `dim` (-1: none;
@@ -91,6 +95,8 @@ class TensorMeta:
     flagged = _fact("flagged")
     laid_out = _fact("laid_out")
     normed = _fact("normed")
+    normed_over = _fact("normed_over")
+    weighted = _fact("weighted")
     grouped = _fact("grouped")
     addresses = _fact("addresses")
 

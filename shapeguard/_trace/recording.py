@@ -131,6 +131,8 @@ class Recording(SessionState):
                     laid_out=m.laid_out,
                     normed=m.normed,
                     addresses=m.addresses,
+                    normed_over=m.normed_over,
+                    weighted=m.weighted,
                     grouped=groups[k] if k < len(groups) else (),
                 ),
                 slot + k + 1,

@@ -449,7 +449,8 @@ def link_local(session, t, meta) -> None:
     session.metas[local] = TensorMeta(
         tuple(dims), meta.tags, label=meta.label, role=meta.role, op=meta.op,
         rotary=meta.rotary, param=meta.param, flagged=meta.flagged, laid_out=meta.laid_out,
-        normed=meta.normed, addresses=meta.addresses,
+        normed=meta.normed, addresses=meta.addresses, normed_over=meta.normed_over,
+        weighted=meta.weighted,
     )  # fmt: skip
 
 

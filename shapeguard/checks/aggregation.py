@@ -24,6 +24,7 @@ from .._errors import Violation
 from .._names import dims as D
 from .._names import subscripts
 from .._names.dims import TOKEN
+from .._names.flow.base import first_tensor
 from .._names.flow.weights import side_of
 from .._values import is_tensor
 from . import WARNING, rule
@@ -152,9 +153,12 @@ def _judge(call, w, c: int, other, oc: int, kept: list[int]) -> tuple[int, bool]
 
 
 def _renormalise_hint(label: str, c: int) -> str:
+    # The keys first: a softmax over the queries is cross-attention's bug; slot attention,
+    # whose slots compete for the inputs on purpose, is the exception that renormalises.
     return (
-        f"renormalise {label} along dim {c} before this product ({label} / "
-        f"{label}.sum(dim={c}, keepdim=True)), or take the softmax along the keys"
+        f"take the softmax along the keys (dim {c}), or, where the weights are meant to "
+        f"compete over the queries (slot attention), renormalise {label} along dim {c} "
+        f"before this product ({label} / {label}.sum(dim={c}, keepdim=True))"
     )
 
 
@@ -175,3 +179,60 @@ def _violation(call, product: str, w, lw: str, n: int, c: int, other, lo: str, h
         hint,
         severity="warning",
     )
+
+
+@rule(_ops.by_name("sum"), _ops.by_name("nansum"), kinds={"aggregation_axis": WARNING}, order=1)
+def weights_sum(call: CallView) -> Iterator[Violation]:
+    """(weights * values).sum(dim): the sum adds part of the positions a softmax normalised
+    jointly, and the rest survive folded into an axis with other positions."""
+    x = first_tensor(call)
+    meta = call.meta(x) if x is not None else None
+    if meta is None or not meta.weighted or not meta.normed_over:
+        return
+    dims = call.bound().get("dim")
+    dims = [dims] if isinstance(dims, int) else dims
+    if not isinstance(dims, list | tuple) or not dims:
+        return  # a sum of everything adds the whole extent
+    ndim = x.dim()
+    if not all(isinstance(d, int) and -ndim <= d < ndim for d in dims):
+        return
+    summed = {d % ndim for d in dims}
+    pieces = meta.normed_over
+    added = [p for p in pieces if p[0] in summed]
+    kept = [p for p in pieces if p[0] not in summed]
+    # A kept factor that is an axis of its own may be summed next; one folded with other
+    # positions (`[batch * heads]`) would need a view to unfold it first.
+    if not added or not kept or any(hi // lo == x.shape[axis] for axis, lo, hi in kept):
+        return
+    names = call.axes(x)
+    size = added_size = 1
+    for axis, lo, hi in pieces:
+        size *= hi // lo
+        added_size *= hi // lo if axis in summed else 1
+    d = sorted(summed)[0] - ndim if len(summed) == 1 else tuple(sorted(s - ndim for s in summed))
+    survivors = ", ".join(_piece_text(meta, names, x, p) for p in kept)
+    label = call.label(0, "input")
+    yield Violation(
+        "aggregation_axis",
+        f"sum over dim {d} adds {added_size} of the {size} weights one softmax normalised "
+        f"jointly, and leaves {survivors} unsummed: each output's weights do not sum to 1",
+        (call.operand(label, x),),
+        f"take the softmax over only the {added_size} weights this sum adds (view them so "
+        f"that the other factor is an axis of its own, then softmax along the {added_size}), "
+        f"or sum over all {size}",
+        severity="warning",
+    )
+
+
+def _piece_text(meta, names, x, piece) -> str:
+    """A factor the sum left: its name where its dim names it, and the axis it sits in."""
+    axis, lo, hi = piece
+    inner = 1
+    name = None
+    for atom in reversed(D.normalize(meta.dims[axis])):
+        if inner == lo and inner * atom[2] == hi:
+            name = D.atom_name(atom)
+        inner *= atom[2]
+    shown = f"{names[axis]}={x.shape[axis]}" if names and names[axis] else f"size {x.shape[axis]}"
+    factor = f"the factor {name}={hi // lo}" if name else f"a factor of size {hi // lo}"
+    return f"{factor} of dim {axis - x.dim()} ({shown})"

@@ -10,8 +10,8 @@ an embedding's output width is d_model. Sizes name nothing here except where a
 module declares them (`declared`), and only for feature axes.
 """
 
-# The axis rules register; `weights` and `addresses` are called by `propagate`.
-from . import addresses, attention, elementwise, inputs, products, views, weights  # noqa: F401
+# The axis rules register; `weights`, `extent` and `addresses` are called by `propagate`.
+from . import addresses, attention, elementwise, extent, inputs, products, views, weights  # noqa: F401
 from .base import Made, fallback_axes, propagates, rule_for
 from .products import classify_product
 from .views import layout_order, regroup_view
@@ -30,7 +30,7 @@ def propagate(call, outputs: list) -> list[Made]:
         if not _fits(m.dims, out.shape):
             m = fallback_axes(call, out)
         fixed.append(m)
-    return addresses.carry(call, weights.carry(call, fixed))
+    return addresses.carry(call, extent.carry(call, weights.carry(call, fixed)))
 
 
 def _fits(dims: tuple, shape) -> bool:

@@ -18,6 +18,8 @@ class Made(NamedTuple):
     laid_out: bool = False  # a transpose or permute chose this axis order
     normed: str = ""  # attention weights: the side they sum to 1 along (`weights`)
     addresses: int = -1  # indices: the axis along which the values are positions (`addresses`)
+    normed_over: tuple = ()  # positions a softmax normalised jointly (`extent`)
+    weighted: bool = False  # those weights times values (`extent`)
 
 
 Rule = Callable[..., list[Made] | None]

@@ -138,7 +138,11 @@ class TokenCuts(ViewUnderExamination):
                     f"transpose first: {label}.transpose({real_i[0]}, {t}) puts the {token} "
                     "axis in front, then merge with a view"
                 )
-        elif seq_like and _carves_heads(real_i, t, self.resolved, real_j, declared):
+        elif (
+            seq_like
+            and not self.image(real_i)
+            and _carves_heads(real_i, t, self.resolved, real_j, declared)
+        ):
             relation = f"{expr}: carves heads out of the {token} axis: {regroup}"
             hint = carve_hint(label, shape, real_i, declared, self.sizes, count)
         elif self.kind(t) == BATCH and any(n in SEQ_AXES for n in names):
@@ -150,9 +154,6 @@ class TokenCuts(ViewUnderExamination):
                 f"reshape reinterprets memory and does not swap axes; to exchange batch and "
                 f"{other} use {label}.transpose({real_i[0]}, {real_i[1]})"
             )
-        elif self.image(real_i):
-            relation = f"{expr}: {regroup}, moving data across the {token} axis"
-            hint = self.patch_hint(real_i)
         else:
             relation = f"{expr}: {regroup}, moving data across the {token} axis"
             hint = self.reorder_hint(real_i, real_j)

@@ -155,3 +155,28 @@ def test_concatenations_that_are_right_are_silent(how):
     cached positions, 4 heads of 4."""
     img, txt, past = torch.randn(4, 3, 4, 4), torch.randn(4, 4, 16), torch.randn(4, 4, 4, 4)
     assert findings(Streams(how), img, txt, past) == []
+
+
+class PatchTokensCarved(nn.Module):
+    """A ViT's patch tokens with heads carved out of them: `view(B, heads, N, d_k)`."""
+
+    def __init__(self):
+        super().__init__()
+        self.n_heads = 4
+        self.patches = nn.Conv2d(3, 64, kernel_size=4, stride=4)
+        self.qkv = nn.Linear(64, 64)
+
+    def forward(self, img):
+        x = self.patches(img).flatten(2).transpose(1, 2)
+        B, N, C = x.shape
+        return self.qkv(x).view(B, self.n_heads, N, C // self.n_heads).softmax(-1)
+
+
+def test_heads_carved_out_of_patch_tokens_keep_the_head_split_hint():
+    """The way back to a map gets the permute hint; heads carved out of an image's tokens,
+    with the module's head count leading the target, still get the head split."""
+    (found,) = findings(PatchTokensCarved(), torch.randn(2, 3, 12, 20))
+    assert found.hint == (
+        "split heads out of the feature axis, then move them: use "
+        "qkv(x).view(batch, seq, heads, d_k).transpose(1, 2)"
+    )

@@ -140,7 +140,9 @@ class TokenCuts(ViewUnderExamination):
                 )
         elif (
             seq_like
-            and not self.image(real_i)
+            # An image's tokens put back as a map are no heads carve unless the module
+            # declares the heads the target leads with.
+            and (_declares_heads(declared) or not self.image(real_i))
             and _carves_heads(real_i, t, self.resolved, real_j, declared)
         ):
             relation = f"{expr}: carves heads out of the {token} axis: {regroup}"
@@ -199,6 +201,10 @@ def _straddles(shape, real_i: list[int], t: int, target, real_j: list[int]) -> b
         if not (inside or outside or contains):
             return True
     return False
+
+
+def _declares_heads(declared) -> bool:
+    return bool(declared.get("heads") or declared.get("kv_heads"))
 
 
 def _carves_heads(real_i, t, resolved, real_j, declared) -> bool:

@@ -26,6 +26,7 @@ The names of the bugs:
     contraction       a product that contracts the wrong axes when seq == d_k
     rotary_axis       rotary cos/sin broadcast along the heads instead of the positions
     causal_alignment  is_causal=True on a decode step against a KV cache
+    cat_axis          text and image tokens concatenated along their heads (joint attention)
 """
 
 import math
@@ -1037,6 +1038,44 @@ class PatchEmbed(nn.Module):
             else:
                 patches = grid.permute(0, 2, 4, 1, 3, 5).reshape(B, -1, C * p * p)
         return self.proj(patches)
+
+
+# -- joint text-image attention -----------------------------------------------------------
+class JointHeads(nn.Module):
+    """SD3/Flux-style joint attention: image patches (a strided conv) and text tokens, each
+    with its own query, key and value projections, attended as one sequence, text first.
+    layout "bshd" concatenates [B, L, heads, d_k], "bhsd" after the heads transpose."""
+
+    def __init__(self, channels, patch, d_model, heads, layout="bshd", bug=None):
+        super().__init__()
+        self.heads, self.d_k, self.layout, self.bug = heads, d_model // heads, layout, bug
+        self.patches = nn.Conv2d(channels, d_model, kernel_size=patch, stride=patch)
+        self.img_qkv, self.txt_qkv = (
+            nn.Linear(d_model, 3 * d_model),
+            nn.Linear(d_model, 3 * d_model),
+        )
+        self.out = nn.Linear(d_model, d_model)
+
+    def split(self, qkv):
+        B, L, _ = qkv.shape
+        parts = qkv.view(B, L, 3, self.heads, self.d_k).unbind(2)  # 3 x [B, L, heads, d_k]
+        return parts if self.layout == "bshd" else [t.transpose(1, 2) for t in parts]
+
+    def forward(self, img, txt):
+        x = self.patches(img).flatten(2).transpose(1, 2)  # [B, N, d_model]
+        image, text = self.split(self.img_qkv(x)), self.split(self.txt_qkv(txt))
+        tokens = 1 if self.layout == "bshd" else 2
+        heads = 3 - tokens
+        axis = heads if self.bug == "cat_axis" else tokens
+        (qt, kt, vt), (qi, ki, vi) = text, image
+        q = torch.cat((qt, qi), dim=axis)  # <- cat_axis
+        k = torch.cat((kt, ki), dim=axis)  # <- cat_axis
+        v = torch.cat((vt, vi), dim=axis)  # <- cat_axis
+        if self.layout == "bshd":
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v)  # [B, heads, S + N, d_k]
+        B = out.shape[0]
+        return self.out(out.transpose(1, 2).reshape(B, -1, self.heads * self.d_k))
 
 
 # -- softmaxes that are not attention ----------------------------------------------------

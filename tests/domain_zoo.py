@@ -197,7 +197,7 @@ BUGS = [
         "report: the same slip on the way back (dmenig/Pytorch-StNet#2), in SD's "
         "SpatialTransformer",
         "silent: channels and positions scrambled on the way back",
-        ("trace", "miss", "miss"),
+        "trace",
         "view_mixes_axes",
     ),
     Bug(
@@ -260,7 +260,7 @@ BUGS = [
         "report: huggingface/transformers#18908 review (dims must be rearranged before the "
         "reshape), at DiT's unpatchify",
         "silent: the image is scrambled",
-        ("trace", "miss", "trace"),
+        "trace",
         "view_mixes_axes",
     ),
     Bug(
@@ -269,8 +269,8 @@ BUGS = [
         "injected: SD3/Flux joint attention concatenating text and image on the heads axis (issue"
         " 32)",
         "loud where text and image lengths differ; silent at the coincident size",
-        ("trace", "miss", "trace"),
-        "torch_error",
+        "trace",
+        "torch_error|cat_axis",
     ),
     Bug(
         "joint_split_order",

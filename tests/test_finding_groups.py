@@ -57,6 +57,18 @@ def test_modules_that_are_not_one_set_of_layers_are_named():
     )
 
 
+def test_the_same_finding_twice_in_one_module_is_one_group_told_once():
+    """A helper called for the queries and then the keys (a rotary applied after the heads
+    transpose) makes the same finding at its line twice in one module: the same bug at the
+    same call, shown once with its count."""
+    findings = [finding("attn (A)"), finding("attn (A)")]
+    (group,) = grouped(findings)
+    assert group.findings == findings
+    assert group.modules == ["attn (A)"]
+    assert group.message == findings[0].message and group.headline == findings[0].headline
+    assert group.to_dict()["count"] == 2
+
+
 def test_findings_that_differ_in_more_than_their_module_stay_apart():
     findings = [
         finding("h.0.attn (A)"),
@@ -149,7 +161,7 @@ def test_trace_prints_a_finding_of_every_layer_once(model_file):
     lines = got.stdout.splitlines()
     count = next(line for line in lines if " ops in " in line)
     assert count.endswith(
-        "0 errors, 12 warnings (1 shown: a finding repeated across layers is shown once)"
+        "0 errors, 12 warnings (1 shown: a finding repeated across layers or calls is shown once)"
     )
     warnings = [i for i, line in enumerate(lines) if line.startswith("warning: ")]
     assert len(warnings) == 1

@@ -155,6 +155,23 @@ def images(s: Sizes):
     return (torch.randn(s.batch, s.channels, *s.image),)
 
 
+def joint_inputs(s: Sizes):
+    """Image patches 2 x (seq // 2) and seq text tokens: as many where seq is even."""
+    img = torch.randn(s.batch, s.channels, 2 * s.patch, s.seq // 2 * s.patch)
+    return img, torch.randn(s.batch, s.seq, s.d_model)
+
+
+def seq_is_even(sizes: Sizes) -> bool:
+    return sizes.seq % 2 == 0
+
+
+def joint(layout):
+    def factory(s, bug):
+        return zoo.JointHeads(s.channels, s.patch, s.d_model, s.heads, layout, bug)
+
+    return built(factory, joint_inputs)
+
+
 def built(factory, inputs):
     """make(sizes, bug): one seed, so a buggy module and its fix share their weights."""
 
@@ -298,6 +315,9 @@ BUGS = [
     # 16. is_causal=True on a decode step against a cache
     Bug("causal_alignment", "functional_sdpa", decode(), "causal_alignment", ("tril(",)),
     Bug("causal_alignment", "hf_cache", of(zoo.HFCachedAttention, with_cache), "causal_alignment", ("tril(",)),
+    # 17. text and image tokens concatenated along their heads, silent where their lengths agree
+    Bug("cat_axis", "joint_bshd", joint("bshd"), "cat_axis", ("dim=1)",), seq_is_even, ("torch_error",)),
+    Bug("cat_axis", "joint_bhsd", joint("bhsd"), "cat_axis", ("dim=2)",), seq_is_even, ("torch_error",)),
 ]  # fmt: skip
 
 
@@ -355,6 +375,8 @@ CORRECT = {
     "moe_router_n_experts_kv_heads": built(
         lambda s, bug: zoo.MoEBlock(s.d_model, s.heads, s.kv_heads, s.kv_heads), x_only
     ),
+    "joint_bshd": joint("bshd"),
+    "joint_bhsd": joint("bhsd"),
     "token_classifier_n_tags_heads": built(
         lambda s, bug: zoo.TokenClassifier(s.d_model, s.heads, s.heads), padded
     ),
@@ -368,7 +390,7 @@ def test_the_zoo_covers_every_bug_in_two_styles_with_marked_lines():
     for bug in BUGS:
         styles[bug.name].add(bug.style)
         assert MARKS[bug.name, None], f"{bug.name} has no `# <- {bug.name}` line in bug_zoo.py"
-    assert len(styles) == 16 and all(len(s) >= 2 for s in styles.values()), dict(styles)
+    assert len(styles) == 17 and all(len(s) >= 2 for s in styles.values()), dict(styles)
     assert len({str(bug) for bug in BUGS}) == len(BUGS)
 
 
@@ -709,7 +731,17 @@ def ref_classifier(model, x, attention_mask):
     return torch.softmax(model.head(ref_tutorial(model.encoder, x, attention_mask)), dim=-1)
 
 
+def ref_joint(model, img, txt):
+    """Text tokens then image patches as one sequence; each stream's own projections."""
+    x = F.conv2d(img, model.patches.weight, model.patches.bias, stride=model.patches.stride)
+    x = x.flatten(2).transpose(1, 2)
+    qkv = torch.cat((model.txt_qkv(txt), model.img_qkv(x)), dim=1)  # [B, S + N, 3 * d]
+    q, k, v = (heads_of(t, model.heads) for t in qkv.chunk(3, dim=-1))
+    return model.out(merged(F.scaled_dot_product_attention(q, k, v)))
+
+
 REFERENCES = {
+    zoo.JointHeads: ref_joint,
     zoo.TutorialMHA: ref_tutorial,
     zoo.FoldedHeads: ref_tutorial,
     zoo.AlibiAttention: ref_alibi,

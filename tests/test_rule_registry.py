@@ -189,6 +189,7 @@ RULE_BUGS: dict[str, tuple[str, ...]] = {
     "aggregation.weights_sum": ("aggregation_axis-deform_sum",),
     "cache.cache_grown_along": ("cache_axis-cat",),
     "cache.mask_key_length": ("mask_new_only-sdpa",),
+    "concat.cat_of_other_positions": ("cat_axis-joint_bshd", "cat_axis-joint_bhsd"),
     "contraction.einsum_axes": ("contraction-einsum",),
     "contraction.product_axes": ("contraction-tutorial_attn_v", "contraction-hf_eager_q_k"),
     "flex.block_mask_fits": ("block_mask_reused-flex",),

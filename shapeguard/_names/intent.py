@@ -218,17 +218,48 @@ def _read_plan(site, matches: bool, count: int, expand: bool) -> list:
             continue
         if read[0] == "attr":
             axis_name = _ATTRIBUTE_NAMES.get(read[1])
+            if axis_name is None and read[1] in _CHANNEL_COUNTS:
+                axis_name = "channels"
             plan.append(Intent(text, FEATURE, axis_name) if axis_name else None)
             continue
         _, tensor_name, index, part, line = read
         # The shape was read at `line`; the tensor now under that name is the one read only
         # if nothing was assigned to the name in between (q = q.transpose(1, 2) would be;
-        # the view's own statement, `x = x.view(...)`, assigns after the view).
-        if any(line < b.line and b.end < site.lineno for b in bindings.get(tensor_name, ())):
-            plan.append(None)
-            continue
-        plan.append((text, tensor_name, index, part))
+        # the view's own statement, `x = x.view(...)`, assigns after the view). Where it
+        # was, a name the code bound to the same tensor and kept holds it (`x_in = x`).
+        held_by = _still_holding(tensor_name, line, bindings, site.lineno)
+        plan.append((text, held_by, index, part) if held_by is not None else None)
     return plan
+
+
+# A module's declared count of channels (a conv block's, an image's): the features of a
+# channels-first map, as `self.n_heads` declares the heads.
+_CHANNEL_COUNTS = ("channels", "in_channels", "out_channels", "num_channels")
+
+
+def _still_holding(name: str, line: int, bindings: dict, site_line: int) -> str | None:
+    """A name that, at `site_line`, holds the tensor `name` held when its shape was read at
+    `line`: `name` itself where nothing was assigned to it in between, else a plain alias
+    (`x_in = x`, `residual = x`) made while `name` held that tensor and not rebound since
+    (assigned on every path to the site). None where no name is known to hold it."""
+    own = bindings.get(name, ())
+    later = [b.line for b in own if line < b.line and b.end < site_line]
+    if not later:
+        return name
+    rebound = min(later)
+    for alias, candidates in bindings.items():
+        binding = _binding(candidates, site_line)
+        value = binding.value if binding is not None else None
+        if not (isinstance(value, ast.Name) and value.id == name) or binding is None:
+            continue
+        if binding.end >= rebound:
+            continue  # bound after `name` took another tensor
+        # Between the alias and the read, `name` was not assigned: the same tensor.
+        low, high = sorted((binding.line, line))
+        if any(low < b.line and b.end < high for b in own):
+            continue
+        return alias
+    return None
 
 
 _EINOPS = ("rearrange", "repeat", "reduce")

@@ -1,5 +1,7 @@
 """A finding that repeats at one source line across layers, reported once with the
-modules it fired in (issue 30: one line of a 12-layer model was printed 36 times).
+modules it fired in (issue 30: one line of a 12-layer model was printed 36 times); and
+once where it repeats in one module, word for word (a helper that rotates the queries and
+then the keys: the same bug at the same call, told once with its count).
 
 The trace keeps every finding; the renderers group them (`grouped`): the text report,
 `shapeguard check`'s table, the JSON (one object per group, with a `modules` list) and
@@ -27,7 +29,8 @@ class FindingGroup:
 
     @property
     def modules(self) -> list[str]:
-        return [f.module for f in self.findings]
+        """The modules it fired in, each once, in the order it first fired there."""
+        return list(dict.fromkeys(f.module for f in self.findings))
 
     @property
     def count(self) -> int:
@@ -52,7 +55,7 @@ class FindingGroup:
     @property
     def headline(self) -> str:
         """The relation, with the layers where there are several (a row of `check`)."""
-        if len(self.findings) == 1:
+        if len(self.modules) == 1:
             return self.first.headline
         return f"{self.first.headline} (in {self.where})"
 
@@ -60,7 +63,7 @@ class FindingGroup:
     def message(self) -> str:
         """The first finding's message, with every module it fired in."""
         f = self.first
-        if len(self.findings) == 1 or not f.relation:
+        if len(self.modules) == 1 or not f.relation:
             return f.message
         return format_message(
             f.relation,
@@ -89,7 +92,7 @@ def grouped(findings: list[Finding]) -> list[FindingGroup]:
             order.append(FindingGroup([f]))
             continue
         key = (f.kind, f.severity, f.location, f.source, f.relation, f.operands, f.hint)
-        if key in groups and f.module not in groups[key].modules:
+        if key in groups:
             groups[key].findings.append(f)
             continue
         group = FindingGroup([f])

@@ -50,9 +50,7 @@ class NamedOtherwise(Unfolds):
         return said or _established_of(held) is not None
 
     def _intent_violation(self, j: int, intent, held, held_kind) -> Violation:
-        held_name = shown_name(held, D.known_name(held)) or " * ".join(
-            D.describe_atom(a) for a in held
-        )
+        held_name = shown_name(held, D.known_name(held)) or " * ".join(_part_name(a) for a in held)
         size = self.resolved[j]
         # What the message shows the read as (a graph's nodes, where a decision reads batch).
         read = shown_name(intent.axis, intent.name) if intent.axis is not None else intent.name
@@ -112,3 +110,14 @@ def _established_of(axis) -> str | None:
     copies, aside); None where none has, or where two kinds are."""
     kinds = {D.established_kind(a) for a in axis if a[0].find().kind != COPY} - {None}
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def _part_name(atom) -> str:
+    """A factor in a message: its name, or which named axis it is a part of (a factor of
+    the channels a view cut out of them)."""
+    name = D.atom_name(atom)
+    if name is None and not D.is_whole(atom):
+        whole = D.dim_name(atom[0].find())
+        if whole is not None:
+            return f"part of {whole}"
+    return D.describe_atom(atom)

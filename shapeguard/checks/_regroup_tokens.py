@@ -139,7 +139,13 @@ class TokenCuts(ViewUnderExamination):
                     f"transpose first: {label}.transpose({real_i[0]}, {t}) puts the {said} "
                     "axis in front, then merge with a view"
                 )
-        elif seq_like and _carves_heads(real_i, t, self.resolved, real_j, declared):
+        elif (
+            seq_like
+            # An image's tokens put back as a map are no heads carve unless the module
+            # declares the heads the target leads with.
+            and (_declares_heads(declared) or not self.image(real_i))
+            and _carves_heads(real_i, t, self.resolved, real_j, declared)
+        ):
             relation = f"{expr}: carves heads out of the {said} axis: {regroup}"
             hint = carve_hint(label, shape, real_i, declared, self.sizes, count)
         elif self.kind(t) == BATCH and any(n in SEQ_AXES for n in names):
@@ -151,9 +157,6 @@ class TokenCuts(ViewUnderExamination):
                 f"reshape reinterprets memory and does not swap axes; to exchange batch and "
                 f"{other} use {label}.transpose({real_i[0]}, {real_i[1]})"
             )
-        elif self.image(real_i):
-            relation = f"{expr}: {regroup}, moving data across the {said} axis"
-            hint = self.patch_hint(real_i)
         else:
             relation = f"{expr}: {regroup}, moving data across the {said} axis"
             hint = self.reorder_hint(real_i, real_j)
@@ -199,6 +202,10 @@ def _straddles(shape, real_i: list[int], t: int, target, real_j: list[int]) -> b
         if not (inside or outside or contains):
             return True
     return False
+
+
+def _declares_heads(declared) -> bool:
+    return bool(declared.get("heads") or declared.get("kv_heads"))
 
 
 def _carves_heads(real_i, t, resolved, real_j, declared) -> bool:

@@ -261,15 +261,15 @@ class ViewUnderExamination:
 
     def reorder_hint(self, real_i, real_j, intents: bool = False) -> str:
         """View in the order the data is stored, then permute: computed when the target
-        sizes are a reordering of the source's factors."""
-        if self.image(real_i):
-            return self.patch_hint(real_i)
+        sizes are a reordering of the source's factors (tokens put back as a channels-first
+        map too); else, for an image, the hint for patches made or put back."""
         atoms = self.atoms(real_i)
+        if self.image(real_i):
+            order = self._order(real_i, real_j, intents)
+            if order is None or order == list(range(len(order))):
+                return self.unpatchify_hint(real_i, real_j) or self.patch_hint(real_i)
         sizes = [a[2] for a in atoms]
-        wanted = [self.resolved[j] for j in real_j]
-        named = self.intents if intents else []
-        wants = [named[j].kind if named and named[j] is not None else None for j in real_j]
-        order = _reordering(sizes, wanted, [D.kind_of((a,)) for a in atoms], wants)
+        order = self._order(real_i, real_j, intents)
         generic = (
             "a view keeps memory order and cannot move an axis: view the tensor in the order "
             "its axes are stored, then move them with permute (or transpose)"
@@ -280,6 +280,38 @@ class ViewUnderExamination:
         stored = ", ".join([*lead, *(str(s) for s in sizes)])
         perm = ", ".join(str(p) for p in [*range(len(lead)), *(len(lead) + k for k in order)])
         return f"{generic}: {self.label}.view({stored}).permute({perm})"
+
+    def _order(self, real_i, real_j, intents: bool) -> list[int] | None:
+        atoms = self.atoms(real_i)
+        wanted = [self.resolved[j] for j in real_j]
+        named = self.intents if intents else []
+        wants = [named[j].kind if named and named[j] is not None else None for j in real_j]
+        kinds = [D.kind_of((a,)) for a in atoms]
+        return _reordering([a[2] for a in atoms], wanted, kinds, wants)
+
+    def unpatchify_hint(self, real_i, real_j) -> str | None:
+        """The hint where tokens of a patch grid, each holding a patch's pixels of every
+        channel ([N, gh * gw, p * p * c]), are viewed as the image [N, c, gh * p, gw * p]:
+        the patches' rows and columns are to be moved next to the grid's first. None for
+        any other group."""
+        tokens = [a for a in self.atoms(real_i) if D.kind_of((a,)) == TOKEN]
+        features = [i for i in real_i if self.kind(i) == FEATURE]
+        if len(tokens) != 2 or len(features) != 1 or len(real_j) < 3:
+            return None
+        (gh, gw), pixels = (a[2] for a in tokens), self.shape[features[0]]
+        c, height, width = (self.resolved[j] for j in real_j[-3:])
+        p = height // gh
+        n = real_j[-3]
+        if height % gh or width != gw * p or pixels != p * p * c or p < 2 or not n:
+            return None
+        lead = ", ".join(str(self.resolved[j]) for j in range(n))
+        perm = ", ".join(str(k) for k in [*range(n), n + 4, n, n + 2, n + 1, n + 3])
+        return (
+            "each token holds a patch's pixels, [p, p, c] for its place in the grid: view "
+            f"them as such and move the patch rows next to the grid's, "
+            f"{self.label}.reshape({lead}, {gh}, {gw}, {p}, {p}, {c}).permute({perm})"
+            f".reshape({lead}, {c}, {height}, {width})"
+        )
 
 
 def holds(held, axis, whole: bool) -> bool:

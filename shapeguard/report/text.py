@@ -211,7 +211,7 @@ def human_bytes(n: int) -> str:
 
 def summary_line(trace) -> str:
     """`20 ops in 5 modules; 0 errors, 0 warnings` (and `(3 shown: ...)` where findings
-    repeated across layers are grouped, `; 1 suppressed`, and the failures of shapeguard's
+    repeated across layers or calls are grouped, `; 1 suppressed`, and the failures of shapeguard's
     own code it contained: `; 1 internal error (...)`)."""
     from .._trace.finding_groups import grouped
 
@@ -222,7 +222,7 @@ def summary_line(trace) -> str:
         f"{_count(len(trace.events), 'op')} in {_count(trace.modules_seen, 'module')}; "
         f"{_count(len(trace.errors), 'error')}, {_count(len(trace.warnings), 'warning')}"
         + (
-            f" ({shown} shown: a finding repeated across layers is shown once)"
+            f" ({shown} shown: a finding repeated across layers or calls is shown once)"
             if shown < len(trace.findings)
             else ""
         )

@@ -28,7 +28,17 @@ import domain_zoo_vision as vision
 from domain_zoo_sizes import SETTINGS, Sizes
 from torch import nn
 
-__all__ = ["ARCHS", "BUGS", "FALSE_ALARMS", "SETTINGS", "Arch", "Bug", "Sizes", "about_the_bug"]
+__all__ = [
+    "ARCHS",
+    "BUGS",
+    "FALSE_ALARMS",
+    "SETTINGS",
+    "Arch",
+    "Bug",
+    "Sizes",
+    "about_the_bug",
+    "on_marked_line",
+]
 
 
 @dataclass(frozen=True)
@@ -530,6 +540,12 @@ def marked_lines(bug: Bug) -> set[int]:
         if bug.name in names:
             marked.add(number)
     return marked
+
+
+def on_marked_line(name: str, location: str) -> bool:
+    """Whether `location` is one of the lines marked `# <- name` (a test that asserts this
+    does not move when an edit elsewhere in the zoo's file shifts the lines)."""
+    return about_the_bug(next(b for b in BUGS if b.name == name), location)
 
 
 def about_the_bug(bug: Bug, location: str) -> bool:

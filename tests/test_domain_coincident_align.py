@@ -40,12 +40,6 @@ def only(found, kind: str):
     return found[0]
 
 
-def on_marked_line(bug: str, location: str) -> bool:
-    """Whether `location` is one of the lines the zoo marks `# <- bug` (not a line number, so
-    an edit elsewhere in the zoo's file does not move the test)."""
-    return domain_zoo.about_the_bug(next(b for b in domain_zoo.BUGS if b.name == bug), location)
-
-
 # -- the three bugs at the coincident size -----------------------------------------------
 def test_dit_modulate_over_the_tokens_names_batch_and_tokens():
     found = only(zoo_findings("dit", COINCIDENT, "dit_modulate_tokens"), "misaligned_axes")
@@ -55,7 +49,7 @@ def test_dit_modulate_over_the_tokens_names_batch_and_tokens():
         "(1 + scale.unsqueeze(0)).batch (4): positions (tokens) against the examples of the "
         "batch; the sizes agree only because they coincide here"
     )
-    assert on_marked_line("dit_modulate_tokens", found.location)
+    assert domain_zoo.on_marked_line("dit_modulate_tokens", found.location)
     assert "  x                       [batch=4, height*width=4, channels=16] float32" in lines
     assert "  1 + scale.unsqueeze(0)  [1, batch=4, 16] float32" in lines
     assert found.hint == (
@@ -71,7 +65,7 @@ def test_perceiver_latents_paired_with_the_batch_names_the_parameter_and_the_bat
         "parameter's own axis) with k.batch (axis 0), while q holds the copy made along "
         "k.batch on axis 2 ('i')"
     )
-    assert on_marked_line("perceiver_latents_axis", found.location)
+    assert domain_zoo.on_marked_line("perceiver_latents_axis", found.location)
     assert found.hint == (
         "a parameter holds no examples: make the copy along k.batch the axis of q under 'b', "
         "and keep the parameter's own axis under 'i'"
@@ -86,7 +80,7 @@ def test_detr_batch_first_memory_names_the_queries_rows_and_the_positions():
         "axis (axis 0 of query_embed.weight), key's is key.height*width: a parameter holds no "
         "examples"
     )
-    assert on_marked_line("detr_batch_first", found.location)
+    assert domain_zoo.on_marked_line("detr_batch_first", found.location)
     assert "  key    [batch=4, height*width=4, channels=16] float32" in lines
     assert found.hint.startswith(
         "batch_first=False reads inputs as [seq, batch, embed_dim]: copy the parameter along "

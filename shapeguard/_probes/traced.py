@@ -48,6 +48,7 @@ def trace_for_probes(model, args: tuple, kwargs: dict, *, like: Traced | None = 
             warnings.simplefilter("ignore", ShapeWarning)
             with recording_session(trace, model, args, kwargs) as session:
                 watch.session = session
+                watch.index_flow.seed((args, kwargs))
                 with watch:
                     out = model(*args, **kwargs)
                 watch.heads.finish(session, model, out)

@@ -145,6 +145,37 @@ def test_an_aggregation_that_depends_on_the_edge_order_fails():
     assert lines[-1].startswith("  hint: the edges are a set: an aggregation that depends on")
 
 
+def test_edge_attributes_move_with_their_edges():
+    pyg = pytest.importorskip("torch_geometric.nn")
+    torch.manual_seed(0)
+    model = pyg.TransformerConv(12, 5, heads=3, edge_dim=4)
+    x, edge_index = random_graph(9, 12)
+    report, got = probe(model, x, edge_index, torch.randn(edge_index.shape[1], 4))
+    assert got.status == "passed", report.render(width=200)
+    assert "and reordering the edges left them unchanged" in got.message
+
+
+class TableRows(nn.Module):
+    """A language model's ids, [batch=2, seq], picking rows of its embedding table: an
+    integer input with an axis of 2 whose values pick rows, but of no input's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(50, 12))
+        self.attn = nn.MultiheadAttention(12, 3, batch_first=True)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.table[ids]
+        return self.attn(h, h, h)[0]
+
+
+def test_ids_picking_table_rows_are_no_edge_list():
+    torch.manual_seed(0)
+    _, got = probe(TableRows(), torch.randint(0, 50, (2, 5)))
+    assert got.status == "skipped", got.message
+    assert got.message.startswith("no input is a graph: no [2, edges] integer input"), got.message
+
+
 class MeanReadout(nn.Module):
     """Graph attention, then the mean over the nodes: a graph-level vector."""
 
@@ -194,11 +225,29 @@ def test_nodes_with_identities_are_not_applicable():
     torch.manual_seed(0)
     _, got = probe(NodeTable(7), *random_graph(7, 15))
     assert got.status == "skipped", got.message
-    assert got.message.startswith("embedding at "), got.message
+    assert got.message.startswith("edge_index [2, 21] picks rows (index_select at "), got.message
     assert got.message.endswith(
-        "reads rows of a table by an index the module makes: its rows (nodes or positions) "
-        "have identities, and relabelling them is no symmetry"
+        "of an axis the trace takes for a sequence's tokens (positions are made along it), "
+        "not a graph's nodes"
     )
+
+
+class NodeBias(GraphAttention):
+    """A learned bias per node (a transductive layer), gathered by an index it makes."""
+
+    def __init__(self, nodes: int) -> None:
+        super().__init__(3, 5, "index_select")
+        self.bias = nn.Parameter(torch.randn(nodes, 15))
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return super().forward(x, edge_index) + self.bias
+
+
+def test_a_parameter_along_the_nodes_is_not_applicable():
+    torch.manual_seed(0)
+    _, got = probe(NodeBias(7), *random_graph(7, 15))
+    assert got.status == "skipped", got.message
+    assert got.message == "the parameter or buffer bias [7, 15] runs along the nodes"
 
 
 class MaskedSelfAttention(nn.Module):

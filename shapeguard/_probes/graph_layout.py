@@ -40,12 +40,12 @@ class Graph:
     left_out: list[str] = field(default_factory=list)  # outputs not compared, and why
 
 
-def read_graph(found, names: dict, traced, model, causal: str) -> "Graph | str":
+def read_graph(found, names: dict, traced, causal: str) -> "Graph | str":
     """The graph `found` (input leaves) holds, or why the probe cannot tell one."""
     dims = {path: _dims(traced.in_metas.get(path), t) for path, t in found}
     tensors = dict(found)
     watch = traced.watch
-    edges = _edge_lists(found, watch)
+    edges = _edge_lists(found, dims, names, watch)
     if isinstance(edges, str):
         return edges
     if edges:
@@ -90,7 +90,7 @@ def read_graph(found, names: dict, traced, model, causal: str) -> "Graph | str":
             return graph
         graph.seen = f"{graph.seen}; {adjacency} is an adjacency"
         edge_roots, extent = set(), (graph.nodes, graph.nodes)
-    held = _identities(model, watch, nodes)
+    held = _identities(traced, watch, nodes)
     if held:
         return held
     unclear = _unplaced_inputs(found, dims, names, graph, extent)
@@ -105,16 +105,34 @@ def _dims(meta, t: torch.Tensor) -> tuple:
     return axes if axes is not None and len(axes) == t.dim() else ((),) * t.dim()
 
 
-def _edge_lists(found, watch) -> "list | str":
-    """The paths of the [2, edges] inputs whose values address rows (or why not one)."""
-    indexing = {p for _, by, _ in watch.addressed_by for p in by}
+def _edge_lists(found, dims, names, watch) -> "list | str":
+    """The paths of the [2, edges] inputs whose values address rows of a floating input
+    that are no sequence's tokens (or why not one): an LM's ids picking rows of a table,
+    or positions picking tokens, are no edge list."""
+    rows: dict[int, bool] = {}  # id of a floating input's axis dim -> it is tokens
+    for path, t in found:
+        for axis in dims[path] if t.is_floating_point() else ():
+            root = root_of(axis)
+            if root is not None:
+                rows[id(root)] = D.kind_of(axis) == D.TOKEN
     tensors = dict(found)
-    edges = [
-        p for p in indexing if p in tensors and tensors[p].dim() == 2 and 2 in tensors[p].shape
-    ]
+    edges, tokens = [], ""
+    for root, by, where in watch.addressed_by:
+        for p in by:
+            t = tensors.get(p)
+            if t is None or t.dim() != 2 or 2 not in t.shape or p in edges:
+                continue
+            if rows.get(id(root.find())) is False:
+                edges.append(p)
+            elif rows.get(id(root.find())):
+                tokens = tokens or (
+                    f"{names[p]} {list(t.shape)} picks rows ({where}) of an axis the trace "
+                    "takes for a sequence's tokens (positions are made along it), not a "
+                    "graph's nodes"
+                )
     if len(edges) > 1:
         return "two inputs are edge lists: which nodes each numbers cannot be told"
-    return edges
+    return edges or tokens
 
 
 def _by_edge_list(path, edge_list, watch):
@@ -193,13 +211,10 @@ def _adjacency(found, dims, names) -> tuple[list, str]:
     return [], ""
 
 
-def _identities(model, watch, nodes: list) -> str:
+def _identities(traced, watch, nodes: list) -> str:
     """Why the module's nodes have identities (a parameter along them, a table read by an
     index of the module's own), or ""."""
-    metas = getattr(watch.session, "metas", None)
-    tensors = [*model.named_parameters(), *model.named_buffers()] if metas is not None else []
-    for name, p in tensors:
-        meta = metas.get(p) if metas is not None else None
+    for name, p, meta in traced.state_metas:
         for a in getattr(meta, "dims", None) or ():
             if any(root_of(a) is n for n in nodes):
                 return f"the parameter or buffer {name} {list(p.shape)} runs along the nodes"

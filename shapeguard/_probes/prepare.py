@@ -84,7 +84,7 @@ def prepare_subject(work, model, args, kwargs, traced: Traced, causal, seed, rep
         not_causal=elsewhere,
     )
     try:
-        subject.graph = read_graph(found, leaf_names, traced, work, why)
+        subject.graph = read_graph(found, leaf_names, traced, why)
     except Exception as error:  # the graph probe reports it as its own crash
         subject.graph = error
     subject.rtol = _tolerance(subject)

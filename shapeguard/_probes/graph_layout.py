@@ -132,7 +132,7 @@ def _edge_lists(found, dims, names, watch) -> "list | str":
                 )
     if len(edges) > 1:
         return "two inputs are edge lists: which nodes each numbers cannot be told"
-    return edges or tokens
+    return tokens if tokens and not edges else edges
 
 
 def _by_edge_list(path, edge_list, watch):

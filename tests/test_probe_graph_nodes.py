@@ -113,8 +113,8 @@ def test_a_layer_that_mixes_nodes_by_position_fails(bug, size):
     ), got.message
     assert lines[-1] == (
         "  hint: a graph layer treats node ids as labels: a view or reshape across the node "
-        "axis, or a node's neighbours read by their position rather than through the edge "
-        "list, breaks that"
+        "axis, a node's neighbours read by their position rather than through the edge list, "
+        "or a node count read from the edge list's largest value, breaks that"
     )
     assert not report.passed
 

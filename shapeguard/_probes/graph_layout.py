@@ -43,53 +43,17 @@ class Graph:
 def read_graph(found, names: dict, traced, causal: str) -> "Graph | str":
     """The graph `found` (input leaves) holds, or why the probe cannot tell one."""
     dims = {path: _dims(traced.in_metas.get(path), t) for path, t in found}
-    tensors = dict(found)
     watch = traced.watch
     edges = _edge_lists(found, dims, names, watch)
     if isinstance(edges, str):
         return edges
     if edges:
-        (path,) = edges
-        nodes, edge_axis, index_roots = _by_edge_list(path, tensors[path], watch)
-        graph = _graph_of(nodes, found, dims, names)
-        if isinstance(graph, str):
-            return graph
-        graph.edge_list, graph.edge_axis = path, edge_axis
-        other = _other_index(watch, nodes, path, names)
-        if other:
-            return other
-        edge_list = tensors[path]
-        bad = _not_ids(edge_list, graph.nodes, names[path])
-        if bad:
-            return bad
-        graph.seen = f"{graph.seen}; {names[path]} {list(edge_list.shape)} holds node ids"
-        edge_root = root_of(dims[path][edge_axis])
-        for other, axes in dims.items():
-            for d, axis in enumerate(axes):
-                if other != path and edge_root is not None and root_of(axis) is edge_root:
-                    graph.edge_axes[other] = d
-        edge_roots = {id(r) for r in index_roots} | {id(root_of(a)) for a in dims[path]}
-        extent = (graph.nodes, int(edge_list.shape[edge_axis]))
+        made = _by_edges(edges[0], found, dims, names, watch)
     else:
-        nodes, adjacency = _adjacency(found, dims, names)
-        if not nodes:
-            return (
-                "no input is a graph: no [2, edges] integer input whose values pick rows, and "
-                "no adjacency (an input with two axes that are one axis of a floating input)"
-            )
-        if watch.made_positions or causal:
-            made = watch.made_positions
-            why = f"positional terms ({made})" if made else f"a causal mask ({causal})"
-            return (
-                f"{adjacency} has two axes that are one axis of the inputs (an adjacency), "
-                "but the module "
-                f"has {why}: a sequence's tokens, not a graph's nodes"
-            )
-        graph = _graph_of(nodes, found, dims, names)
-        if isinstance(graph, str):
-            return graph
-        graph.seen = f"{graph.seen}; {adjacency} is an adjacency"
-        edge_roots, extent = set(), (graph.nodes, graph.nodes)
+        made = _by_adjacency(found, dims, names, watch, causal)
+    if isinstance(made, str):
+        return made
+    graph, nodes, edge_roots, extent = made
     held = _identities(traced, watch, nodes)
     if held:
         return held
@@ -98,6 +62,51 @@ def read_graph(found, names: dict, traced, causal: str) -> "Graph | str":
         return unclear
     _outputs(traced.out_metas, graph, nodes, edge_roots, extent)
     return graph
+
+
+def _by_edges(path, found, dims, names, watch):
+    """(the graph, its node dims, the edges' dims, the nodes' and edges' counts) an edge
+    list makes, or why it makes none."""
+    edge_list = dict(found)[path]
+    nodes, edge_axis, index_roots = _by_edge_list(path, edge_list, watch)
+    graph = _graph_of(nodes, found, dims, names)
+    if isinstance(graph, str):
+        return graph
+    graph.edge_list, graph.edge_axis = path, edge_axis
+    bad = _other_index(watch, nodes, path, names) or _not_ids(edge_list, graph.nodes, names[path])
+    if bad:
+        return bad
+    graph.seen = f"{graph.seen}; {names[path]} {list(edge_list.shape)} holds node ids"
+    edge_root = root_of(dims[path][edge_axis])
+    for other, axes in dims.items():
+        for d, axis in enumerate(axes):
+            if other != path and edge_root is not None and root_of(axis) is edge_root:
+                graph.edge_axes[other] = d
+    edge_roots = {id(r) for r in index_roots} | {id(root_of(a)) for a in dims[path]}
+    return graph, nodes, edge_roots, (graph.nodes, int(edge_list.shape[edge_axis]))
+
+
+def _by_adjacency(found, dims, names, watch, causal: str):
+    """(the graph, its node dims, no edge dims, the nodes' count twice) an adjacency
+    makes, or why there is none."""
+    nodes, adjacency = _adjacency(found, dims, names)
+    if not nodes:
+        return (
+            "no input is a graph: no [2, edges] integer input whose values pick rows, and "
+            "no adjacency (an input with two axes that are one axis of a floating input)"
+        )
+    if watch.made_positions or causal:
+        made = watch.made_positions
+        why = f"positional terms ({made})" if made else f"a causal mask ({causal})"
+        return (
+            f"{adjacency} has two axes that are one axis of the inputs (an adjacency), but "
+            f"the module has {why}: a sequence's tokens, not a graph's nodes"
+        )
+    graph = _graph_of(nodes, found, dims, names)
+    if isinstance(graph, str):
+        return graph
+    graph.seen = f"{graph.seen}; {adjacency} is an adjacency"
+    return graph, nodes, set(), (graph.nodes, graph.nodes)
 
 
 def _dims(meta, t: torch.Tensor) -> tuple:

@@ -55,8 +55,8 @@ def node_relabelling(s: Subject) -> ProbeResult:
             action,
             target,
             "a graph layer treats node ids as labels: a view or reshape across the node axis, "
-            "or a node's neighbours read by their position rather than through the edge "
-            "list, breaks that",
+            "a node's neighbours read by their position rather than through the edge list, "
+            "or a node count read from the edge list's largest value, breaks that",
         )
         if result.status == "passed":
             result.message = f"{action} {_held(graph)} (deviation {dev:.1e})"

@@ -106,7 +106,7 @@ def test_the_table_and_the_json_say_the_probes_ran_in_eval_mode():
     report = check(model, data("distinct"))
     lines = report.render(width=300).splitlines()
     below = next(i for i, line in enumerate(lines) if line.startswith("└"))
-    assert lines[-1] == "10 checks in float64: 7 passed, 3 n/a; passed"
+    assert lines[-1] == "11 checks in float64: 7 passed, 4 n/a; passed"
     assert lines[below + 1] == (
         "mode: the probes ran the module in eval mode (dropout off); it was given in "
         "train mode and is left so"
@@ -194,7 +194,7 @@ def test_the_command_line_says_the_mode_under_the_table_and_in_the_json(tmp_path
     assert got.exit_code == 0, (got.stdout, got.stderr)
     lines = got.stdout.splitlines()
     below = next(i for i, line in enumerate(lines) if line.startswith("└"))
-    assert lines[-1] == "10 checks: 7 passed, 3 n/a; passed"
+    assert lines[-1] == "11 checks: 7 passed, 4 n/a; passed"
     assert lines[below + 1] == (
         "mode: the probes ran the module in eval mode (dropout off); it was given in "
         "train mode and is left so"

@@ -179,7 +179,7 @@ def test_check_from_run_passes_on_the_real_inputs_with_nothing_made_up(folder):
     # The key-padding probe read the program's own [B, 1, S] mask, the way the model applies it.
     padding = next(line for line in result.stdout.splitlines() if "key-padding" in line)
     assert "pass" in padding and "src_mask marks it False" in padding
-    assert "10 checks: 7 passed, 3 n/a; passed" in result.stdout
+    assert "11 checks: 7 passed, 4 n/a; passed" in result.stdout
     assert digest(folder) == before  # the kept inputs and the user's files untouched
 
 

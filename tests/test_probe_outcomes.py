@@ -1125,7 +1125,7 @@ def test_the_report_shows_inconclusive_apart_and_fails_nothing():
     text = report.render(width=200)
     row = next(line for line in text.splitlines() if line.startswith("│ head-permutation"))
     assert "│ inconclusive │" in row
-    assert text.splitlines()[-1] == "10 checks in float64: 6 passed, 1 inconclusive, 3 n/a; passed"
+    assert text.splitlines()[-1] == "11 checks in float64: 6 passed, 1 inconclusive, 4 n/a; passed"
     assert report.passed and report.verdict == "passed"
     assert [r.name for r in report.inconclusive] == ["head-permutation invariance"]
     data_ = report.to_dict()
@@ -1133,7 +1133,7 @@ def test_the_report_shows_inconclusive_apart_and_fails_nothing():
     assert entry["status"] == "inconclusive" and entry["passed"] is True
     assert entry["reason"] == entry["message"].splitlines()[0]
     assert entry["hint"] is None
-    assert data_["counts"] == {"passed": 6, "failed": 0, "inconclusive": 1, "skipped": 3}
+    assert data_["counts"] == {"passed": 6, "failed": 0, "inconclusive": 1, "skipped": 4}
 
 
 def test_the_command_exits_0_on_inconclusive_and_says_how_many(tmp_path):
@@ -1180,7 +1180,7 @@ def test_the_command_exits_0_on_inconclusive_and_says_how_many(tmp_path):
     row = next(r for r in rows if "head-permutation invariance" in r)
     assert "│ inconclusive │ add at " in row
     assert done.stdout.splitlines()[-1] == (
-        "10 checks: 6 passed, 1 inconclusive, 3 n/a; passed (1 inconclusive: see the reasons above)"
+        "11 checks: 6 passed, 1 inconclusive, 4 n/a; passed (1 inconclusive: see the reasons above)"
     )
     out = json.loads(CliRunner().invoke(cli, ["check", str(path), "--json", "-"]).stdout)
     assert out["check"]["passed"] is True and out["check"]["inconclusive"] == 1

@@ -86,6 +86,7 @@ def test_a_correct_module_passes_every_probe_that_applies():
         "causality": "passed",
         "key-padding invariance": "skipped",
         "token-permutation equivariance": "skipped",
+        "node-relabelling equivariance": "skipped",
         "head-permutation invariance": "passed",
         "length change": "passed",
         "decode consistency": "skipped",
@@ -343,7 +344,7 @@ def test_report_renders_a_plain_table_and_each_failure_in_full():
         line.startswith("│ head-permutation invariance") and "failed" in line for line in lines
     )
     assert "head-permutation invariance: permuting the 3 heads of Attention" in text
-    assert lines[-1] == "10 checks in float64: 4 passed, 3 failed, 3 n/a; failed"
+    assert lines[-1] == "11 checks in float64: 4 passed, 3 failed, 4 n/a; failed"
     assert str(report) == report.render()
     assert report.to_dict()["passed"] is False
 

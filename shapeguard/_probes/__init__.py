@@ -12,6 +12,8 @@ those axes apart, or does not apply to the module, says so and is skipped.
 - causality (causal modules): changing later tokens leaves earlier outputs alone;
 - key-padding invariance: changing padded keys leaves the real tokens' outputs alone;
 - token-permutation equivariance (no positional terms, no mask);
+- node-relabelling equivariance (graphs: an edge list or an adjacency): relabelling the
+  nodes permutes the node-indexed outputs alike, reordering the edges changes nothing;
 - head-permutation invariance: permuting heads in the Q/K/V projections' rows and
   the output projection's columns leaves the output unchanged;
 - length change: the module runs at a shorter length, and a causal module's first
@@ -46,6 +48,7 @@ from .batch import batch_independence, sub_batch
 from .compare import DtypeScan, rtol_for, tolerance
 from .decode import decode_consistency
 from .edits import take_examples
+from .graph_nodes import node_relabelling
 from .heads import head_permutation
 from .layout import read_layout
 from .reach import measured_reach
@@ -70,6 +73,7 @@ __all__ = [
     "key_padding",
     "leaves",
     "length_change",
+    "node_relabelling",
     "not_applicable",
     "measured_reach",
     "pick",

@@ -21,6 +21,7 @@ def prepare_subject(work, model, args, kwargs, traced: Traced, causal, seed, rep
     import torch
 
     from . import intent
+    from .graph_layout import read_graph
     from .layout import read_layout
 
     try:
@@ -82,6 +83,10 @@ def prepare_subject(work, model, args, kwargs, traced: Traced, causal, seed, rep
         random=random_,
         not_causal=elsewhere,
     )
+    try:
+        subject.graph = read_graph(found, leaf_names, traced, why)
+    except Exception as error:  # the graph probe reports it as its own crash
+        subject.graph = error
     subject.rtol = _tolerance(subject)
     if candidate is not work:
         # The memo is a field of the subject it reads: held weakly, else the two make a

@@ -13,6 +13,7 @@ import torch
 from .._names import axes as _axes
 from .compare import deviation, scale_of
 from .edits import take
+from .graph_layout import Graph
 from .layout_records import Layout, OutLeaf, example_rows
 from .result import ProbeResult
 from .runs import Rejected, call
@@ -58,6 +59,8 @@ class Subject:
     # Why the module's causal mask is not about the queries the probes test ("" where it
     # is, or where the module is not causal at all).
     not_causal: str = ""
+    # The graph the inputs hold (`graph_layout.Graph`), or why the trace shows none.
+    graph: Graph | str | Exception | None = None
 
     def run(self, inputs, what: str = "") -> torch.Tensor:
         """The first floating output of one forward (`runs.Rejected` if the module raises)."""

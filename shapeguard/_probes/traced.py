@@ -23,6 +23,8 @@ class Traced:
     in_metas: dict = field(default_factory=dict)
     out_metas: list = field(default_factory=list)  # (path, tensor, meta) of floating outputs
     on: bool = True  # checks were on for it (so the retraces of its probes are too)
+    # (name, tensor, meta) of the module's parameters and buffers the forward read.
+    state_metas: list = field(default_factory=list)
 
 
 def trace_for_probes(model, args: tuple, kwargs: dict, *, like: Traced | None = None) -> Traced:
@@ -48,6 +50,7 @@ def trace_for_probes(model, args: tuple, kwargs: dict, *, like: Traced | None = 
             warnings.simplefilter("ignore", ShapeWarning)
             with recording_session(trace, model, args, kwargs) as session:
                 watch.session = session
+                watch.index_flow.seed((args, kwargs))
                 with watch:
                     out = model(*args, **kwargs)
                 watch.heads.finish(session, model, out)
@@ -57,6 +60,12 @@ def trace_for_probes(model, args: tuple, kwargs: dict, *, like: Traced | None = 
                 traced.in_metas = {
                     path: session.metas.get(t) for path, t in _probes.leaves((args, kwargs))
                 }
+                held = [*model.named_parameters(), *model.named_buffers()]
+                traced.state_metas = [
+                    (name, t, meta)
+                    for name, t in held
+                    if (meta := session.metas.get(t)) is not None
+                ]
                 traced.out_metas = [
                     (path, t, session.metas.get(t))
                     for path, t in _probes.leaves(out)

@@ -9,6 +9,7 @@ from ..checks.mask_semantics import mask_uses
 from .contractions import note_contracted
 from .cuts import CUTTING, note_cuts
 from .head_sites import HeadWatch
+from .index_flow import IndexFlow
 from .tree import first_output
 
 # The ops whose masks `mask_uses` reads: the only ones worth building an OpCall for.
@@ -56,6 +57,15 @@ class Watch:
         # (root dim of the axis, root dims of the index, where): rows picked or written
         # along an axis by an index tensor's values.
         self.addressed: list[tuple] = []
+        # Which integer inputs each index's values come from (`index_flow`), and per
+        # addressing op (root dim of the axis, those inputs' paths, where): the graph probe
+        # reads an edge list's nodes from it (`graph_layout`).
+        self.index_flow = IndexFlow()
+        self.addressed_by: list[tuple] = []
+        # The first op that reads rows of a parameter or buffer by an index no input's
+        # values make (a position table, an embedding of arange): rows have identities.
+        self.own_rows = ""
+        self.made_positions = ""  # the first op that makes positions (arange, sin, cos)
         # (dim, where) for each dim a matrix product contracted (`contractions`).
         self.contracted: list[tuple] = []
         # {id of a token axis's dim: cuts.Cut}: the last op that took it out of its output.
@@ -189,8 +199,15 @@ class Watch:
         note_contracted(self.contracted, session, op, args, lambda: self._where(count, op))
         if op in CUTTING:
             note_cuts(self.cuts, session, op, args, out, lambda: self._where(count, op))
-        if op in _POSITIONAL_OPS or (op in _TABLE_READS and _reads_a_table(session, args)):
+        self.index_flow.after(args, kwargs, out)
+        table = op in _TABLE_READS and _reads_a_table(session, args)
+        if op in _POSITIONAL_OPS or table:
             self.positional = self.positional or self._where(count, op)
+        if op in _POSITIONAL_OPS:
+            self.made_positions = self.made_positions or self._where(count, op)
+        embedding = _ops.declared(op) is _EMBEDDING
+        if (embedding or (table and _picks_rows(args, out))) and not self._indexed_by_inputs(args):
+            self.own_rows = self.own_rows or self._where(count, op)
         if self._made_by:
             for a in args:
                 key = self._made_by.get(a) if isinstance(a, torch.Tensor) else None
@@ -242,7 +259,14 @@ class Watch:
         if len(axis) != 1:
             return
         index_roots = [atom[0].find() for a in index_meta.dims for atom in a]
-        self.addressed.append((axis[0][0].find(), index_roots, self._where(count, op)))
+        where = self._where(count, op)
+        self.addressed.append((axis[0][0].find(), index_roots, where))
+        by = self.index_flow.sources(index)
+        self.addressed_by.append((axis[0][0].find(), by, where))
+
+    def _indexed_by_inputs(self, args) -> bool:
+        """Whether an integer operand of a table read carries an input's values."""
+        return any(self.index_flow.sources(a) for a in args if isinstance(a, torch.Tensor))
 
 
 def _note_root(roots: list, axis) -> None:
@@ -266,6 +290,12 @@ def _reads_a_table(session, args) -> bool:
     if meta is not None:
         return bool(meta.buffer)
     return any(buf is table for module in session.module_stack for buf in module._buffers.values())
+
+
+def _picks_rows(args, out) -> bool:
+    """Whether a read of a table keeps fewer elements than it holds (rows picked, not a
+    view of the whole, as `a[:, None, :]` is)."""
+    return isinstance(out, torch.Tensor) and out.numel() < args[0].numel()
 
 
 def describe_event(event) -> str:

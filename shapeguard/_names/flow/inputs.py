@@ -77,7 +77,7 @@ def _pool(call, outputs):
     spatial = int(call.spec.name[-2]) if call.spec.name[-2:-1].isdigit() else 0
     if x is None or not spatial or x.dim() not in (spatial + 1, spatial + 2):
         return None
-    if any(tuple(o.shape[: x.dim() - spatial]) != tuple(x.shape[: -spatial]) for o in outputs):
+    if any(tuple(o.shape[: x.dim() - spatial]) != tuple(x.shape[:-spatial]) for o in outputs):
         return None
     xm = call.meta_of(x)
     lead = xm.dims[: x.dim() - spatial]

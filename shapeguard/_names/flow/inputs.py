@@ -1,5 +1,7 @@
 """Where axes come in: new tensors, embeddings of token ids, convolutions over images and audio."""
 
+import re
+
 from ... import _ops
 from ..._values import is_tensor
 from .. import dims as D
@@ -74,7 +76,8 @@ def _pool(call, outputs):
     their identity; the pooled positions are new (a window of positions mixed into
     one, with no weight to say where it is wider than one)."""
     x = first_tensor(call)
-    spatial = int(call.spec.name[-2]) if call.spec.name[-2:-1].isdigit() else 0
+    counted = re.search(r"pool(\d)d", call.spec.name)
+    spatial = int(counted.group(1)) if counted else 0
     if x is None or not spatial or x.dim() not in (spatial + 1, spatial + 2):
         return None
     if any(tuple(o.shape[: x.dim() - spatial]) != tuple(x.shape[:-spatial]) for o in outputs):

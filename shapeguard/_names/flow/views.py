@@ -510,9 +510,11 @@ def _pad(call, m, shape: tuple, new: tuple) -> list[Made] | None:
         return None
     if not all(isinstance(w, int) for w in widths) or len(widths) // 2 > len(shape):
         return None
-    axes = list(m.dims)
+    axes, tags = list(m.dims), list(m.tags)
     for k in range(len(widths) // 2):
         d = len(shape) - 1 - k
         if widths[2 * k] or widths[2 * k + 1]:
             axes[d] = D.fresh(new[d], origin="padded positions")
-    return [Made(tuple(axes), m.tags, m.role)]
+            if tags:
+                tags[d] = None
+    return [Made(tuple(axes), tuple(tags), m.role)]

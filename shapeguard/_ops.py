@@ -372,6 +372,7 @@ _op("unbind", PART, params=("input", "dim"), aliases=True)
 _op("expand", GROW, "expand_as", "broadcast_to", keeps_value=True, aliases=True)
 _op("repeat", GROW, "tile")
 _op("repeat_interleave", GROW, params=("input", "repeats", "dim"))
+_op("pad", GROW, params=("input", "pad", "mode", "value"))  # F.pad: the last axes grow
 
 # -- new tensors ---------------------------------------------------------------------------
 # fmt: off
@@ -388,7 +389,6 @@ _op("view_as_complex", VIEW, keeps_label=True, aliases=True, positional=True)
 _op("view_as_real", VIEW, keeps_label=True, aliases=True)
 # F.unfold (im2col); Tensor.unfold (a sliding window) shares the name: the rule tells them apart.
 _op("unfold", CONV, params=("input", "kernel_size", "dilation", "padding", "stride"))
-# fmt: on
 
 # -- attention, embeddings, convolutions ------------------------------------------------------
 SDPA = _op(
@@ -500,14 +500,15 @@ COMPOSITES = (
 )
 for _name in COMPOSITES:
     _op(_name, COMPOSITE, shown=True, step="module")
-_op(
-    "embedding",
-    EMBEDDING,
-    params=("input", "weight", "padding_idx"),
-    positional=True,
-    reads_table=True,
-)
+_op("embedding", EMBEDDING, params=("input", "weight", "padding_idx"), positional=True,
+    reads_table=True)  # fmt: skip
 _op("conv1d", CONV, "conv2d", "conv3d", params=("input", "weight", "bias", "stride", "padding"))
+# Pooling reads [batch, channels, *spatial] as a conv does, with no weight (the conv rule).
+_ops(CONV, """
+    avg_pool1d avg_pool2d avg_pool3d max_pool1d max_pool2d max_pool3d max_pool2d_with_indices
+    lp_pool1d lp_pool2d lp_pool3d adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d
+    adaptive_max_pool1d adaptive_max_pool2d adaptive_max_pool3d
+""")  # fmt: skip
 _op("__setitem__", WRITE)
 
 

@@ -226,8 +226,12 @@ def _mark_split(session, func, args, kwargs, out) -> None:
             for i, piece in enumerate(out):
                 state.cuts[piece] = (cut, i)
         return
-    if name in ("contiguous", "pad") and isinstance(out, torch.Tensor):
-        found = state.cuts.get(source)  # padding the last piece of an uneven split
+    # A piece copied as it is (contiguous, a cast) or padded at its end (F.pad: the last
+    # piece of an uneven split) is still that piece.
+    spec = _ops.lookup(name)
+    copied = spec.family == _ops.SAME and spec.keeps_value
+    if (copied or name == "pad") and isinstance(out, torch.Tensor):
+        found = state.cuts.get(source)
         if found is not None:
             state.cuts[out] = found
     if (

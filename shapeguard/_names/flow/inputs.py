@@ -1,5 +1,7 @@
 """Where axes come in: new tensors, embeddings of token ids, convolutions over images and audio."""
 
+import re
+
 from ... import _ops
 from ..._values import is_tensor
 from .. import dims as D
@@ -72,10 +74,34 @@ def _im2col(call, outputs):
     return [Made((xm.dims[0], features, patches))]
 
 
+def _pool(call, outputs):
+    """Pooling ([batch, channels, *spatial] or [channels, *spatial], the spatial count in
+    its name): each example's channels pooled on their own, so the leading axes keep
+    their identity; the pooled positions are new (a window of positions mixed into
+    one, with no weight to say where it is wider than one)."""
+    x = first_tensor(call)
+    counted = re.search(r"pool(\d)d", call.spec.name)
+    spatial = int(counted.group(1)) if counted else 0
+    if x is None or not spatial or x.dim() not in (spatial + 1, spatial + 2):
+        return None
+    if any(tuple(o.shape[: x.dim() - spatial]) != tuple(x.shape[:-spatial]) for o in outputs):
+        return None
+    xm = call.meta_of(x)
+    lead = xm.dims[: x.dim() - spatial]
+    made = []
+    for out in outputs:
+        sizes = [int(n) for n in out.shape[x.dim() - spatial :]]
+        places = tuple(D.fresh(n, origin=f"{call.op} positions") for n in sizes)
+        made.append(Made((*lead, *places)))
+    return made
+
+
 @propagates(_ops.CONV)
 def _conv(call, outputs):
     if call.spec.name == "unfold":
         return None if call.is_method else _im2col(call, outputs)
+    if "pool" in call.spec.name:
+        return _pool(call, outputs)
     bound = _ops.bind(call.spec, call.args, call.kwargs)
     x, w = bound.get("input"), bound.get("weight")
     if not (is_tensor(x) and is_tensor(w)):

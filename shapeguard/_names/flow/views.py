@@ -509,4 +509,25 @@ def _grow(call, outputs):
         if copy and site is not None and call.site_matches() and site.args:
             _count_copies(call, [copy, *[()] * (len(site.args) - 1)], [True])
         return [Made(tuple(axes), m.tags, m.role)]
+    if op == "pad":
+        return _pad(call, m, shape, new)
     return None
+
+
+def _pad(call, m, shape: tuple, new: tuple) -> list[Made] | None:
+    """F.pad(x, (left, right, top, bottom, ...)) pads the last len(pad) // 2 axes: the
+    others keep their identity (the batch of a "same"-padded conv's input stays the
+    batch); a padded axis holds new positions, so it is a new axis."""
+    widths = _ops.bind(call.spec, call.args, call.kwargs).get("pad")
+    if not isinstance(widths, tuple | list) or len(widths) % 2 or len(shape) != len(new):
+        return None
+    if not all(isinstance(w, int) for w in widths) or len(widths) // 2 > len(shape):
+        return None
+    axes, tags = list(m.dims), list(m.tags)
+    for k in range(len(widths) // 2):
+        d = len(shape) - 1 - k
+        if widths[2 * k] or widths[2 * k + 1]:
+            axes[d] = D.fresh(new[d], origin="padded positions")
+            if tags:
+                tags[d] = None
+    return [Made(tuple(axes), tuple(tags), m.role)]

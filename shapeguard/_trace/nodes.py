@@ -10,14 +10,11 @@ over itself (a dense GAT's `attention @ Wh`, or its einsum). There the axis is m
 
 import torch
 
+from .. import _ops
 from .._names import dims as D
 from .._names import subscripts
 from .._names.shown import NODES, conventional_batch
 from .grouping import first_axis_index
-
-# Ops that pick or write rows of `input` along `dim` by the values of `index`.
-_ADDRESSING = frozenset({"index_select", "gather", "index_add", "scatter_add", "scatter_reduce"})
-_MATRIX = frozenset({"matmul", "bmm", "mm"})
 
 
 def _root(call, tensor, axis: int) -> D.Dim | None:
@@ -57,7 +54,9 @@ def _addressed(call):
 def note(call) -> None:
     """Mark the node axis the op shows by its structure, if it shows one."""
     op = call.spec.name
-    if op == "__getitem__" or op in _ADDRESSING:
+    # Ops that pick or write rows of `input` along `dim` by the values of `index` (the
+    # table's `addresses`).
+    if op == "__getitem__" or call.spec.addresses:
         tensor, index = _addressed(call)
         if isinstance(index, torch.Tensor) and tensor.dim() >= 1 and _edge_row(call, index):
             root = _root(call, tensor, 0)
@@ -65,7 +64,8 @@ def note(call) -> None:
                 D.show_as(root, NODES)
     elif op == "einsum":
         _einsum(call)
-    elif op in _MATRIX and len(call.args) >= 2:
+    elif call.spec.family == _ops.PRODUCT and len(call.args) >= 2:
+        # matmul, bmm, mm (a linear's weight has no conventional batch: `_root` says None).
         args = call.args
         a, b = (args[1], args[0]) if call.op in call.spec.reflected else (args[0], args[1])
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):

@@ -8,17 +8,13 @@ the rules see the chain (softmax axis, the heads merge). An einsum with two quer
 letters of which structure singles out no head split claims nothing.
 """
 
-import warnings
-
 import bug_zoo as zoo
 import einops
 import pytest
 import torch
 from bug_zoo import Sizes
 from torch import nn
-
-import shapeguard
-from shapeguard import ShapeWarning
+from trace_helpers import describe, trace, x_of
 
 pytestmark = pytest.mark.no_shapeguard  # each test traces its own model
 
@@ -32,21 +28,6 @@ SPELLINGS = pytest.mark.parametrize(
     ],
     ids=["spaced", "compact", "einops"],
 )
-
-
-def trace(model, *args):
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore", ShapeWarning)
-        return shapeguard.trace(model, *args, mode="warn")
-
-
-def describe(found) -> str:
-    return "\n".join(f"[{f.kind}] {f.message}\n  hint: {f.hint}" for f in found)
-
-
-def x_of(s: Sizes) -> torch.Tensor:
-    torch.manual_seed(0)
-    return torch.randn(s.batch, s.seq, s.d_model)
 
 
 class MultiQuery(nn.Module):

@@ -14,6 +14,9 @@ import warnings
 
 import pytest
 import torch
+from trace_helpers import REACH_SETTING as SETTING
+from trace_helpers import REACH_SETTINGS as SETTINGS
+from trace_helpers import ReachSizes as Sizes
 
 import shapeguard
 from shapeguard import ShapeError, ShapeWarning
@@ -30,24 +33,6 @@ pytestmark = [
     pytest.mark.no_shapeguard,
     pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
 ]
-
-
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    name: str
-    batch: int
-    heads: int
-    seq: int
-    seq_k: int
-    d_k: int
-
-
-SETTINGS = (
-    Sizes("distinct", 3, 4, 7, 5, 16),
-    Sizes("coincident", 4, 4, 4, 4, 4),
-    Sizes("realistic", 4, 8, 64, 64, 64),
-)
-SETTING = pytest.mark.parametrize("sizes", SETTINGS, ids=lambda s: s.name)
 
 
 def qkv(s: Sizes, seq_k: int | None = None):

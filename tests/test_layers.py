@@ -5,6 +5,8 @@ a cycle hidden in a function is still a cycle."""
 import ast
 import pathlib
 
+from package_source import parsed
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "shapeguard"
 
@@ -52,7 +54,7 @@ def imports_of(module: str) -> set[str]:
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -134,7 +136,7 @@ def test_rules_read_the_call_through_its_view():
     of the call (mypy checks the same in CI; this keeps it visible in the suite)."""
     reached = []
     for path in (PACKAGE / "checks").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
                 continue
             if node.value.id == "call" and (node.attr == "session" or node.attr.startswith("_")):
@@ -149,7 +151,7 @@ def test_sessions_open_in_one_place():
         f"{module}:{node.lineno}"
         for module, path in MODULES.items()
         if module not in ("shapeguard._trace.opening", "shapeguard._trace.session")
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in ast.walk(parsed(path))
         if isinstance(node, ast.Call)
         and getattr(node.func, "attr", getattr(node.func, "id", None)) == "open_session"
     )

@@ -8,6 +8,7 @@ import pkgutil
 import threading
 
 import pytest
+from package_source import parsed
 
 import shapeguard
 from shapeguard import _memo
@@ -158,7 +159,7 @@ def _module_dicts() -> set[tuple[str, str]]:
     for path in root.rglob("*.py"):
         parts = list(path.relative_to(root.parent).with_suffix("").parts)
         module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        for node in ast.parse(path.read_text()).body:
+        for node in parsed(path).body:
             target = node.target if isinstance(node, ast.AnnAssign) else None
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
                 target = node.targets[0]

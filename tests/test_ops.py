@@ -14,6 +14,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from package_source import parsed
 from torch.overrides import TorchFunctionMode, get_ignored_functions, get_overridable_functions
 
 import shapeguard.attention
@@ -398,7 +399,7 @@ def _scanned_modules():
         for path in sorted((ROOT / root).rglob("*.py")):
             relative = path.relative_to(ROOT).as_posix()
             if relative != "shapeguard/_ops.py":
-                yield relative, ast.parse(path.read_text(), relative)
+                yield relative, parsed(path)
 
 
 def _sets_of_op_names() -> set[tuple[str, str]]:

@@ -13,6 +13,7 @@ projection are adapted below.
 The modules carry their bugs on purpose, and `check` traces them itself.
 """
 
+import functools
 import math
 
 import pytest
@@ -118,10 +119,16 @@ class LearnedPositions(Attention):
         return self.attention(x + self.pos)
 
 
+@functools.cache
+def positions_report(size, style):
+    """check of LearnedPositions at its one length: seeded, so the same report for each test
+    that reads it (SDPA's is read twice), made once per process. Read only."""
+    return check(build(LearnedPositions, size, SIZES[size][2], style=style), data(size))
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_a_length_the_module_does_not_take_is_inconclusive(size):
-    seq = SIZES[size][2]
-    report = check(build(LearnedPositions, size, seq), data(size))
+    report = positions_report(size, "sdpa")
     got = result(report, "length change")
     assert got.status == "inconclusive", report.render(width=200)
     assert got.message.startswith("the module rejects the probe's input (seq ")
@@ -313,7 +320,7 @@ class ScoreTable(Attention):
 @pytest.mark.parametrize("style", STYLES)
 def test_a_position_term_the_probe_does_not_see_is_inconclusive(size, style):
     seq = SIZES[size][2]
-    report = check(build(LearnedPositions, size, seq, style=style), data(size))
+    report = positions_report(size, style)
     why = reason(report, "token-permutation equivariance")
     assert why.startswith("add at tests/test_probe_outcomes.py:")
     assert why.endswith(
@@ -1277,13 +1284,21 @@ MIXING = {
 }
 
 
+@functools.cache
+def mixing_report(size, style, mix):
+    """check of PaddedMixing with its padding (on the left for the recurrence): seeded, so the
+    same report for each test that reads it (the convolution's is read twice), made once per
+    process. Read only."""
+    module = build(PaddedMixing, size, style=style, mix=mix)
+    keep = padding_of(size, left=mix == "recurrence")
+    return check(module, data(size), keep)
+
+
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("style", STYLES)
 @pytest.mark.parametrize("mix", MIXING)
 def test_padded_positions_mixed_outside_attention_are_inconclusive(size, style, mix):
-    module = build(PaddedMixing, size, style=style, mix=mix)
-    keep = padding_of(size, left=mix == "recurrence")
-    report = check(module, data(size), keep)
+    report = mixing_report(size, style, mix)
     why = reason(report, "key-padding invariance")
     op, what = MIXING[mix]
     assert why.startswith(f"the padded positions reach the real tokens through {op} at ")
@@ -1342,7 +1357,7 @@ def test_an_output_whose_token_axis_the_trace_does_not_place_is_left_out():
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("style", STYLES)
 def test_a_convolution_along_the_tokens_makes_permutation_not_apply(size, style):
-    report = check(build(PaddedMixing, size, style=style, mix="conv"), data(size), padding_of(size))
+    report = mixing_report(size, style, "conv")
     got = result(report, "token-permutation equivariance")
     assert got.status == "skipped" and not got.applicable, report.render(width=200)
     seq = SIZES[size][2]

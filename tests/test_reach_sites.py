@@ -8,13 +8,15 @@ the code under test); the recorded reach must give exactly those rows, at pairwi
 distinct, coincident and realistic sizes.
 """
 
-import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from trace_helpers import REACH_SETTING as SETTING
+from trace_helpers import REACH_SETTINGS as SETTINGS
+from trace_helpers import ReachSizes as Sizes
 
 import shapeguard
 from shapeguard._reach.rows import MAX_QUERIES, Reach
@@ -22,32 +24,6 @@ from shapeguard._trace import record as _record
 
 # These tests read the traces they open; the plugin's background trace stays out.
 pytestmark = pytest.mark.no_shapeguard
-
-
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    name: str
-    batch: int
-    heads: int
-    seq: int
-    seq_k: int  # the keys of cross-attention and SDPA cases with other lengths
-    d_k: int
-
-    def lengths(self) -> list[int]:
-        """Real tokens per example, right padded: the first full, the others shorter and
-        different, none empty."""
-        return [self.seq - (i * (self.seq - 1)) // self.batch for i in range(self.batch)]
-
-    def key_lengths(self) -> list[int]:
-        return [self.seq_k - (i * (self.seq_k - 1)) // self.batch for i in range(self.batch)]
-
-
-SETTINGS = (
-    Sizes("distinct", 3, 4, 7, 5, 16),
-    Sizes("coincident", 4, 4, 4, 4, 4),
-    Sizes("realistic", 4, 8, 64, 64, 64),
-)
-SETTING = pytest.mark.parametrize("sizes", SETTINGS, ids=lambda s: s.name)
 
 
 # -- what each query must see, built by hand ---------------------------------------------------

@@ -9,13 +9,15 @@ importable (it is not in the test dependencies: `pip install --no-deps xformers`
 """
 
 import contextlib
-import dataclasses
 import sys
 import types
 
 import pytest
 import torch
 from torch import nn
+from trace_helpers import REACH_SETTING as SETTING
+from trace_helpers import REACH_SETTINGS as SETTINGS
+from trace_helpers import ReachSizes as Sizes
 
 import shapeguard
 from shapeguard import ShapeError
@@ -25,24 +27,6 @@ AB = pytest.importorskip("xformers.ops.fmha.attn_bias")
 memory_efficient_attention = xops.memory_efficient_attention
 
 pytestmark = pytest.mark.no_shapeguard  # these tests read the traces they open
-
-
-@dataclasses.dataclass(frozen=True)
-class Sizes:
-    name: str
-    batch: int
-    heads: int
-    seq: int
-    seq_k: int
-    d_k: int
-
-
-SETTINGS = (
-    Sizes("distinct", 3, 4, 7, 5, 16),
-    Sizes("coincident", 4, 4, 4, 4, 4),
-    Sizes("realistic", 4, 8, 64, 64, 64),
-)
-SETTING = pytest.mark.parametrize("sizes", SETTINGS, ids=lambda s: s.name)
 
 
 def qkv(s: Sizes, batch: int | None = None, seq: int | None = None, seq_k: int | None = None):

@@ -11,6 +11,8 @@ import ast
 import pathlib
 import re
 
+from package_source import parsed
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "shapeguard"
 
@@ -21,7 +23,7 @@ def module_name(path: pathlib.Path) -> str:
 
 
 MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
-TREES = {module: ast.parse(path.read_text()) for module, path in MODULES.items()}
+TREES = {module: parsed(path) for module, path in MODULES.items()}
 
 
 # -- (a) short modules --------------------------------------------------------------------

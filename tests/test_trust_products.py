@@ -23,8 +23,8 @@ import bug_zoo as zoo
 import pytest
 import torch
 import torch.nn.functional as F
-from bug_zoo import Sizes
 from torch import nn
+from trace_helpers import describe, trace, x_of
 
 import shapeguard
 from shapeguard import ShapeWarning
@@ -32,21 +32,6 @@ from shapeguard import ShapeWarning
 pytestmark = pytest.mark.no_shapeguard  # each test traces its own model
 
 SETTINGS = pytest.mark.parametrize("sizes", zoo.SETTINGS, ids=lambda s: s.name)
-
-
-def trace(model, *args):
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore", ShapeWarning)
-        return shapeguard.trace(model, *args, mode="warn")
-
-
-def describe(found) -> str:
-    return "\n".join(f"[{f.kind}] {f.message}\n  hint: {f.hint}" for f in found)
-
-
-def x_of(s: Sizes) -> torch.Tensor:
-    torch.manual_seed(0)
-    return torch.randn(s.batch, s.seq, s.d_model)
 
 
 # -- einsum subscripts are read before positions -----------------------------------------------

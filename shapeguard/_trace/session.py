@@ -52,6 +52,10 @@ from .replay_layer import ReplayLayer
 
 _QUERY = _ops.QUERY
 
+# Kinds whose tensor holds data a view moved across axes: its axes no longer hold what their
+# names say, so a warning read off them later, in whatever block, is that bug again.
+_SCRAMBLED = frozenset({"view_mixes_axes", "batch_mixing"})
+
 
 class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
     """The live side of a TraceData: mode, hooks, module stack and tensor names."""
@@ -303,7 +307,9 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             consequence = False
             if upstream:
                 on_stack = {id(m) for m in self.module_stack} | {None}
-                consequence = any(module in on_stack for _, module in upstream)
+                consequence = any(
+                    module in on_stack or kind in _SCRAMBLED for kind, module in upstream
+                )
             reported = set()
             lead = -1  # how many leading arguments are tensors (`_checks.applies`), once
             if reads is not None:

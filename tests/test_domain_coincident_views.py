@@ -183,3 +183,62 @@ def test_heads_carved_out_of_patch_tokens_keep_the_head_split_hint():
         "split heads out of the feature axis, then move them: use "
         "qkv(x).view(batch, seq, heads, d_k).transpose(1, 2)"
     )
+
+
+class SpanConvMix(nn.Module):
+    """ConvBERT's mixed attention: attention heads and span-convolution heads of the same
+    tokens joined along the heads. The convolution reads each token's neighbours with
+    F.unfold (stride 1, padded to keep the length), so its positions are the tokens'."""
+
+    def __init__(self, heads: int, d_k: int, kernel: int = 3):
+        super().__init__()
+        self.heads, self.d_k, self.kernel = heads, d_k, kernel
+        d = heads * d_k
+        self.qkv, self.span, self.taps = nn.Linear(d, 3 * d), nn.Linear(d, d), nn.Linear(d, kernel)
+
+    def forward(self, x):
+        B, L, d = x.shape
+        q, k, v = (
+            t.view(B, L, self.heads, self.d_k).transpose(1, 2) for t in self.qkv(x).chunk(3, -1)
+        )
+        attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)  # [B, L, heads, d_k]
+        near = F.unfold(
+            self.span(x).transpose(1, 2).unsqueeze(-1),
+            kernel_size=(self.kernel, 1),
+            padding=((self.kernel - 1) // 2, 0),
+        )  # [B, d * kernel, L]
+        # Per token and head, a dynamic kernel over the neighbours, folded as ConvBERT folds it.
+        near = near.transpose(1, 2).reshape(B, -1, d, self.kernel)
+        near = near.reshape(-1, self.d_k, self.kernel)
+        taps = self.taps(x).softmax(-1).unsqueeze(2).expand(-1, -1, self.heads, -1)
+        taps = taps.reshape(-1, self.kernel, 1)
+        conv = torch.matmul(near, taps).reshape(-1, d)
+        conv = conv.reshape(B, -1, self.heads, self.d_k)
+        return torch.cat([attended, conv], dim=2).reshape(B, L, 2 * d)
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_attention_and_span_convolution_heads_of_the_same_tokens_join_silently(size):
+    """A same-padded, stride-1 unfold keeps the tokens' positions: the two heads groups
+    hold the same tokens, and their concatenation along the heads is right."""
+    s = SIZES[size]
+    x = torch.randn(s.batch, s.seq, s.heads * s.d_k)
+    assert findings(SpanConvMix(s.heads, s.d_k).eval(), x) == []
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_transformers_convbert_is_silent(size):
+    """The world corpus' ConvBERT, whose mixed attention the model above follows."""
+    transformers = pytest.importorskip("transformers")
+    s = SIZES[size]
+    config = transformers.ConvBertConfig(
+        vocab_size=50,
+        hidden_size=2 * s.heads * s.d_k,
+        embedding_size=2 * s.heads * s.d_k,
+        num_attention_heads=2 * s.heads,
+        head_ratio=2,
+        num_hidden_layers=1,
+        intermediate_size=32,
+    )
+    model = transformers.ConvBertModel(config).eval()
+    assert findings(model, torch.randint(0, 50, (s.batch, s.seq))) == []

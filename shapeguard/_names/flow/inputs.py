@@ -63,15 +63,36 @@ def _im2col(call, outputs):
             *D.fresh(kernel, kind=FEATURE, kind_rank=STRUCTURE, origin="unfold kernel positions"),
         )
     )
-    patches = D.fresh(
-        int(out.shape[2]),
-        name="seq",
-        rank=STRUCTURE,
-        kind=TOKEN,
-        kind_rank=STRUCTURE,
-        origin="unfold patches",
-    )
+    if _one_patch_per_position(call, x):
+        # Stride 1, padded to keep the grid: patch l is centred on position l (row-major),
+        # so the patches are the input's positions (ConvBERT's span convolution).
+        patches = D.normalize((*xm.dims[2], *xm.dims[3]))
+    else:
+        patches = D.fresh(
+            int(out.shape[2]),
+            name="seq",
+            rank=STRUCTURE,
+            kind=TOKEN,
+            kind_rank=STRUCTURE,
+            origin="unfold patches",
+        )
     return [Made((xm.dims[0], features, patches))]
+
+
+def _one_patch_per_position(call, x) -> bool:
+    """F.unfold with stride 1 whose padding keeps both spatial sizes."""
+    bound = _ops.bind(call.spec, call.args, call.kwargs)
+
+    def pair(name, default):
+        value = bound.get(name, default)
+        value = (value, value) if isinstance(value, int) else tuple(value)
+        return value if len(value) == 2 and all(isinstance(v, int) for v in value) else None
+
+    kernel, dilation = pair("kernel_size", None), pair("dilation", 1)
+    padding, stride = pair("padding", 0), pair("stride", 1)
+    if None in (kernel, dilation, padding, stride) or stride != (1, 1):
+        return False
+    return all(p * 2 == d * (k - 1) for k, d, p in zip(kernel, dilation, padding, strict=True))
 
 
 def _pool(call, outputs):

@@ -242,3 +242,13 @@ def test_transformers_convbert_is_silent(size):
     )
     model = transformers.ConvBertModel(config).eval()
     assert findings(model, torch.randint(0, 50, (s.batch, s.seq))) == []
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_a_heads_merge_in_the_window_attention_is_one_finding_not_two(size):
+    """The Swin block's window reverse handles what its attention scrambled: a finding there
+    (it used to come with a patchify hint) would be the merge bug again, at a correct line."""
+    found = only_finding(traced("swin", "swin_merge", SIZES[size]))
+    assert found["kind"] == "view_mixes_axes"
+    assert domain_zoo.on_marked_line("swin_merge", found["location"])
+    assert "merges heads back before moving them next to d_k" in found["message"]

@@ -53,7 +53,7 @@ from .replay_layer import ReplayLayer
 _QUERY = _ops.QUERY
 
 # Kinds whose tensor holds data a view moved across axes: its axes no longer hold what their
-# names say, so a warning read off them later, in whatever block, is that bug again.
+# names say, so a warning the enclosing block reads off them is that bug again.
 _SCRAMBLED = frozenset({"view_mixes_axes", "batch_mixing"})
 
 
@@ -307,9 +307,14 @@ class Session(ModuleStack, InputNaming, Recording, Findings, ReplayLayer):
             consequence = False
             if upstream:
                 on_stack = {id(m) for m in self.module_stack} | {None}
-                consequence = any(
-                    module in on_stack or kind in _SCRAMBLED for kind, module in upstream
-                )
+                consequence = any(module in on_stack for _, module in upstream)
+                scrambled = {module for kind, module in upstream if kind in _SCRAMBLED}
+                if scrambled and not consequence and self.module_stack:
+                    # A child's scrambled output handled by its parent (a Swin block's window
+                    # reverse after its attention merged heads into tokens); a later sibling,
+                    # or the next layer with the same bug, still speaks for itself.
+                    inside = {id(m) for m in self.module_stack[-1].modules()}
+                    consequence = not scrambled.isdisjoint(inside)
             reported = set()
             lead = -1  # how many leading arguments are tensors (`_checks.applies`), once
             if reads is not None:

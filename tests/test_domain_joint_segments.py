@@ -11,16 +11,13 @@ by a constant, a KV cache's last keys cut by the new tokens' length, a cache tri
 declared window, at the three size settings.
 """
 
-import warnings
 from dataclasses import dataclass
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import shapeguard
-from shapeguard import ShapeWarning
+from trace_helpers import describe, findings
 
 pytestmark = pytest.mark.no_shapeguard  # the bugs warn on purpose
 
@@ -49,17 +46,6 @@ SETTINGS = [
     Setting("realistic", 4, 8, 64, 77, 8),
 ]
 SETTING = pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
-
-
-def findings(model, *args) -> list:
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore", ShapeWarning)
-        trace = shapeguard.trace(model, *args, mode="warn")
-    return list(trace.findings)
-
-
-def describe(found) -> str:
-    return "\n".join(f"[{f.kind}] {f.message}" for f in found)
 
 
 class JointAttention(nn.Module):

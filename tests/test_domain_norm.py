@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from trace_helpers import describe, findings
 
 import shapeguard
 from shapeguard import ShapeWarning
@@ -51,17 +52,6 @@ SETTINGS = [
     Setting("realistic", 4, 8, 64, (8, 8), 7),
 ]
 SETTING = pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
-
-
-def findings(model, *args) -> list:
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore", ShapeWarning)
-        trace = shapeguard.trace(model, *args, mode="warn")
-    return list(trace.findings)
-
-
-def describe(found) -> str:
-    return "\n".join(f"[{f.kind}] {f.message}" for f in found)
 
 
 def only(found, kind: str):

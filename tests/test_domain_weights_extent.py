@@ -11,15 +11,12 @@ axes of their own (a soft-argmax over a heatmap), a sum over everything, attenti
 as a broadcast product and a sum, at the three size settings.
 """
 
-import warnings
 from dataclasses import dataclass
 
 import pytest
 import torch
 from torch import nn
-
-import shapeguard
-from shapeguard import ShapeWarning
+from trace_helpers import describe, findings
 
 pytestmark = pytest.mark.no_shapeguard  # the bugs warn on purpose
 
@@ -45,17 +42,6 @@ SETTINGS = [
     Setting("realistic", 4, 8, 64, 64, 4, 4),
 ]
 SETTING = pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
-
-
-def findings(model, *args) -> list:
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore", ShapeWarning)
-        trace = shapeguard.trace(model, *args, mode="warn")
-    return list(trace.findings)
-
-
-def describe(found) -> str:
-    return "\n".join(f"[{f.kind}] {f.message}" for f in found)
 
 
 class DeformWeights(nn.Module):

@@ -59,3 +59,8 @@ REACH_SETTINGS = (
     ReachSizes("realistic", 4, 8, 64, 64, 64),
 )
 REACH_SETTING = pytest.mark.parametrize("sizes", REACH_SETTINGS, ids=lambda s: s.name)
+
+
+def findings(model, *args) -> list:
+    """The findings of `trace(model, *args)`, as a list."""
+    return list(trace(model, *args).findings)

@@ -265,16 +265,22 @@ def _still_holding(name: str, line: int, bindings: dict, site_line: int) -> str 
 _EINOPS = ("rearrange", "repeat", "reduce")
 
 
-def _einops_texts(site, count: int) -> list[str | None]:
-    """For the reshape einops makes first, `rearrange(t, "(h b) s d -> ...", h=self.n_heads)`,
-    one axis per letter of the pattern's left side: the expression bound to the letter."""
+def _einops_pattern(site) -> str | None:
+    """The einops call's pattern, where the code spells it as a literal with an arrow."""
     if len(site.args) < 2:
-        return []
+        return None
     try:
         pattern = ast.literal_eval(site.args[1])
     except (ValueError, SyntaxError):
-        return []
-    if not isinstance(pattern, str) or "->" not in pattern:
+        return None
+    return pattern if isinstance(pattern, str) and "->" in pattern else None
+
+
+def _einops_texts(site, count: int) -> list[str | None]:
+    """For the reshape einops makes first, `rearrange(t, "(h b) s d -> ...", h=self.n_heads)`,
+    one axis per letter of the pattern's left side: the expression bound to the letter."""
+    pattern = _einops_pattern(site)
+    if pattern is None:
         return []
     left = pattern.split("->", 1)[0]
     if "..." in left or "(" not in left:
@@ -289,13 +295,8 @@ def _einops_texts(site, count: int) -> list[str | None]:
 def _einops_new_axes(site, count: int) -> list[str | None]:
     """For the expand einops' repeat ends with, `repeat(t, "n d -> b n d", b=B)`, one
     axis per letter of the pattern's right side: the expression bound to each new letter."""
-    if site.callee != "repeat" or len(site.args) < 2:
-        return []
-    try:
-        pattern = ast.literal_eval(site.args[1])
-    except (ValueError, SyntaxError):
-        return []
-    if not isinstance(pattern, str) or "->" not in pattern:
+    pattern = _einops_pattern(site) if site.callee == "repeat" else None
+    if pattern is None:
         return []
     left, right = pattern.split("->", 1)
     if "(" in right or "..." in right or len(right.split()) != count:

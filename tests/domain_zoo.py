@@ -250,10 +250,9 @@ BUGS = [
         "dit_modulate_tokens",
         "dit",
         "injected: DiT modulate with unsqueeze(0), adaLN broadcast over tokens (issue 32)",
-        "loud where batch != tokens; at the coincident size the conditioning's batch (lined up "
-        "with the conv's examples by the gate) meets the patch tokens",
-        ("trace", "trace", "trace"),
-        "broadcast|misaligned_axes",
+        "loud where batch != tokens; silent at the coincident size: adaLN broadcast over tokens",
+        ("trace", "miss", "trace"),
+        "broadcast",
     ),
     Bug(
         "dit_fold_order",

@@ -34,14 +34,12 @@ runs each bug and its fix at the three size settings. The line where a bug bites
                       cached step's mask built from positions that restart at 0
     edge_softmax      a GAT layer over edge_index whose softmax is grouped by the sources
                       and whose messages are summed into the targets, or the other way round
-    adaln_tokens      DiT's adaLN modulation broadcast over the tokens (`unsqueeze(0)`) where
-                      the batch is (`unsqueeze(1)`)
     latents_axis      Perceiver's latents copied along a new second axis ("n d -> n b d"),
                       so the product pairs the latents with the examples
     queries_batch     DETR's object queries and memory passed batch-first to a seq-first
                       nn.MultiheadAttention, which reads the queries' own rows as the batch
-The last three are silent only where two sizes coincide (tokens == batch, latents == batch,
-queries == positions); their modules are built with those sizes equal at every setting.
+The last two are silent only where two sizes coincide (latents == batch, queries ==
+positions); their modules are built with those sizes equal at every setting.
 """
 
 import math
@@ -587,43 +585,6 @@ def graph_inputs(s):
 
 
 # -- axes lined up where their sizes coincide -------------------------------------------
-def _attend(x, qkv, heads):
-    B, S, _ = x.shape
-    q, k, v = (t.view(B, S, heads, -1).transpose(1, 2) for t in qkv(x).chunk(3, dim=-1))
-    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, S, -1)
-
-
-class AdaLN(nn.Module):
-    """DiT's final layer after one attention block: a 1-D patch embedding (as many patches as
-    examples), class labels embedded into shift, scale and gate (adaLN)."""
-
-    def __init__(self, channels, patch, d_model, n_heads, bug=None):
-        super().__init__()
-        self.heads, self.bug = n_heads, bug
-        self.embed = nn.Conv1d(channels, d_model, patch, stride=patch)
-        self.label = nn.Embedding(10, d_model)
-        self.ada = nn.Linear(d_model, 3 * d_model)
-        self.norm = nn.LayerNorm(d_model, elementwise_affine=False)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-
-    def modulate(self, x, shift, scale):
-        if self.bug == "adaln_tokens":
-            return x * (1 + scale.unsqueeze(0)) + shift.unsqueeze(0)  # <- adaln_tokens
-        return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
-
-    def forward(self, signal, labels):
-        x = self.embed(signal).transpose(1, 2)  # [B, patches, d_model]
-        shift, scale, gate = self.ada(self.label(labels)).chunk(3, dim=-1)
-        x = x + gate.unsqueeze(1) * _attend(self.norm(x), self.qkv, self.heads)
-        return self.modulate(self.norm(x), shift, scale)
-
-
-def patches_per_example(s):
-    """A [B, channels, B * patch] signal (B patches) and B class labels."""
-    signal = torch.randn(s.batch, s.channels, s.batch * s.patch)
-    return signal, torch.randint(0, 10, (s.batch,))
-
-
 class Latents(nn.Module):
     """Perceiver's cross-attention: as many learned latents as examples attend to the data;
     style "einops" copies them with einops.repeat, "expand" with unsqueeze + expand."""

@@ -41,23 +41,6 @@ def only(found, kind: str):
 
 
 # -- the three bugs at the coincident size -----------------------------------------------
-def test_dit_modulate_over_the_tokens_names_batch_and_tokens():
-    found = only(zoo_findings("dit", COINCIDENT, "dit_modulate_tokens"), "misaligned_axes")
-    lines = found.message.splitlines()
-    assert lines[0] == (
-        "x * (1 + scale.unsqueeze(0)): x.height*width (4) lines up with "
-        "(1 + scale.unsqueeze(0)).batch (4): positions (tokens) against the examples of the "
-        "batch; the sizes agree only because they coincide here"
-    )
-    assert domain_zoo.on_marked_line("dit_modulate_tokens", found.location)
-    assert "  x                       [batch=4, height*width=4, channels=16] float32" in lines
-    assert "  1 + scale.unsqueeze(0)  [1, batch=4, 16] float32" in lines
-    assert found.hint == (
-        "(1 + scale.unsqueeze(0)) holds the batch on axis 1, under x's tokens: line it up "
-        "with x.batch (axis 0) instead, with a size-1 axis under the tokens"
-    )
-
-
 def test_perceiver_latents_paired_with_the_batch_names_the_parameter_and_the_batch():
     found = only(zoo_findings("perceiver", COINCIDENT, "perceiver_latents_axis"), "misaligned_axes")
     assert found.message.splitlines()[0] == (

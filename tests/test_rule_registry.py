@@ -107,10 +107,6 @@ LEGACY_QKV = _of(
     lambda s, bug: rule_cases.LegacyQKV(s.d_model, s.heads, bug), rule_cases.feature_map
 )
 DENSE_GAT = _of(lambda s, bug: rule_cases.DenseGAT(s.d_model, s.heads, bug), rule_cases.graph)
-ADALN = _of(
-    lambda s, bug: rule_cases.AdaLN(s.channels, s.patch, s.d_model, s.heads, bug),
-    rule_cases.patches_per_example,
-)
 QUERIES = _of(
     lambda s, bug: rule_cases.ObjectQueries(s.d_model, s.heads, s.seq, bug), rule_cases.feature_map
 )
@@ -172,7 +168,6 @@ CASES = [
     Case("reach", "decode", CACHED_STEP, "reach_decode", ("restart at 0",)),
     Case("edge_softmax", "index_add", graph("index_add"), "edge_weights_other_side", ("group the softmax by",)),
     Case("edge_softmax", "scatter_add", graph("scatter_add"), "edge_weights_other_side", ("group the softmax by",)),
-    Case("adaln_tokens", "dit", ADALN, "misaligned_axes", ("line it up with x.batch (axis 0)",)),
     Case("latents_axis", "einops", latents("einops"), "misaligned_axes", ("the axis of q under 'b'",)),
     Case("latents_axis", "expand", latents("expand"), "misaligned_axes", ("the axis of q under 'b'",)),
     Case("queries_batch", "mha", QUERIES, "misaligned_axes", ("repeat(1, B, 1)",)),
@@ -182,7 +177,6 @@ CASES = [
 # which that rule yields the bug's kind at every size setting where the bug is silent.
 RULE_BUGS: dict[str, tuple[str, ...]] = {
     "aggregation.weights_einsum": ("aggregation_axis-legacy_einsum",),
-    "alignment.batch_against_tokens": ("adaln_tokens-dit",),
     "alignment.letter_pairs_a_parameter": ("latents_axis-einops", "latents_axis-expand"),
     "alignment.parameter_as_batch": ("queries_batch-mha",),
     "aggregation.weights_product": ("aggregation_axis-gat_matmul",),

@@ -4,20 +4,20 @@ from torch import nn
 import shapeguard
 
 
-class FinalLayer(nn.Module):
-    """DiT's last block: patch tokens modulated by a class label's shift and scale (adaLN)."""
+class Latents(nn.Module):
+    """Perceiver's cross-attention: learned latents, copied per example, attend to the data."""
 
-    def __init__(self, channels=3, d_model=8, patch=2):
+    def __init__(self, n_latents=4, d_model=8):
         super().__init__()
-        self.embed = nn.Conv1d(channels, d_model, patch, stride=patch)
-        self.label = nn.Embedding(10, d_model)
-        self.ada = nn.Linear(d_model, 3 * d_model)
+        self.latents = nn.Parameter(torch.randn(n_latents, d_model))
+        self.to_kv = nn.Linear(d_model, 2 * d_model)
 
-    def forward(self, signal, labels):
-        x = self.embed(signal).transpose(1, 2)  # [B, N, D]
-        shift, scale, gate = self.ada(self.label(labels)).chunk(3, dim=-1)  # [B, D] each
-        x = x * gate.unsqueeze(1)
-        return x * (1 + scale.unsqueeze(0)) + shift.unsqueeze(0)  # unsqueeze(1) meant
+    def forward(self, data):
+        B = data.shape[0]
+        x = self.latents.unsqueeze(1).expand(-1, B, -1)  # [n, B, d]; [B, n, d] meant
+        k, v = self.to_kv(data).chunk(2, dim=-1)
+        sim = torch.einsum("b i d, b j d -> b i j", x, k)
+        return torch.einsum("b i j, b j d -> b i d", sim.softmax(dim=-1), v)
 
 
-shapeguard.trace(FinalLayer(), torch.randn(4, 3, 8), torch.randint(0, 10, (4,)))
+shapeguard.trace(Latents(), torch.randn(4, 6, 8))

@@ -51,55 +51,6 @@ def _roots(axis) -> set:
     return {atom[0].find() for atom in axis}
 
 
-# -- elementwise: batch against tokens -------------------------------------------------
-@rule(*_ARITHMETIC, kinds=_KINDS, order=1, operands=2)
-def batch_against_tokens(call: CallView) -> Iterator[Violation]:
-    """An elementwise op whose operands broadcast with the batch of one lined up with the
-    tokens of the other, both established by structure."""
-    args = call.args
-    if len(args) < 2 or not is_tensor(args[0]) or not is_tensor(args[1]):
-        return
-    a, b = args[0], args[1]
-    la, lb = call.label(0, "a"), call.label(1, "b")
-    if call.op in call.spec.reflected:
-        a, b, la, lb = b, a, lb, la
-    if a.dim() < 2 or b.dim() < 2:
-        return
-    da, db = call.dims(a), call.dims(b)
-    for back in range(1, min(a.dim(), b.dim()) + 1):
-        ia, ib = a.dim() - back, b.dim() - back
-        size = int(a.shape[ia])
-        if size == 1 or size != int(b.shape[ib]) or not da[ia] or not db[ib]:
-            continue
-        ka, kb = _established(da[ia]), _established(db[ib])
-        if {ka, kb} != {BATCH, TOKEN} or _roots(da[ia]) & _roots(db[ib]):
-            continue
-        yield _batch_against_tokens(call, (la, a, ia, ka), (lb, b, ib, kb), size)
-        return
-
-
-def _batch_against_tokens(call, left, right, size: int) -> Violation:
-    (la, a, ia, ka), (lb, b, ib, kb) = left, right
-    symbol = call.spec.symbol or call.op
-    relation = (
-        f"{_ref(la)} {symbol} {_ref(lb)}: {_ref(la)}.{call.axis(a, ia)} ({size}) lines up with "
-        f"{_ref(lb)}.{call.axis(b, ib)} ({size}): {_WHAT[ka]} against {_WHAT[kb]}; the sizes "
-        "agree only because they coincide here"
-    )
-    # The operand whose batch sits under the other's tokens, and where the other keeps
-    # its own batch (its axis of the same dim, when the code lined them up elsewhere).
-    (lt, t, it), (lo, o) = ((lb, b, ib), (la, a)) if kb == BATCH else ((la, a, ia), (lb, b))
-    batch_roots = _roots(call.dims(t)[it])
-    own = [i for i, axis in enumerate(call.dims(o)) if axis and _roots(axis) == batch_roots]
-    where = f"{_ref(lo)}.batch (axis {own[0]})" if own else f"the batch axis of {_ref(lo)}"
-    hint = (
-        f"{_ref(lt)} holds the batch on axis {it}, under {_ref(lo)}'s tokens: line it up "
-        f"with {where} instead, with a size-1 axis under the tokens"
-    )
-    operands = (call.operand(la, a), call.operand(lb, b))
-    return Violation("misaligned_axes", relation, operands, hint, severity="warning")
-
-
 # -- einsum: a parameter's axis paired with the axis it was copied along ----------------
 @rule(_ops.by_name("einsum"), kinds=_KINDS, order=1)
 def letter_pairs_a_parameter(call: CallView) -> Iterator[Violation]:

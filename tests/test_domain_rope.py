@@ -302,3 +302,18 @@ def test_only_rotations_from_position_zero_are_read_as_positions():
     assert not positions_axis(a.sin(), 0)
     assert not positions_axis(a.cos()[:2], 0)  # two rows cannot show a repeated step
     assert not positions_axis(torch.rand(6, 4), 0)
+
+
+def test_a_decay_near_one_is_no_rotation_and_a_scaled_rope_table_is():
+    """Per-head decays of a linear attention (bailing_hybrid's exp(g), near 1) obey the cos
+    recurrence within tolerance while they barely move: they must not read as positions. A
+    RoPE cos table, also with position interpolation by 8, must."""
+    from shapeguard.checks._rotary_values import positions_axis
+
+    slopes = torch.arange(4, dtype=torch.float32)[:, None] * 1e-4  # head h decays h * 1e-4
+    decay = torch.exp(-slopes * torch.ones(1, 16))  # [heads, d], row 0 all ones
+    assert not positions_axis(decay, 0)
+    theta = 10000 ** (-torch.arange(0, 16, 2, dtype=torch.float32) / 16)
+    for scale in (1, 8):
+        table = torch.cos(torch.arange(6, dtype=torch.float32)[:, None] / scale * theta)
+        assert positions_axis(table, 0)

@@ -16,7 +16,11 @@ from ._mask_effects import readable
 
 _ROWS = 3  # row 0, a step, and a second step that must repeat it
 _TOLERANCE = 1e-3  # float32 cos of r * theta at a few hundred positions stays well inside
-_TURNS = 1e-2  # the smallest angle per row that counts as a rotation (radians)
+# The smallest angle per row that counts as a rotation (radians): RoPE's fastest frequency
+# turns 1 rad a position (a long-context scaling divides it by tens at most), while a decay
+# near 1 (a linear attention's per-head gates) passes the cos recurrence within tolerance
+# only while it turns less than this.
+_TURNS = 5e-2
 
 
 def positions_axis(table, axis: int) -> bool:

@@ -146,13 +146,8 @@ def _copies_plan(site, count: int) -> list[Intent | None]:
 
 def _right_letters(site) -> list[str] | None:
     """The letters of an einops pattern's right side, groups and all, in order."""
-    if len(site.args) < 2:
-        return None
-    try:
-        pattern = ast.literal_eval(site.args[1])
-    except (ValueError, SyntaxError):
-        return None
-    if not isinstance(pattern, str) or pattern.count("->") != 1 or "..." in pattern:
+    pattern = _einops_pattern(site)
+    if pattern is None or pattern.count("->") != 1 or "..." in pattern:
         return None
     return pattern.split("->")[1].replace("(", " ").replace(")", " ").split()
 

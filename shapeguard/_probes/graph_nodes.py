@@ -81,23 +81,29 @@ def node_relabelling(s: Subject) -> ProbeResult:
     return result
 
 
-def _held(graph) -> str:
-    """What a relabelling that passed did to the outputs, in words."""
+def _node_indexed(graph) -> str:
+    """Which outputs are node-indexed: "all", "none" or "some"."""
     node = [p for p, axes in graph.outputs.items() if axes]
     if node and len(node) == len(graph.outputs):
-        return "permuted the node-indexed outputs alike"
-    if not node:
-        return "left the graph-level outputs unchanged"
-    return "permuted the node-indexed outputs alike and left the graph-level ones unchanged"
+        return "all"
+    return "some" if node else "none"
+
+
+def _held(graph) -> str:
+    """What a relabelling that passed did to the outputs, in words."""
+    return {
+        "all": "permuted the node-indexed outputs alike",
+        "none": "left the graph-level outputs unchanged",
+        "some": "permuted the node-indexed outputs alike and left the graph-level ones unchanged",
+    }[_node_indexed(graph)]
 
 
 def _target(graph) -> str:
-    node = [p for p, axes in graph.outputs.items() if axes]
-    if node and len(node) == len(graph.outputs):
-        return "the node-indexed outputs (permuted back)"
-    if not node:
-        return "the graph-level outputs"
-    return "the outputs (node-indexed ones permuted back)"
+    return {
+        "all": "the node-indexed outputs (permuted back)",
+        "none": "the graph-level outputs",
+        "some": "the outputs (node-indexed ones permuted back)",
+    }[_node_indexed(graph)]
 
 
 def _edge_name(s: Subject, graph) -> str:
